@@ -1,0 +1,9 @@
+//! Floodgate's core: everything the rate limiter decides, as plain Rust.
+//!
+//! Nothing here talks to a proxy. The Envoy filter (`floodgate-filter`) and the
+//! quota service (`floodgate-quota`) are thin layers over these modules, which
+//! are tested natively with an in-memory store and a fake clock, and on the
+//! `wasm32-wasip1` target the filter ships for.
+
+pub mod algorithm;
+pub mod time;
