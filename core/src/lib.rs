@@ -6,4 +6,9 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
+pub mod config;
+pub mod descriptor;
+pub mod hash;
+pub mod store;
+pub mod table;
 pub mod time;

@@ -1,0 +1,257 @@
+//! The shared-state store and the measure-and-replace loop over it.
+//!
+//! Envoy's shared data is a map of byte values, each with a version (`cas`);
+//! a write names the version it read and fails if another worker wrote since.
+//! [`measure_and_replace`] hands the value read to a closure that *decides*
+//! and returns the new value; after a conflict it runs the closure again on the
+//! fresh value, so a decision is never applied to state it did not see.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::fmt;
+
+/// A value's version, as the host hands it out. Never zero for a stored key.
+pub type Cas = u32;
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreError {
+    /// The key does not exist. Floodgate creates every key before traffic,
+    /// because the host cannot create a key atomically.
+    Missing,
+    /// The write lost a race: the value changed since it was read.
+    CasMismatch,
+    /// The host refused the operation.
+    Host,
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreError::Missing => "key missing from shared data",
+            StoreError::CasMismatch => "value changed since it was read",
+            StoreError::Host => "host refused the shared-data operation",
+        })
+    }
+}
+
+/// A versioned byte store: Envoy shared data in the filter, [`MemoryStore`]
+/// in tests.
+pub trait Store {
+    /// Reads `key`: its value and version, or `Ok(None)` when it does not exist.
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError>;
+
+    /// Writes `value` if `key` is still at version `cas` (`None`: unconditionally).
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<(), StoreError>;
+
+    /// Creates `key` with `value` unless it exists. Not atomic on Envoy (two
+    /// creators can both win), so call it only where one thread runs, before
+    /// traffic: the filter does it while configuring on Envoy's main thread.
+    fn create_if_absent(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        match self.get(key)? {
+            Some(_) => Ok(false),
+            None => self.set(key, value, None).map(|()| true),
+        }
+    }
+}
+
+/// What a decision closure wants done with the value it was shown.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step<T> {
+    /// Write this value (if the version is unchanged) and return `T`.
+    Write(Vec<u8>, T),
+    /// Nothing to write: return `T` as decided.
+    Keep(T),
+}
+
+/// How a measure-and-replace loop ended.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Replaced<T> {
+    /// What the closure decided on the value that was finally written or kept.
+    pub outcome: T,
+    /// How many writes lost a race before this one.
+    pub retries: u32,
+}
+
+/// Why a measure-and-replace loop gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopError {
+    /// Every attempt lost a race: the bound on retries was reached.
+    RetriesExhausted,
+    /// The store failed (not a race).
+    Store(StoreError),
+}
+
+/// Reads `key`, lets `decide` choose the new value, and writes it if nobody
+/// wrote in between; on a conflict, reads again and decides again — at most
+/// `max_retries` times after the first attempt.
+///
+/// ```
+/// use floodgate_core::store::{measure_and_replace, MemoryStore, Step, Store};
+/// let store = MemoryStore::default();
+/// store.set("hits", &[0], None).unwrap();
+/// let done = measure_and_replace(&store, "hits", 3, |value| {
+///     let next = value[0] + 1;
+///     Step::Write(vec![next], next)
+/// }).unwrap();
+/// assert_eq!(done.outcome, 1);
+/// ```
+pub fn measure_and_replace<S, T, F>(store: &S, key: &str, max_retries: u32, mut decide: F) -> Result<Replaced<T>, LoopError>
+where
+    S: Store + ?Sized,
+    F: FnMut(&[u8]) -> Step<T>,
+{
+    let mut retries = 0;
+    loop {
+        let (value, cas) = store.get(key).map_err(LoopError::Store)?.ok_or(LoopError::Store(StoreError::Missing))?;
+        match decide(&value) {
+            Step::Keep(outcome) => return Ok(Replaced { outcome, retries }),
+            Step::Write(next, outcome) => match store.set(key, &next, Some(cas)) {
+                Ok(()) => return Ok(Replaced { outcome, retries }),
+                Err(StoreError::CasMismatch) if retries < max_retries => retries += 1,
+                Err(StoreError::CasMismatch) => return Err(LoopError::RetriesExhausted),
+                Err(other) => return Err(LoopError::Store(other)),
+            },
+        }
+    }
+}
+
+/// An in-memory [`Store`] with Envoy's semantics, for tests: one global
+/// version counter, and writes with a stale version fail. It can be told to
+/// make the next writes lose a race, with another writer's value slipped in
+/// first, to exercise the retry path.
+#[derive(Default)]
+pub struct MemoryStore {
+    entries: RefCell<HashMap<String, (Vec<u8>, Cas)>>,
+    version: Cell<Cas>,
+    interference: RefCell<Vec<Interference>>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").field("keys", &self.len()).finish_non_exhaustive()
+    }
+}
+
+/// A write that [`MemoryStore`] slips in just before a caller's write.
+type Interference = Box<dyn FnMut(&str, &[u8]) -> Option<Vec<u8>>>;
+
+impl MemoryStore {
+    /// Before each of the next `times` conditional writes, lets `rival` rewrite
+    /// the stored value (given the key and current value; `None` leaves it but
+    /// still bumps its version), so that write fails with a CAS mismatch.
+    pub fn interfere(&self, times: usize, rival: impl FnMut(&str, &[u8]) -> Option<Vec<u8>> + Clone + 'static) {
+        let mut queue = self.interference.borrow_mut();
+        for _ in 0..times {
+            queue.push(Box::new(rival.clone()));
+        }
+    }
+
+    /// Number of keys held (for memory-bound tests).
+    pub fn len(&self) -> usize {
+        self.entries.borrow().len()
+    }
+
+    /// True when no key exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn next_version(&self) -> Cas {
+        let next = self.version.get().wrapping_add(1).max(1);
+        self.version.set(next);
+        next
+    }
+}
+
+impl Store for MemoryStore {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError> {
+        Ok(self.entries.borrow().get(key).cloned())
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<(), StoreError> {
+        if cas.is_some() {
+            let rival = {
+                let mut queue = self.interference.borrow_mut();
+                if queue.is_empty() {
+                    None
+                } else {
+                    Some(queue.remove(0))
+                }
+            };
+            if let Some(mut rival) = rival {
+                let current = self.entries.borrow().get(key).map(|(v, _)| v.clone()).unwrap_or_default();
+                let written = rival(key, &current).unwrap_or(current);
+                let version = self.next_version();
+                self.entries.borrow_mut().insert(key.to_string(), (written, version));
+            }
+        }
+        let mut entries = self.entries.borrow_mut();
+        // Like Envoy: a versioned write to a missing key creates it.
+        if let (Some(expected), Some((_, current))) = (cas, entries.get(key)) {
+            if *current != expected {
+                return Err(StoreError::CasMismatch);
+            }
+        }
+        let version = self.next_version();
+        entries.insert(key.to_string(), (value.to_vec(), version));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(store: &MemoryStore, limit: u8, max_retries: u32) -> Result<Replaced<bool>, LoopError> {
+        measure_and_replace(store, "k", max_retries, |value| {
+            let used = value.first().copied().unwrap_or(0);
+            if used < limit {
+                Step::Write(vec![used + 1], true)
+            } else {
+                Step::Keep(false)
+            }
+        })
+    }
+
+    #[test]
+    fn a_conflict_is_decided_again_on_the_fresh_value() {
+        let store = MemoryStore::default();
+        store.set("k", &[2], None).unwrap();
+        // A rival takes the last unit between our read and our write.
+        store.interfere(1, |_, v: &[u8]| Some(vec![v[0] + 1]));
+        let result = counter(&store, 3, 5).unwrap();
+        assert!(!result.outcome, "re-decided on the fresh value, the limit is reached");
+        assert_eq!(result.retries, 1);
+        assert_eq!(store.get("k").unwrap().unwrap().0, vec![3]);
+    }
+
+    #[test]
+    fn retries_are_bounded_and_exhaustion_is_explicit() {
+        let store = MemoryStore::default();
+        store.set("k", &[0], None).unwrap();
+        store.interfere(4, |_, _: &[u8]| None);
+        assert_eq!(counter(&store, 10, 3), Err(LoopError::RetriesExhausted));
+        // With the rival gone the next call succeeds.
+        assert!(counter(&store, 10, 3).unwrap().outcome);
+    }
+
+    #[test]
+    fn a_missing_key_is_an_error_not_a_racy_create() {
+        let store = MemoryStore::default();
+        assert_eq!(counter(&store, 1, 3), Err(LoopError::Store(StoreError::Missing)));
+        assert!(store.create_if_absent("k", &[0]).unwrap());
+        assert!(!store.create_if_absent("k", &[9]).unwrap());
+        assert!(counter(&store, 1, 3).unwrap().outcome);
+    }
+
+    #[test]
+    fn versions_are_global_and_stale_writes_fail() {
+        let store = MemoryStore::default();
+        store.set("a", &[1], None).unwrap();
+        let (_, cas) = store.get("a").unwrap().unwrap();
+        store.set("b", &[1], None).unwrap();
+        store.set("a", &[2], Some(cas)).unwrap();
+        assert_eq!(store.set("a", &[3], Some(cas)), Err(StoreError::CasMismatch));
+    }
+}

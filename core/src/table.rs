@@ -1,0 +1,306 @@
+//! A fixed-size table of buckets, so per-client keys cannot grow memory.
+//!
+//! A rule's buckets live in `groups` shared-data values, each holding up to
+//! [`WAYS`] entries of (fingerprint, bucket state). A descriptor's keyed hash
+//! picks its group; within the group it finds its own entry, or claims an
+//! empty or *idle* one. Because a whole group is one value, claiming a slot
+//! and deciding on it is a single compare-and-swap: two workers can never give
+//! one client two buckets.
+//!
+//! Only idle buckets are reused, and an idle bucket is by definition in the
+//! same state as a fresh one, so reuse never resets anybody's limit: a client
+//! cannot evict another's live bucket (nor its own, to start over). When all
+//! entries of a group are live, a new descriptor has no bucket and the rule's
+//! failure mode decides.
+//!
+//! Layout of a group value: `[FORMAT, algorithm tag, entries…]`, each entry
+//! `fingerprint (u64 LE) ++ state`. Anything else is treated as an empty group.
+
+use crate::algorithm::{Decision, Kind, Policy};
+use crate::store::Step;
+use crate::time::Nanos;
+
+/// Entries per group. Four keeps a group small to copy and makes a full group
+/// rare: with the table a quarter full, under 2% of groups are full.
+pub const WAYS: usize = 4;
+
+const FORMAT: u8 = 1;
+const HEADER: usize = 2;
+
+/// One rule's bucket table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    policy: Policy,
+    tag: u8,
+    groups: u32,
+}
+
+/// What happened in a group for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableOutcome {
+    /// The descriptor's bucket decided.
+    Decided {
+        /// The algorithm's decision.
+        decision: Decision,
+        /// An idle entry of another descriptor was reused for this one.
+        reused_idle: bool,
+        /// The stored group did not decode and was started afresh.
+        was_corrupt: bool,
+    },
+    /// The descriptor has no bucket and every entry of its group is live.
+    Full,
+}
+
+impl Table {
+    /// A table of `max_keys` buckets (rounded up to whole groups) for `kind`.
+    pub fn new(kind: Kind, policy: Policy, max_keys: u32) -> Self {
+        let groups = max_keys.div_ceil(WAYS as u32).max(1);
+        let tag = match kind {
+            Kind::TokenBucket => 1,
+            Kind::LeakyBucket => 2,
+            Kind::FixedWindow => 3,
+        };
+        Self { policy, tag, groups }
+    }
+
+    /// Number of groups, hence of shared-data keys.
+    pub fn groups(&self) -> u32 {
+        self.groups
+    }
+
+    /// Buckets the table can hold.
+    pub fn capacity(&self) -> u64 {
+        u64::from(self.groups) * WAYS as u64
+    }
+
+    /// The algorithm deciding in this table.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    fn entry_len(&self) -> usize {
+        8 + self.policy.state_len()
+    }
+
+    /// Bytes of a full group value.
+    pub fn max_group_len(&self) -> usize {
+        HEADER + WAYS * self.entry_len()
+    }
+
+    /// The value a group starts with: no entries.
+    pub fn empty_group(&self) -> Vec<u8> {
+        vec![FORMAT, self.tag]
+    }
+
+    /// The group a fingerprint belongs to.
+    pub fn group_of(&self, fingerprint: u64) -> u32 {
+        // The high half picks the group; all 64 bits are stored, so two
+        // descriptors in one group are still told apart.
+        ((fingerprint >> 32) % u64::from(self.groups)) as u32
+    }
+
+    /// Returns the stored group as an owned buffer, or an empty group when the
+    /// bytes are not a group of this table (`true` in the second place).
+    fn load(&self, stored: &[u8]) -> (Vec<u8>, bool) {
+        let valid = stored.len() >= HEADER
+            && stored[0] == FORMAT
+            && stored[1] == self.tag
+            && (stored.len() - HEADER) % self.entry_len() == 0
+            && (stored.len() - HEADER) / self.entry_len() <= WAYS;
+        if valid {
+            (stored.to_vec(), false)
+        } else {
+            (self.empty_group(), true)
+        }
+    }
+
+    fn entries(&self, group: &[u8]) -> usize {
+        (group.len() - HEADER) / self.entry_len()
+    }
+
+    fn fingerprint_at(&self, group: &[u8], index: usize) -> Option<u64> {
+        crate::algorithm::get_u64(group, HEADER + index * self.entry_len())
+    }
+
+    fn state_range(&self, index: usize) -> std::ops::Range<usize> {
+        let start = HEADER + index * self.entry_len() + 8;
+        start..start + self.policy.state_len()
+    }
+
+    fn find(&self, group: &[u8], fingerprint: u64) -> Option<usize> {
+        (0..self.entries(group)).find(|&i| self.fingerprint_at(group, i) == Some(fingerprint))
+    }
+
+    /// Decides a request of `cost` for the descriptor `fingerprint` on the
+    /// stored group value. Asks for a write only when state changed: a denial
+    /// is read-only.
+    pub fn decide(&self, stored: &[u8], fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
+        let (mut group, was_corrupt) = self.load(stored);
+        let (index, reused_idle) = match self.find(&group, fingerprint) {
+            Some(index) => (index, false),
+            None => {
+                let idle = (0..self.entries(&group)).find(|&i| {
+                    group.get(self.state_range(i)).is_none_or(|state| self.policy.is_idle(state, now))
+                });
+                let (index, reused) = match idle {
+                    Some(index) => (index, true),
+                    None if self.entries(&group) < WAYS => {
+                        let index = self.entries(&group);
+                        group.resize(group.len() + self.entry_len(), 0);
+                        (index, false)
+                    }
+                    None => return Step::Keep(TableOutcome::Full),
+                };
+                crate::algorithm::put_u64(&mut group, HEADER + index * self.entry_len(), fingerprint);
+                if let Some(state) = group.get_mut(self.state_range(index)) {
+                    self.policy.write_fresh(state, now);
+                }
+                (index, reused)
+            }
+        };
+        let Some(state) = group.get_mut(self.state_range(index)) else {
+            return Step::Keep(TableOutcome::Full);
+        };
+        let decision = self.policy.decide(state, now, cost);
+        let outcome = TableOutcome::Decided { decision, reused_idle, was_corrupt };
+        if decision.allowed {
+            Step::Write(group, outcome)
+        } else {
+            Step::Keep(outcome)
+        }
+    }
+
+    /// Gives `cost` back to the descriptor's bucket, if it still has one.
+    pub fn refund(&self, stored: &[u8], fingerprint: u64, now: Nanos, cost: u64) -> Step<()> {
+        let (mut group, _) = self.load(stored);
+        let Some(index) = self.find(&group, fingerprint) else {
+            return Step::Keep(());
+        };
+        match group.get_mut(self.state_range(index)) {
+            Some(state) => {
+                self.policy.refund(state, now, cost);
+                Step::Write(group, ())
+            }
+            None => Step::Keep(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::SECOND;
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn table(max_keys: u32) -> Table {
+        Table::new(Kind::TokenBucket, Policy::new(Kind::TokenBucket, 2, 60 * SECOND, 2), max_keys)
+    }
+
+    /// Applies a step to a stored value, as the store loop would.
+    fn apply<T>(stored: &mut Vec<u8>, step: impl FnOnce(&[u8]) -> Step<T>) -> T {
+        match step(stored) {
+            Step::Write(next, outcome) => {
+                *stored = next;
+                outcome
+            }
+            Step::Keep(outcome) => outcome,
+        }
+    }
+
+    fn allowed(outcome: TableOutcome) -> bool {
+        matches!(outcome, TableOutcome::Decided { decision, .. } if decision.allowed)
+    }
+
+    #[test]
+    fn each_descriptor_gets_its_own_bucket_in_a_group() {
+        let table = table(4);
+        assert_eq!(table.groups(), 1);
+        let mut group = table.empty_group();
+        for fingerprint in 1..=4u64 {
+            for _ in 0..2 {
+                assert!(allowed(apply(&mut group, |g| table.decide(g, fingerprint, T0, 1))));
+            }
+            assert!(!allowed(apply(&mut group, |g| table.decide(g, fingerprint, T0, 1))));
+        }
+        assert_eq!(group.len(), table.max_group_len());
+    }
+
+    #[test]
+    fn live_buckets_are_never_evicted() {
+        let table = table(4);
+        let mut group = table.empty_group();
+        for fingerprint in 1..=4u64 {
+            apply(&mut group, |g| table.decide(g, fingerprint, T0, 1));
+        }
+        // A fifth descriptor finds every entry live.
+        assert_eq!(apply(&mut group, |g| table.decide(g, 5, T0, 1)), TableOutcome::Full);
+        // And descriptor 1 still has its half-used bucket.
+        let TableOutcome::Decided { decision, .. } = apply(&mut group, |g| table.decide(g, 1, T0, 1)) else {
+            panic!("descriptor 1 lost its bucket");
+        };
+        assert!(decision.allowed);
+        assert_eq!(decision.remaining, 0);
+    }
+
+    #[test]
+    fn idle_buckets_are_reused_and_counted() {
+        let table = table(4);
+        let mut group = table.empty_group();
+        for fingerprint in 1..=4u64 {
+            apply(&mut group, |g| table.decide(g, fingerprint, T0, 1));
+        }
+        // 30 s later every bucket has refilled (2 per minute): all idle.
+        let later = T0 + 30 * SECOND;
+        let outcome = apply(&mut group, |g| table.decide(g, 5, later, 1));
+        assert!(matches!(outcome, TableOutcome::Decided { reused_idle: true, .. }));
+        assert_eq!(group.len(), table.max_group_len(), "reuse does not grow the group");
+    }
+
+    #[test]
+    fn a_denial_writes_nothing() {
+        let table = table(4);
+        let mut group = table.empty_group();
+        apply(&mut group, |g| table.decide(g, 1, T0, 2));
+        assert!(matches!(table.decide(&group, 1, T0, 1), Step::Keep(TableOutcome::Decided { .. })));
+    }
+
+    #[test]
+    fn refund_restores_the_bucket() {
+        let table = table(4);
+        let mut group = table.empty_group();
+        apply(&mut group, |g| table.decide(g, 7, T0, 2));
+        apply(&mut group, |g| table.refund(g, 7, T0, 1));
+        assert!(allowed(apply(&mut group, |g| table.decide(g, 7, T0, 1))));
+        assert!(matches!(table.refund(&group, 99, T0, 1), Step::Keep(())));
+    }
+
+    #[test]
+    fn garbage_and_other_algorithms_read_as_an_empty_group() {
+        let table = table(4);
+        let leaky = Table::new(Kind::LeakyBucket, Policy::new(Kind::LeakyBucket, 2, SECOND, 2), 4);
+        let mut other = leaky.empty_group();
+        apply(&mut other, |g| leaky.decide(g, 1, T0, 1));
+        for stored in [vec![], vec![9, 9, 9], vec![FORMAT, 1, 0, 0, 0], other] {
+            let outcome = table.decide(&stored, 1, T0, 1);
+            assert!(
+                matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })),
+                "{stored:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn fingerprints_spread_over_groups() {
+        let table = table(65_536);
+        assert_eq!(table.groups(), 16_384);
+        assert_eq!(table.capacity(), 65_536);
+        let mut hit = vec![false; table.groups() as usize];
+        for i in 0..200_000u64 {
+            let mut hasher = crate::hash::SipHasher::new(1, 2);
+            hasher.write(&i.to_le_bytes());
+            hit[table.group_of(hasher.finish()) as usize] = true;
+        }
+        assert!(hit.iter().all(|h| *h), "every group is reachable");
+    }
+}
