@@ -227,7 +227,12 @@ struct RawResponse {
 
 impl Default for RawResponse {
     fn default() -> Self {
-        Self { status: default_status(), body: default_body(), headers: HeaderStyle::default(), headers_on_allowed: true }
+        Self {
+            status: default_status(),
+            body: default_body(),
+            headers: HeaderStyle::default(),
+            headers_on_allowed: true,
+        }
     }
 }
 
@@ -399,7 +404,10 @@ impl Config {
             let at = format!("rules[{index}]");
             let rule = validate_rule(&at, rule, default_max_keys, &mut headers)?;
             if rules.iter().any(|r| r.name == rule.name) {
-                return Err(error(format!("{at}.name"), format!("{:?} is used by an earlier rule; names must be unique", rule.name)));
+                return Err(error(
+                    format!("{at}.name"),
+                    format!("{:?} is used by an earlier rule; names must be unique", rule.name),
+                ));
             }
             rules.push(rule);
         }
@@ -427,12 +435,19 @@ fn validate_response(raw: RawResponse) -> Result<Response, ConfigError> {
     if raw.body.len() > MAX_BODY {
         return Err(error("response.body", format!("at most {MAX_BODY} bytes, got {}", raw.body.len())));
     }
-    Ok(Response { status: raw.status, body: raw.body, headers: raw.headers, headers_on_allowed: raw.headers_on_allowed })
+    Ok(Response {
+        status: raw.status,
+        body: raw.body,
+        headers: raw.headers,
+        headers_on_allowed: raw.headers_on_allowed,
+    })
 }
 
 fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut Headers) -> Result<Rule, ConfigError> {
     let name = raw.name;
-    let name_ok = !name.is_empty() && name.len() <= 64 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if !name_ok {
         return Err(error(
             format!("{at}.name"),
@@ -457,7 +472,10 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
     };
     let burst = match (kind, raw.burst) {
         (Kind::FixedWindow, Some(_)) => {
-            return Err(error(format!("{at}.burst"), "does not apply to fixed_window (a window admits `limit`); remove it"))
+            return Err(error(
+                format!("{at}.burst"),
+                "does not apply to fixed_window (a window admits `limit`); remove it",
+            ))
         }
         (Kind::FixedWindow, None) | (Kind::TokenBucket, None) => limit,
         // A leaky bucket paces: without a burst, one request per period/limit.
@@ -473,14 +491,20 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
             let header = headers.id(&format!("{at}.cost_from_header.header_name"), &from.header_name)?;
             let max = check_range(&format!("{at}.cost_from_header.max"), from.max, 1, capacity)?;
             if fixed_cost > max {
-                return Err(error(format!("{at}.cost"), format!("the default cost {fixed_cost} exceeds cost_from_header.max {max}")));
+                return Err(error(
+                    format!("{at}.cost"),
+                    format!("the default cost {fixed_cost} exceeds cost_from_header.max {max}"),
+                ));
             }
             Cost::FromHeader { header, default: fixed_cost, max }
         }
     };
     let request_match = validate_match(&format!("{at}.match"), raw.request_match, headers)?;
     if raw.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(error(format!("{at}.descriptors"), format!("at most {MAX_DESCRIPTORS} entries, got {}", raw.descriptors.len())));
+        return Err(error(
+            format!("{at}.descriptors"),
+            format!("at most {MAX_DESCRIPTORS} entries, got {}", raw.descriptors.len()),
+        ));
     }
     let descriptors = raw
         .descriptors
@@ -516,11 +540,16 @@ fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<Requ
         (None, None) => None,
     };
     let methods = match raw.methods {
-        Some(methods) if methods.is_empty() => return Err(error(format!("{at}.methods"), "must list at least one method, got []")),
+        Some(methods) if methods.is_empty() => {
+            return Err(error(format!("{at}.methods"), "must list at least one method, got []"))
+        }
         Some(methods) => {
             for (i, m) in methods.iter().enumerate() {
                 if m.is_empty() || !m.bytes().all(|b| b.is_ascii_uppercase()) {
-                    return Err(error(format!("{at}.methods[{i}]"), format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")")));
+                    return Err(error(
+                        format!("{at}.methods[{i}]"),
+                        format!("{m:?} is not an HTTP method (upper case, e.g. \"GET\")"),
+                    ));
                 }
             }
             Some((headers.id(at, ":method")?, methods))
@@ -565,9 +594,22 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
         }
         RawDescriptor::RemoteAddress(RawEmpty {}) => DescriptorEntry::RemoteAddress,
         RawDescriptor::MaskedRemoteAddress(m) => {
-            check_range(&format!("{at}.masked_remote_address.v4_prefix_mask_len"), u64::from(m.v4_prefix_mask_len), 0, 32)?;
-            check_range(&format!("{at}.masked_remote_address.v6_prefix_mask_len"), u64::from(m.v6_prefix_mask_len), 0, 128)?;
-            DescriptorEntry::MaskedRemoteAddress { v4_prefix_len: m.v4_prefix_mask_len, v6_prefix_len: m.v6_prefix_mask_len }
+            check_range(
+                &format!("{at}.masked_remote_address.v4_prefix_mask_len"),
+                u64::from(m.v4_prefix_mask_len),
+                0,
+                32,
+            )?;
+            check_range(
+                &format!("{at}.masked_remote_address.v6_prefix_mask_len"),
+                u64::from(m.v6_prefix_mask_len),
+                0,
+                128,
+            )?;
+            DescriptorEntry::MaskedRemoteAddress {
+                v4_prefix_len: m.v4_prefix_mask_len,
+                v6_prefix_len: m.v6_prefix_mask_len,
+            }
         }
         RawDescriptor::GenericKey(g) => {
             check_key(&format!("{at}.generic_key.descriptor_key"), &g.descriptor_key)?;
@@ -588,7 +630,9 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
                 .map(|(i, m)| {
                     let field = format!("{here}.headers[{i}]");
                     let string_match = match (m.string_match, m.present_match) {
-                        (Some(_), Some(_)) => return Err(error(&field, "give string_match or present_match, not both")),
+                        (Some(_), Some(_)) => {
+                            return Err(error(&field, "give string_match or present_match, not both"))
+                        }
                         (None, None) => return Err(error(&field, "needs string_match or present_match")),
                         (None, Some(present)) => StringMatch::Present(present),
                         (Some(RawStringMatch::Exact(s)), None) => StringMatch::Exact(s.into_bytes()),
@@ -596,10 +640,19 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
                         (Some(RawStringMatch::Suffix(s)), None) => StringMatch::Suffix(s.into_bytes()),
                         (Some(RawStringMatch::Contains(s)), None) => StringMatch::Contains(s.into_bytes()),
                     };
-                    Ok(HeaderMatcher { header: headers.id(&format!("{field}.name"), &m.name)?, string_match, invert_match: m.invert_match })
+                    Ok(HeaderMatcher {
+                        header: headers.id(&format!("{field}.name"), &m.name)?,
+                        string_match,
+                        invert_match: m.invert_match,
+                    })
                 })
                 .collect::<Result<Vec<_>, _>>()?;
-            DescriptorEntry::HeaderValueMatch { key: h.descriptor_key, value: h.descriptor_value, expect_match: h.expect_match, headers: matchers }
+            DescriptorEntry::HeaderValueMatch {
+                key: h.descriptor_key,
+                value: h.descriptor_value,
+                expect_match: h.expect_match,
+                headers: matchers,
+            }
         }
     })
 }
@@ -635,7 +688,9 @@ mod tests {
         assert_eq!(rule.table.capacity(), 4, "a constant descriptor needs one bucket (one group)");
         assert_eq!(config.response.status, 429);
         assert_eq!(config.response.headers, HeaderStyle::Ietf);
-        let leaky = Config::parse(br#"{"rules": [{"name": "r", "algorithm": "leaky_bucket", "limit": 5, "period": "1s"}]}"#).unwrap();
+        let leaky =
+            Config::parse(br#"{"rules": [{"name": "r", "algorithm": "leaky_bucket", "limit": 5, "period": "1s"}]}"#)
+                .unwrap();
         assert_eq!(leaky.rules[0].burst, 1);
     }
 

@@ -59,7 +59,9 @@ impl HeaderMatcher {
             (StringMatch::Exact(want), Some(v)) => v == want.as_slice(),
             (StringMatch::Prefix(want), Some(v)) => v.starts_with(want),
             (StringMatch::Suffix(want), Some(v)) => v.ends_with(want),
-            (StringMatch::Contains(want), Some(v)) => want.is_empty() || v.windows(want.len()).any(|w| w == want.as_slice()),
+            (StringMatch::Contains(want), Some(v)) => {
+                want.is_empty() || v.windows(want.len()).any(|w| w == want.as_slice())
+            }
         };
         matched != self.invert_match
     }
@@ -111,7 +113,12 @@ pub enum DescriptorEntry {
 /// Computes the keyed fingerprint of the descriptor `entries` of rule
 /// `rule_name` for `request`, or `None` when the rule does not apply to it
 /// (a needed header is absent, a header match fails, no IP address).
-pub fn fingerprint(key: (u64, u64), rule_name: &str, entries: &[DescriptorEntry], request: &mut dyn Request) -> Option<u64> {
+pub fn fingerprint(
+    key: (u64, u64),
+    rule_name: &str,
+    entries: &[DescriptorEntry],
+    request: &mut dyn Request,
+) -> Option<u64> {
     let mut hasher = SipHasher::new(key.0, key.1);
     hasher.write_field(rule_name.as_bytes());
     for entry in entries {
@@ -297,7 +304,8 @@ mod tests {
     #[test]
     fn a_missing_header_skips_the_rule_unless_skip_if_absent() {
         assert_eq!(fingerprint(KEY, "r", &api_key(), &mut request(&[None], None)), None);
-        let lenient = vec![DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "k".into(), skip_if_absent: true }];
+        let lenient =
+            vec![DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "k".into(), skip_if_absent: true }];
         assert!(fingerprint(KEY, "r", &lenient, &mut request(&[None], None)).is_some());
     }
 
@@ -356,7 +364,8 @@ mod tests {
     #[test]
     fn string_matches() {
         let check = |m: StringMatch, invert: bool, value: Option<&[u8]>| {
-            HeaderMatcher { header: HeaderId(0), string_match: m, invert_match: invert }.matches(&mut request(&[value], None))
+            HeaderMatcher { header: HeaderId(0), string_match: m, invert_match: invert }
+                .matches(&mut request(&[value], None))
         };
         assert!(check(StringMatch::Exact(b"a".to_vec()), false, Some(b"a")));
         assert!(!check(StringMatch::Exact(b"a".to_vec()), false, Some(b"ab")));
@@ -373,7 +382,9 @@ mod tests {
             methods: Some((HeaderId(1), vec!["POST".into()])),
             authority: Some((HeaderId(2), "api.example.com".into())),
         };
-        let hit = |path: &[u8], method: &[u8], host: Option<&[u8]>| rule.matches(&mut request(&[Some(path), Some(method), host], None));
+        let hit = |path: &[u8], method: &[u8], host: Option<&[u8]>| {
+            rule.matches(&mut request(&[Some(path), Some(method), host], None))
+        };
         assert!(hit(b"/login", b"POST", Some(b"API.example.com")));
         assert!(hit(b"/login?next=/", b"POST", Some(b"api.example.com")));
         assert!(!hit(b"/login/x", b"POST", Some(b"api.example.com")));

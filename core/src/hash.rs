@@ -108,8 +108,12 @@ mod tests {
     #[test]
     fn matches_the_reference_vectors() {
         // vectors.h of the reference implementation: inputs 00, 00 01, ...
-        let expected: [(usize, u64); 4] =
-            [(0, 0x726f_db47_dd0e_0e31), (1, 0x74f8_39c5_93dc_67fd), (8, 0x93f5_f579_9a93_2462), (15, 0xa129_ca61_49be_45e5)];
+        let expected: [(usize, u64); 4] = [
+            (0, 0x726f_db47_dd0e_0e31),
+            (1, 0x74f8_39c5_93dc_67fd),
+            (8, 0x93f5_f579_9a93_2462),
+            (15, 0xa129_ca61_49be_45e5),
+        ];
         for (len, want) in expected {
             let input: Vec<u8> = (0..len as u8).collect();
             let mut hasher = reference();

@@ -9,6 +9,8 @@ pub mod algorithm;
 pub mod config;
 pub mod descriptor;
 pub mod hash;
+pub mod headers;
+pub mod limiter;
 pub mod store;
 pub mod table;
 pub mod time;

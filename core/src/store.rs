@@ -96,7 +96,12 @@ pub enum LoopError {
 /// }).unwrap();
 /// assert_eq!(done.outcome, 1);
 /// ```
-pub fn measure_and_replace<S, T, F>(store: &S, key: &str, max_retries: u32, mut decide: F) -> Result<Replaced<T>, LoopError>
+pub fn measure_and_replace<S, T, F>(
+    store: &S,
+    key: &str,
+    max_retries: u32,
+    mut decide: F,
+) -> Result<Replaced<T>, LoopError>
 where
     S: Store + ?Sized,
     F: FnMut(&[u8]) -> Step<T>,

@@ -139,9 +139,8 @@ impl Table {
         let (index, reused_idle) = match self.find(&group, fingerprint) {
             Some(index) => (index, false),
             None => {
-                let idle = (0..self.entries(&group)).find(|&i| {
-                    group.get(self.state_range(i)).is_none_or(|state| self.policy.is_idle(state, now))
-                });
+                let idle = (0..self.entries(&group))
+                    .find(|&i| group.get(self.state_range(i)).is_none_or(|state| self.policy.is_idle(state, now)));
                 let (index, reused) = match idle {
                     Some(index) => (index, true),
                     None if self.entries(&group) < WAYS => {
@@ -283,10 +282,7 @@ mod tests {
         apply(&mut other, |g| leaky.decide(g, 1, T0, 1));
         for stored in [vec![], vec![9, 9, 9], vec![FORMAT, 1, 0, 0, 0], other] {
             let outcome = table.decide(&stored, 1, T0, 1);
-            assert!(
-                matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })),
-                "{stored:?}"
-            );
+            assert!(matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })), "{stored:?}");
         }
     }
 

@@ -1,5 +1,6 @@
 //! Every file in `fixtures/invalid/` is a configuration that must be refused,
 //! beside a `.error` file holding (a prefix of) the message it must produce.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::fs;
 use std::path::Path;
