@@ -1,0 +1,89 @@
+//! Envoy's side of the core's traits: shared data as the [`Store`], request
+//! headers and the downstream address as the [`Request`], the host clock.
+
+use std::hash::{BuildHasher, Hasher};
+use std::time::UNIX_EPOCH;
+
+use floodgate_core::descriptor::{HeaderId, Request};
+use floodgate_core::store::{Cas, Store, StoreError};
+use floodgate_core::time::Nanos;
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{MapType, Status};
+
+/// Envoy's shared data for this plugin's `vm_id`: one map for every worker.
+pub struct SharedData;
+
+impl Store for SharedData {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError> {
+        match hostcalls::get_shared_data(key) {
+            Ok((value, Some(cas))) => Ok(Some((value.unwrap_or_default(), cas))),
+            Ok((None, None)) => Ok(None),
+            Ok((Some(_), None)) | Err(_) => Err(StoreError::Host),
+        }
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(_) => Err(StoreError::Host),
+        }
+    }
+}
+
+/// The host's wall clock in nanoseconds since the Unix epoch: the one epoch
+/// every worker shares. (Under `wasm32-wasip1`, `SystemTime::now()` is not
+/// the host clock.)
+pub fn now() -> Nanos {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+/// Sixteen unpredictable bytes for the hashing secret: std's random hasher
+/// keys (WASI `random_get`, which Envoy serves from its own RNG), mixed with
+/// the host time.
+pub fn entropy() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, chunk) in out.chunks_mut(8).enumerate() {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(now());
+        hasher.write_usize(i);
+        chunk.copy_from_slice(&hasher.finish().to_le_bytes());
+    }
+    out
+}
+
+/// The request as Envoy holds it. Each header the configuration needs is
+/// fetched at most once, when a rule first asks for it.
+pub struct HostRequest<'a> {
+    names: &'a [String],
+    headers: Vec<Option<Option<Vec<u8>>>>,
+    remote_address: Option<Option<Vec<u8>>>,
+}
+
+impl<'a> HostRequest<'a> {
+    /// A request whose headers will be looked up by the names in `names`.
+    pub fn new(names: &'a [String]) -> Self {
+        Self { names, headers: vec![None; names.len()], remote_address: None }
+    }
+}
+
+impl Request for HostRequest<'_> {
+    fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
+        let name = self.names.get(id.0)?;
+        let slot = self.headers.get_mut(id.0)?;
+        slot.get_or_insert_with(|| hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten())
+            .as_deref()
+    }
+
+    /// `source.address`: the downstream remote address Envoy settled on —
+    /// the connection's peer, or the client address Envoy took from
+    /// `x-forwarded-for` when the connection manager is configured to trust it.
+    fn remote_address(&mut self) -> Option<&[u8]> {
+        self.remote_address
+            .get_or_insert_with(|| hostcalls::get_property(vec!["source", "address"]).ok().flatten())
+            .as_deref()
+    }
+}

@@ -1,0 +1,141 @@
+//! Floodgate's Envoy HTTP filter.
+//!
+//! This crate is the only code that talks to the proxy: it reads the plugin
+//! configuration, adapts Envoy's shared data, headers, clock and metrics to
+//! the traits of `floodgate-core`, and turns verdicts into responses. Every
+//! decision is made in the core.
+//!
+//! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
+//! rather than the SDK's trait helpers, several of which unwrap; header values
+//! are read as bytes only, because the SDK's `String` getters panic on
+//! non-UTF-8 input.
+
+mod host;
+mod metrics;
+
+use std::rc::Rc;
+
+use floodgate_core::config::Config;
+use floodgate_core::headers;
+use floodgate_core::limiter::Limiter;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
+
+use host::{HostRequest, SharedData};
+use metrics::Metrics;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(FloodgateRoot::default()) });
+}}
+
+/// One plugin configuration on one VM (Envoy's main thread or a worker).
+/// Per-plugin state lives here, not in statics: plugins with the same code
+/// and `vm_id` share a VM.
+#[derive(Default)]
+struct FloodgateRoot {
+    plugin: Option<Rc<Plugin>>,
+}
+
+/// What every request of a plugin shares: built once per configuration.
+struct Plugin {
+    limiter: Limiter,
+    metrics: Metrics,
+}
+
+impl Context for FloodgateRoot {}
+
+impl RootContext for FloodgateRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => Vec::new(),
+            Err(status) => {
+                log::error!("floodgate: cannot read the plugin configuration: {status:?}");
+                return false;
+            }
+        };
+        let config = match Config::parse(&raw) {
+            Ok(config) => config,
+            Err(error) => {
+                // Returning false makes Envoy refuse the configuration.
+                log::error!("{error}");
+                return false;
+            }
+        };
+        let limiter = match Limiter::prepare(config, &SharedData, host::entropy()) {
+            Ok(limiter) => limiter,
+            Err(error) => {
+                log::error!("floodgate: cannot prepare shared data: {error}");
+                return false;
+            }
+        };
+        for (index, rule) in limiter.config().rules.iter().enumerate() {
+            log::debug!(
+                "floodgate: rule {} ({}, {} buckets, at most {} bytes of shared data)",
+                rule.name,
+                rule.kind.name(),
+                rule.table.capacity(),
+                limiter.shared_data_bytes(index)
+            );
+        }
+        let metrics = Metrics::define(limiter.config());
+        self.plugin = Some(Rc::new(Plugin { limiter, metrics }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let plugin = Rc::clone(self.plugin.as_ref()?);
+        Some(Box::new(FloodgateHttp { plugin, response_headers: Vec::new() }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// One request.
+struct FloodgateHttp {
+    plugin: Rc<Plugin>,
+    /// Rate-limit headers to add to the upstream's response.
+    response_headers: Vec<(&'static str, String)>,
+}
+
+impl Context for FloodgateHttp {}
+
+impl HttpContext for FloodgateHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let plugin = &self.plugin;
+        let config = plugin.limiter.config();
+        let mut request = HostRequest::new(&config.header_names);
+        let mut counters = plugin.metrics.counters();
+        let verdict = plugin.limiter.check(&SharedData, host::now(), &mut request, &mut counters);
+        plugin.metrics.count_verdict(&verdict);
+        if verdict.shadow_limited {
+            log::info!("floodgate: shadow mode: a rule would have limited this request; let through");
+        }
+        let mut headers = Vec::new();
+        headers::append(config, &verdict, &mut headers);
+        if verdict.allowed {
+            self.response_headers = headers;
+            return Action::Continue;
+        }
+        let pairs: Vec<(&str, &str)> = headers.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        if let Err(status) =
+            hostcalls::send_http_response(config.response.status, pairs, Some(config.response.body.as_bytes()))
+        {
+            log::warn!("floodgate: could not send the limited response: {status:?}");
+        }
+        Action::Pause
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        for (name, value) in self.response_headers.drain(..) {
+            if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value) {
+                log::warn!("floodgate: could not add response header {name}: {status:?}");
+            }
+        }
+        Action::Continue
+    }
+}
