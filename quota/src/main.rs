@@ -1,1 +1,201 @@
-fn main() {}
+//! `floodgate-quota`: the central quota service's binary.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use floodgate_core::time::parse_duration;
+use floodgate_quota::clock::{Clock, SystemClock};
+use floodgate_quota::config::{Config, Watched};
+use floodgate_quota::http::{router, AppState};
+use floodgate_quota::metrics::Metrics;
+use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
+use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
+
+/// Floodgate's central quota service: fleet-wide rate limits for many Envoys.
+#[derive(Debug, Parser)]
+#[command(name = "floodgate-quota", version, about)]
+struct Cli {
+    /// A limits file (envoyproxy/ratelimit YAML, one domain per file). Repeat
+    /// for several domains. Reloaded when it changes.
+    #[arg(long, required = true, value_name = "FILE")]
+    config: Vec<PathBuf>,
+
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
+    listen: SocketAddr,
+
+    /// Where counters live: `memory`, or a Redis URL (`redis://host:port/db`).
+    #[arg(long, default_value = "memory", value_name = "memory|redis://…")]
+    store: String,
+
+    /// Require `Authorization: Bearer TOKEN` on API calls.
+    #[arg(long, env = "FLOODGATE_QUOTA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
+    auth_token: Option<String>,
+
+    /// How long leased tokens stay valid (at most 60s).
+    #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
+    lease_ttl: Duration,
+
+    /// Longest wait for the store before answering 503.
+    #[arg(long, default_value = "250ms", value_parser = duration, value_name = "DURATION")]
+    store_timeout: Duration,
+
+    /// Whose clock decides with Redis: `redis` (all instances agree) or
+    /// `local` (this service's clock).
+    #[arg(long, value_enum, default_value_t = ClockChoice::Redis)]
+    redis_clock: ClockChoice,
+
+    /// How often the limits files are checked for changes.
+    #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
+    reload_interval: Duration,
+
+    /// Most buckets the memory store holds (idle ones are dropped first).
+    #[arg(long, default_value_t = 1_000_000)]
+    memory_max_buckets: usize,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ClockChoice {
+    Redis,
+    Local,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    parse_duration(text).map(Duration::from_nanos).map_err(|e| e.to_string())
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logs(cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("floodgate-quota: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let lease_ttl = u64::try_from(cli.lease_ttl.as_micros()).unwrap_or(u64::MAX);
+    if lease_ttl > MAX_LEASE_TTL {
+        return Err("--lease-ttl must be at most 60s".into());
+    }
+    let config = Config::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let store = if cli.store == "memory" {
+        Store::Memory(MemoryStore::new(clock.clone(), cli.memory_max_buckets))
+    } else if cli.store.starts_with("redis://") || cli.store.starts_with("rediss://") || cli.store.starts_with("redis+unix://") {
+        let options = RedisOptions {
+            timeout: cli.store_timeout,
+            clock: (cli.redis_clock == ClockChoice::Local).then(|| clock.clone()),
+        };
+        Store::Redis(Box::new(RedisStore::new(&cli.store, options)?))
+    } else {
+        return Err(format!("--store must be `memory` or a redis:// URL, not {:?}", cli.store));
+    };
+    let metrics = Metrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
+    let service = Arc::new(Service::new(config, store, metrics, Settings { lease_ttl }));
+    tracing::info!(domains = service.config().len(), store = service.store().name(), "limits loaded");
+
+    // Hot reload: a bad file is logged and counted, the old limits keep serving.
+    let mut watched = Watched::new(cli.config.clone());
+    let reloader = service.clone();
+    let interval = cli.reload_interval;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            match watched.poll() {
+                None => {}
+                Some(Ok(config)) => {
+                    tracing::info!(domains = config.len(), "limits reloaded");
+                    reloader.set_config(config);
+                    reloader.metrics().reloads.with_label_values(&["ok"]).inc();
+                }
+                Some(Err(e)) => {
+                    tracing::error!(error = %e, "limits file refused; the previous limits keep serving");
+                    reloader.metrics().reloads.with_label_values(&["error"]).inc();
+                }
+            }
+        }
+    });
+
+    // Idle buckets are dropped in the background so memory follows live keys.
+    let sweeper = service.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(10));
+        loop {
+            tick.tick().await;
+            if let Store::Memory(m) = sweeper.store() {
+                let dropped = m.sweep();
+                if dropped > 0 {
+                    tracing::debug!(dropped, "idle buckets dropped");
+                }
+            }
+        }
+    });
+
+    let listener = tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
+    let state = AppState { service, auth_token: cli.auth_token.map(Arc::from) };
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| format!("server failed: {e}"))?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,507 @@
+//! The limits file: envoyproxy/ratelimit's YAML shape, so its users can bring
+//! their files, plus optional extensions (`algorithm`, `burst`).
+//!
+//! Parsing happens in one pass with validation inside deserialization, so that
+//! every error, including semantic ones (a zero limit, an unknown unit, a
+//! duplicate entry), carries the YAML line and column and the field path.
+//! The result is a [`Config`] that cannot hold an invalid rule.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::clock::{Micros, SECOND_US};
+
+/// Largest `requests_per_unit` and `burst`: keeps the Redis scripts' double
+/// arithmetic exact (see `grant::grant_cap`).
+pub const MAX_LIMIT: u64 = 1_000_000_000;
+/// Longest domain name, key or value accepted, in bytes (also on the wire).
+pub const MAX_NAME_LEN: usize = 256;
+
+/// The rate-limiting algorithm of a rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Epoch-aligned fixed windows, as envoyproxy/ratelimit counts (the default).
+    FixedWindow,
+    /// A token bucket earning `requests_per_unit` per unit, holding `burst`.
+    TokenBucket,
+}
+
+impl Algorithm {
+    /// Short tag used in store keys and scripts.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fw",
+            Algorithm::TokenBucket => "tb",
+        }
+    }
+}
+
+/// A validated limit: what the stores need to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Units admitted per period (`requests_per_unit`).
+    pub limit: u64,
+    /// The period (the `unit`) in microseconds.
+    pub period: Micros,
+    /// Most units at once: `burst` for a token bucket, `limit` for a window.
+    pub capacity: u64,
+}
+
+/// What a matched descriptor is subject to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rule {
+    /// Counted against `limit`; with `shadow` set, over-limit decisions are
+    /// counted in metrics but reported as allowed.
+    Limited {
+        /// The limit.
+        limit: Limit,
+        /// `shadow_mode` from the file.
+        shadow: bool,
+    },
+    /// `unlimited: true`: always allowed, never counted.
+    Unlimited,
+}
+
+/// One level of the descriptor tree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Node {
+    rule: Option<Rule>,
+    children: HashMap<String, KeyEntries>,
+}
+
+/// Entries of one key at one level: the key-only entry and key+value entries.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeyEntries {
+    any: Option<Node>,
+    values: HashMap<String, Node>,
+}
+
+/// One domain's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Domain {
+    /// The domain name.
+    pub name: String,
+    root: Node,
+}
+
+impl Domain {
+    /// The rule for a request descriptor (ordered key/value entries), following
+    /// envoyproxy/ratelimit: at each level a key+value entry wins over a
+    /// key-only entry, and only the entry matching the last pair applies.
+    pub fn rule_for<'a>(&'a self, entries: &[(String, String)]) -> Option<&'a Rule> {
+        let mut node = &self.root;
+        let last = entries.len().checked_sub(1)?;
+        for (i, (key, value)) in entries.iter().enumerate() {
+            let by_key = node.children.get(key)?;
+            node = by_key.values.get(value).or(by_key.any.as_ref())?;
+            if i == last {
+                return node.rule.as_ref();
+            }
+        }
+        None
+    }
+}
+
+/// Every configured domain.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    domains: HashMap<String, Domain>,
+}
+
+impl Config {
+    /// The domain named `name`.
+    pub fn domain(&self, name: &str) -> Option<&Domain> {
+        self.domains.get(name)
+    }
+
+    /// Number of domains.
+    pub fn len(&self) -> usize {
+        self.domains.len()
+    }
+
+    /// True when no domain is configured.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    /// Parses one YAML document (one domain); `origin` names it in errors.
+    pub fn parse_one(origin: &str, text: &str) -> Result<Domain, ConfigError> {
+        let deserializer = serde_norway::Deserializer::from_str(text);
+        let file: FileDoc = serde_path_to_error::deserialize(deserializer).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let location = inner.location().map(|l| (l.line(), l.column()));
+            ConfigError { origin: origin.to_string(), location, path, message: strip_location(&inner.to_string()) }
+        })?;
+        Ok(Domain { name: file.domain.0, root: Node { rule: None, children: file.descriptors.0 } })
+    }
+
+    /// Reads and parses every file; each defines one domain, and a domain may
+    /// be defined only once.
+    pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
+        let mut domains = HashMap::new();
+        for path in paths {
+            let origin = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::plain(&origin, format!("cannot read: {e}")))?;
+            let domain = Self::parse_one(&origin, &text)?;
+            if domains.contains_key(&domain.name) {
+                return Err(ConfigError::plain(&origin, format!("domain {:?} is defined in more than one file", domain.name)));
+            }
+            domains.insert(domain.name.clone(), domain);
+        }
+        Ok(Config { domains })
+    }
+
+    /// Builds a config from domains already parsed (tests, embedding).
+    pub fn from_domains(list: impl IntoIterator<Item = Domain>) -> Config {
+        Config { domains: list.into_iter().map(|d| (d.name.clone(), d)).collect() }
+    }
+}
+
+/// Why a limits file was refused: which file, where, which field, and what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// The file (or other origin) of the text.
+    pub origin: String,
+    /// Line and column (1-based) where known.
+    pub location: Option<(usize, usize)>,
+    /// The field path, e.g. `descriptors[0].rate_limit.unit`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn plain(origin: &str, message: String) -> Self {
+        Self { origin: origin.to_string(), location: None, path: String::new(), message }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.origin)?;
+        if let Some((line, column)) = self.location {
+            write!(f, ":{line}:{column}")?;
+        }
+        if !self.path.is_empty() && self.path != "." {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// serde_norway appends " at line L column C"; the location is reported once,
+/// in front, instead.
+fn strip_location(message: &str) -> String {
+    match message.rfind(" at line ") {
+        Some(at) => message[..at].to_string(),
+        None => message.to_string(),
+    }
+}
+
+// ---- the file format, validated while it is deserialized ----
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileDoc {
+    domain: DomainName,
+    #[serde(default)]
+    descriptors: Children,
+}
+
+struct DomainName(String);
+
+impl<'de> Deserialize<'de> for DomainName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        check_name("domain", &name).map_err(serde::de::Error::custom)?;
+        Ok(DomainName(name))
+    }
+}
+
+fn check_name(what: &str, text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err(format!("{what} must not be empty"));
+    }
+    if text.len() > MAX_NAME_LEN {
+        return Err(format!("{what} is {} bytes long; at most {MAX_NAME_LEN} are allowed", text.len()));
+    }
+    Ok(())
+}
+
+/// A level's list of descriptors, checked for duplicates.
+#[derive(Default)]
+struct Children(HashMap<String, KeyEntries>);
+
+impl<'de> Deserialize<'de> for Children {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let list = Option::<Vec<FileDescriptor>>::deserialize(d)?.unwrap_or_default();
+        let mut children: HashMap<String, KeyEntries> = HashMap::new();
+        for entry in list {
+            let node = Node { rule: entry.rule, children: entry.descriptors.0 };
+            let slot = children.entry(entry.key.clone()).or_default();
+            let duplicate = match entry.value {
+                Some(value) => {
+                    let dup = slot.values.contains_key(&value).then(|| format!("key {:?} with value {value:?}", entry.key));
+                    slot.values.insert(value, node);
+                    dup
+                }
+                None => {
+                    let dup = slot.any.is_some().then(|| format!("key {:?} without a value", entry.key));
+                    slot.any = Some(node);
+                    dup
+                }
+            };
+            if let Some(which) = duplicate {
+                return Err(serde::de::Error::custom(format!("duplicate descriptor: {which} appears twice at this level")));
+            }
+        }
+        Ok(Children(children))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, try_from = "RawDescriptor")]
+struct FileDescriptor {
+    key: String,
+    value: Option<String>,
+    rule: Option<Rule>,
+    descriptors: Children,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: String,
+    value: Option<String>,
+    rate_limit: Option<RawRateLimit>,
+    #[serde(default)]
+    descriptors: Children,
+    #[serde(default)]
+    shadow_mode: bool,
+    /// Accepted for compatibility; per-descriptor metrics are not kept.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    unit: Option<Unit>,
+    requests_per_unit: Option<u64>,
+    #[serde(default)]
+    unlimited: bool,
+    /// Accepted for compatibility; only used in logs.
+    #[allow(dead_code)]
+    name: Option<String>,
+    algorithm: Option<AlgorithmName>,
+    burst: Option<u64>,
+}
+
+impl TryFrom<RawDescriptor> for FileDescriptor {
+    type Error = String;
+
+    fn try_from(raw: RawDescriptor) -> Result<Self, String> {
+        check_name("key", &raw.key)?;
+        if let Some(value) = &raw.value {
+            check_name("value", value)?;
+        }
+        let rule = match raw.rate_limit {
+            None => {
+                if raw.shadow_mode {
+                    return Err(format!("descriptor {:?}: shadow_mode needs a rate_limit", raw.key));
+                }
+                None
+            }
+            Some(rate) => Some(rate.into_rule(&raw.key, raw.shadow_mode)?),
+        };
+        Ok(FileDescriptor { key: raw.key, value: raw.value, rule, descriptors: raw.descriptors })
+    }
+}
+
+impl RawRateLimit {
+    fn into_rule(self, key: &str, shadow: bool) -> Result<Rule, String> {
+        if self.unlimited {
+            if self.unit.is_some() || self.requests_per_unit.is_some() || self.algorithm.is_some() || self.burst.is_some() {
+                return Err(format!(
+                    "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or burst"
+                ));
+            }
+            return Ok(Rule::Unlimited);
+        }
+        let (Some(unit), Some(limit)) = (self.unit, self.requests_per_unit) else {
+            return Err(format!(
+                "descriptor {key:?}: rate_limit needs both unit and requests_per_unit (or unlimited: true)"
+            ));
+        };
+        if limit == 0 || limit > MAX_LIMIT {
+            return Err(format!("descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"));
+        }
+        let algorithm = self.algorithm.map_or(Algorithm::FixedWindow, |a| a.0);
+        let capacity = match (algorithm, self.burst) {
+            (Algorithm::FixedWindow, Some(_)) => {
+                return Err(format!(
+                    "descriptor {key:?}: burst applies only to algorithm: token_bucket (a fixed window admits requests_per_unit per window)"
+                ));
+            }
+            (Algorithm::FixedWindow, None) => limit,
+            (Algorithm::TokenBucket, None) => limit,
+            (Algorithm::TokenBucket, Some(burst)) if burst == 0 || burst > MAX_LIMIT => {
+                return Err(format!("descriptor {key:?}: burst must be between 1 and {MAX_LIMIT}, not {burst}"));
+            }
+            (Algorithm::TokenBucket, Some(burst)) => burst,
+        };
+        Ok(Rule::Limited { limit: Limit { algorithm, limit, period: unit.0, capacity }, shadow })
+    }
+}
+
+/// A `unit`, case-insensitive as envoyproxy/ratelimit reads it.
+struct Unit(Micros);
+
+impl<'de> Deserialize<'de> for Unit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let seconds: u64 = match text.to_ascii_lowercase().as_str() {
+            "second" => 1,
+            "minute" => 60,
+            "hour" => 3_600,
+            "day" => 86_400,
+            "week" => 7 * 86_400,
+            // envoyproxy/ratelimit's fixed lengths for these calendar units.
+            "month" => 30 * 86_400,
+            "year" => 365 * 86_400,
+            _ => {
+                return Err(serde::de::Error::custom(format!(
+                    "unknown unit {text:?}: use second, minute, hour, day, week, month or year"
+                )))
+            }
+        };
+        Ok(Unit(seconds * SECOND_US))
+    }
+}
+
+struct AlgorithmName(Algorithm);
+
+impl<'de> Deserialize<'de> for AlgorithmName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        match text.as_str() {
+            "fixed_window" => Ok(AlgorithmName(Algorithm::FixedWindow)),
+            "token_bucket" => Ok(AlgorithmName(Algorithm::TokenBucket)),
+            _ => Err(serde::de::Error::custom(format!(
+                "unknown algorithm {text:?}: the quota service supports fixed_window (the default) and token_bucket"
+            ))),
+        }
+    }
+}
+
+/// Reads a config from files again when their contents change.
+#[derive(Debug)]
+pub struct Watched {
+    paths: Vec<PathBuf>,
+    last: Vec<Option<Vec<u8>>>,
+}
+
+impl Watched {
+    /// Watches `paths`, taking their current contents as already loaded.
+    pub fn new(paths: Vec<PathBuf>) -> Self {
+        let last = paths.iter().map(|p| read_bytes(p)).collect();
+        Self { paths, last }
+    }
+
+    /// `None` when no file changed; otherwise the result of loading them all.
+    /// Contents, not mtimes, are compared: an edit within the same second
+    /// (or a file replaced by a rename) is still noticed.
+    pub fn poll(&mut self) -> Option<Result<Config, ConfigError>> {
+        let now: Vec<Option<Vec<u8>>> = self.paths.iter().map(|p| read_bytes(p)).collect();
+        if now == self.last {
+            return None;
+        }
+        self.last = now;
+        Some(Config::load(&self.paths))
+    }
+}
+
+fn read_bytes(path: &Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    const SAMPLE: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: path
+    value: /login
+    rate_limit: {unit: MINUTE, requests_per_unit: 5, algorithm: token_bucket, burst: 2}
+  - key: path
+    descriptors:
+      - key: method
+        value: POST
+        shadow_mode: true
+        rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: internal
+    rate_limit: {unlimited: true}
+"#;
+
+    #[test]
+    fn parses_the_ratelimit_shape_with_extensions() {
+        let domain = Config::parse_one("sample", SAMPLE).unwrap();
+        assert_eq!(domain.name, "edge");
+        let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("path", "/login")])) else { panic!() };
+        assert_eq!(*limit, Limit { algorithm: Algorithm::TokenBucket, limit: 5, period: 60 * SECOND_US, capacity: 2 });
+        assert!(!shadow);
+        let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("remote_address", "10.0.0.1")])) else {
+            panic!()
+        };
+        assert_eq!(limit.algorithm, Algorithm::FixedWindow);
+        assert_eq!(limit.capacity, 10);
+        assert!(!shadow);
+        assert_eq!(domain.rule_for(&pairs(&[("internal", "x")])), Some(&Rule::Unlimited));
+    }
+
+    #[test]
+    fn key_and_value_wins_and_only_the_last_entry_applies() {
+        let domain = Config::parse_one("sample", SAMPLE).unwrap();
+        // /login has no nested method entry: the key+value node wins at level 1
+        // and has no children, so nothing matches.
+        assert_eq!(domain.rule_for(&pairs(&[("path", "/login"), ("method", "POST")])), None);
+        // Another path falls to the key-only entry, whose child matches.
+        let Some(Rule::Limited { shadow, .. }) = domain.rule_for(&pairs(&[("path", "/x"), ("method", "POST")])) else {
+            panic!()
+        };
+        assert!(shadow);
+        // The key-only path node itself has no limit.
+        assert_eq!(domain.rule_for(&pairs(&[("path", "/x")])), None);
+        assert_eq!(domain.rule_for(&pairs(&[("path", "/x"), ("method", "GET")])), None);
+        assert_eq!(domain.rule_for(&[]), None);
+        assert_eq!(domain.rule_for(&pairs(&[("nope", "1")])), None);
+    }
+
+    #[test]
+    fn errors_name_line_and_field() {
+        let text = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
+        let err = Config::parse_one("f.yaml", text).unwrap_err();
+        assert_eq!(err.location.map(|l| l.0), Some(5), "{err}");
+        let text = err.to_string();
+        assert!(text.starts_with("f.yaml:5:"), "{text}");
+        assert!(text.contains("descriptors[0].rate_limit.unit"), "{text}");
+        assert!(text.contains("unknown unit \"fortnight\""), "{text}");
+    }
+}

@@ -1,0 +1,13 @@
+//! Floodgate's central quota service: fleet-wide limits shared by many
+//! Envoys, decided one request at a time (`/v1/check`) or leased in batches
+//! (`/v1/lease`, `/v1/return`). See `docs/protocol.md` for the wire format
+//! and `quota/README.md` for running it.
+
+pub mod clock;
+pub mod config;
+pub mod grant;
+pub mod http;
+pub mod metrics;
+pub mod protocol;
+pub mod service;
+pub mod store;

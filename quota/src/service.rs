@@ -1,0 +1,324 @@
+//! The quota service's logic, independent of HTTP: validate a request,
+//! match its descriptors against the current limits, ask the store, and
+//! build the wire response.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use crate::clock::{ceil_ms, Micros};
+use crate::config::{Config, Domain, Limit, Rule};
+use crate::grant::lease_target;
+use crate::metrics::Metrics;
+use crate::protocol::{
+    check_descriptors, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest, LeaseResponse, Retry,
+    ReturnRequest, ReturnResponse, MAX_UNITS,
+};
+use crate::store::{bucket_key, CheckItem, LeaseItem, ReturnItem, Store, StoreError, NEVER};
+
+/// An error for the caller, with the HTTP status it maps to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ApiError {
+    /// 400: the request is malformed or out of bounds.
+    BadRequest(String),
+    /// 404: the domain is not configured.
+    UnknownDomain(String),
+    /// 503: the store could not decide; the caller falls back.
+    Store(StoreError),
+}
+
+impl ApiError {
+    /// The HTTP status code.
+    pub fn status(&self) -> u16 {
+        match self {
+            ApiError::BadRequest(_) => 400,
+            ApiError::UnknownDomain(_) => 404,
+            ApiError::Store(_) => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ApiError::BadRequest(why) => write!(f, "{why}"),
+            ApiError::UnknownDomain(name) => write!(f, "unknown domain {name:?}"),
+            ApiError::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Settings of the service.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// How long leased tokens stay valid (at most 60 s).
+    pub lease_ttl: Micros,
+}
+
+/// The longest lease lifetime: keeps grant arithmetic exact in Lua.
+pub const MAX_LEASE_TTL: Micros = 60 * crate::clock::SECOND_US;
+
+/// The service: current limits, a store, metrics.
+#[derive(Debug)]
+pub struct Service {
+    config: RwLock<Arc<Config>>,
+    store: Store,
+    metrics: Metrics,
+    settings: Settings,
+}
+
+fn bad(message: impl Into<String>) -> ApiError {
+    ApiError::BadRequest(message.into())
+}
+
+fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
+    if value > MAX_UNITS {
+        return Err(bad(format!("{field} is {value}; at most {MAX_UNITS} is allowed")));
+    }
+    Ok(())
+}
+
+impl Service {
+    /// A service over `store` with the limits in `config`.
+    pub fn new(config: Config, store: Store, metrics: Metrics, settings: Settings) -> Self {
+        let settings = Settings { lease_ttl: settings.lease_ttl.clamp(1, MAX_LEASE_TTL) };
+        Self { config: RwLock::new(Arc::new(config)), store, metrics, settings }
+    }
+
+    /// The limits now in force.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().map_or_else(|p| p.into_inner().clone(), |c| c.clone())
+    }
+
+    /// Replaces the limits; counters are kept (they live in the store).
+    pub fn set_config(&self, config: Config) {
+        let mut slot = self.config.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Arc::new(config);
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    fn domain<'a>(&self, config: &'a Config, name: &str) -> Result<&'a Domain, ApiError> {
+        config.domain(name).ok_or_else(|| ApiError::UnknownDomain(name.to_string()))
+    }
+
+    fn count(&self, domain: &str, kind: &str, result: &str) {
+        self.metrics.decisions.with_label_values(&[domain, kind, result]).inc();
+    }
+
+    async fn timed<T>(&self, op: &str, call: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, ApiError> {
+        let started = Instant::now();
+        let result = call.await;
+        let store = self.store.name();
+        self.metrics.store_latency.with_label_values(&[store, op]).observe(started.elapsed().as_secs_f64());
+        result.map_err(|e| {
+            self.metrics.store_errors.with_label_values(&[store, e.kind()]).inc();
+            tracing::warn!(store, op, error = %e, "store call failed");
+            ApiError::Store(e)
+        })
+    }
+
+    /// `POST /v1/check`: admit the request only if every descriptor admits.
+    pub async fn check(&self, req: CheckRequest) -> Result<CheckResponse, ApiError> {
+        check_descriptors("descriptors", req.descriptors.iter()).map_err(bad)?;
+        check_units("hits", req.hits)?;
+        let config = self.config();
+        let domain = self.domain(&config, &req.domain)?;
+
+        // One store item per distinct bucket: a descriptor listed twice costs
+        // twice, in one decision (two separate decisions on the same state
+        // would both see the same room and over-admit).
+        let mut items: Vec<CheckItem> = Vec::new();
+        let mut index_of: HashMap<String, usize> = HashMap::new();
+        let mut slots: Vec<Result<usize, Code>> = Vec::with_capacity(req.descriptors.len());
+        for descriptor in &req.descriptors {
+            match domain.rule_for(descriptor) {
+                None => slots.push(Err(Code::NoRule)),
+                Some(Rule::Unlimited) => slots.push(Err(Code::Unlimited)),
+                Some(Rule::Limited { limit, shadow }) => {
+                    let key = bucket_key(&domain.name, limit.algorithm, descriptor);
+                    let at = *index_of.entry(key.clone()).or_insert_with(|| {
+                        items.push(CheckItem { key, limit: *limit, cost: 0, shadow: *shadow });
+                        items.len() - 1
+                    });
+                    if let Some(item) = items.get_mut(at) {
+                        item.cost += req.hits;
+                    }
+                    slots.push(Ok(at));
+                }
+            }
+        }
+        let outcome = if items.is_empty() {
+            None
+        } else {
+            Some(self.timed("check", self.store.check(&items)).await?)
+        };
+
+        let mut results = Vec::with_capacity(slots.len());
+        let mut wait: Option<Retry> = None;
+        for slot in slots {
+            let at = match slot {
+                Err(code) => {
+                    self.count(&domain.name, "check", if code == Code::Unlimited { "unlimited" } else { "no_rule" });
+                    results.push(CheckStatus {
+                        code,
+                        limit: None,
+                        window_ms: None,
+                        remaining: None,
+                        reset_ms: None,
+                        retry_after_ms: None,
+                        shadow_over_limit: false,
+                    });
+                    continue;
+                }
+                Ok(at) => at,
+            };
+            let (Some(item), Some(decision)) = (items.get(at), outcome.as_ref().and_then(|o| o.decisions.get(at))) else {
+                return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())));
+            };
+            let denied = !decision.allowed;
+            let retry = if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
+            let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {
+                (false, _) => (Code::Ok, None, false),
+                (true, true) => (Code::Ok, None, true),
+                (true, false) => {
+                    wait = Some(match (wait, retry) {
+                        (Some(Retry::Never), _) | (_, Retry::Never) => Retry::Never,
+                        (Some(Retry::After(a)), Retry::After(b)) => Retry::After(a.max(b)),
+                        (None, r) => r,
+                    });
+                    (Code::OverLimit, Some(retry), false)
+                }
+            };
+            self.count(&domain.name, "check", match (code, shadow_over_limit) {
+                (Code::OverLimit, _) => "denied",
+                (_, true) => "shadow_denied",
+                _ => "allowed",
+            });
+            results.push(CheckStatus {
+                code,
+                limit: Some(item.limit.limit),
+                window_ms: Some(ceil_ms(item.limit.period)),
+                remaining: Some(decision.remaining),
+                reset_ms: Some(ceil_ms(decision.reset)),
+                retry_after_ms,
+                shadow_over_limit,
+            });
+        }
+        let allowed = outcome.as_ref().is_none_or(|o| o.committed);
+        Ok(CheckResponse { allowed, retry_after_ms: if allowed { None } else { wait }, results })
+    }
+
+    /// `POST /v1/lease`: grant batches of tokens, sized to each caller's rate.
+    pub async fn lease(&self, req: LeaseRequest) -> Result<LeaseResponse, ApiError> {
+        check_descriptors("leases", req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
+        for (i, lease) in req.leases.iter().enumerate() {
+            check_units(&format!("leases[{i}].wanted"), lease.wanted)?;
+            if let Some(rate) = lease.rate {
+                if !rate.is_finite() || rate < 0.0 {
+                    return Err(bad(format!("leases[{i}].rate must be a non-negative number of tokens per second")));
+                }
+            }
+        }
+        let config = self.config();
+        let domain = self.domain(&config, &req.domain)?;
+        let ttl = self.settings.lease_ttl;
+
+        let mut items = Vec::new();
+        let mut plan: Vec<Result<(usize, Limit), Code>> = Vec::with_capacity(req.leases.len());
+        for lease in &req.leases {
+            match domain.rule_for(&lease.descriptor) {
+                None => plan.push(Err(Code::NoRule)),
+                Some(Rule::Unlimited) => plan.push(Err(Code::Unlimited)),
+                // Shadow rules lease like any other: the tokens a lease hands
+                // out must exist, or the total could pass the limit.
+                Some(Rule::Limited { limit, .. }) => {
+                    let want = lease_target(lease.wanted, lease.rate, ttl, limit.capacity);
+                    items.push(LeaseItem { key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor), limit: *limit, want });
+                    plan.push(Ok((items.len() - 1, *limit)));
+                }
+            }
+        }
+        let grants = if items.is_empty() { Vec::new() } else { self.timed("lease", self.store.lease(&items, ttl)).await? };
+
+        let mut leases = Vec::with_capacity(plan.len());
+        let mut granted_total = 0u64;
+        for (step, lease) in plan.into_iter().zip(&req.leases) {
+            match step {
+                Err(code) => {
+                    self.count(&domain.name, "lease", if code == Code::Unlimited { "unlimited" } else { "no_rule" });
+                    leases.push(LeaseGrant {
+                        code,
+                        granted: lease.wanted,
+                        valid_ms: ceil_ms(ttl),
+                        limit: None,
+                        window_ms: None,
+                        remaining: None,
+                        reset_ms: None,
+                        window: None,
+                    });
+                }
+                Ok((at, limit)) => {
+                    let grant = grants
+                        .get(at)
+                        .ok_or_else(|| ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())))?;
+                    self.count(&domain.name, "lease", if grant.granted > 0 { "allowed" } else { "denied" });
+                    granted_total += grant.granted;
+                    leases.push(LeaseGrant {
+                        code: Code::Ok,
+                        granted: grant.granted,
+                        // Rounded down: a caller must stop using tokens no later
+                        // than the window they belong to ends.
+                        valid_ms: grant.valid / 1_000,
+                        limit: Some(limit.limit),
+                        window_ms: Some(ceil_ms(limit.period)),
+                        remaining: Some(grant.remaining),
+                        reset_ms: Some(ceil_ms(grant.reset)),
+                        window: Some(grant.window),
+                    });
+                }
+            }
+        }
+        self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
+        Ok(LeaseResponse { leases })
+    }
+
+    /// `POST /v1/return`: take back unused leased tokens.
+    pub async fn give_back(&self, req: ReturnRequest) -> Result<ReturnResponse, ApiError> {
+        check_descriptors("returns", req.returns.iter().map(|r| &r.descriptor)).map_err(bad)?;
+        for (i, item) in req.returns.iter().enumerate() {
+            check_units(&format!("returns[{i}].tokens"), item.tokens)?;
+        }
+        let config = self.config();
+        let domain = self.domain(&config, &req.domain)?;
+        let mut items = Vec::new();
+        let mut plan = Vec::with_capacity(req.returns.len());
+        for r in &req.returns {
+            match domain.rule_for(&r.descriptor) {
+                Some(Rule::Limited { limit, .. }) if r.tokens > 0 => {
+                    items.push(ReturnItem {
+                        key: bucket_key(&domain.name, limit.algorithm, &r.descriptor),
+                        limit: *limit,
+                        tokens: r.tokens,
+                        window: r.window,
+                    });
+                    plan.push(Some(items.len() - 1));
+                }
+                _ => plan.push(None),
+            }
+        }
+        let taken = if items.is_empty() { Vec::new() } else { self.timed("return", self.store.give_back(&items)).await? };
+        let returned: Vec<u64> = plan.into_iter().map(|p| p.and_then(|at| taken.get(at).copied()).unwrap_or(0)).collect();
+        self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
+        Ok(ReturnResponse { returned })
+    }
+}
+

@@ -1,0 +1,233 @@
+//! The embedded store: buckets in a hash map behind one mutex, decided by
+//! `floodgate_core::algorithm` (the filter's own code) on microseconds.
+//!
+//! One mutex, not shards: a check over several buckets must be atomic, the
+//! critical section is a few hundred nanoseconds, and the service is I/O
+//! bound long before this lock is contended.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use floodgate_core::algorithm::{Decision, FixedWindow, TokenBucket, TokenState, WindowState};
+
+use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError};
+use crate::clock::{Clock, Micros};
+use crate::config::{Algorithm, Limit};
+use crate::grant::grant_cap;
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    Token(TokenState),
+    Window(WindowState),
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    /// The limit last applied, so the sweeper can tell an idle bucket.
+    limit: Limit,
+    state: State,
+}
+
+/// Counters in this process.
+#[derive(Debug)]
+pub struct MemoryStore {
+    clock: Arc<dyn Clock>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+    max_buckets: usize,
+}
+
+fn token_bucket(limit: &Limit) -> TokenBucket {
+    TokenBucket::new(limit.limit, limit.period, limit.capacity)
+}
+
+fn fixed_window(limit: &Limit) -> FixedWindow {
+    FixedWindow::new(limit.limit, limit.period)
+}
+
+/// The bucket's state as `limit`'s algorithm reads it; a missing bucket, or
+/// one of another algorithm, is fresh.
+fn token_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> TokenState {
+    match bucket.map(|b| b.state) {
+        Some(State::Token(s)) => s,
+        _ => token_bucket(limit).fresh(now),
+    }
+}
+
+fn window_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> WindowState {
+    let window = fixed_window(limit);
+    match bucket.map(|b| b.state) {
+        // A past window is a fresh one (the core's decide does the same).
+        Some(State::Window(s)) if s.window == now / window.period() => s,
+        _ => window.fresh(now),
+    }
+}
+
+fn decide(limit: &Limit, bucket: Option<&Bucket>, now: Micros, cost: u64) -> (Decision, State) {
+    match limit.algorithm {
+        Algorithm::TokenBucket => {
+            let (d, after) = token_bucket(limit).decide(token_state(limit, bucket, now), now, cost);
+            (d, State::Token(after))
+        }
+        Algorithm::FixedWindow => {
+            let (d, after) = fixed_window(limit).decide(window_state(limit, bucket, now), now, cost);
+            (d, State::Window(after))
+        }
+    }
+}
+
+fn is_idle(bucket: &Bucket, now: Micros) -> bool {
+    match bucket.state {
+        State::Token(s) => token_bucket(&bucket.limit).is_idle(s, now),
+        State::Window(s) => fixed_window(&bucket.limit).is_idle(s, now),
+    }
+}
+
+impl MemoryStore {
+    /// A store reading time from `clock` and holding at most `max_buckets`
+    /// buckets (idle ones are evicted first; see [`MemoryStore::sweep`]).
+    pub fn new(clock: Arc<dyn Clock>, max_buckets: usize) -> Self {
+        Self { clock, buckets: Mutex::new(HashMap::new()), max_buckets: max_buckets.max(1) }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
+        // A panic while holding the lock cannot leave a bucket half-written
+        // (each is replaced whole), so a poisoned map is still consistent.
+        self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Number of buckets held.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no bucket is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every idle bucket (one indistinguishable from a fresh one, so
+    /// dropping it changes no decision). Returns how many were dropped.
+    pub fn sweep(&self) -> usize {
+        let now = self.clock.now_us();
+        let mut map = self.lock();
+        let before = map.len();
+        map.retain(|_, b| !is_idle(b, now));
+        before - map.len()
+    }
+
+    fn make_room(map: &mut HashMap<String, Bucket>, keys: &[&str], max: usize, now: Micros) -> Result<(), StoreError> {
+        let new = keys.iter().filter(|k| !map.contains_key(**k)).count();
+        if map.len() + new <= max {
+            return Ok(());
+        }
+        map.retain(|_, b| !is_idle(b, now));
+        if map.len() + new <= max {
+            Ok(())
+        } else {
+            Err(StoreError::Full)
+        }
+    }
+
+    /// See [`super::Store::check`].
+    pub fn check(&self, items: &[CheckItem]) -> Result<CheckOutcome, StoreError> {
+        let now = self.clock.now_us();
+        let mut map = self.lock();
+        let mut decisions = Vec::with_capacity(items.len());
+        let mut afters = Vec::with_capacity(items.len());
+        let mut committed = true;
+        for item in items {
+            let (d, after) = decide(&item.limit, map.get(&item.key), now, item.cost);
+            if !d.allowed && !item.shadow {
+                committed = false;
+            }
+            decisions.push(d);
+            afters.push(after);
+        }
+        if committed {
+            let keys: Vec<&str> = items.iter().zip(&decisions).filter(|(_, d)| d.allowed).map(|(i, _)| i.key.as_str()).collect();
+            Self::make_room(&mut map, &keys, self.max_buckets, now)?;
+            for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
+                if d.allowed {
+                    map.insert(item.key.clone(), Bucket { limit: item.limit, state: after });
+                }
+            }
+        } else {
+            for (item, d) in items.iter().zip(decisions.iter_mut()) {
+                if d.allowed {
+                    *d = decide(&item.limit, map.get(&item.key), now, 0).0;
+                }
+            }
+        }
+        Ok(CheckOutcome { committed, decisions })
+    }
+
+    /// See [`super::Store::lease`].
+    pub fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
+        let now = self.clock.now_us();
+        let mut map = self.lock();
+        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
+        Self::make_room(&mut map, &keys, self.max_buckets, now)?;
+        let mut grants = Vec::with_capacity(items.len());
+        for item in items {
+            let limit = &item.limit;
+            let bucket = map.get(&item.key);
+            let (remaining, horizon, window, valid) = match limit.algorithm {
+                Algorithm::TokenBucket => {
+                    let s = token_bucket(limit).refill(token_state(limit, bucket, now), now);
+                    (s.tokens, limit.period, 0, ttl)
+                }
+                Algorithm::FixedWindow => {
+                    let s = window_state(limit, bucket, now);
+                    let horizon = (s.window + 1).saturating_mul(limit.period).saturating_sub(now);
+                    (limit.limit.saturating_sub(s.used), horizon, s.window, ttl.min(horizon))
+                }
+            };
+            let granted = item.want.min(grant_cap(remaining, limit.capacity, horizon, ttl));
+            let (d, after) = decide(limit, bucket, now, granted);
+            if granted > 0 {
+                map.insert(item.key.clone(), Bucket { limit: *limit, state: after });
+            }
+            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset, window, valid });
+        }
+        Ok(grants)
+    }
+
+    /// See [`super::Store::give_back`].
+    pub fn give_back(&self, items: &[ReturnItem]) -> Result<Vec<u64>, StoreError> {
+        let now = self.clock.now_us();
+        let mut map = self.lock();
+        let mut taken = Vec::with_capacity(items.len());
+        for item in items {
+            let limit = &item.limit;
+            let Some(bucket) = map.get_mut(&item.key) else {
+                // No bucket: it is full (or its window unused); nothing to return into.
+                taken.push(0);
+                continue;
+            };
+            let back = match (limit.algorithm, bucket.state) {
+                (Algorithm::TokenBucket, State::Token(s)) => {
+                    let tb = token_bucket(limit);
+                    let before = tb.refill(s, now);
+                    let back = item.tokens.min(limit.capacity.saturating_sub(before.tokens));
+                    if back > 0 {
+                        bucket.state = State::Token(tb.refund(s, now, back));
+                    }
+                    back
+                }
+                (Algorithm::FixedWindow, State::Window(s))
+                    if s.window == now / limit.period && s.window == item.window =>
+                {
+                    let back = item.tokens.min(s.used);
+                    if back > 0 {
+                        bucket.state = State::Window(fixed_window(limit).refund(s, now, back));
+                    }
+                    back
+                }
+                _ => 0,
+            };
+            bucket.limit = *limit;
+            taken.push(back);
+        }
+        Ok(taken)
+    }
+}
