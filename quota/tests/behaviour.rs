@@ -1,0 +1,290 @@
+//! One behaviour suite, run against every store (as limitador's
+//! `test_with_all_storage_impls`): the memory store and a real redis-server.
+//! A manual clock drives both (the Redis scripts then take the service's
+//! time as an argument), so retry-after and reset values are asserted exactly.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use common::{Backend, Fixture, T0};
+use floodgate_quota::clock::SECOND_US;
+use serde_json::{json, Value};
+
+const LIMITS: &str = r#"
+domain: test
+descriptors:
+  - key: fw
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 1, algorithm: token_bucket, burst: 3}
+  - key: big
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+  - key: bucket
+    rate_limit: {unit: minute, requests_per_unit: 600, algorithm: token_bucket}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+"#;
+
+const MS: u64 = 1_000;
+
+fn check(descriptors: Value, hits: u64) -> Value {
+    json!({"domain": "test", "descriptors": descriptors, "hits": hits})
+}
+
+fn lease(key: &str, value: &str, wanted: u64, rate: f64) -> Value {
+    json!({"domain": "test", "leases": [{"descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+}
+
+async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.clock.set(T0 + 20 * SECOND_US);
+    for remaining in [2, 1, 0] {
+        let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
+        assert_eq!(r["allowed"], true, "{r}");
+        assert_eq!(r["results"][0], json!({"code": "ok", "limit": 3, "window_ms": 60000, "remaining": remaining, "reset_ms": 40000}));
+    }
+    let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["retry_after_ms"], 40000);
+    assert_eq!(r["results"][0]["code"], "over_limit");
+    assert_eq!(r["results"][0]["retry_after_ms"], 40000);
+    assert_eq!(r["results"][0]["remaining"], 0);
+
+    f.clock.advance(40 * SECOND_US - MS);
+    let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["retry_after_ms"], 1);
+
+    f.clock.advance(MS);
+    let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["remaining"], 2);
+    assert_eq!(r["results"][0]["reset_ms"], 60000);
+
+    // Another value of the same key-only rule is another counter.
+    let r = f.check(check(json!([[["fw", "b"]]]), 3)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["remaining"], 0);
+}
+
+async fn token_bucket_refills_at_its_rate_with_exact_retry_after(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["tb", "a"]]]), 1)).await;
+    assert_eq!(r["results"][0], json!({"code": "ok", "limit": 1, "window_ms": 1000, "remaining": 2, "reset_ms": 1000}));
+    f.check(check(json!([[["tb", "a"]]]), 2)).await;
+    let r = f.check(check(json!([[["tb", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["retry_after_ms"], 1000);
+    let r = f.check(check(json!([[["tb", "a"]]]), 2)).await;
+    assert_eq!(r["retry_after_ms"], 2000);
+
+    f.clock.advance(999 * MS);
+    let r = f.check(check(json!([[["tb", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["retry_after_ms"], 1);
+    assert_eq!(r["results"][0]["reset_ms"], 1);
+
+    f.clock.advance(MS);
+    let r = f.check(check(json!([[["tb", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["remaining"], 0);
+    assert_eq!(r["results"][0]["reset_ms"], 1000);
+
+    // Long idle: full again, never beyond the burst.
+    f.clock.advance(3_600 * SECOND_US);
+    let r = f.check(check(json!([[["tb", "a"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 3);
+    assert_eq!(r["results"][0]["reset_ms"], 0);
+}
+
+async fn a_cost_above_the_capacity_never_succeeds(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    for key in ["tb", "fw"] {
+        let r = f.check(check(json!([[[key, "a"]]]), 4)).await;
+        assert_eq!(r["allowed"], false, "{key}");
+        assert_eq!(r["retry_after_ms"], Value::Null, "{key}: {r}");
+        assert_eq!(r["results"][0]["retry_after_ms"], Value::Null, "{key}");
+        assert!(r.as_object().unwrap().contains_key("retry_after_ms"), "never is an explicit null");
+    }
+}
+
+async fn check_is_all_or_nothing(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.check(check(json!([[["fw", "x"]]]), 3)).await;
+    let r = f.check(check(json!([[["tb", "y"]], [["fw", "x"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    // The bucket that would have admitted reports its untouched state.
+    assert_eq!(r["results"][0], json!({"code": "ok", "limit": 1, "window_ms": 1000, "remaining": 3, "reset_ms": 0}));
+    assert_eq!(r["results"][1]["code"], "over_limit");
+    assert_eq!(r["retry_after_ms"], 60000);
+    let r = f.check(check(json!([[["tb", "y"]]]), 1)).await;
+    assert_eq!(r["results"][0]["remaining"], 2, "the denied request took nothing from tb");
+}
+
+async fn a_descriptor_listed_twice_costs_twice(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["fw", "d"]], [["fw", "d"]]]), 1)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["remaining"], 1);
+    assert_eq!(r["results"][1]["remaining"], 1);
+    let r = f.check(check(json!([[["fw", "d"]], [["fw", "d"]]]), 1)).await;
+    assert_eq!(r["allowed"], false, "two units needed, one left: {r}");
+    let r = f.check(check(json!([[["fw", "d"]]]), 1)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["remaining"], 0);
+}
+
+async fn shadow_mode_reports_but_does_not_deny(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["shadow", "s"]]]), 1)).await;
+    assert_eq!(r["results"][0]["shadow_over_limit"], Value::Null);
+    let r = f.check(check(json!([[["shadow", "s"]]]), 1)).await;
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["results"][0]["code"], "ok");
+    assert_eq!(r["results"][0]["shadow_over_limit"], true);
+    assert!(f.metrics().await.contains(r#"floodgate_quota_decisions_total{domain="test",kind="check",result="shadow_denied"} 1"#));
+    // A real limit still denies alongside it.
+    f.check(check(json!([[["fw", "z"]]]), 3)).await;
+    let r = f.check(check(json!([[["shadow", "s"]], [["fw", "z"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+}
+
+async fn unlimited_and_unmatched_descriptors_are_allowed(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["free", "x"]], [["nothing", "y"]], [["fw", "a"], ["deeper", "b"]]]), 1000)).await;
+    assert_eq!(r, json!({"allowed": true, "results": [{"code": "unlimited"}, {"code": "no_rule"}, {"code": "no_rule"}]}));
+    let r = f.lease(lease("free", "x", 500, 10.0)).await;
+    assert_eq!(r["leases"][0], json!({"code": "unlimited", "granted": 500, "valid_ms": 1000}));
+}
+
+async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let window = T0 / (3_600 * SECOND_US);
+    // 50 tokens/s over a 1 s lease: 50.
+    let r = f.lease(lease("big", "a", 100, 50.0)).await;
+    assert_eq!(
+        r["leases"][0],
+        json!({"code": "ok", "granted": 50, "valid_ms": 1000, "limit": 1000, "window_ms": 3600000, "remaining": 950, "reset_ms": 3600000, "window": window})
+    );
+    // A much faster caller gets more, but never more than half of what remains.
+    let mut grants = Vec::new();
+    let mut remaining = 950;
+    while remaining > 0 {
+        let r = f.lease(lease("big", "a", 1_000, 100_000.0)).await;
+        let granted = r["leases"][0]["granted"].as_u64().unwrap();
+        assert!(granted <= (remaining as u64).div_ceil(2), "{granted} of {remaining}");
+        remaining = r["leases"][0]["remaining"].as_i64().unwrap();
+        grants.push(granted);
+    }
+    assert_eq!(grants[..3], [475, 238, 119], "halving while plenty is left");
+    assert!(grants.windows(2).all(|w| w[1] <= w[0]), "grants never grow as quota runs low: {grants:?}");
+    // Below 10 % with an hour to go, each lease gets a single token: the tail
+    // of the window is paced, not grabbed.
+    let low: Vec<u64> = grants.iter().copied().skip_while(|g| *g > 1).collect();
+    assert!(low.len() >= 50, "{grants:?}");
+    assert_eq!(grants.iter().sum::<u64>() + 50, 1000, "everything was leased, nothing more");
+    // Empty: nothing granted, and the limit was never passed.
+    let r = f.lease(lease("big", "a", 10, 10.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 0);
+    let r = f.check(check(json!([[["big", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+}
+
+async fn a_lease_never_outlives_its_window(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.clock.set(T0 + 3_599 * SECOND_US + 600 * MS);
+    let r = f.lease(lease("big", "b", 10, 10.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 10);
+    assert_eq!(r["leases"][0]["valid_ms"], 400);
+}
+
+async fn returned_tokens_are_available_again(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.lease(lease("big", "r", 1_000, 100_000.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 500);
+    let window = r["leases"][0]["window"].as_u64().unwrap();
+    let returned = f
+        .give_back(json!({"domain": "test", "returns": [
+            {"descriptor": [["big", "r"]], "tokens": 100, "window": window},
+            {"descriptor": [["big", "r"]], "tokens": 100, "window": window - 1},
+            {"descriptor": [["free", "r"]], "tokens": 100},
+        ]}))
+        .await;
+    assert_eq!(returned, json!({"returned": [100, 0, 0]}), "only the lease's own window takes tokens back");
+    let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 600);
+    // Never more than was used.
+    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 10000, "window": window}]})).await;
+    assert_eq!(returned["returned"][0], 400);
+    // After the window, returns are void: the new window never saw those tokens.
+    f.check(check(json!([[["big", "r"]]]), 5)).await;
+    f.clock.advance(3_600 * SECOND_US);
+    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 5, "window": window}]})).await;
+    assert_eq!(returned["returned"][0], 0);
+
+    // A token bucket takes back at most up to full.
+    let r = f.lease(lease("bucket", "r", 1_000, 100_000.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 300);
+    assert_eq!(r["leases"][0]["window"], 0);
+    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["bucket", "r"]], "tokens": 1000}]})).await;
+    assert_eq!(returned["returned"][0], 300);
+    let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 600);
+}
+
+macro_rules! with_all_stores {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Backend::Memory).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Backend::Redis).await;
+                }
+            )*
+        }
+    };
+}
+
+with_all_stores!(
+    fixed_window_admits_the_limit_then_denies_until_the_window_ends,
+    token_bucket_refills_at_its_rate_with_exact_retry_after,
+    a_cost_above_the_capacity_never_succeeds,
+    check_is_all_or_nothing,
+    a_descriptor_listed_twice_costs_twice,
+    shadow_mode_reports_but_does_not_deny,
+    unlimited_and_unmatched_descriptors_are_allowed,
+    leases_follow_the_rate_and_shrink_as_quota_runs_low,
+    a_lease_never_outlives_its_window,
+    returned_tokens_are_available_again,
+);
+
+/// With Redis's own clock (the default), decisions still come out right and
+/// keys are hash-tagged by domain and expire once idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_clock_mode_decides_and_keys_expire() {
+    let f = Fixture::with(Backend::Redis, LIMITS, common::Options { redis_time: true, ..Default::default() }).await;
+    for _ in 0..3 {
+        assert_eq!(f.check(check(json!([[["fw", "a"]]]), 1)).await["allowed"], true);
+    }
+    let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
+    assert_eq!(r["allowed"], false);
+    let retry = r["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 0 && retry <= 60_000, "{retry}");
+    let mut conn = f.redis.as_ref().unwrap().connection();
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    assert_eq!(keys, vec![r#"fg:{test}:fw:[["fw","a"]]"#.to_string()]);
+    let ttl: i64 = ::redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
+    assert!(ttl > 0 && ttl <= 61_000, "idle keys expire: {ttl}");
+}
