@@ -21,7 +21,7 @@ use crate::store::Step;
 use crate::time::Nanos;
 
 /// Entries per group. Four keeps a group small to copy and makes a full group
-/// rare: with the table a quarter full, under 2% of groups are full.
+/// rare: with the table a quarter full, about 2% of groups are full.
 pub const WAYS: usize = 4;
 
 const FORMAT: u8 = 1;
@@ -284,6 +284,26 @@ mod tests {
             let outcome = table.decide(&stored, 1, T0, 1);
             assert!(matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })), "{stored:?}");
         }
+    }
+
+    /// The README's claim: with a quarter of the buckets live, about 2% of
+    /// groups are full (Poisson with mean 1: P(4 or more) = 1.9%).
+    #[test]
+    fn few_groups_are_full_at_a_quarter_occupancy() {
+        let table = table(65_536);
+        let mut groups = vec![table.empty_group(); table.groups() as usize];
+        let live = table.capacity() / 4;
+        for i in 0..live {
+            let mut hasher = crate::hash::SipHasher::new(3, 4);
+            hasher.write(&i.to_le_bytes());
+            let fingerprint = hasher.finish();
+            let group = &mut groups[table.group_of(fingerprint) as usize];
+            apply(group, |g| table.decide(g, fingerprint, T0, 1));
+        }
+        let full = groups.iter().filter(|g| g.len() == table.max_group_len()).count();
+        let share = full as f64 / groups.len() as f64;
+        assert!(share < 0.025, "{:.2}% of groups are full", share * 100.0);
+        assert!(share > 0.005, "{:.2}%: suspiciously even, is the hash used?", share * 100.0);
     }
 
     #[test]

@@ -239,3 +239,54 @@ fn invalid_plugin_configs_are_refused_and_name_the_field() {
     assert!(!output.status.success(), "envoy started with an invalid plugin config");
     assert!(String::from_utf8_lossy(&output.stderr).contains("rules[0].limit: must be between 1 and 1000000000, got 0"));
 }
+
+/// Hostile requests reach the filter (Envoy's own header limits are raised so
+/// they do) and must neither crash the VM nor stop any worker from answering.
+#[test]
+fn hostile_requests_never_break_a_worker() {
+    let config = r#"{"rules": [
+        {"name": "per-key", "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}],
+         "limit": 1000, "period": "1h", "cost_from_header": {"header_name": "x-cost", "max": 10}},
+        {"name": "beta", "match": {"path_prefix": "/", "methods": ["GET"], "authority": "localhost"},
+         "descriptors": [{"header_value_match": {"descriptor_value": "b", "headers": [{"name": "x-tier", "string_match": {"prefix": "beta"}}]}},
+                         {"masked_remote_address": {"v4_prefix_mask_len": 24}}],
+         "limit": 1000, "period": "1h"}]}"#;
+    let mut setup = Setup::new(config);
+    setup.hcm_extra =
+        "          max_request_headers_kb: 1024\n          common_http_protocol_options: {max_headers_count: 6000}"
+            .into();
+    let mut envoy = Envoy::start(&setup);
+    let huge = vec![b'a'; 100 * 1024];
+    let many: Vec<(String, Vec<u8>)> = (0..5000).map(|i| (format!("x-h-{i}"), format!("v{i}").into_bytes())).collect();
+    let mut cases: Vec<Vec<(&str, &[u8])>> = vec![
+        vec![("x-api-key", &huge)],
+        vec![("x-api-key", b"\xff\xfe\xfd"), ("x-cost", b"\xc3\x28")],
+        vec![("x-api-key", b""), ("x-tier", b"")],
+        vec![("x-api-key", b"a"), ("x-api-key", b"b"), ("x-cost", b"99999999999999999999999")],
+        vec![("x-tier", b"beta\x80\x81"), ("x-cost", b"-5")],
+        vec![("x-tier", &huge), ("x-cost", &huge)],
+    ];
+    cases.push(many.iter().map(|(n, v)| (n.as_str(), v.as_slice())).chain([("x-api-key", &b"many"[..])]).collect());
+    for (i, headers) in cases.iter().enumerate() {
+        for _ in 0..3 {
+            let response = envoy.connect().get("/anything?q=%01%ff", headers);
+            assert!(matches!(response.status, 200 | 429), "case {i}: status {}", response.status);
+        }
+    }
+    // Every worker still answers, and no VM crashed (a crash would reload it).
+    for _ in 0..16 {
+        assert_eq!(envoy.connect().get("/", &[("x-api-key", b"after")]).status, 200);
+    }
+    assert!(envoy.is_running());
+    assert_both_workers_served(&envoy);
+    let stats = envoy.stats();
+    let reloads: u64 =
+        stats.iter().filter(|(k, _)| k.starts_with("wasm.") && k.contains("vm_reload")).map(|(_, v)| v).sum();
+    assert_eq!(reloads, 0, "a wasm VM was reloaded:\n{}", envoy.log_tail());
+    assert!(!envoy.log_tail().contains("panicked"), "{}", envoy.log_tail());
+    // The filter decided on every hostile request it was meant to: cases 0-3
+    // and 6 carry x-api-key (3 times each), plus the 16 checks afterwards;
+    // only case 4's x-tier starts with "beta".
+    assert_eq!(stats["wasmcustom.floodgate.rule.per-key.allowed"], 5 * 3 + 16);
+    assert_eq!(stats["wasmcustom.floodgate.rule.beta.allowed"], 3);
+}
