@@ -136,7 +136,8 @@ impl Config {
             let path = e.path().to_string();
             let inner = e.into_inner();
             let location = inner.location().map(|l| (l.line(), l.column()));
-            ConfigError { origin: origin.to_string(), location, path, message: strip_location(&inner.to_string()) }
+            let message = strip_path(&strip_location(&inner.to_string()));
+            ConfigError { origin: origin.to_string(), location, path, message }
         })?;
         Ok(Domain { name: file.domain.0, root: Node { rule: None, children: file.descriptors.0 } })
     }
@@ -203,6 +204,15 @@ fn strip_location(message: &str) -> String {
     match message.rfind(" at line ") {
         Some(at) => message[..at].to_string(),
         None => message.to_string(),
+    }
+}
+
+/// serde_norway also prefixes its own, coarser path ("descriptors[0]: ...");
+/// the precise one from serde_path_to_error is reported instead.
+fn strip_path(message: &str) -> String {
+    match (message.find(": "), message.find(' ')) {
+        (Some(colon), Some(space)) if colon < space => message[colon + 2..].to_string(),
+        _ => message.to_string(),
     }
 }
 

@@ -9,5 +9,6 @@ pub mod grant;
 pub mod http;
 pub mod metrics;
 pub mod protocol;
+pub mod reload;
 pub mod service;
 pub mod store;

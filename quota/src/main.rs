@@ -9,7 +9,8 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use floodgate_core::time::parse_duration;
 use floodgate_quota::clock::{Clock, SystemClock};
-use floodgate_quota::config::{Config, Watched};
+use floodgate_quota::config::Config;
+use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
@@ -150,28 +151,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     tracing::info!(domains = service.config().len(), store = service.store().name(), "limits loaded");
 
     // Hot reload: a bad file is logged and counted, the old limits keep serving.
-    let mut watched = Watched::new(cli.config.clone());
-    let reloader = service.clone();
-    let interval = cli.reload_interval;
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            match watched.poll() {
-                None => {}
-                Some(Ok(config)) => {
-                    tracing::info!(domains = config.len(), "limits reloaded");
-                    reloader.set_config(config);
-                    reloader.metrics().reloads.with_label_values(&["ok"]).inc();
-                }
-                Some(Err(e)) => {
-                    tracing::error!(error = %e, "limits file refused; the previous limits keep serving");
-                    reloader.metrics().reloads.with_label_values(&["error"]).inc();
-                }
-            }
-        }
-    });
+    spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
 
     // Idle buckets are dropped in the background so memory follows live keys.
     let sweeper = service.clone();

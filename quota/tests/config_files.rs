@@ -1,0 +1,126 @@
+//! Limits files: every invalid fixture is refused with its message (line,
+//! field and what is wrong), and hot reload applies new limits while keeping
+//! counters, and keeps the old limits when the new file is bad.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Backend, Fixture};
+use floodgate_quota::config::Config;
+use floodgate_quota::reload::spawn_reloader;
+use serde_json::json;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/invalid")
+}
+
+#[test]
+fn every_invalid_fixture_is_refused_with_its_message() {
+    let mut seen = 0;
+    for entry in std::fs::read_dir(fixtures()).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let expected: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# expect: ")).collect();
+        assert!(!expected.is_empty(), "{} has no `# expect:` line", path.display());
+        let error = Config::load(std::slice::from_ref(&path)).expect_err(&format!("{} must be refused", path.display()));
+        let message = error.to_string();
+        assert!(message.starts_with(&path.display().to_string()), "the message names the file: {message}");
+        for want in expected {
+            assert!(message.contains(want), "{}:\n  message: {message}\n  lacks:   {want}", path.display());
+        }
+        seen += 1;
+    }
+    assert!(seen >= 15, "only {seen} fixtures found");
+}
+
+#[test]
+fn the_sample_config_loads() {
+    let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quota.yaml");
+    let config = Config::load(&[sample]).unwrap();
+    assert!(config.domain("edge").is_some());
+}
+
+#[test]
+fn a_domain_defined_twice_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.yaml");
+    let b = dir.path().join("b.yaml");
+    std::fs::write(&a, "domain: edge\n").unwrap();
+    std::fs::write(&b, "domain: edge\n").unwrap();
+    let message = Config::load(&[a, b.clone()]).unwrap_err().to_string();
+    assert!(message.contains("domain \"edge\" is defined in more than one file"), "{message}");
+    assert!(message.starts_with(&b.display().to_string()), "{message}");
+}
+
+#[test]
+fn the_binary_refuses_to_start_on_a_bad_file() {
+    let output = Command::new(env!("CARGO_BIN_EXE_floodgate-quota"))
+        .args(["--config"])
+        .arg(fixtures().join("unknown_unit.yaml"))
+        .args(["--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("unknown unit \"fortnight\""), "{stderr}");
+}
+
+const V1: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+const V2: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
+const BAD: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: ten}\n";
+
+/// Polls `/v1/check` until `limit` is in force (bounded: a wait, not a timed assertion).
+async fn wait_for_limit(f: &Fixture, limit: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 0})).await;
+        if r["results"][0]["limit"] == limit {
+            return;
+        }
+        assert!(Instant::now() < deadline, "limit {limit} never applied: {r}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn hot_reload_keeps_state_and_applies_new_limits(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    std::fs::write(&path, V1).unwrap();
+    let f = Fixture::new(backend, V1).await;
+    let reloader = spawn_reloader(f.service.clone(), vec![path.clone()], Duration::from_millis(50));
+
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 3})).await;
+    assert_eq!(r["results"][0]["remaining"], 2);
+
+    std::fs::write(&path, V2).unwrap();
+    wait_for_limit(&f, 10).await;
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 1})).await;
+    assert_eq!(r["results"][0]["remaining"], 6, "the 3 used before the reload still count: {r}");
+
+    std::fs::write(&path, BAD).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.metrics().await.contains(r#"floodgate_quota_config_reloads_total{result="error"} 1"#) {
+        assert!(Instant::now() < deadline, "the bad file was never noticed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 1})).await;
+    assert_eq!(r["results"][0]["limit"], 10, "the previous limits keep serving");
+    assert_eq!(r["results"][0]["remaining"], 5);
+    reloader.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_hot_reload_keeps_state_and_applies_new_limits() {
+    hot_reload_keeps_state_and_applies_new_limits(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_hot_reload_keeps_state_and_applies_new_limits() {
+    hot_reload_keeps_state_and_applies_new_limits(Backend::Redis).await;
+}
+
