@@ -39,6 +39,27 @@ impl RedisServer {
         server
     }
 
+    /// A server not yet started, to be started later on `port`.
+    pub fn stopped_on(port: u16) -> Self {
+        RedisServer { port, child: None }
+    }
+
+    /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("running");
+        let status = Command::new("kill").arg(signal).arg(child.id().to_string()).status().expect("kill");
+        assert!(status.success());
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
@@ -69,6 +90,8 @@ impl RedisServer {
     /// Kills the server (SIGKILL: an abrupt loss, as in a crash).
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A paused server must be thawed to die promptly.
+            let _ = Command::new("kill").arg("-CONT").arg(child.id().to_string()).status();
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -1,0 +1,161 @@
+//! The HTTP surface: bad requests and wrong or missing tokens get a 4xx with
+//! a message naming what is wrong, nothing crashes, and the real binary
+//! starts, serves and stops cleanly on SIGTERM.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Backend, Fixture, Options};
+use serde_json::{json, Value};
+
+const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+async fn raw(f: &Fixture, method: reqwest::Method, path: &str, body: Vec<u8>, token: Option<&str>) -> (u16, Value, reqwest::header::HeaderMap) {
+    let mut request = f.client.request(method, format!("{}{path}", f.base)).body(body);
+    if let Some(token) = token {
+        request = request.header("authorization", token);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::String(text)), headers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_a_4xx_naming_the_problem_and_nothing_crashes() {
+    let f = Fixture::new(Backend::Memory, LIMITS).await;
+    let long = "x".repeat(300);
+    let many: Vec<Value> = (0..33).map(|i| json!([["k", i.to_string()]])).collect();
+    let wide: Vec<Value> = (0..17).map(|i| json!([format!("k{i}"), "v"])).collect();
+    let deep = format!("{}{}", "[".repeat(5_000), "]".repeat(5_000));
+    let cases: Vec<(&str, Vec<u8>, u16, String)> = vec![
+        ("/v1/check", b"not json".to_vec(), 400, "malformed request".into()),
+        ("/v1/check", b"{}".to_vec(), 400, "missing field `domain`".into()),
+        ("/v1/check", br#"{"domain":"test"}"#.to_vec(), 400, "missing field `descriptors`".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":"k"}"#.to_vec(), 400, "at descriptors".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[["k","v"]]}"#.to_vec(), 400, "at descriptors[0][0]".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[]}"#.to_vec(), 400, "descriptors must not be empty".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[]]}"#.to_vec(), 400, "descriptors[0] has no entries".into()),
+        ("/v1/check", json!({"domain": "test", "descriptors": many}).to_string().into_bytes(), 400, "descriptors has 33 items; at most 32".into()),
+        ("/v1/check", json!({"domain": "test", "descriptors": [wide]}).to_string().into_bytes(), 400, "descriptors[0] has 17 entries; at most 16".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[["","v"]]]}"#.to_vec(), 400, "descriptors[0][0] has an empty key".into()),
+        ("/v1/check", json!({"domain": "test", "descriptors": [[["k", long]]]}).to_string().into_bytes(), 400, "too long".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":-1}"#.to_vec(), 400, "at hits".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":1.5}"#.to_vec(), 400, "at hits".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":2000000000}"#.to_vec(), 400, "hits is 2000000000".into()),
+        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]]} trailing"#.to_vec(), 400, "trailing characters".into()),
+        ("/v1/check", deep.into_bytes(), 400, "malformed request".into()),
+        ("/v1/check", vec![0xff, 0xfe, 0x00], 400, "malformed request".into()),
+        ("/v1/check", br#"{"domain":"nope","descriptors":[[["k","v"]]]}"#.to_vec(), 404, "unknown domain \"nope\"".into()),
+        ("/v1/lease", br#"{"domain":"test","leases":[]}"#.to_vec(), 400, "leases must not be empty".into()),
+        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":-1}]}"#.to_vec(), 400, "leases[0].rate must be a non-negative".into()),
+        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":"fast"}]}"#.to_vec(), 400, "at leases[0].rate".into()),
+        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]]}]}"#.to_vec(), 400, "missing field `wanted`".into()),
+        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":99999999999}]}"#.to_vec(), 400, "leases[0].wanted is 99999999999".into()),
+        ("/v1/lease", br#"{"domain":"nope","leases":[{"descriptor":[["k","v"]],"wanted":1}]}"#.to_vec(), 404, "unknown domain".into()),
+        ("/v1/return", br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":-3}]}"#.to_vec(), 400, "at returns[0].tokens".into()),
+        ("/v1/return", br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":5000000000}]}"#.to_vec(), 400, "returns[0].tokens is 5000000000".into()),
+        ("/v1/check", vec![b' '; 70_000], 413, "larger than 65536 bytes".into()),
+        ("/nope", b"{}".to_vec(), 404, "no such endpoint".into()),
+    ];
+    for (path, body, status, message) in cases {
+        let shown = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        let (got, reply, headers) = raw(&f, reqwest::Method::POST, path, body, None).await;
+        assert_eq!(got, status, "{path} {shown}: {reply}");
+        let error = reply["error"].as_str().unwrap_or_else(|| panic!("{path} {shown}: no error message: {reply}"));
+        assert!(error.contains(&message), "{path} {shown}:\n  error: {error}\n  lacks: {message}");
+        assert_eq!(headers["content-type"], "application/json");
+    }
+    let (got, reply, _) = raw(&f, reqwest::Method::GET, "/v1/check", Vec::new(), None).await;
+    assert_eq!(got, 405, "{reply}");
+    assert!(reply["error"].as_str().unwrap().contains("POST"));
+    // Still serving.
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]]})).await;
+    assert_eq!(r["allowed"], true);
+    assert!(f.metrics().await.contains(r#"floodgate_quota_requests_total{endpoint="check",status="400"}"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_calls_need_the_right_bearer_token() {
+    let f = Fixture::with(Backend::Memory, LIMITS, Options { auth_token: Some("s3cret"), ..Options::default() }).await;
+    let body = json!({"domain": "test", "descriptors": [[["k", "v"]]]}).to_string().into_bytes();
+    for path in ["/v1/check", "/v1/lease", "/v1/return"] {
+        for (token, message) in [
+            (None, "missing Authorization: Bearer token"),
+            (Some("Bearer wrong"), "wrong bearer token"),
+            (Some("Bearer s3cre"), "wrong bearer token"),
+            (Some("Bearer s3cret2"), "wrong bearer token"),
+            (Some("Basic s3cret"), "wrong bearer token"),
+            (Some("s3cret"), "wrong bearer token"),
+        ] {
+            let (status, reply, headers) = raw(&f, reqwest::Method::POST, path, body.clone(), token).await;
+            assert_eq!(status, 401, "{path} {token:?}: {reply}");
+            assert_eq!(reply["error"], message, "{path} {token:?}");
+            assert_eq!(headers["www-authenticate"], "Bearer");
+        }
+    }
+    let (status, reply, _) = raw(&f, reqwest::Method::POST, "/v1/check", body, Some("Bearer s3cret")).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["allowed"], true);
+    // Probes and scrapes need no token.
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let (status, _, _) = raw(&f, reqwest::Method::GET, path, Vec::new(), None).await;
+        assert_eq!(status, 200, "{path}");
+    }
+}
+
+/// The shipped binary: listens where told, requires its token, and on
+/// SIGTERM finishes and exits 0.
+#[test]
+fn the_binary_serves_and_stops_on_sigterm() {
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quota.yaml");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_floodgate-quota"))
+        .arg("--config")
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+        .env("FLOODGATE_QUOTA_TOKEN", "t0ken")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let address = loop {
+        let line = lines.next().expect("the binary logged its address").unwrap();
+        let entry: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+        if entry["fields"]["message"] == "listening" {
+            break entry["fields"]["address"].as_str().unwrap().to_string();
+        }
+    };
+    assert!(address.starts_with("127.0.0.1:"), "{address}");
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+        let body = json!({"domain": "edge", "descriptors": [[["remote_address", "10.0.0.1"]]]});
+        let denied = client.post(format!("http://{address}/v1/check")).json(&body).send().await.unwrap();
+        assert_eq!(denied.status().as_u16(), 401);
+        let ok = client.post(format!("http://{address}/v1/check")).bearer_auth("t0ken").json(&body).send().await.unwrap();
+        assert_eq!(ok.status().as_u16(), 200);
+        let reply: Value = ok.json().await.unwrap();
+        assert_eq!(reply["results"][0]["remaining"], 99);
+    });
+
+    let status = Command::new("kill").arg("-TERM").arg(child.id().to_string()).status().unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|l| l.contains("\"stopped\"")), "{rest:?}");
+}

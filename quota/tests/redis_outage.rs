@@ -1,0 +1,95 @@
+//! Redis going away: callers get a clean 503 with a message, bounded by the
+//! store timeout (never a hang), and the service serves again by itself once
+//! Redis is back, without being restarted.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Backend, Fixture, Options, RedisServer};
+use serde_json::{json, Value};
+
+const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+
+fn options() -> Options {
+    Options { store_timeout: Duration::from_millis(300), ..Options::default() }
+}
+
+fn check() -> Value {
+    json!({"domain": "test", "descriptors": [[["k", "v"]]]})
+}
+
+fn lease() -> Value {
+    json!({"domain": "test", "leases": [{"descriptor": [["k", "v"]], "wanted": 5}]})
+}
+
+fn give_back() -> Value {
+    json!({"domain": "test", "returns": [{"descriptor": [["k", "v"]], "tokens": 5}]})
+}
+
+async fn assert_unavailable(f: &Fixture) {
+    for (path, body) in [("/v1/check", check()), ("/v1/lease", lease()), ("/v1/return", give_back())] {
+        let (status, body) = f.post(path, &body).await;
+        assert_eq!(status, 503, "{path}: {body}");
+        let message = body["error"].as_str().unwrap_or_default();
+        assert!(message.contains("store"), "{path}: the error says what failed: {body}");
+    }
+    let ready = f.client.get(format!("{}/readyz", f.base)).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 503);
+    let live = f.client.get(format!("{}/healthz", f.base)).send().await.unwrap();
+    assert_eq!(live.status().as_u16(), 200, "liveness does not depend on Redis");
+}
+
+/// Polls until a check succeeds (a bounded wait, not a timed assertion).
+async fn wait_until_serving(f: &Fixture) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = f.post("/v1/check", &check()).await;
+        if status == 200 {
+            return body;
+        }
+        assert_eq!(status, 503, "only 503 while Redis comes back: {body}");
+        assert!(Instant::now() < deadline, "never served again: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_mid_test_gives_503_and_the_service_recovers() {
+    let mut f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+
+    f.redis.as_mut().unwrap().stop();
+    assert_unavailable(&f).await;
+    assert_unavailable(&f).await;
+    assert!(f.metrics().await.contains("floodgate_quota_store_errors_total{kind="), "store errors are counted");
+
+    f.redis.as_mut().unwrap().restart();
+    let r = wait_until_serving(&f).await;
+    assert_eq!(r["allowed"], true);
+    let r = f.lease(lease()).await;
+    assert_eq!(r["leases"][0]["code"], "ok");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_times_out_cleanly_and_recovers() {
+    let f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    f.redis.as_ref().unwrap().pause();
+    let (status, body) = f.post("/v1/check", &check()).await;
+    assert_eq!(status, 503, "{body}");
+    f.redis.as_ref().unwrap().resume();
+    wait_until_serving(&f).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_started_before_redis_serves_once_redis_is_up() {
+    let mut redis = RedisServer::stopped_on(common::free_port());
+    let f = Fixture::serve(Some(redis.url()), None, LIMITS, options()).await;
+    assert_unavailable(&f).await;
+    redis.restart();
+    let r = wait_until_serving(&f).await;
+    assert_eq!(r["results"][0]["remaining"], 999);
+}
