@@ -1,0 +1,38 @@
+# The benchmark of issue 4. The root Makefile includes this file; it also runs
+# on its own from the repository root:
+#
+#   make -f bench/bench.mk filter-bench         # the full run (about 6 minutes on 2 cores)
+#   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
+#
+# Paths are relative to the repository root. Tunables (environment or make
+# variables): BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONNECTIONS,
+# BENCH_THREADS, BENCH_ACCURACY_SECS, BENCH_ACCURACY_CONNECTIONS,
+# BENCH_MEMORY_KEYS, BENCH_MEMORY_CONNECTIONS, BENCH_MEMORY_MAX_SECS,
+# BENCH_PARTS (throughput,accuracy,memory), BENCH_RESULTS_DIR; ENVOY_BIN
+# (else `envoy` on the PATH), WRK_BIN, FLOODGATE_WASM, NOOP_WASM.
+
+# The wasm modules are where cargo puts them: target/, unless CARGO_TARGET_DIR
+# says otherwise.
+BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+FLOODGATE_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate.wasm
+NOOP_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate_bench_noop.wasm
+export FLOODGATE_WASM NOOP_WASM
+
+.PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps
+
+filter-bench-deps:
+	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
+	@command -v $${WRK_BIN:-wrk} >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
+
+# Both filters in the release profile the shipped module uses, and the harness.
+filter-bench-build: filter-bench-deps
+	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop
+	cargo build --release -p floodgate-bench
+
+filter-bench: filter-bench-build
+	cargo run --quiet --release -p floodgate-bench
+
+filter-bench-quick: filter-bench-build
+	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_ACCURACY_SECS=2 BENCH_MEMORY_KEYS=100000 \
+	  cargo run --quiet --release -p floodgate-bench

@@ -1,0 +1,312 @@
+//! The Envoys under test: one bootstrap per variant (only the HTTP filters
+//! differ), processes on free loopback ports, and their admin endpoints.
+
+use std::collections::HashMap;
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use floodgate_e2e::Conn;
+
+/// Where the binaries and modules are.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// The Envoy binary.
+    pub envoy: String,
+    /// Floodgate's wasm module.
+    pub floodgate_wasm: PathBuf,
+    /// The no-op wasm module.
+    pub noop_wasm: PathBuf,
+    /// A scratch directory for bootstraps and logs.
+    pub scratch: PathBuf,
+}
+
+/// A token bucket of Envoy's `local_ratelimit` (max tokens, tokens per fill, fill interval).
+#[derive(Clone, Copy, Debug)]
+pub struct EnvoyBucket {
+    /// `max_tokens` (also the initial content).
+    pub max_tokens: u32,
+    /// `tokens_per_fill`.
+    pub tokens_per_fill: u32,
+    /// `fill_interval`, e.g. `"10s"`.
+    pub fill_interval: &'static str,
+}
+
+/// The HTTP filters in front of the router.
+#[derive(Clone, Debug)]
+pub enum Filters {
+    /// No filter but the router.
+    None,
+    /// Envoy's `local_ratelimit` with one dynamic bucket per `x-api-key` value.
+    EnvoyLocal(EnvoyBucket),
+    /// The no-op wasm filter.
+    Noop,
+    /// Floodgate with this plugin configuration (JSON).
+    Floodgate(String),
+}
+
+impl Filters {
+    /// The `http_filters` entries before the router, as YAML indented for the
+    /// connection manager.
+    fn yaml(&self, paths: &Paths) -> String {
+        match self {
+            Filters::None => String::new(),
+            // A descriptor entry with an empty value is a wildcard: each
+            // distinct `api_key` value gets its own bucket (Envoy's "dynamic
+            // descriptors", kept in an LRU of `max_dynamic_descriptors`). The
+            // descriptor comes from the filter-level `rate_limits`, so no route
+            // configuration is needed. `always_consume_default_token_bucket:
+            // false` keeps the (never-limiting) default bucket out of requests
+            // a descriptor matched, so only the per-key bucket decides.
+            Filters::EnvoyLocal(b) => format!(
+                r#"          - name: envoy.filters.http.local_ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit
+              stat_prefix: per_api_key
+              token_bucket: {{max_tokens: 1000000000, tokens_per_fill: 1000000000, fill_interval: 1s}}
+              filter_enabled: {{default_value: {{numerator: 100, denominator: HUNDRED}}}}
+              filter_enforced: {{default_value: {{numerator: 100, denominator: HUNDRED}}}}
+              always_consume_default_token_bucket: false
+              max_dynamic_descriptors: 65536
+              rate_limits:
+              - actions:
+                - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+              descriptors:
+              - entries: [{{key: api_key, value: ""}}]
+                token_bucket: {{max_tokens: {}, tokens_per_fill: {}, fill_interval: {}}}
+"#,
+                b.max_tokens, b.tokens_per_fill, b.fill_interval
+            ),
+            Filters::Noop => wasm_filter("noop", &paths.noop_wasm, "{}"),
+            Filters::Floodgate(config) => wasm_filter("floodgate", &paths.floodgate_wasm, config),
+        }
+    }
+}
+
+fn wasm_filter(name: &str, wasm: &Path, config: &str) -> String {
+    // A single-quoted YAML scalar: quotes doubled, newlines folded away.
+    let config = config.replace('\'', "''").replace('\n', " ");
+    format!(
+        r#"          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: {name}
+                root_id: {name}
+                failure_policy: FAIL_RELOAD
+                vm_config:
+                  vm_id: {name}
+                  runtime: envoy.wasm.runtime.v8
+                  code: {{local: {{filename: "{wasm}"}}}}
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{config}'
+"#,
+        wasm = wasm.display()
+    )
+}
+
+/// Renders a complete bootstrap: the same listener, connection manager and
+/// `direct_response` route for every variant; only `filters` differ.
+pub fn bootstrap(filters: &Filters, paths: &Paths, port: u16, admin_port: u16) -> String {
+    format!(
+        r#"static_resources:
+  listeners:
+  - name: bench
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: bench
+          use_remote_address: true
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
+          http_filters:
+{filters}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
+"#,
+        filters = filters.yaml(paths)
+    )
+}
+
+/// A loopback port that was free a moment ago and that this process has not
+/// handed out before. Another process may still take it before Envoy binds
+/// it (the machine is shared); [`Envoy::wait_ready`] starts again on new
+/// ports when that happens.
+fn free_port() -> u16 {
+    static USED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut used = USED.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !used.contains(&port) {
+            used.push(port);
+            return port;
+        }
+    }
+}
+
+/// A running Envoy, killed on drop.
+pub struct Envoy {
+    /// A short name (the variant), for messages.
+    pub name: String,
+    child: Child,
+    /// The HTTP listener's port.
+    pub port: u16,
+    /// The admin port.
+    pub admin_port: u16,
+    log: PathBuf,
+    config: PathBuf,
+    filters: Filters,
+    paths: Paths,
+    attempts: u32,
+}
+
+impl Envoy {
+    /// Writes the bootstrap, checks it with `envoy --mode validate`, and
+    /// spawns Envoy without waiting for it to be ready (several start in
+    /// parallel; call [`Envoy::wait_ready`]).
+    pub fn spawn(name: &str, filters: &Filters, paths: &Paths) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        let config = paths.scratch.join(format!("{name}.yaml"));
+        fs::write(&config, bootstrap(filters, paths, port, admin_port)).unwrap();
+        Self::validate(&config, paths);
+        let log = paths.scratch.join(format!("{name}.log"));
+        let child = Self::run(&config, &log, paths);
+        Envoy {
+            name: name.to_string(),
+            child,
+            port,
+            admin_port,
+            log,
+            config,
+            filters: filters.clone(),
+            paths: paths.clone(),
+            attempts: 1,
+        }
+    }
+
+    fn validate(config: &Path, paths: &Paths) {
+        let check = Command::new(&paths.envoy)
+            .args(["--mode", "validate", "--log-level", "error", "-c"])
+            .arg(config)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", paths.envoy));
+        assert!(
+            check.status.success(),
+            "envoy --mode validate refused {}:\n{}{}",
+            config.display(),
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+    }
+
+    fn run(config: &Path, log: &Path, paths: &Paths) -> Child {
+        Command::new(&paths.envoy)
+            // No hot restart: several Envoys run side by side.
+            .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn", "-c"])
+            .arg(config)
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.envoy))
+    }
+
+    /// Starts Envoy and waits until it is ready.
+    pub fn start(name: &str, filters: &Filters, paths: &Paths) -> Envoy {
+        let mut envoy = Envoy::spawn(name, filters, paths);
+        envoy.wait_ready();
+        envoy
+    }
+
+    /// Waits (up to 60 s) until the admin `/ready` answers 200.
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                if self.attempts < 5 && self.log_tail().contains("Address already in use") {
+                    // Someone else took a port between our probe and Envoy's bind.
+                    self.attempts += 1;
+                    self.port = free_port();
+                    self.admin_port = free_port();
+                    fs::write(&self.config, bootstrap(&self.filters, &self.paths, self.port, self.admin_port)).unwrap();
+                    self.child = Self::run(&self.config, &self.log, &self.paths);
+                    continue;
+                }
+                panic!("envoy {} exited with {status} before it was ready:\n{}", self.name, self.log_tail());
+            }
+            if self.admin("/ready").is_some_and(|(status, _)| status == 200) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("envoy {} was not ready within 60 s:\n{}", self.name, self.log_tail());
+    }
+
+    /// The last lines Envoy logged.
+    pub fn log_tail(&self) -> String {
+        let text = fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// `GET path` on the admin port: status and body.
+    pub fn admin(&self, path: &str) -> Option<(u16, String)> {
+        let response = Conn::open(self.admin_port).ok()?.try_request("GET", path, &[]).ok()?;
+        Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
+    }
+
+    /// Every counter and gauge in `/stats`.
+    pub fn stats(&self) -> HashMap<String, u64> {
+        let (_, body) = self.admin("/stats").unwrap_or_default();
+        body.lines()
+            .filter_map(|line| {
+                let (name, value) = line.split_once(": ")?;
+                Some((name.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Connections each worker accepted on the bench listener so far
+    /// (`listener.<addr>.worker_<n>.downstream_cx_total`), by worker.
+    pub fn worker_connections(&self) -> Vec<u64> {
+        let stats = self.stats();
+        (0..)
+            .map_while(|n| stats.get(&format!("listener.127.0.0.1_{}.worker_{n}.downstream_cx_total", self.port)))
+            .copied()
+            .collect()
+    }
+
+    /// `allocated` and `heap_size` from the admin `/memory`, in bytes.
+    pub fn memory(&self) -> (u64, u64) {
+        let (_, body) = self.admin("/memory").unwrap_or_default();
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        // The admin endpoint renders the numbers as strings.
+        let field = |name: &str| -> u64 {
+            match &json[name] {
+                serde_json::Value::String(s) => s.parse().unwrap_or(0),
+                value => value.as_u64().unwrap_or(0),
+            }
+        };
+        (field("allocated"), field("heap_size"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

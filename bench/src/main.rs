@@ -1,0 +1,629 @@
+//! Floodgate's benchmark (issue 4): per-request cost against no filter,
+//! Envoy's own `local_ratelimit` and a no-op wasm filter; accuracy under load
+//! on both workers; memory with a million distinct clients. Prints markdown
+//! tables and writes the raw numbers as JSON. It measures and reports; it
+//! asserts nothing about time.
+//!
+//! Run it through `make -f bench/bench.mk filter-bench` (or `filter-bench-quick`);
+//! the environment variables it reads are listed in [`Settings::from_env`].
+
+// A benchmark binary: a failed set-up step should stop the run loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod envoy;
+mod load;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use envoy::{Envoy, EnvoyBucket, Filters, Paths};
+use load::{closed_loop, wrk, LoadResult, WrkResult, WrkSettings};
+use serde_json::{json, Value};
+
+/// Everything a run can be told through the environment.
+#[derive(Clone, Debug)]
+struct Settings {
+    paths: Paths,
+    wrk: WrkSettings,
+    /// Throughput rounds (each runs every variant once).
+    rounds: usize,
+    /// Seconds of load per variant per round.
+    duration: u64,
+    /// Seconds of warm-up load per Envoy before the first round.
+    warmup: u64,
+    /// Seconds of load per accuracy case.
+    accuracy_secs: u64,
+    /// Connections of the accuracy load.
+    accuracy_connections: usize,
+    /// Distinct keys sent in the memory run.
+    memory_keys: u64,
+    /// Connections of the memory load.
+    memory_connections: usize,
+    /// Upper bound on the memory run's duration, in seconds.
+    memory_max_secs: u64,
+    /// Which parts run: any of `throughput`, `accuracy`, `memory`.
+    parts: Vec<String>,
+    /// Where the JSON goes.
+    results_dir: PathBuf,
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    match std::env::var(name) {
+        Ok(v) if !v.trim().is_empty() => v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not valid")),
+        _ => default,
+    }
+}
+
+impl Settings {
+    /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `WRK_BIN`,
+    /// `BENCH_ROUNDS` (5), `BENCH_DURATION` (5 s), `BENCH_WARMUP` (2 s),
+    /// `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2), `BENCH_ACCURACY_SECS`
+    /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
+    /// (1,000,000), `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS`
+    /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`) and
+    /// `BENCH_RESULTS_DIR` (`bench/results`). Relative paths are taken from
+    /// the repository root.
+    fn from_env() -> Settings {
+        let root = repo_root();
+        let path = |var: &str, default: &str| {
+            let p = PathBuf::from(std::env::var(var).ok().filter(|v| !v.is_empty()).unwrap_or(default.to_string()));
+            if p.is_absolute() {
+                p
+            } else {
+                root.join(p)
+            }
+        };
+        let scratch = std::env::temp_dir().join(format!("floodgate-bench-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        Settings {
+            paths: Paths {
+                envoy: std::env::var("ENVOY_BIN").ok().filter(|v| !v.is_empty()).unwrap_or("envoy".into()),
+                floodgate_wasm: path("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm"),
+                noop_wasm: path("NOOP_WASM", "target/wasm32-wasip1/release/floodgate_bench_noop.wasm"),
+                scratch,
+            },
+            wrk: WrkSettings {
+                bin: std::env::var("WRK_BIN").ok().filter(|v| !v.is_empty()).unwrap_or("wrk".into()),
+                script: root.join("bench/wrk.lua").display().to_string(),
+                connections: env_or("BENCH_CONNECTIONS", 16),
+                threads: env_or("BENCH_THREADS", 2),
+            },
+            rounds: env_or("BENCH_ROUNDS", 5),
+            duration: env_or("BENCH_DURATION", 5),
+            warmup: env_or("BENCH_WARMUP", 2),
+            accuracy_secs: env_or("BENCH_ACCURACY_SECS", 5),
+            accuracy_connections: env_or("BENCH_ACCURACY_CONNECTIONS", 32),
+            memory_keys: env_or("BENCH_MEMORY_KEYS", 1_000_000),
+            memory_connections: env_or("BENCH_MEMORY_CONNECTIONS", 16),
+            memory_max_secs: env_or("BENCH_MEMORY_MAX_SECS", 300),
+            parts: std::env::var("BENCH_PARTS")
+                .unwrap_or("throughput,accuracy,memory".into())
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            results_dir: path("BENCH_RESULTS_DIR", "bench/results"),
+        }
+    }
+
+    fn runs(&self, part: &str) -> bool {
+        self.parts.iter().any(|p| p == part)
+    }
+}
+
+/// The repository root (this crate lives in `bench/`).
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+// ---------------------------------------------------------------- variants
+
+/// The per-key descriptor every Floodgate rule here uses, like Envoy's
+/// `request_headers` action of variant (b).
+const PER_KEY: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
+
+/// Key and path: a second per-client rule for variant (f).
+const PER_KEY_AND_PATH: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}},
+    {"request_headers": {"header_name": ":path", "descriptor_key": "path"}}]"#;
+
+/// A Floodgate rule that never limits: 10⁹ per second, burst 10⁹, per key.
+fn never_limiting_rule(name: &str, descriptors: &str) -> String {
+    format!(r#"{{"name": "{name}", "descriptors": {descriptors}, "limit": 1000000000, "period": "1s"}}"#)
+}
+
+/// The throughput variants, in the order they run each round.
+fn variants() -> Vec<(&'static str, &'static str, Filters)> {
+    let per_key = never_limiting_rule("per-api-key", PER_KEY);
+    vec![
+        ("a", "no rate-limit filter", Filters::None),
+        (
+            "b",
+            "Envoy local_ratelimit, per key, never limits",
+            Filters::EnvoyLocal(EnvoyBucket {
+                max_tokens: 1_000_000_000,
+                tokens_per_fill: 1_000_000_000,
+                fill_interval: "1s",
+            }),
+        ),
+        ("c", "no-op wasm filter", Filters::Noop),
+        ("d", "Floodgate, per key, never limits", Filters::Floodgate(format!(r#"{{"rules": [{per_key}]}}"#))),
+        (
+            "d2",
+            "Floodgate as (d), no headers on allowed",
+            Filters::Floodgate(format!(r#"{{"rules": [{per_key}], "response": {{"headers_on_allowed": false}}}}"#)),
+        ),
+        (
+            "e",
+            "Floodgate, per key, limits most (10/s per key)",
+            Filters::Floodgate(format!(
+                r#"{{"rules": [{{"name": "per-api-key", "descriptors": {PER_KEY}, "limit": 10, "period": "1s"}}]}}"#
+            )),
+        ),
+        (
+            "f",
+            "Floodgate, three rules on each request",
+            Filters::Floodgate(format!(
+                r#"{{"rules": [{per_key}, {}, {}]}}"#,
+                never_limiting_rule("per-key-and-path", PER_KEY_AND_PATH),
+                never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#),
+            )),
+        ),
+    ]
+}
+
+// -------------------------------------------------------------- statistics
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn ms(us: f64) -> String {
+    format!("{:.3}", us / 1000.0)
+}
+
+// -------------------------------------------------------------- throughput
+
+struct VariantResult {
+    id: &'static str,
+    label: &'static str,
+    rounds: Vec<WrkResult>,
+}
+
+fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+    load::check_script(&s.wrk.script);
+    let variants = variants();
+    eprintln!("throughput: starting {} Envoys", variants.len());
+    // All Envoys start up front; an idle Envoy costs no CPU, and alternating
+    // them round by round spreads any drift in the machine over all variants.
+    let mut envoys: Vec<Envoy> =
+        variants.iter().map(|(id, _, filters)| Envoy::spawn(&format!("tp-{id}"), filters, &s.paths)).collect();
+    for envoy in &mut envoys {
+        envoy.wait_ready();
+    }
+    for (envoy, (id, _, _)) in envoys.iter().zip(&variants) {
+        eprintln!("throughput: warm-up {id} ({} s)", s.warmup);
+        if s.warmup > 0 {
+            wrk(&s.wrk, envoy.port, s.warmup);
+        }
+    }
+    let mut results: Vec<VariantResult> =
+        variants.iter().map(|(id, label, _)| VariantResult { id, label, rounds: Vec::new() }).collect();
+    for round in 1..=s.rounds {
+        for (envoy, result) in envoys.iter().zip(&mut results) {
+            let r = wrk(&s.wrk, envoy.port, s.duration);
+            eprintln!(
+                "throughput: round {round}/{} {:>2}: {:>9.0} req/s  p50 {} ms  p99 {} ms  non-2xx {}  errors {}",
+                s.rounds,
+                result.id,
+                r.rps(),
+                ms(r.p50_us as f64),
+                ms(r.p99_us as f64),
+                r.non_2xx,
+                r.socket_errors
+            );
+            result.rounds.push(r);
+        }
+    }
+    let med = |r: &VariantResult, f: &dyn Fn(&WrkResult) -> f64| median(&r.rounds.iter().map(f).collect::<Vec<_>>());
+    let rps: Vec<f64> = results.iter().map(|r| med(r, &WrkResult::rps)).collect();
+    let (rps_a, rps_b) = (rps[0], rps[1]);
+    let _ = writeln!(
+        out,
+        "\n## Throughput\n\nwrk, {} connections, {} threads, HTTP/1.1 keep-alive on loopback, {} keys; \
+         {} round(s) of {} s per variant, alternating; medians over rounds.\n",
+        s.wrk.connections, s.wrk.threads, 16, s.rounds, s.duration
+    );
+    let _ = writeln!(out, "| variant | req/s | p50 ms | p99 ms | ratio to (a) | ratio to (b) | non-2xx per round |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
+    let mut json_variants = Vec::new();
+    for (r, rps) in results.iter().zip(&rps) {
+        let p50 = med(r, &|w| w.p50_us as f64);
+        let p99 = med(r, &|w| w.p99_us as f64);
+        let non_2xx = med(r, &|w| w.non_2xx as f64);
+        let _ = writeln!(
+            out,
+            "| ({}) {} | {:.0} | {} | {} | {:.3} | {:.3} | {:.0} |",
+            r.id,
+            r.label,
+            rps,
+            ms(p50),
+            ms(p99),
+            rps / rps_a,
+            rps / rps_b,
+            non_2xx
+        );
+        json_variants.push(json!({
+            "id": r.id, "label": r.label,
+            "median": {"rps": rps, "p50_us": p50, "p99_us": p99, "ratio_a": rps / rps_a, "ratio_b": rps / rps_b},
+            "rounds": r.rounds.iter().map(WrkResult::to_json).collect::<Vec<_>>(),
+        }));
+    }
+    // Sanity of the set-up, reported rather than asserted.
+    for r in &results {
+        let limited: u64 = r.rounds.iter().map(|w| w.non_2xx).sum();
+        let errors: u64 = r.rounds.iter().map(|w| w.socket_errors).sum();
+        let limits = r.id == "e";
+        if limits && limited == 0 {
+            let _ = writeln!(
+                out,
+                "\n**Warning:** ({}) was meant to limit most requests but answered none as limited.",
+                r.id
+            );
+        }
+        if !limits && limited > 0 {
+            let _ = writeln!(out, "\n**Warning:** ({}) answered {limited} requests with non-2xx.", r.id);
+        }
+        if errors > 0 {
+            let _ = writeln!(out, "\n**Warning:** ({}) had {errors} socket errors.", r.id);
+        }
+    }
+    let e = &results[5];
+    let _ = writeln!(
+        out,
+        "\n(c)/(a) = {:.3} is the floor cost of a wasm filter; targets: (d) ≥ 0.97 × (c): (d)/(c) = {:.3}; \
+         (d) ≥ (b): (d)/(b) = {:.3}. In (e), {:.1}% of requests were limited (the 429 path).",
+        rps[2] / rps_a,
+        rps[3] / rps[2],
+        rps[3] / rps_b,
+        100.0 * e.rounds.iter().map(|w| w.non_2xx).sum::<u64>() as f64
+            / e.rounds.iter().map(|w| w.requests).sum::<u64>().max(1) as f64
+    );
+    raw.insert(
+        "throughput".into(),
+        json!({
+            "connections": s.wrk.connections, "threads": s.wrk.threads, "rounds": s.rounds,
+            "duration_s": s.duration, "warmup_s": s.warmup, "variants": json_variants,
+        }),
+    );
+}
+
+// ---------------------------------------------------------------- accuracy
+
+/// The accuracy bucket: 100 per 10 s, burst 100.
+const ACC_LIMIT: u64 = 100;
+const ACC_PERIOD_S: u64 = 10;
+
+fn accuracy_case(s: &Settings, limiter: &str, filters: &Filters, keys: usize) -> (LoadResult, Vec<u64>, Vec<u64>) {
+    let envoy = Envoy::start(&format!("acc-{limiter}-{keys}"), filters, &s.paths);
+    let before = envoy.worker_connections();
+    // Connection c starts at key c and steps through the keys, so every key
+    // is sent on many connections, and so through both workers.
+    let key = move |c: usize, seq: u64| format!("acc-{}", (c as u64 + seq) % keys as u64);
+    let result =
+        closed_loop(envoy.port, s.accuracy_connections, u64::MAX, Duration::from_secs(s.accuracy_secs), true, &key);
+    let after = envoy.worker_connections();
+    let per_worker: Vec<u64> =
+        after.iter().zip(before.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
+    (result, per_worker, before)
+}
+
+fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+    let floodgate = Filters::Floodgate(format!(
+        r#"{{"rules": [{{"name": "acc", "descriptors": {PER_KEY}, "algorithm": "token_bucket",
+             "limit": {ACC_LIMIT}, "period": "{ACC_PERIOD_S}s", "burst": {ACC_LIMIT}}}]}}"#
+    ));
+    let native = Filters::EnvoyLocal(EnvoyBucket { max_tokens: 100, tokens_per_fill: 100, fill_interval: "10s" });
+    let _ = writeln!(
+        out,
+        "\n## Accuracy under load\n\nOne bucket per key: {ACC_LIMIT} per {ACC_PERIOD_S} s, burst {ACC_LIMIT}. \
+         {} keep-alive connections for {} s, each stepping through the keys; a fresh Envoy per case. \
+         Elapsed = first to last request sent. Floodgate's bound per key is burst + rate × elapsed (rounded down). \
+         Envoy's bucket (max_tokens 100, tokens_per_fill 100, fill_interval 10s) allows 100 + 100 × fills; \
+         the fill timer's phase is unknown, so at most ⌊elapsed / 10 s⌋ + 1 fills, and its continuous-refill \
+         reading equals Floodgate's bound: both are shown.\n",
+        s.accuracy_connections, s.accuracy_secs
+    );
+    let _ = writeln!(
+        out,
+        "| limiter | keys | connections per worker | requests | elapsed s | bound per key | allowed per key (min–max) | allowed in all | keys over bound | admitted over bound |"
+    );
+    let _ = writeln!(out, "|---|---:|---|---:|---:|---|---|---:|---:|---:|");
+    let mut cases = Vec::new();
+    for (limiter, filters) in [("floodgate", &floodgate), ("envoy-local", &native)] {
+        for keys in [1usize, 50] {
+            eprintln!("accuracy: {limiter}, {keys} key(s), {} s", s.accuracy_secs);
+            let (r, per_worker, _) = accuracy_case(s, limiter, filters, keys);
+            let elapsed = r.send_span.as_secs_f64();
+            let continuous = ACC_LIMIT + (ACC_LIMIT as f64 * elapsed / ACC_PERIOD_S as f64).floor() as u64;
+            let timer = ACC_LIMIT + ACC_LIMIT * ((elapsed / ACC_PERIOD_S as f64).floor() as u64 + 1);
+            // Over-admission is judged against the exact bound for Floodgate
+            // and against the lenient (most fills possible) one for Envoy.
+            let bound = if limiter == "floodgate" { continuous } else { timer };
+            let allowed: Vec<u64> = r.per_key.values().map(|c| c.allowed).collect();
+            let (min, max) = (allowed.iter().min().copied().unwrap_or(0), allowed.iter().max().copied().unwrap_or(0));
+            let over_keys = allowed.iter().filter(|&&a| a > bound).count();
+            let over: u64 = allowed.iter().map(|&a| a.saturating_sub(bound)).sum();
+            let over_continuous: u64 = allowed.iter().map(|&a| a.saturating_sub(continuous)).sum();
+            let bound_text = if limiter == "floodgate" {
+                format!("{continuous}")
+            } else {
+                format!("{timer} (timer) / {continuous} (continuous)")
+            };
+            let over_text = if limiter == "floodgate" {
+                format!("{over}")
+            } else {
+                format!("{over} (timer) / {over_continuous} (continuous)")
+            };
+            let _ = writeln!(
+                out,
+                "| {limiter} | {keys} | {} | {} | {:.2} | {bound_text} | {min}–{max} | {} | {over_keys} | {over_text} |",
+                per_worker.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+                r.total.allowed + r.total.limited + r.total.other,
+                elapsed,
+                r.total.allowed,
+            );
+            if r.total.other > 0 {
+                let _ = writeln!(
+                    out,
+                    "\n**Warning:** {limiter}/{keys}: {} responses neither 200 nor 429.\n",
+                    r.total.other
+                );
+            }
+            if per_worker.iter().filter(|&&n| n > 0).count() < 2 {
+                let _ = writeln!(out, "\n**Warning:** {limiter}/{keys}: not every worker took connections.\n");
+            }
+            cases.push(json!({
+                "limiter": limiter, "keys": keys, "connections": s.accuracy_connections,
+                "connections_per_worker": per_worker, "elapsed_s": elapsed, "wall_s": r.wall.as_secs_f64(),
+                "bound_continuous": continuous, "bound_timer": timer,
+                "allowed": r.total.allowed, "limited": r.total.limited, "other": r.total.other,
+                "allowed_per_key": r.per_key.iter().map(|(k, c)| (k.clone(), json!(c.allowed))).collect::<serde_json::Map<_, _>>(),
+            }));
+        }
+    }
+    raw.insert("accuracy".into(), json!({
+        "limit": ACC_LIMIT, "period_s": ACC_PERIOD_S, "burst": ACC_LIMIT, "seconds": s.accuracy_secs, "cases": cases,
+    }));
+}
+
+// ------------------------------------------------------------------ memory
+
+/// The memory rule's name and table size.
+const MEM_RULE: &str = "mem";
+const MEM_MAX_KEYS: u64 = 65_536;
+
+/// The README's bound for one token-bucket rule:
+/// `(max_keys / 4) × (96 + key length + 2 + 4 × (8 + 16))`, with the longest
+/// key, `fg:<rule>:<last group>`.
+fn readme_bound(rule: &str, max_keys: u64) -> u64 {
+    let groups = max_keys / 4;
+    let key_len = format!("fg:{rule}:{}", groups - 1).len() as u64;
+    groups * (96 + key_len + 2 + 4 * (8 + 16))
+}
+
+fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+    // Buckets stay live for a while after a request (100 per minute: one
+    // token takes 0.6 s to come back), so the table sees both reuse of idle
+    // buckets (slot_evictions) and, if clients arrive fast enough, full groups.
+    let filters = Filters::Floodgate(format!(
+        r#"{{"rules": [{{"name": "{MEM_RULE}", "descriptors": {PER_KEY}, "limit": 100, "period": "1m",
+             "max_keys": {MEM_MAX_KEYS}}}]}}"#
+    ));
+    eprintln!("memory: baseline Envoy with the no-op filter");
+    let baseline = Envoy::start("mem-noop", &Filters::Noop, &s.paths);
+    std::thread::sleep(Duration::from_secs(1));
+    let (noop_alloc, noop_heap) = baseline.memory();
+    drop(baseline);
+    let envoy = Envoy::start("mem-floodgate", &filters, &s.paths);
+    std::thread::sleep(Duration::from_secs(1));
+    let (alloc_before, heap_before) = envoy.memory();
+    eprintln!("memory: {} distinct keys over {} connections", s.memory_keys, s.memory_connections);
+    let connections = s.memory_connections as u64;
+    let key = move |c: usize, seq: u64| format!("client-{:07}", seq * connections + c as u64);
+    let r = closed_loop(
+        envoy.port,
+        s.memory_connections,
+        s.memory_keys,
+        Duration::from_secs(s.memory_max_secs),
+        false,
+        &key,
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let (alloc_after, heap_after) = envoy.memory();
+    let stats = envoy.stats();
+    let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0);
+    let sent = r.total.allowed + r.total.limited + r.total.other;
+    let bound = readme_bound(MEM_RULE, MEM_MAX_KEYS);
+    let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
+    let signed_mib = |a: u64, b: u64| format!("{:+.1}", (a as f64 - b as f64) / 1048576.0);
+    let _ = writeln!(
+        out,
+        "\n## Memory\n\n{sent} requests with distinct `x-api-key` values ({:.0} s, {} connections) against one token-bucket \
+         rule `{MEM_RULE}` with max_keys {MEM_MAX_KEYS}. Envoy's admin `/memory`, MiB. README bound for this rule: \
+         (65536 / 4) × (96 + {} + 2 + 4 × 24) = {bound} bytes ({} MiB).\n",
+        r.wall.as_secs_f64(),
+        s.memory_connections,
+        format!("fg:{MEM_RULE}:{}", MEM_MAX_KEYS / 4 - 1).len(),
+        mib(bound)
+    );
+    let _ = writeln!(out, "| measure | no-op filter, idle | Floodgate, configured | after the keys | growth with traffic | configured − no-op |");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    for (name, noop, before, after) in
+        [("allocated", noop_alloc, alloc_before, alloc_after), ("heap_size", noop_heap, heap_before, heap_after)]
+    {
+        let _ = writeln!(
+            out,
+            "| {name} | {} | {} | {} | {} | {} |",
+            mib(noop),
+            mib(before),
+            mib(after),
+            signed_mib(after, before),
+            signed_mib(before, noop)
+        );
+    }
+    let growth = alloc_after.saturating_sub(alloc_before);
+    let _ = writeln!(
+        out,
+        "\nGrowth of `allocated` with traffic: {growth} bytes, {} the README bound of {bound} bytes. \
+         Responses: {} allowed, {} limited, {} other. Counters after the run: slot_evictions {}, table_full {}, \
+         store_errors {}, corrupt_state {}.",
+        if growth <= bound { "within" } else { "OVER" },
+        r.total.allowed,
+        r.total.limited,
+        r.total.other,
+        stat("slot_evictions"),
+        stat("table_full"),
+        stat("store_errors"),
+        stat("corrupt_state"),
+    );
+    if sent < s.memory_keys {
+        let _ = writeln!(
+            out,
+            "\n**Note:** only {sent} of {} keys were sent within the {} s bound.",
+            s.memory_keys, s.memory_max_secs
+        );
+    }
+    raw.insert(
+        "memory".into(),
+        json!({
+            "rule": MEM_RULE, "max_keys": MEM_MAX_KEYS, "keys_sent": sent, "wall_s": r.wall.as_secs_f64(),
+            "readme_bound_bytes": bound,
+            "noop_idle": {"allocated": noop_alloc, "heap_size": noop_heap},
+            "before": {"allocated": alloc_before, "heap_size": heap_before},
+            "after": {"allocated": alloc_after, "heap_size": heap_after},
+            "responses": {"allowed": r.total.allowed, "limited": r.total.limited, "other": r.total.other},
+            "counters": {
+                "slot_evictions": stat("slot_evictions"), "table_full": stat("table_full"),
+                "store_errors": stat("store_errors"), "corrupt_state": stat("corrupt_state"),
+                "allowed": stat("allowed"), "limited": stat("limited"),
+            },
+        }),
+    );
+}
+
+// ------------------------------------------------------------ set-up check
+
+/// Checks, before measuring anything, that variant (b)'s configuration really
+/// limits per key: with a bucket of 3 per minute, key A gets 3 of 5 and key B
+/// still gets both of its 2.
+fn check_envoy_local(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+    let filters = Filters::EnvoyLocal(EnvoyBucket { max_tokens: 3, tokens_per_fill: 3, fill_interval: "60s" });
+    let envoy = Envoy::start("check-envoy-local", &filters, &s.paths);
+    let mut statuses = Vec::new();
+    for key in ["key-a", "key-a", "key-a", "key-a", "key-a", "key-b", "key-b"] {
+        // A new connection per request, so requests land on both workers.
+        let status = floodgate_e2e::Conn::open(envoy.port)
+            .ok()
+            .and_then(|mut c| c.try_request("GET", "/api/items", &[("x-api-key", key.as_bytes())]).ok())
+            .map_or(0, |r| r.status);
+        statuses.push((key, status));
+    }
+    let ok = statuses.iter().map(|(_, s)| *s).eq([200, 200, 200, 429, 429, 200, 200]);
+    let shown: Vec<String> = statuses.iter().map(|(k, s)| format!("{k}:{s}")).collect();
+    let _ = writeln!(
+        out,
+        "\nCheck of (b)'s per-key configuration with a bucket of 3 per minute: {} — {}.",
+        shown.join(" "),
+        if ok { "limits per key as expected" } else { "**NOT as expected (3 of 5 for key-a, 2 of 2 for key-b)**" }
+    );
+    raw.insert("check_envoy_local".into(), json!({"statuses": shown, "as_expected": ok}));
+}
+
+// ------------------------------------------------------------------ output
+
+fn shell(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+fn machine() -> Value {
+    let cpu = shell("lscpu", &[])
+        .lines()
+        .find_map(|l| l.strip_prefix("Model name:").map(|m| m.trim().to_string()))
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0);
+    json!({
+        "nproc": shell("nproc", &[]), "cpu": cpu, "memory_gib": format!("{:.1}", mem_kib as f64 / 1048576.0),
+        "kernel": shell("uname", &["-sr"]), "loadavg_at_start": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+    })
+}
+
+fn main() {
+    let s = Settings::from_env();
+    for wasm in [&s.paths.floodgate_wasm, &s.paths.noop_wasm] {
+        assert!(
+            wasm.exists(),
+            "{} is missing: build it (make -f bench/bench.mk filter-bench builds both)",
+            wasm.display()
+        );
+    }
+    let date = shell("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]);
+    let machine = machine();
+    let envoy_version = shell(&s.paths.envoy, &["--version"]);
+    let mut out = String::new();
+    let _ = writeln!(out, "# Floodgate benchmark\n");
+    let _ = writeln!(out, "- date: {date}");
+    let _ = writeln!(
+        out,
+        "- machine: {} CPUs ({}), {} GiB, {}; load average at start: {}",
+        machine["nproc"].as_str().unwrap_or(""),
+        machine["cpu"].as_str().unwrap_or(""),
+        machine["memory_gib"].as_str().unwrap_or(""),
+        machine["kernel"].as_str().unwrap_or(""),
+        machine["loadavg_at_start"].as_str().unwrap_or("")
+    );
+    let _ = writeln!(
+        out,
+        "- envoy: {} (`--concurrency 2 --disable-hot-restart`)",
+        envoy_version.lines().last().unwrap_or("")
+    );
+    let _ = writeln!(out, "- parts: {}", s.parts.join(", "));
+    let mut raw: BTreeMap<String, Value> = BTreeMap::new();
+    check_envoy_local(&s, &mut out, &mut raw);
+    if s.runs("throughput") {
+        throughput(&s, &mut out, &mut raw);
+    }
+    if s.runs("accuracy") {
+        accuracy(&s, &mut out, &mut raw);
+    }
+    if s.runs("memory") {
+        memory(&s, &mut out, &mut raw);
+    }
+    raw.insert("date".into(), json!(date));
+    raw.insert("machine".into(), machine);
+    raw.insert("envoy".into(), json!(envoy_version));
+    raw.insert("floodgate_wasm".into(), json!(s.paths.floodgate_wasm.display().to_string()));
+    std::fs::create_dir_all(&s.results_dir).unwrap();
+    let file = s.results_dir.join(format!("bench-{}.json", date.replace(':', "")));
+    std::fs::write(&file, serde_json::to_string_pretty(&raw).unwrap()).unwrap();
+    let _ = writeln!(out, "\nRaw results: {}", file.display());
+    println!("{out}");
+    let _ = std::fs::remove_dir_all(&s.paths.scratch);
+}
