@@ -9,7 +9,10 @@ WASM := target/wasm32-wasip1/release/floodgate.wasm
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node wasm demo test test-core-wasm lint bench clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench clean
+
+FUZZ_TARGETS := config descriptors state
+FUZZ_SECONDS ?= 20
 
 help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
@@ -59,6 +62,7 @@ demo: deps-rust deps-envoy wasm
 test: deps wasm lint
 	cargo test --workspace
 	$(MAKE) --no-print-directory test-core-wasm
+	$(MAKE) --no-print-directory fuzz-quick
 
 # The core's unit tests on the target the filter ships for, under V8.
 test-core-wasm: deps-rust deps-node
@@ -69,5 +73,22 @@ lint: deps-rust
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p floodgate-filter -p floodgate-core --target wasm32-wasip1 -- -D warnings
 
+deps-fuzz:
+	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+
+# Replays every saved crash, then fuzzes each target for FUZZ_SECONDS.
+fuzz-quick: deps-fuzz
+	@set -eo pipefail; cd fuzz; for target in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$target; \
+	  seeds=""; [ -d seeds/$$target ] && seeds=seeds/$$target; \
+	  echo "fuzz $$target: replaying regressions/$$target, then $(FUZZ_SECONDS) s"; \
+	  cargo fuzz run --sanitizer none $$target regressions/$$target -- -runs=0 2>&1 | tail -n 1; \
+	  cargo fuzz run --sanitizer none $$target corpus/$$target $$seeds -- -max_total_time=$(FUZZ_SECONDS) 2>&1 | tail -n 1; \
+	done
+
+fuzz:
+	$(MAKE) --no-print-directory fuzz-quick FUZZ_SECONDS=300
+
 clean:
 	cargo clean
+	rm -rf fuzz/target

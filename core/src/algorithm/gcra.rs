@@ -74,7 +74,13 @@ impl Gcra {
         let slack = self.tolerance - backlog;
         let remaining = slack / self.interval;
         // One more unit fits once the slack grows to the next whole interval.
-        let reset = if backlog == 0 { 0 } else { (remaining + 1) * self.interval - slack };
+        // Saturating: with a year-long period and a huge burst the tolerance
+        // itself saturates, and so would this (found by fuzzing).
+        let reset = if backlog == 0 {
+            0
+        } else {
+            remaining.saturating_add(1).saturating_mul(self.interval).saturating_sub(slack)
+        };
         Decision { allowed, remaining, reset, retry_after }
     }
 
@@ -153,6 +159,16 @@ mod tests {
         // Burst of 7, then at most 7 more per minute over 2 minutes.
         assert!(admitted <= 7 + 14, "admitted {admitted}");
         assert!(admitted >= 7 + 13, "admitted {admitted}");
+    }
+
+    #[test]
+    fn extreme_but_valid_parameters_do_not_overflow() {
+        // limit 1 per 366 days with a burst of 10^9: the tolerance saturates.
+        let meter = Gcra::new(1, 366 * 86_400 * SECOND, 1_000_000_000);
+        let (first, tat) = meter.decide(meter.fresh(T0), T0, 1);
+        assert!(first.allowed);
+        let (second, _) = meter.decide(tat, T0, 1_000_000_000);
+        assert!(second.reset > 0);
     }
 
     #[test]
