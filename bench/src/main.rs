@@ -46,8 +46,22 @@ struct Settings {
     memory_max_secs: u64,
     /// Which parts run: any of `throughput`, `accuracy`, `memory`.
     parts: Vec<String>,
+    /// Which throughput variants run, by id (see [`variants`]).
+    variants: Vec<String>,
     /// Where the JSON goes.
     results_dir: PathBuf,
+}
+
+/// A comma-separated list from the environment.
+fn list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or(default.to_string())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -63,7 +77,9 @@ impl Settings {
     /// `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2), `BENCH_ACCURACY_SECS`
     /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
     /// (1,000,000), `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS`
-    /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`) and
+    /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`), `BENCH_VARIANTS`
+    /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h` and `i` are
+    /// opt-in) and
     /// `BENCH_RESULTS_DIR` (`bench/results`). Relative paths are taken from
     /// the repository root.
     fn from_env() -> Settings {
@@ -99,14 +115,28 @@ impl Settings {
             memory_keys: env_or("BENCH_MEMORY_KEYS", 1_000_000),
             memory_connections: env_or("BENCH_MEMORY_CONNECTIONS", 16),
             memory_max_secs: env_or("BENCH_MEMORY_MAX_SECS", 300),
-            parts: std::env::var("BENCH_PARTS")
-                .unwrap_or("throughput,accuracy,memory".into())
-                .split(',')
-                .map(|s| s.trim().to_string())
-                .filter(|s| !s.is_empty())
-                .collect(),
+            parts: list("BENCH_PARTS", "throughput,accuracy,memory"),
+            variants: list("BENCH_VARIANTS", DEFAULT_VARIANTS),
             results_dir: path("BENCH_RESULTS_DIR", "bench/results"),
         }
+    }
+
+    /// The settings that shape the numbers, as `NAME=value` pairs.
+    fn describe(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("BENCH_PARTS", self.parts.join(",")),
+            ("BENCH_VARIANTS", self.variants.join(",")),
+            ("BENCH_ROUNDS", self.rounds.to_string()),
+            ("BENCH_DURATION", self.duration.to_string()),
+            ("BENCH_WARMUP", self.warmup.to_string()),
+            ("BENCH_CONNECTIONS", self.wrk.connections.to_string()),
+            ("BENCH_THREADS", self.wrk.threads.to_string()),
+            ("BENCH_ACCURACY_SECS", self.accuracy_secs.to_string()),
+            ("BENCH_ACCURACY_CONNECTIONS", self.accuracy_connections.to_string()),
+            ("BENCH_MEMORY_KEYS", self.memory_keys.to_string()),
+            ("BENCH_MEMORY_CONNECTIONS", self.memory_connections.to_string()),
+            ("BENCH_MEMORY_MAX_SECS", self.memory_max_secs.to_string()),
+        ]
     }
 
     fn runs(&self, part: &str) -> bool {
@@ -134,7 +164,12 @@ fn never_limiting_rule(name: &str, descriptors: &str) -> String {
     format!(r#"{{"name": "{name}", "descriptors": {descriptors}, "limit": 1000000000, "period": "1s"}}"#)
 }
 
-/// The throughput variants, in the order they run each round.
+/// The variants issue 4 asks for.
+const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f";
+
+/// Every throughput variant, in the order they run each round: the issue's
+/// (a)–(f), then diagnostic ones that split Floodgate's cost (opt-in with
+/// `BENCH_VARIANTS`).
 fn variants() -> Vec<(&'static str, &'static str, Filters)> {
     let per_key = never_limiting_rule("per-api-key", PER_KEY);
     vec![
@@ -171,6 +206,32 @@ fn variants() -> Vec<(&'static str, &'static str, Filters)> {
                 never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#),
             )),
         ),
+        // Diagnostics. (g): the filter runs but no rule applies — no header
+        // read, no hashing, no shared data, one counter: the fixed cost.
+        (
+            "g",
+            "Floodgate, rule never applies (fixed cost)",
+            Filters::Floodgate(format!(
+                r#"{{"rules": [{{"name": "per-api-key", "match": {{"path_exact": "/never"}}, "descriptors": {PER_KEY},
+                     "limit": 1000000000, "period": "1s"}}]}}"#
+            )),
+        ),
+        // (h): as (d2) and no rate-limit headers at all (none on 429s either).
+        (
+            "h",
+            "Floodgate as (d), headers none",
+            Filters::Floodgate(format!(r#"{{"rules": [{per_key}], "response": {{"headers": "none"}}}}"#)),
+        ),
+        // (i): one bucket for everything: both workers on one shared-data
+        // key (host mutex, compare-and-swap conflicts).
+        (
+            "i",
+            "Floodgate, one global bucket (hot key)",
+            Filters::Floodgate(format!(
+                r#"{{"rules": [{}]}}"#,
+                never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#)
+            )),
+        ),
     ]
 }
 
@@ -200,7 +261,9 @@ struct VariantResult {
 
 fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     load::check_script(&s.wrk.script);
-    let variants = variants();
+    let mut variants = variants();
+    variants.retain(|(id, _, _)| s.variants.iter().any(|v| v == id));
+    assert!(!variants.is_empty(), "BENCH_VARIANTS selects no variant");
     eprintln!("throughput: starting {} Envoys", variants.len());
     // All Envoys start up front; an idle Envoy costs no CPU, and alternating
     // them round by round spreads any drift in the machine over all variants.
@@ -235,7 +298,9 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
     }
     let med = |r: &VariantResult, f: &dyn Fn(&WrkResult) -> f64| median(&r.rounds.iter().map(f).collect::<Vec<_>>());
     let rps: Vec<f64> = results.iter().map(|r| med(r, &WrkResult::rps)).collect();
-    let (rps_a, rps_b) = (rps[0], rps[1]);
+    // Ratios need (a) and (b) in the run; without them they show as NaN.
+    let rps_of = |id: &str| results.iter().zip(&rps).find(|(r, _)| r.id == id).map_or(f64::NAN, |(_, v)| *v);
+    let (rps_a, rps_b) = (rps_of("a"), rps_of("b"));
     let _ = writeln!(
         out,
         "\n## Throughput\n\nwrk, {} connections, {} threads, HTTP/1.1 keep-alive on loopback, {} keys; \
@@ -286,17 +351,25 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
             let _ = writeln!(out, "\n**Warning:** ({}) had {errors} socket errors.", r.id);
         }
     }
-    let e = &results[5];
+    let limited_share = |id: &str| {
+        let r = results.iter().find(|r| r.id == id)?;
+        let limited: u64 = r.rounds.iter().map(|w| w.non_2xx).sum();
+        Some(100.0 * limited as f64 / r.rounds.iter().map(|w| w.requests).sum::<u64>().max(1) as f64)
+    };
     let _ = writeln!(
         out,
         "\n(c)/(a) = {:.3} is the floor cost of a wasm filter; targets: (d) ≥ 0.97 × (c): (d)/(c) = {:.3}; \
          (d) ≥ (b): (d)/(b) = {:.3}. In (e), {:.1}% of requests were limited (the 429 path).",
-        rps[2] / rps_a,
-        rps[3] / rps[2],
-        rps[3] / rps_b,
-        100.0 * e.rounds.iter().map(|w| w.non_2xx).sum::<u64>() as f64
-            / e.rounds.iter().map(|w| w.requests).sum::<u64>().max(1) as f64
+        rps_of("c") / rps_a,
+        rps_of("d") / rps_of("c"),
+        rps_of("d") / rps_b,
+        limited_share("e").unwrap_or(f64::NAN),
     );
+    // Wall time per request with the machine saturated (load generator
+    // included): the gaps between variants are what each piece costs.
+    let per_request: Vec<String> =
+        results.iter().zip(&rps).map(|(r, v)| format!("({}) {:.2}", r.id, 1e6 / v)).collect();
+    let _ = writeln!(out, "\nTime per request (1 / req/s), µs: {}.", per_request.join(", "));
     raw.insert(
         "throughput".into(),
         json!({
@@ -312,7 +385,9 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
 const ACC_LIMIT: u64 = 100;
 const ACC_PERIOD_S: u64 = 10;
 
-fn accuracy_case(s: &Settings, limiter: &str, filters: &Filters, keys: usize) -> (LoadResult, Vec<u64>, Vec<u64>) {
+/// One accuracy case on a fresh Envoy: the load's result and the connections
+/// each worker accepted during it.
+fn accuracy_case(s: &Settings, limiter: &str, filters: &Filters, keys: usize) -> (LoadResult, Vec<u64>) {
     let envoy = Envoy::start(&format!("acc-{limiter}-{keys}"), filters, &s.paths);
     let before = envoy.worker_connections();
     // Connection c starts at key c and steps through the keys, so every key
@@ -322,8 +397,8 @@ fn accuracy_case(s: &Settings, limiter: &str, filters: &Filters, keys: usize) ->
         closed_loop(envoy.port, s.accuracy_connections, u64::MAX, Duration::from_secs(s.accuracy_secs), true, &key);
     let after = envoy.worker_connections();
     let per_worker: Vec<u64> =
-        after.iter().zip(before.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect();
-    (result, per_worker, before)
+        after.iter().zip(before.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a.saturating_sub(*b)).collect();
+    (result, per_worker)
 }
 
 fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
@@ -351,7 +426,7 @@ fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     for (limiter, filters) in [("floodgate", &floodgate), ("envoy-local", &native)] {
         for keys in [1usize, 50] {
             eprintln!("accuracy: {limiter}, {keys} key(s), {} s", s.accuracy_secs);
-            let (r, per_worker, _) = accuracy_case(s, limiter, filters, keys);
+            let (r, per_worker) = accuracy_case(s, limiter, filters, keys);
             let elapsed = r.send_span.as_secs_f64();
             let continuous = ACC_LIMIT + (ACC_LIMIT as f64 * elapsed / ACC_PERIOD_S as f64).floor() as u64;
             let timer = ACC_LIMIT + ACC_LIMIT * ((elapsed / ACC_PERIOD_S as f64).floor() as u64 + 1);
@@ -604,7 +679,9 @@ fn main() {
         "- envoy: {} (`--concurrency 2 --disable-hot-restart`)",
         envoy_version.lines().last().unwrap_or("")
     );
-    let _ = writeln!(out, "- parts: {}", s.parts.join(", "));
+    let settings = s.describe();
+    let shown: Vec<String> = settings.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let _ = writeln!(out, "- settings: `{}`", shown.join(" "));
     let mut raw: BTreeMap<String, Value> = BTreeMap::new();
     check_envoy_local(&s, &mut out, &mut raw);
     if s.runs("throughput") {
@@ -617,6 +694,10 @@ fn main() {
         memory(&s, &mut out, &mut raw);
     }
     raw.insert("date".into(), json!(date));
+    raw.insert(
+        "settings".into(),
+        Value::Object(settings.into_iter().map(|(k, v)| (k.to_string(), json!(v))).collect()),
+    );
     raw.insert("machine".into(), machine);
     raw.insert("envoy".into(), json!(envoy_version));
     raw.insert("floodgate_wasm".into(), json!(s.paths.floodgate_wasm.display().to_string()));
