@@ -8,15 +8,17 @@
 # variables): BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONNECTIONS,
 # BENCH_THREADS, BENCH_ACCURACY_SECS, BENCH_ACCURACY_CONNECTIONS,
 # BENCH_MEMORY_KEYS, BENCH_MEMORY_CONNECTIONS, BENCH_MEMORY_MAX_SECS,
-# BENCH_PARTS (throughput,accuracy,memory), BENCH_RESULTS_DIR; ENVOY_BIN
-# (else `envoy` on the PATH), WRK_BIN, FLOODGATE_WASM, NOOP_WASM.
+# BENCH_PARTS (throughput,accuracy,memory), BENCH_VARIANTS, BENCH_RESULTS_DIR;
+# ENVOY_BIN (else `envoy` on the PATH), WRK_BIN, FLOODGATE_WASM, NOOP_WASM,
+# PROBE_WASM. See bench/README.md.
 
 # The wasm modules are where cargo puts them: target/, unless CARGO_TARGET_DIR
 # says otherwise.
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 FLOODGATE_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate.wasm
 NOOP_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate_bench_noop.wasm
-export FLOODGATE_WASM NOOP_WASM
+PROBE_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate_bench_probe.wasm
+export FLOODGATE_WASM NOOP_WASM PROBE_WASM
 
 .PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps
 
@@ -25,9 +27,10 @@ filter-bench-deps:
 	@command -v $${WRK_BIN:-wrk} >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 
-# Both filters in the release profile the shipped module uses, and the harness.
+# The filters in the release profile the shipped module uses (Floodgate, the
+# no-op and the host-call probe of the opt-in diagnostics), and the harness.
 filter-bench-build: filter-bench-deps
-	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop
+	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop -p floodgate-bench-probe
 	cargo build --release -p floodgate-bench
 
 filter-bench: filter-bench-build

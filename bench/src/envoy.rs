@@ -20,6 +20,8 @@ pub struct Paths {
     pub floodgate_wasm: PathBuf,
     /// The no-op wasm module.
     pub noop_wasm: PathBuf,
+    /// The host-call probe wasm module.
+    pub probe_wasm: PathBuf,
     /// A scratch directory for bootstraps and logs.
     pub scratch: PathBuf,
 }
@@ -46,6 +48,8 @@ pub enum Filters {
     Noop,
     /// Floodgate with this plugin configuration (JSON).
     Floodgate(String),
+    /// The host-call probe with this configuration (`<call>=<repeats>`).
+    Probe(String),
 }
 
 impl Filters {
@@ -82,6 +86,7 @@ impl Filters {
             ),
             Filters::Noop => wasm_filter("noop", &paths.noop_wasm, "{}"),
             Filters::Floodgate(config) => wasm_filter("floodgate", &paths.floodgate_wasm, config),
+            Filters::Probe(config) => wasm_filter("probe", &paths.probe_wasm, config),
         }
     }
 }

@@ -78,8 +78,8 @@ impl Settings {
     /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
     /// (1,000,000), `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS`
     /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`), `BENCH_VARIANTS`
-    /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h` and `i` are
-    /// opt-in) and
+    /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h`, `i` and the
+    /// host-call probes `pt`, `ph`, `pm`, `pg`, `ps`, `pr` are opt-in) and
     /// `BENCH_RESULTS_DIR` (`bench/results`). Relative paths are taken from
     /// the repository root.
     fn from_env() -> Settings {
@@ -99,6 +99,7 @@ impl Settings {
                 envoy: std::env::var("ENVOY_BIN").ok().filter(|v| !v.is_empty()).unwrap_or("envoy".into()),
                 floodgate_wasm: path("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm"),
                 noop_wasm: path("NOOP_WASM", "target/wasm32-wasip1/release/floodgate_bench_noop.wasm"),
+                probe_wasm: path("PROBE_WASM", "target/wasm32-wasip1/release/floodgate_bench_probe.wasm"),
                 scratch,
             },
             wrk: WrkSettings {
@@ -164,6 +165,9 @@ fn never_limiting_rule(name: &str, descriptors: &str) -> String {
     format!(r#"{{"name": "{name}", "descriptors": {descriptors}, "limit": 1000000000, "period": "1s"}}"#)
 }
 
+/// Calls per request of each host-call probe variant.
+const PROBE_REPEATS: u32 = 10;
+
 /// The variants issue 4 asks for.
 const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f";
 
@@ -172,6 +176,7 @@ const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f";
 /// `BENCH_VARIANTS`).
 fn variants() -> Vec<(&'static str, &'static str, Filters)> {
     let per_key = never_limiting_rule("per-api-key", PER_KEY);
+    let probe = |call: &str| Filters::Probe(format!("{call}={PROBE_REPEATS}"));
     vec![
         ("a", "no rate-limit filter", Filters::None),
         (
@@ -222,6 +227,14 @@ fn variants() -> Vec<(&'static str, &'static str, Filters)> {
             "Floodgate as (d), headers none",
             Filters::Floodgate(format!(r#"{{"rules": [{per_key}], "response": {{"headers": "none"}}}}"#)),
         ),
+        // Host-call probes: each repeats one call PROBE_REPEATS times per
+        // request; (probe − c) / PROBE_REPEATS is that call's cost.
+        ("pt", "probe: 10 × get_current_time", probe("time")),
+        ("ph", "probe: 10 × get request header", probe("header")),
+        ("pm", "probe: 10 × increment_metric", probe("metric")),
+        ("pg", "probe: 10 × get_shared_data", probe("shared_get")),
+        ("ps", "probe: 10 × get_shared_data + set_shared_data (cas)", probe("shared_cas")),
+        ("pr", "probe: 10 × set response header", probe("response_header")),
         // (i): one bucket for everything: both workers on one shared-data
         // key (host mutex, compare-and-swap conflicts).
         (
@@ -244,6 +257,16 @@ fn median(values: &[f64]) -> f64 {
         0 => f64::NAN,
         n if n % 2 == 1 => v[n / 2],
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// `x / y` to three places, or a dash when a variant was not run.
+fn ratio(x: f64, y: f64) -> String {
+    let r = x / y;
+    if r.is_finite() {
+        format!("{r:.3}")
+    } else {
+        "—".to_string()
     }
 }
 
@@ -316,14 +339,14 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
         let non_2xx = med(r, &|w| w.non_2xx as f64);
         let _ = writeln!(
             out,
-            "| ({}) {} | {:.0} | {} | {} | {:.3} | {:.3} | {:.0} |",
+            "| ({}) {} | {:.0} | {} | {} | {} | {} | {:.0} |",
             r.id,
             r.label,
             rps,
             ms(p50),
             ms(p99),
-            rps / rps_a,
-            rps / rps_b,
+            ratio(*rps, rps_a),
+            ratio(*rps, rps_b),
             non_2xx
         );
         json_variants.push(json!({
@@ -358,18 +381,29 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
     };
     let _ = writeln!(
         out,
-        "\n(c)/(a) = {:.3} is the floor cost of a wasm filter; targets: (d) ≥ 0.97 × (c): (d)/(c) = {:.3}; \
-         (d) ≥ (b): (d)/(b) = {:.3}. In (e), {:.1}% of requests were limited (the 429 path).",
-        rps_of("c") / rps_a,
-        rps_of("d") / rps_of("c"),
-        rps_of("d") / rps_b,
-        limited_share("e").unwrap_or(f64::NAN),
+        "\n(c)/(a) = {} is the floor cost of a wasm filter. Targets: (d) ≥ 0.97 × (c): (d)/(c) = {}; \
+         (d) ≥ (b): (d)/(b) = {}.",
+        ratio(rps_of("c"), rps_a),
+        ratio(rps_of("d"), rps_of("c")),
+        ratio(rps_of("d"), rps_b),
     );
+    if let Some(share) = limited_share("e") {
+        let _ = writeln!(out, "\nIn (e), {share:.1}% of requests were limited (the 429 path).");
+    }
     // Wall time per request with the machine saturated (load generator
     // included): the gaps between variants are what each piece costs.
     let per_request: Vec<String> =
         results.iter().zip(&rps).map(|(r, v)| format!("({}) {:.2}", r.id, 1e6 / v)).collect();
     let _ = writeln!(out, "\nTime per request (1 / req/s), µs: {}.", per_request.join(", "));
+    let probes: Vec<String> = results
+        .iter()
+        .zip(&rps)
+        .filter(|(r, _)| r.id.starts_with('p'))
+        .map(|(r, v)| format!("{}: {:.2}", r.label, (1e6 / v - 1e6 / rps_of("c")) / f64::from(PROBE_REPEATS)))
+        .collect();
+    if !probes.is_empty() {
+        let _ = writeln!(out, "\nCost of one host call, µs ((probe − c) / {PROBE_REPEATS}): {}.", probes.join("; "));
+    }
     raw.insert(
         "throughput".into(),
         json!({
@@ -652,10 +686,15 @@ fn machine() -> Value {
 
 fn main() {
     let s = Settings::from_env();
-    for wasm in [&s.paths.floodgate_wasm, &s.paths.noop_wasm] {
+    let probing = s.runs("throughput") && s.variants.iter().any(|v| v.starts_with('p'));
+    let mut modules = vec![&s.paths.floodgate_wasm, &s.paths.noop_wasm];
+    if probing {
+        modules.push(&s.paths.probe_wasm);
+    }
+    for wasm in modules {
         assert!(
             wasm.exists(),
-            "{} is missing: build it (make -f bench/bench.mk filter-bench builds both)",
+            "{} is missing: build it (make -f bench/bench.mk filter-bench builds them)",
             wasm.display()
         );
     }
