@@ -231,3 +231,49 @@ impl MemoryStore {
         Ok(taken)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::{ManualClock, SECOND_US};
+
+    const T0: Micros = 1_700_002_800 * SECOND_US;
+
+    fn window(limit: u64) -> Limit {
+        Limit { algorithm: Algorithm::FixedWindow, limit, period: SECOND_US, capacity: limit }
+    }
+
+    fn item(key: &str, cost: u64) -> CheckItem {
+        CheckItem { key: key.into(), limit: window(2), cost, shadow: false }
+    }
+
+    #[test]
+    fn a_full_store_drops_idle_buckets_then_refuses() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = MemoryStore::new(clock.clone(), 2);
+        assert!(store.check(&[item("a", 1)]).unwrap().committed);
+        assert!(store.check(&[item("b", 1)]).unwrap().committed);
+        assert_eq!(store.check(&[item("c", 1)]), Err(StoreError::Full));
+        // A denied check stores nothing, so it needs no room.
+        assert!(!store.check(&[item("c", 3)]).unwrap().committed);
+        // Next window: a and b are idle and make room.
+        clock.advance(SECOND_US);
+        assert!(store.check(&[item("c", 1)]).unwrap().committed);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn sweep_drops_only_idle_buckets() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = MemoryStore::new(clock.clone(), 100);
+        let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 1, period: SECOND_US, capacity: 2 };
+        store.check(&[item("w", 1), CheckItem { key: "t".into(), limit: bucket, cost: 2, shadow: false }]).unwrap();
+        assert_eq!(store.sweep(), 0);
+        clock.advance(SECOND_US);
+        // The window rolled over; the bucket has earned one of two tokens.
+        assert_eq!(store.sweep(), 1);
+        clock.advance(SECOND_US);
+        assert_eq!(store.sweep(), 1);
+        assert!(store.is_empty());
+    }
+}

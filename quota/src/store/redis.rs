@@ -35,7 +35,10 @@ pub struct RedisOptions {
 pub struct RedisStore {
     client: redis::Client,
     options: RedisOptions,
-    connection: Mutex<Option<ConnectionManager>>,
+    /// The live connection (cloned per call: it multiplexes).
+    connection: std::sync::RwLock<Option<ConnectionManager>>,
+    /// Held while connecting, so that one caller connects and the others wait.
+    connecting: Mutex<()>,
     /// When the last connection attempt failed: attempts are spaced so that a
     /// dead Redis costs callers a refused connect, not a pile of them.
     last_failure: std::sync::Mutex<Option<Instant>>,
@@ -87,7 +90,8 @@ impl RedisStore {
         Ok(Self {
             client,
             options,
-            connection: Mutex::new(None),
+            connection: std::sync::RwLock::new(None),
+            connecting: Mutex::new(()),
             last_failure: std::sync::Mutex::new(None),
             check: script(include_str!("check.lua")),
             lease: script(include_str!("lease.lua")),
@@ -99,10 +103,17 @@ impl RedisStore {
         self.options.clock.as_ref().map(|c| c.now_us().to_string()).unwrap_or_default()
     }
 
+    fn current(&self) -> Option<ConnectionManager> {
+        self.connection.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     async fn connection(&self) -> Result<ConnectionManager, StoreError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(conn) = slot.as_ref() {
-            return Ok(conn.clone());
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(conn) = self.current() {
+            return Ok(conn);
         }
         {
             let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
@@ -121,7 +132,7 @@ impl RedisStore {
         match tokio::time::timeout(self.options.timeout, ConnectionManager::new_with_config(self.client.clone(), config)).await
         {
             Ok(Ok(conn)) => {
-                *slot = Some(conn.clone());
+                *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 Ok(conn)
             }
             Ok(Err(e)) => {

@@ -1,0 +1,19 @@
+# Make targets of the quota service (floodgate-quota), included by the root
+# Makefile; paths are relative to the repository root.
+#   quota-test   every quota test suite, memory and Redis stores (needs redis-server on PATH)
+#   quota-bench  loopback benchmark: check and lease decisions/s and p99, both stores (needs wrk, redis-server)
+#   quota-run    the service with the memory store on 127.0.0.1:8081 and the sample limits
+
+QUOTA_CARGO ?= cargo
+
+.PHONY: quota-test quota-bench quota-run
+
+quota-test:
+	@command -v redis-server >/dev/null || { echo "quota-test needs redis-server on PATH (apt-get install redis-server)" >&2; exit 1; }
+	$(QUOTA_CARGO) test -p floodgate-quota --all-targets
+
+quota-bench:
+	quota/bench/run.sh
+
+quota-run:
+	$(QUOTA_CARGO) run -p floodgate-quota -- --config quota/examples/quota.yaml --listen 127.0.0.1:8081 --store memory
