@@ -122,6 +122,9 @@ pub struct LoadResult {
     pub total: Counts,
     /// From the first request sent to the last one sent.
     pub send_span: Duration,
+    /// From the first request sent to the last response received: every
+    /// decision of the run happened within it.
+    pub decision_span: Duration,
     /// Wall time of the whole run.
     pub wall: Duration,
 }
@@ -144,10 +147,12 @@ pub fn closed_loop(
     // First and last send instants over all threads, as offsets from `start`.
     let first_ns = AtomicU64::new(u64::MAX);
     let last_ns = AtomicU64::new(0);
+    let last_response_ns = AtomicU64::new(0);
     let merged = Mutex::new(LoadResult::default());
     std::thread::scope(|scope| {
         for c in 0..connections {
-            let (sent, first_ns, last_ns, merged) = (&sent, &first_ns, &last_ns, &merged);
+            let (sent, first_ns, last_ns, last_response_ns, merged) =
+                (&sent, &first_ns, &last_ns, &last_response_ns, &merged);
             scope.spawn(move || {
                 let mut per_key: HashMap<String, Counts> = HashMap::new();
                 let mut total = Counts::default();
@@ -164,6 +169,7 @@ pub fn closed_loop(
                         None => None,
                     }
                     .map(|r| r.status);
+                    last_response_ns.fetch_max(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
                     let counts = match status {
                         Some(200) => Counts { allowed: 1, ..Counts::default() },
                         Some(429) => Counts { limited: 1, ..Counts::default() },
@@ -190,8 +196,10 @@ pub fn closed_loop(
         }
     });
     let mut result = merged.into_inner().unwrap();
-    let (first, last) = (first_ns.into_inner(), last_ns.into_inner());
-    result.send_span = Duration::from_nanos(last.saturating_sub(if first == u64::MAX { last } else { first }));
+    let (first, last, last_response) = (first_ns.into_inner(), last_ns.into_inner(), last_response_ns.into_inner());
+    let first = if first == u64::MAX { last } else { first };
+    result.send_span = Duration::from_nanos(last.saturating_sub(first));
+    result.decision_span = Duration::from_nanos(last_response.saturating_sub(first));
     result.wall = start.elapsed();
     result
 }
