@@ -39,6 +39,8 @@ redis_port=$(free_port)
 pids+=($!)
 wait_port "$redis_port"
 
+echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (figures are only meaningful on an otherwise idle machine)"
 printf '\n%-8s %-6s %14s %10s %10s %8s\n' store call "decisions/s" "p50" "p99" "non-2xx"
 for store in memory "redis://127.0.0.1:$redis_port/"; do
   port=$(free_port)
@@ -59,4 +61,5 @@ for store in memory "redis://127.0.0.1:$redis_port/"; do
   wait "$service" 2>/dev/null || true
 done
 echo
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "duration $DURATION per row, $CONNECTIONS connections, service on 1 core (1 worker thread), wrk on the other"

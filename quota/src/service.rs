@@ -65,6 +65,10 @@ pub struct Service {
     store: Store,
     metrics: Metrics,
     settings: Settings,
+    /// When a store failure was last logged (seconds since start): during an
+    /// outage every request fails, and one line a second is enough.
+    last_store_log: std::sync::atomic::AtomicU64,
+    started: Instant,
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -82,7 +86,14 @@ impl Service {
     /// A service over `store` with the limits in `config`.
     pub fn new(config: Config, store: Store, metrics: Metrics, settings: Settings) -> Self {
         let settings = Settings { lease_ttl: settings.lease_ttl.clamp(1, MAX_LEASE_TTL) };
-        Self { config: RwLock::new(Arc::new(config)), store, metrics, settings }
+        Self {
+            config: RwLock::new(Arc::new(config)),
+            store,
+            metrics,
+            settings,
+            last_store_log: std::sync::atomic::AtomicU64::new(u64::MAX),
+            started: Instant::now(),
+        }
     }
 
     /// The limits now in force.
@@ -121,7 +132,10 @@ impl Service {
         self.metrics.store_latency.with_label_values(&[store, op]).observe(started.elapsed().as_secs_f64());
         result.map_err(|e| {
             self.metrics.store_errors.with_label_values(&[store, e.kind()]).inc();
-            tracing::warn!(store, op, error = %e, "store call failed");
+            let second = self.started.elapsed().as_secs();
+            if self.last_store_log.swap(second, std::sync::atomic::Ordering::Relaxed) != second {
+                tracing::warn!(store, op, error = %e, "store call failed (answering 503; logged at most once a second)");
+            }
             ApiError::Store(e)
         })
     }

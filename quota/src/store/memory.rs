@@ -75,6 +75,16 @@ fn decide(limit: &Limit, bucket: Option<&Bucket>, now: Micros, cost: u64) -> (De
     }
 }
 
+/// Updates in place when the bucket exists: no key copy on the hot path.
+fn put(map: &mut HashMap<String, Bucket>, key: &str, bucket: Bucket) {
+    match map.get_mut(key) {
+        Some(slot) => *slot = bucket,
+        None => {
+            map.insert(key.to_string(), bucket);
+        }
+    }
+}
+
 fn is_idle(bucket: &Bucket, now: Micros) -> bool {
     match bucket.state {
         State::Token(s) => token_bucket(&bucket.limit).is_idle(s, now),
@@ -148,7 +158,7 @@ impl MemoryStore {
             Self::make_room(&mut map, &keys, self.max_buckets, now)?;
             for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
                 if d.allowed {
-                    map.insert(item.key.clone(), Bucket { limit: item.limit, state: after });
+                    put(&mut map, &item.key, Bucket { limit: item.limit, state: after });
                 }
             }
         } else {
@@ -185,7 +195,7 @@ impl MemoryStore {
             let granted = item.want.min(grant_cap(remaining, limit.capacity, horizon, ttl));
             let (d, after) = decide(limit, bucket, now, granted);
             if granted > 0 {
-                map.insert(item.key.clone(), Bucket { limit: *limit, state: after });
+                put(&mut map, &item.key, Bucket { limit: *limit, state: after });
             }
             grants.push(Grant { granted, remaining: d.remaining, reset: d.reset, window, valid });
         }
