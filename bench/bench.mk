@@ -1,7 +1,7 @@
 # The benchmark of issue 4. The root Makefile includes this file; it also runs
 # on its own from the repository root:
 #
-#   make -f bench/bench.mk filter-bench         # the full run (about 6 minutes on 2 cores)
+#   make -f bench/bench.mk filter-bench         # the full run (about 4-5 minutes on 2 cores)
 #   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
 #
 # Paths are relative to the repository root. Tunables (environment or make
@@ -9,16 +9,18 @@
 # BENCH_THREADS, BENCH_ACCURACY_SECS, BENCH_ACCURACY_CONNECTIONS,
 # BENCH_MEMORY_KEYS, BENCH_MEMORY_CONNECTIONS, BENCH_MEMORY_MAX_SECS,
 # BENCH_PARTS (throughput,accuracy,memory), BENCH_VARIANTS, BENCH_RESULTS_DIR;
-# ENVOY_BIN (else `envoy` on the PATH), WRK_BIN, FLOODGATE_WASM, NOOP_WASM,
-# PROBE_WASM. See bench/README.md.
+# ENVOY_BIN (else `envoy` on the PATH), WRK_BIN. See bench/README.md.
 
-# The wasm modules are where cargo puts them: target/, unless CARGO_TARGET_DIR
-# says otherwise.
-BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
-FLOODGATE_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate.wasm
-NOOP_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate_bench_noop.wasm
-PROBE_WASM ?= $(BENCH_TARGET_DIR)/wasm32-wasip1/release/floodgate_bench_probe.wasm
-export FLOODGATE_WASM NOOP_WASM PROBE_WASM
+# The modules the harness loads are the ones built here: where cargo puts
+# them (target/, unless CARGO_TARGET_DIR says otherwise), as absolute paths.
+# They are passed to the harness on its command line only: this file is
+# included by the root Makefile, and an exported FLOODGATE_WASM would also
+# reach the e2e tests.
+BENCH_WASM_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))/wasm32-wasip1/release
+BENCH_RUN := FLOODGATE_WASM=$(BENCH_WASM_DIR)/floodgate.wasm \
+  NOOP_WASM=$(BENCH_WASM_DIR)/floodgate_bench_noop.wasm \
+  PROBE_WASM=$(BENCH_WASM_DIR)/floodgate_bench_probe.wasm \
+  cargo run --quiet --release -p floodgate-bench
 
 .PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps
 
@@ -34,8 +36,7 @@ filter-bench-build: filter-bench-deps
 	cargo build --release -p floodgate-bench
 
 filter-bench: filter-bench-build
-	cargo run --quiet --release -p floodgate-bench
+	$(BENCH_RUN)
 
 filter-bench-quick: filter-bench-build
-	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_ACCURACY_SECS=2 BENCH_MEMORY_KEYS=100000 \
-	  cargo run --quiet --release -p floodgate-bench
+	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_ACCURACY_SECS=2 BENCH_MEMORY_KEYS=100000 $(BENCH_RUN)

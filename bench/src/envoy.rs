@@ -219,14 +219,16 @@ impl Envoy {
     }
 
     fn run(config: &Path, log: &Path, paths: &Paths) -> Child {
-        Command::new(&paths.envoy)
+        let child = Command::new(&paths.envoy)
             // No hot restart: several Envoys run side by side.
             .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn", "-c"])
             .arg(config)
             .stdout(Stdio::null())
             .stderr(fs::File::create(log).unwrap())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.envoy))
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.envoy));
+        RUNNING.lock().unwrap().push(child.id());
+        child
     }
 
     /// Starts Envoy and waits until it is ready.
@@ -241,6 +243,8 @@ impl Envoy {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if let Ok(Some(status)) = self.child.try_wait() {
+                let id = self.child.id();
+                RUNNING.lock().unwrap().retain(|&pid| pid != id);
                 if self.attempts < 5 && self.log_tail().contains("Address already in use") {
                     // Someone else took a port between our probe and Envoy's bind.
                     self.attempts += 1;
@@ -313,5 +317,24 @@ impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let id = self.child.id();
+        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).retain(|&pid| pid != id);
     }
+}
+
+/// The Envoys this process started and has not stopped yet.
+static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Makes a panic stop the Envoys this process started. The workspace's
+/// release profile aborts on panic, so `Drop` never runs then; without this
+/// a failed run would leave its Envoys serving.
+pub fn stop_envoys_on_panic() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        default_hook(info);
+        let pids = RUNNING.lock().map(|p| p.clone()).unwrap_or_default();
+        for pid in pids {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+        }
+    }));
 }

@@ -535,26 +535,23 @@ fn readme_bound(rule: &str, max_keys: u64) -> u64 {
     groups * (96 + key_len + 2 + 4 * (8 + 16))
 }
 
-fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
-    // Buckets stay live for a while after a request (100 per minute: one
-    // token takes 0.6 s to come back), so the table sees both reuse of idle
-    // buckets (slot_evictions) and, if clients arrive fast enough, full groups.
-    let filters = Filters::Floodgate(format!(
-        r#"{{"rules": [{{"name": "{MEM_RULE}", "descriptors": {PER_KEY}, "limit": 100, "period": "1m",
-             "max_keys": {MEM_MAX_KEYS}}}]}}"#
-    ));
-    eprintln!("memory: baseline Envoy with the no-op filter");
-    let baseline = Envoy::start("mem-noop", &Filters::Noop, &s.paths);
+/// Envoy's `/memory` (allocated, heap_size) before and after a load.
+struct MemoryRun {
+    before: (u64, u64),
+    after: (u64, u64),
+    load: LoadResult,
+}
+
+/// Reads `/memory` once Envoy is configured and idle, sends `memory_keys`
+/// requests with distinct keys, and reads it again.
+fn memory_run(s: &Settings, envoy: &Envoy) -> MemoryRun {
+    // A second for start-up allocations to settle before the first reading.
     std::thread::sleep(Duration::from_secs(1));
-    let (noop_alloc, noop_heap) = baseline.memory();
-    drop(baseline);
-    let envoy = Envoy::start("mem-floodgate", &filters, &s.paths);
-    std::thread::sleep(Duration::from_secs(1));
-    let (alloc_before, heap_before) = envoy.memory();
-    eprintln!("memory: {} distinct keys over {} connections", s.memory_keys, s.memory_connections);
+    let before = envoy.memory();
+    eprintln!("memory: {}: {} distinct keys over {} connections", envoy.name, s.memory_keys, s.memory_connections);
     let connections = s.memory_connections as u64;
     let key = move |c: usize, seq: u64| format!("client-{:07}", seq * connections + c as u64);
-    let r = closed_loop(
+    let load = closed_loop(
         envoy.port,
         s.memory_connections,
         s.memory_keys,
@@ -563,45 +560,78 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
         &key,
     );
     std::thread::sleep(Duration::from_secs(1));
-    let (alloc_after, heap_after) = envoy.memory();
-    let stats = envoy.stats();
+    MemoryRun { before, after: envoy.memory(), load }
+}
+
+fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+    // Buckets stay live for a while after a request (100 per minute: one
+    // token takes 0.6 s to come back), so the table sees both reuse of idle
+    // buckets (slot_evictions) and, if clients arrive fast enough, full groups.
+    let filters = |max_keys: u64| {
+        Filters::Floodgate(format!(
+            r#"{{"rules": [{{"name": "{MEM_RULE}", "descriptors": {PER_KEY}, "limit": 100, "period": "1m",
+                 "max_keys": {max_keys}}}]}}"#
+        ))
+    };
+    // The control is the same module, rule and load with the smallest table
+    // (max_keys 4: one group): the difference between the two Envoys is the
+    // table, apart from Envoy, the VM and the module, which both carry.
+    let control = {
+        let envoy = Envoy::start("mem-control", &filters(4), &s.paths);
+        memory_run(s, &envoy)
+    };
+    let (fg, stats) = {
+        let envoy = Envoy::start("mem-floodgate", &filters(MEM_MAX_KEYS), &s.paths);
+        let run = memory_run(s, &envoy);
+        (run, envoy.stats())
+    };
     let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0);
+    let r = &fg.load;
     let sent = r.total.allowed + r.total.limited + r.total.other;
     let bound = readme_bound(MEM_RULE, MEM_MAX_KEYS);
     let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
-    let signed_mib = |a: u64, b: u64| format!("{:+.1}", (a as f64 - b as f64) / 1048576.0);
+    let diff = |a: u64, b: u64| a as i64 - b as i64;
+    let signed_mib = |d: i64| format!("{:+.1}", d as f64 / 1048576.0);
     let _ = writeln!(
         out,
-        "\n## Memory\n\n{sent} requests with distinct `x-api-key` values ({:.0} s, {} connections) against one token-bucket \
-         rule `{MEM_RULE}` with max_keys {MEM_MAX_KEYS}. Envoy's admin `/memory`, MiB. README bound for this rule: \
+        "\n## Memory\n\n{sent} requests with distinct `x-api-key` values ({:.0} s, {} connections) against one \
+         token-bucket rule `{MEM_RULE}` with max_keys {MEM_MAX_KEYS}; the control is the same rule and load with \
+         max_keys 4 (a one-group table). Envoy's admin `/memory`, MiB. README bound for this rule: \
          (65536 / 4) × (96 + {} + 2 + 4 × 24) = {bound} bytes ({} MiB).\n",
         r.wall.as_secs_f64(),
         s.memory_connections,
         format!("fg:{MEM_RULE}:{}", MEM_MAX_KEYS / 4 - 1).len(),
         mib(bound)
     );
-    let _ = writeln!(out, "| measure | no-op filter, idle | Floodgate, configured | after the keys | growth with traffic | configured − no-op |");
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
-    for (name, noop, before, after) in
-        [("allocated", noop_alloc, alloc_before, alloc_after), ("heap_size", noop_heap, heap_before, heap_after)]
-    {
-        let _ = writeln!(
-            out,
-            "| {name} | {} | {} | {} | {} | {} |",
-            mib(noop),
-            mib(before),
-            mib(after),
-            signed_mib(after, before),
-            signed_mib(before, noop)
-        );
+    let _ = writeln!(out, "| Envoy | measure | configured, idle | after the keys | growth with traffic |");
+    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    let names = [("control (max_keys 4)".to_string(), &control), (format!("Floodgate (max_keys {MEM_MAX_KEYS})"), &fg)];
+    for (name, run) in names {
+        for (measure, before, after) in
+            [("allocated", run.before.0, run.after.0), ("heap_size", run.before.1, run.after.1)]
+        {
+            let _ = writeln!(
+                out,
+                "| {name} | {measure} | {} | {} | {} |",
+                mib(before),
+                mib(after),
+                signed_mib(diff(after, before))
+            );
+        }
     }
-    let growth = alloc_after.saturating_sub(alloc_before);
+    // Floodgate creates its table's entries when the configuration loads;
+    // their values grow to full size as clients take buckets.
+    let table_configured = diff(fg.before.0, control.before.0);
+    let table_after = diff(fg.after.0, control.after.0);
+    let growth = diff(fg.after.0, fg.before.0);
+    let verdict = |d: i64| if d <= bound as i64 { "within" } else { "OVER" };
     let _ = writeln!(
         out,
-        "\nGrowth of `allocated` with traffic: {growth} bytes, {} the README bound of {bound} bytes. \
-         Responses: {} allowed, {} limited, {} other. Counters after the run: slot_evictions {}, table_full {}, \
-         store_errors {}, corrupt_state {}.",
-        if growth <= bound { "within" } else { "OVER" },
+        "\nThe table (`allocated`, Floodgate − control): {table_configured} bytes when configured, {table_after} bytes \
+         after the keys: {} the README bound of {bound} bytes. Floodgate's growth with traffic: {growth} bytes. \
+         Responses: {} allowed, {} limited, {} other. Counters after the run: \
+         slot_evictions {}, table_full {}, store_errors {}, corrupt_state {}.",
+        verdict(table_after),
         r.total.allowed,
         r.total.limited,
         r.total.other,
@@ -617,14 +647,17 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
             s.memory_keys, s.memory_max_secs
         );
     }
+    let reading = |m: (u64, u64)| json!({"allocated": m.0, "heap_size": m.1});
     raw.insert(
         "memory".into(),
         json!({
             "rule": MEM_RULE, "max_keys": MEM_MAX_KEYS, "keys_sent": sent, "wall_s": r.wall.as_secs_f64(),
             "readme_bound_bytes": bound,
-            "noop_idle": {"allocated": noop_alloc, "heap_size": noop_heap},
-            "before": {"allocated": alloc_before, "heap_size": heap_before},
-            "after": {"allocated": alloc_after, "heap_size": heap_after},
+            "control_max_keys_4": {
+                "before": reading(control.before), "after": reading(control.after),
+                "wall_s": control.load.wall.as_secs_f64(),
+            },
+            "floodgate": {"before": reading(fg.before), "after": reading(fg.after)},
             "responses": {"allowed": r.total.allowed, "limited": r.total.limited, "other": r.total.other},
             "counters": {
                 "slot_evictions": stat("slot_evictions"), "table_full": stat("table_full"),
@@ -691,6 +724,7 @@ fn machine() -> Value {
 }
 
 fn main() {
+    envoy::stop_envoys_on_panic();
     let s = Settings::from_env();
     let probing = s.runs("throughput") && s.variants.iter().any(|v| v.starts_with('p'));
     let mut modules = vec![&s.paths.floodgate_wasm, &s.paths.noop_wasm];
