@@ -589,6 +589,7 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let r = &fg.load;
     let sent = r.total.allowed + r.total.limited + r.total.other;
     let bound = readme_bound(MEM_RULE, MEM_MAX_KEYS);
+    let groups = MEM_MAX_KEYS / 4;
     let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
     let diff = |a: u64, b: u64| a as i64 - b as i64;
     let signed_mib = |d: i64| format!("{:+.1}", d as f64 / 1048576.0);
@@ -628,10 +629,14 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let _ = writeln!(
         out,
         "\nThe table (`allocated`, Floodgate − control): {table_configured} bytes when configured, {table_after} bytes \
-         after the keys: {} the README bound of {bound} bytes. Floodgate's growth with traffic: {growth} bytes. \
+         after the keys ({:.1} per group, {:.2}% of the bound): {} the README bound of {bound} bytes \
+         ({} per group). Floodgate's growth with traffic: {growth} bytes. \
          Responses: {} allowed, {} limited, {} other. Counters after the run: \
          slot_evictions {}, table_full {}, store_errors {}, corrupt_state {}.",
+        table_after as f64 / groups as f64,
+        100.0 * table_after as f64 / bound as f64,
         verdict(table_after),
+        bound / groups,
         r.total.allowed,
         r.total.limited,
         r.total.other,
