@@ -526,13 +526,13 @@ fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
 const MEM_RULE: &str = "mem";
 const MEM_MAX_KEYS: u64 = 65_536;
 
-/// The README's bound for one token-bucket rule:
-/// `(max_keys / 4) × (96 + key length + 2 + 4 × (8 + 16))`, with the longest
-/// key, `fg:<rule>:<last group>`.
-fn readme_bound(rule: &str, max_keys: u64) -> u64 {
-    let groups = max_keys / 4;
-    let key_len = format!("fg:{rule}:{}", groups - 1).len() as u64;
-    groups * (96 + key_len + 2 + 4 * (8 + 16))
+/// The shared-data bound the README states for a configuration's first
+/// rule, as the filter itself computes it (`Limiter::shared_data_bytes`).
+fn stated_bound(plugin_config: &str) -> u64 {
+    let config = floodgate_core::config::Config::parse(plugin_config.as_bytes()).expect("the memory rule parses");
+    let store = floodgate_core::store::MemoryStore::default();
+    let limiter = floodgate_core::limiter::Limiter::prepare(config, &store, [0; 16]).expect("prepare");
+    limiter.shared_data_bytes(0)
 }
 
 /// Envoy's `/memory` (allocated, heap_size) before and after a load.
@@ -567,12 +567,13 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     // Buckets stay live for a while after a request (100 per minute: one
     // token takes 0.6 s to come back), so the table sees both reuse of idle
     // buckets (slot_evictions) and, if clients arrive fast enough, full groups.
-    let filters = |max_keys: u64| {
-        Filters::Floodgate(format!(
+    let plugin_config = |max_keys: u64| {
+        format!(
             r#"{{"rules": [{{"name": "{MEM_RULE}", "descriptors": {PER_KEY}, "limit": 100, "period": "1m",
                  "max_keys": {max_keys}}}]}}"#
-        ))
+        )
     };
+    let filters = |max_keys: u64| Filters::Floodgate(plugin_config(max_keys));
     // The control is the same module, rule and load with the smallest table
     // (max_keys 4: one group): the difference between the two Envoys is the
     // table, apart from Envoy, the VM and the module, which both carry.
@@ -588,7 +589,7 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0);
     let r = &fg.load;
     let sent = r.total.allowed + r.total.limited + r.total.other;
-    let bound = readme_bound(MEM_RULE, MEM_MAX_KEYS);
+    let bound = stated_bound(&plugin_config(MEM_MAX_KEYS));
     let groups = MEM_MAX_KEYS / 4;
     let mib = |b: u64| format!("{:.1}", b as f64 / 1048576.0);
     let diff = |a: u64, b: u64| a as i64 - b as i64;
@@ -598,9 +599,10 @@ fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
         "\n## Memory\n\n{sent} requests with distinct `x-api-key` values ({:.0} s, {} connections) against one \
          token-bucket rule `{MEM_RULE}` with max_keys {MEM_MAX_KEYS}; the control is the same rule and load with \
          max_keys 4 (a one-group table). Envoy's admin `/memory`, MiB. README bound for this rule: \
-         (65536 / 4) × (96 + {} + 2 + 4 × 24) = {bound} bytes ({} MiB).\n",
+         (65536 / 4) × ({} + {} + 2 + 4 × 24) = {bound} bytes ({} MiB).\n",
         r.wall.as_secs_f64(),
         s.memory_connections,
+        floodgate_core::limiter::SHARED_DATA_ENTRY_OVERHEAD,
         format!("fg:{MEM_RULE}:{}", MEM_MAX_KEYS / 4 - 1).len(),
         mib(bound)
     );

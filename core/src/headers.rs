@@ -10,37 +10,126 @@
 //!
 //! A limited response always carries `Retry-After` (whole seconds, rounded up
 //! so a client that waits is never early) and `x-envoy-ratelimited: true`.
+//!
+//! This runs on every request, so what does not change per request (the
+//! policy field, the limit) is rendered once per configuration, and the
+//! numbers are written into one buffer without the formatting machinery.
 
 use crate::config::{Config, HeaderStyle};
 use crate::limiter::Verdict;
 use crate::time::ceil_seconds;
 
-/// Appends the headers `verdict` calls for to `out`: for a limited response,
-/// or for an allowed one when `response.headers_on_allowed` is set.
-pub fn append(config: &Config, verdict: &Verdict, out: &mut Vec<(&'static str, String)>) {
-    let report = verdict.report.and_then(|r| Some((config.rules.get(r.rule)?, r.decision)));
-    if !verdict.allowed {
-        if let Some((_, decision)) = report {
-            out.push(("retry-after", ceil_seconds(decision.retry_after).max(1).to_string()));
-        }
-        out.push(("x-envoy-ratelimited", "true".to_string()));
-    } else if !config.response.headers_on_allowed {
-        return;
+/// The most fields one response gets: retry-after, x-envoy-ratelimited and
+/// three x-ratelimit fields.
+const MAX_FIELDS: usize = 5;
+
+/// The rate-limit headers of one response: names, and values kept in one buffer.
+#[derive(Debug, Clone, Default)]
+pub struct HeaderBlock {
+    text: String,
+    fields: [(&'static str, usize, usize); MAX_FIELDS],
+    len: usize,
+}
+
+impl HeaderBlock {
+    /// The fields, in order, as (name, value).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.get(start..end).unwrap_or("")))
     }
-    let Some((rule, decision)) = report else { return };
-    let window = ceil_seconds(rule.period);
-    let reset = ceil_seconds(decision.reset);
-    match config.response.headers {
-        HeaderStyle::Ietf => {
-            out.push(("ratelimit-policy", format!("\"{}\";q={};w={}", rule.name, rule.limit, window)));
-            out.push(("ratelimit", format!("\"{}\";r={};t={}", rule.name, decision.remaining, reset)));
+
+    /// True when there is no field.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends a field whose value `write` appends to the buffer.
+    fn push(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
+        if self.len < MAX_FIELDS {
+            let start = self.text.len();
+            write(&mut self.text);
+            self.fields[self.len] = (name, start, self.text.len());
+            self.len += 1;
         }
-        HeaderStyle::XRateLimit => {
-            out.push(("x-ratelimit-limit", rule.limit.to_string()));
-            out.push(("x-ratelimit-remaining", decision.remaining.to_string()));
-            out.push(("x-ratelimit-reset", reset.to_string()));
+    }
+}
+
+/// Appends the decimal digits of `n`.
+fn push_u64(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
-        HeaderStyle::None => {}
+    }
+    digits[at..].iter().for_each(|d| out.push(char::from(*d)));
+}
+
+/// Renders the headers of a configuration's verdicts.
+#[derive(Debug, Clone)]
+pub struct Renderer {
+    style: HeaderStyle,
+    on_allowed: bool,
+    /// Per rule: `"<name>";q=<limit>;w=<seconds>` (ietf) or `<limit>` (x-ratelimit).
+    policy: Vec<String>,
+    /// Per rule: `"<name>";r=` (ietf).
+    prefix: Vec<String>,
+}
+
+impl Renderer {
+    /// Prepares the per-rule constant parts of `config`'s headers.
+    pub fn new(config: &Config) -> Self {
+        let (policy, prefix) = config
+            .rules
+            .iter()
+            .map(|rule| match config.response.headers {
+                HeaderStyle::Ietf => (
+                    format!("\"{}\";q={};w={}", rule.name, rule.limit, ceil_seconds(rule.period)),
+                    format!("\"{}\";r=", rule.name),
+                ),
+                HeaderStyle::XRateLimit | HeaderStyle::None => (rule.limit.to_string(), String::new()),
+            })
+            .unzip();
+        Self { style: config.response.headers, on_allowed: config.response.headers_on_allowed, policy, prefix }
+    }
+
+    /// Writes the headers `verdict` calls for into `out`: for a limited
+    /// response, or for an allowed one when `response.headers_on_allowed`.
+    pub fn render(&self, verdict: &Verdict, out: &mut HeaderBlock) {
+        out.text.clear();
+        out.len = 0;
+        let report = verdict.report.filter(|r| r.rule < self.policy.len());
+        if !verdict.allowed {
+            if let Some(report) = report {
+                out.push("retry-after", |s| push_u64(s, ceil_seconds(report.decision.retry_after).max(1)));
+            }
+            out.push("x-envoy-ratelimited", |s| s.push_str("true"));
+        } else if !self.on_allowed {
+            return;
+        }
+        let Some(report) = report else { return };
+        let (policy, prefix) = (&self.policy[report.rule], &self.prefix[report.rule]);
+        let (remaining, reset) = (report.decision.remaining, ceil_seconds(report.decision.reset));
+        match self.style {
+            HeaderStyle::Ietf => {
+                out.push("ratelimit-policy", |s| s.push_str(policy));
+                out.push("ratelimit", |s| {
+                    s.push_str(prefix);
+                    push_u64(s, remaining);
+                    s.push_str(";t=");
+                    push_u64(s, reset);
+                });
+            }
+            HeaderStyle::XRateLimit => {
+                out.push("x-ratelimit-limit", |s| s.push_str(policy));
+                out.push("x-ratelimit-remaining", |s| push_u64(s, remaining));
+                out.push("x-ratelimit-reset", |s| push_u64(s, reset));
+            }
+            HeaderStyle::None => {}
+        }
     }
 }
 
@@ -67,9 +156,9 @@ mod tests {
     }
 
     fn headers(config: &Config, verdict: &Verdict) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
-        append(config, verdict, &mut out);
-        out
+        let mut out = HeaderBlock::default();
+        Renderer::new(config).render(verdict, &mut out);
+        out.iter().map(|(n, v)| (n, v.to_string())).collect()
     }
 
     #[test]
@@ -116,5 +205,26 @@ mod tests {
     fn a_failure_denial_has_no_numbers_to_report() {
         let failed = Verdict { allowed: false, shadow_limited: false, failed: true, report: None };
         assert_eq!(headers(&config("{}"), &failed), vec![("x-envoy-ratelimited", "true".to_string())]);
+    }
+
+    #[test]
+    fn numbers_are_written_exactly() {
+        for n in [0, 1, 9, 10, 99, 100, 12345, u64::MAX] {
+            let mut s = String::new();
+            push_u64(&mut s, n);
+            assert_eq!(s, n.to_string());
+        }
+    }
+
+    #[test]
+    fn a_block_is_reused_cleanly() {
+        let config = config("{}");
+        let renderer = Renderer::new(&config);
+        let mut block = HeaderBlock::default();
+        renderer.render(&verdict(false, 0, SECOND, SECOND), &mut block);
+        assert_eq!(block.iter().count(), 4);
+        renderer.render(&verdict(true, 5, 0, 0), &mut block);
+        let fields: Vec<_> = block.iter().collect();
+        assert_eq!(fields, vec![("ratelimit-policy", "\"per-key\";q=100;w=60"), ("ratelimit", "\"per-key\";r=5;t=0")]);
     }
 }

@@ -16,7 +16,7 @@ mod metrics;
 use std::rc::Rc;
 
 use floodgate_core::config::Config;
-use floodgate_core::headers;
+use floodgate_core::headers::{HeaderBlock, Renderer};
 use floodgate_core::limiter::Limiter;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -42,6 +42,7 @@ struct FloodgateRoot {
 struct Plugin {
     limiter: Limiter,
     metrics: Metrics,
+    headers: Renderer,
 }
 
 impl Context for FloodgateRoot {}
@@ -81,13 +82,14 @@ impl RootContext for FloodgateRoot {
             );
         }
         let metrics = Metrics::define(limiter.config());
-        self.plugin = Some(Rc::new(Plugin { limiter, metrics }));
+        let headers = Renderer::new(limiter.config());
+        self.plugin = Some(Rc::new(Plugin { limiter, metrics, headers }));
         true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let plugin = Rc::clone(self.plugin.as_ref()?);
-        Some(Box::new(FloodgateHttp { plugin, response_headers: Vec::new() }))
+        Some(Box::new(FloodgateHttp { plugin, allowed: false, response_headers: HeaderBlock::default() }))
     }
 
     fn get_type(&self) -> Option<ContextType> {
@@ -98,8 +100,10 @@ impl RootContext for FloodgateRoot {
 /// One request.
 struct FloodgateHttp {
     plugin: Rc<Plugin>,
-    /// Rate-limit headers to add to the upstream's response.
-    response_headers: Vec<(&'static str, String)>,
+    /// Whether the request was let through.
+    allowed: bool,
+    /// Rate-limit headers: added to the upstream's response, or sent with the limited one.
+    response_headers: HeaderBlock,
 }
 
 impl Context for FloodgateHttp {}
@@ -115,13 +119,12 @@ impl HttpContext for FloodgateHttp {
         if verdict.shadow_limited {
             log::info!("floodgate: shadow mode: a rule would have limited this request; let through");
         }
-        let mut headers = Vec::new();
-        headers::append(config, &verdict, &mut headers);
+        plugin.headers.render(&verdict, &mut self.response_headers);
+        self.allowed = verdict.allowed;
         if verdict.allowed {
-            self.response_headers = headers;
             return Action::Continue;
         }
-        let pairs: Vec<(&str, &str)> = headers.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = self.response_headers.iter().collect();
         if let Err(status) =
             hostcalls::send_http_response(config.response.status, pairs, Some(config.response.body.as_bytes()))
         {
@@ -131,9 +134,13 @@ impl HttpContext for FloodgateHttp {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        for (name, value) in self.response_headers.drain(..) {
-            if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, &value) {
-                log::warn!("floodgate: could not add response header {name}: {status:?}");
+        // A limited request's local reply passes here too: its headers were
+        // sent with it, so only an allowed request's are added.
+        if self.allowed {
+            for (name, value) in self.response_headers.iter() {
+                if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
+                    log::warn!("floodgate: could not add response header {name}: {status:?}");
+                }
             }
         }
         Action::Continue

@@ -6,6 +6,7 @@
 use arbitrary::Arbitrary;
 use floodgate_core::config::Config;
 use floodgate_core::descriptor::StaticRequest;
+use floodgate_core::headers::{HeaderBlock, Renderer};
 use floodgate_core::limiter::{Counters, Limiter, RuleEvent, StoreEvent};
 use floodgate_core::store::MemoryStore;
 use libfuzzer_sys::fuzz_target;
@@ -48,12 +49,13 @@ fuzz_target!(|input: Input| {
     let Ok(config) = Config::parse(CONFIG.as_bytes()) else { panic!("the fuzz config must parse") };
     let store = MemoryStore::default();
     let Ok(limiter) = Limiter::prepare(config, &store, [1; 16]) else { panic!("prepare") };
+    let renderer = Renderer::new(limiter.config());
+    let mut headers = HeaderBlock::default();
     let mut now = 1_700_000_000_000_000_000u64;
     for request in input.requests.into_iter().take(64) {
         now += u64::from(request.advance_ms) * 1_000_000;
         let mut request = StaticRequest { headers: request.headers, remote_address: request.remote_address };
         let verdict = limiter.check(&store, now, &mut request, &mut Ignore);
-        let mut headers = Vec::new();
-        floodgate_core::headers::append(limiter.config(), &verdict, &mut headers);
+        renderer.render(&verdict, &mut headers);
     }
 });
