@@ -14,10 +14,15 @@ export ENVOY_BIN
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
 
+# quota-test, quota-bench, quota-run; filter-bench, filter-bench-quick.
+include quota/quota.mk
+include bench/bench.mk
+
 help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
 	@echo "make test    install what is needed and run every test"
-	@echo "make bench   run the benchmarks"
+	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service)"
+	@echo "make fuzz    fuzz each target for 5 minutes"
 
 deps: deps-rust deps-envoy deps-redis deps-node
 
@@ -88,6 +93,12 @@ fuzz-quick: deps-fuzz
 
 fuzz:
 	$(MAKE) --no-print-directory fuzz-quick FUZZ_SECONDS=300
+
+# Filter: throughput against Envoy's own limiter, accuracy, memory (about 5
+# minutes). Quota service: decisions per second and p99 on both stores.
+bench: deps-envoy deps-redis
+	$(MAKE) --no-print-directory filter-bench
+	$(MAKE) --no-print-directory quota-bench
 
 clean:
 	cargo clean
