@@ -53,8 +53,9 @@ impl HeaderBlock {
     }
 }
 
-/// Appends the decimal digits of `n`.
-fn push_u64(out: &mut String, mut n: u64) {
+/// Appends the decimal digits of `n`: what `write!` does, without the
+/// formatting machinery, which is costly on the request path in wasm.
+pub(crate) fn push_u64(out: &mut String, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut at = digits.len();
     loop {

@@ -139,18 +139,7 @@ impl Limiter {
     fn write_key(&self, rule: usize, group: u32, key: &mut String) {
         key.clear();
         key.push_str(self.key_prefixes.get(rule).map_or("", String::as_str));
-        let mut digits = [0u8; 10];
-        let mut at = digits.len();
-        let mut n = group;
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        digits[at..].iter().for_each(|d| key.push(char::from(*d)));
+        crate::headers::push_u64(key, u64::from(group));
     }
 
     /// The most host memory a rule's buckets can take, in bytes.
