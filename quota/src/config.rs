@@ -148,10 +148,14 @@ impl Config {
         let mut domains = HashMap::new();
         for path in paths {
             let origin = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::plain(&origin, format!("cannot read: {e}")))?;
+            let text =
+                std::fs::read_to_string(path).map_err(|e| ConfigError::plain(&origin, format!("cannot read: {e}")))?;
             let domain = Self::parse_one(&origin, &text)?;
             if domains.contains_key(&domain.name) {
-                return Err(ConfigError::plain(&origin, format!("domain {:?} is defined in more than one file", domain.name)));
+                return Err(ConfigError::plain(
+                    &origin,
+                    format!("domain {:?} is defined in more than one file", domain.name),
+                ));
             }
             domains.insert(domain.name.clone(), domain);
         }
@@ -259,7 +263,8 @@ impl<'de> Deserialize<'de> for Children {
             let slot = children.entry(entry.key.clone()).or_default();
             let duplicate = match entry.value {
                 Some(value) => {
-                    let dup = slot.values.contains_key(&value).then(|| format!("key {:?} with value {value:?}", entry.key));
+                    let dup =
+                        slot.values.contains_key(&value).then(|| format!("key {:?} with value {value:?}", entry.key));
                     slot.values.insert(value, node);
                     dup
                 }
@@ -270,7 +275,9 @@ impl<'de> Deserialize<'de> for Children {
                 }
             };
             if let Some(which) = duplicate {
-                return Err(serde::de::Error::custom(format!("duplicate descriptor: {which} appears twice at this level")));
+                return Err(serde::de::Error::custom(format!(
+                    "duplicate descriptor: {which} appears twice at this level"
+                )));
             }
         }
         Ok(Children(children))
@@ -340,7 +347,11 @@ impl TryFrom<RawDescriptor> for FileDescriptor {
 impl RawRateLimit {
     fn into_rule(self, key: &str, shadow: bool) -> Result<Rule, String> {
         if self.unlimited {
-            if self.unit.is_some() || self.requests_per_unit.is_some() || self.algorithm.is_some() || self.burst.is_some() {
+            if self.unit.is_some()
+                || self.requests_per_unit.is_some()
+                || self.algorithm.is_some()
+                || self.burst.is_some()
+            {
                 return Err(format!(
                     "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or burst"
                 ));
@@ -353,7 +364,9 @@ impl RawRateLimit {
             ));
         };
         if limit == 0 || limit > MAX_LIMIT {
-            return Err(format!("descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"));
+            return Err(format!(
+                "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"
+            ));
         }
         let algorithm = self.algorithm.map_or(Algorithm::FixedWindow, |a| a.0);
         let capacity = match (algorithm, self.burst) {

@@ -35,9 +35,14 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such endpoint: use POST /v1/check, /v1/lease or /v1/return".into()) })
+        .fallback(|| async {
+            error(StatusCode::NOT_FOUND, "no such endpoint: use POST /v1/check, /v1/lease or /v1/return".into())
+        })
         .method_not_allowed_fallback(|| async {
-            error(StatusCode::METHOD_NOT_ALLOWED, "wrong method: the API takes POST, /healthz, /readyz and /metrics take GET".into())
+            error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "wrong method: the API takes POST, /healthz, /readyz and /metrics take GET".into(),
+            )
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -45,7 +50,9 @@ pub fn router(state: AppState) -> Router {
 
 fn json<T: Serialize>(status: StatusCode, body: &T) -> Response {
     match serde_json::to_vec(body) {
-        Ok(bytes) => (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes).into_response(),
+        Ok(bytes) => {
+            (status, [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], bytes).into_response()
+        }
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
@@ -147,9 +154,6 @@ async fn ready(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))],
-        state.service.metrics().render(),
-    )
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; version=0.0.4"))], state.service.metrics().render())
         .into_response()
 }

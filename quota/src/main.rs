@@ -10,9 +10,9 @@ use clap::{Parser, ValueEnum};
 use floodgate_core::time::parse_duration;
 use floodgate_quota::clock::{Clock, SystemClock};
 use floodgate_quota::config::Config;
-use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
+use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
 use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
 
@@ -137,7 +137,10 @@ async fn run(cli: Cli) -> Result<(), String> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = if cli.store == "memory" {
         Store::Memory(MemoryStore::new(clock.clone(), cli.memory_max_buckets))
-    } else if cli.store.starts_with("redis://") || cli.store.starts_with("rediss://") || cli.store.starts_with("redis+unix://") {
+    } else if cli.store.starts_with("redis://")
+        || cli.store.starts_with("rediss://")
+        || cli.store.starts_with("redis+unix://")
+    {
         let options = RedisOptions {
             timeout: cli.store_timeout,
             clock: (cli.redis_clock == ClockChoice::Local).then(|| clock.clone()),
@@ -168,7 +171,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
     });
 
-    let listener = tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
     let state = AppState { service, auth_token: cli.auth_token.map(Arc::from) };

@@ -34,8 +34,11 @@ impl Metrics {
             Ok(c)
         };
         let requests = counter("requests_total", "API calls by endpoint and HTTP status.", &["endpoint", "status"])?;
-        let decisions =
-            counter("decisions_total", "Decisions per descriptor by domain, kind and result.", &["domain", "kind", "result"])?;
+        let decisions = counter(
+            "decisions_total",
+            "Decisions per descriptor by domain, kind and result.",
+            &["domain", "kind", "result"],
+        )?;
         let tokens_granted = counter("tokens_granted_total", "Tokens granted by leases.", &["domain"])?;
         let tokens_returned = counter("tokens_returned_total", "Leased tokens given back.", &["domain"])?;
         let store_errors = counter("store_errors_total", "Store failures by store and kind.", &["store", "kind"])?;
@@ -47,7 +50,16 @@ impl Metrics {
             &["store", "op"],
         )?;
         registry.register(Box::new(store_latency.clone()))?;
-        Ok(Self { registry, requests, decisions, tokens_granted, tokens_returned, store_errors, store_latency, reloads })
+        Ok(Self {
+            registry,
+            requests,
+            decisions,
+            tokens_granted,
+            tokens_returned,
+            store_errors,
+            store_latency,
+            reloads,
+        })
     }
 
     /// The text exposition format.

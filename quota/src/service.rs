@@ -125,7 +125,11 @@ impl Service {
         self.metrics.decisions.with_label_values(&[domain, kind, result]).inc();
     }
 
-    async fn timed<T>(&self, op: &str, call: impl std::future::Future<Output = Result<T, StoreError>>) -> Result<T, ApiError> {
+    async fn timed<T>(
+        &self,
+        op: &str,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, ApiError> {
         let started = Instant::now();
         let result = call.await;
         let store = self.store.name();
@@ -170,11 +174,7 @@ impl Service {
                 }
             }
         }
-        let outcome = if items.is_empty() {
-            None
-        } else {
-            Some(self.timed("check", self.store.check(&items)).await?)
-        };
+        let outcome = if items.is_empty() { None } else { Some(self.timed("check", self.store.check(&items)).await?) };
 
         let mut results = Vec::with_capacity(slots.len());
         let mut wait: Option<Retry> = None;
@@ -195,11 +195,13 @@ impl Service {
                 }
                 Ok(at) => at,
             };
-            let (Some(item), Some(decision)) = (items.get(at), outcome.as_ref().and_then(|o| o.decisions.get(at))) else {
+            let (Some(item), Some(decision)) = (items.get(at), outcome.as_ref().and_then(|o| o.decisions.get(at)))
+            else {
                 return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())));
             };
             let denied = !decision.allowed;
-            let retry = if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
+            let retry =
+                if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
             let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {
                 (false, _) => (Code::Ok, None, false),
                 (true, true) => (Code::Ok, None, true),
@@ -212,11 +214,15 @@ impl Service {
                     (Code::OverLimit, Some(retry), false)
                 }
             };
-            self.count(&domain.name, "check", match (code, shadow_over_limit) {
-                (Code::OverLimit, _) => "denied",
-                (_, true) => "shadow_denied",
-                _ => "allowed",
-            });
+            self.count(
+                &domain.name,
+                "check",
+                match (code, shadow_over_limit) {
+                    (Code::OverLimit, _) => "denied",
+                    (_, true) => "shadow_denied",
+                    _ => "allowed",
+                },
+            );
             results.push(CheckStatus {
                 code,
                 limit: Some(item.limit.limit),
@@ -256,12 +262,17 @@ impl Service {
                 // out must exist, or the total could pass the limit.
                 Some(Rule::Limited { limit, .. }) => {
                     let want = lease_target(lease.wanted, lease.rate, ttl, limit.capacity);
-                    items.push(LeaseItem { key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor), limit: *limit, want });
+                    items.push(LeaseItem {
+                        key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor),
+                        limit: *limit,
+                        want,
+                    });
                     plan.push(Ok((items.len() - 1, *limit)));
                 }
             }
         }
-        let grants = if items.is_empty() { Vec::new() } else { self.timed("lease", self.store.lease(&items, ttl)).await? };
+        let grants =
+            if items.is_empty() { Vec::new() } else { self.timed("lease", self.store.lease(&items, ttl)).await? };
 
         let mut leases = Vec::with_capacity(plan.len());
         let mut granted_total = 0u64;
@@ -281,9 +292,9 @@ impl Service {
                     });
                 }
                 Ok((at, limit)) => {
-                    let grant = grants
-                        .get(at)
-                        .ok_or_else(|| ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())))?;
+                    let grant = grants.get(at).ok_or_else(|| {
+                        ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into()))
+                    })?;
                     self.count(&domain.name, "lease", if grant.granted > 0 { "allowed" } else { "denied" });
                     granted_total += grant.granted;
                     leases.push(LeaseGrant {
@@ -329,10 +340,11 @@ impl Service {
                 _ => plan.push(None),
             }
         }
-        let taken = if items.is_empty() { Vec::new() } else { self.timed("return", self.store.give_back(&items)).await? };
-        let returned: Vec<u64> = plan.into_iter().map(|p| p.and_then(|at| taken.get(at).copied()).unwrap_or(0)).collect();
+        let taken =
+            if items.is_empty() { Vec::new() } else { self.timed("return", self.store.give_back(&items)).await? };
+        let returned: Vec<u64> =
+            plan.into_iter().map(|p| p.and_then(|at| taken.get(at).copied()).unwrap_or(0)).collect();
         self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
         Ok(ReturnResponse { returned })
     }
 }
-

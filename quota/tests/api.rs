@@ -15,7 +15,13 @@ use serde_json::{json, Value};
 
 const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
 
-async fn raw(f: &Fixture, method: reqwest::Method, path: &str, body: Vec<u8>, token: Option<&str>) -> (u16, Value, reqwest::header::HeaderMap) {
+async fn raw(
+    f: &Fixture,
+    method: reqwest::Method,
+    path: &str,
+    body: Vec<u8>,
+    token: Option<&str>,
+) -> (u16, Value, reqwest::header::HeaderMap) {
     let mut request = f.client.request(method, format!("{}{path}", f.base)).body(body);
     if let Some(token) = token {
         request = request.header("authorization", token);
@@ -42,25 +48,95 @@ async fn bad_requests_get_a_4xx_naming_the_problem_and_nothing_crashes() {
         ("/v1/check", br#"{"domain":"test","descriptors":[["k","v"]]}"#.to_vec(), 400, "at descriptors[0][0]".into()),
         ("/v1/check", br#"{"domain":"test","descriptors":[]}"#.to_vec(), 400, "descriptors must not be empty".into()),
         ("/v1/check", br#"{"domain":"test","descriptors":[[]]}"#.to_vec(), 400, "descriptors[0] has no entries".into()),
-        ("/v1/check", json!({"domain": "test", "descriptors": many}).to_string().into_bytes(), 400, "descriptors has 33 items; at most 32".into()),
-        ("/v1/check", json!({"domain": "test", "descriptors": [wide]}).to_string().into_bytes(), 400, "descriptors[0] has 17 entries; at most 16".into()),
-        ("/v1/check", br#"{"domain":"test","descriptors":[[["","v"]]]}"#.to_vec(), 400, "descriptors[0][0] has an empty key".into()),
-        ("/v1/check", json!({"domain": "test", "descriptors": [[["k", long]]]}).to_string().into_bytes(), 400, "too long".into()),
+        (
+            "/v1/check",
+            json!({"domain": "test", "descriptors": many}).to_string().into_bytes(),
+            400,
+            "descriptors has 33 items; at most 32".into(),
+        ),
+        (
+            "/v1/check",
+            json!({"domain": "test", "descriptors": [wide]}).to_string().into_bytes(),
+            400,
+            "descriptors[0] has 17 entries; at most 16".into(),
+        ),
+        (
+            "/v1/check",
+            br#"{"domain":"test","descriptors":[[["","v"]]]}"#.to_vec(),
+            400,
+            "descriptors[0][0] has an empty key".into(),
+        ),
+        (
+            "/v1/check",
+            json!({"domain": "test", "descriptors": [[["k", long]]]}).to_string().into_bytes(),
+            400,
+            "too long".into(),
+        ),
         ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":-1}"#.to_vec(), 400, "at hits".into()),
         ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":1.5}"#.to_vec(), 400, "at hits".into()),
-        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":2000000000}"#.to_vec(), 400, "hits is 2000000000".into()),
-        ("/v1/check", br#"{"domain":"test","descriptors":[[["k","v"]]]} trailing"#.to_vec(), 400, "trailing characters".into()),
+        (
+            "/v1/check",
+            br#"{"domain":"test","descriptors":[[["k","v"]]],"hits":2000000000}"#.to_vec(),
+            400,
+            "hits is 2000000000".into(),
+        ),
+        (
+            "/v1/check",
+            br#"{"domain":"test","descriptors":[[["k","v"]]]} trailing"#.to_vec(),
+            400,
+            "trailing characters".into(),
+        ),
         ("/v1/check", deep.into_bytes(), 400, "malformed request".into()),
         ("/v1/check", vec![0xff, 0xfe, 0x00], 400, "malformed request".into()),
-        ("/v1/check", br#"{"domain":"nope","descriptors":[[["k","v"]]]}"#.to_vec(), 404, "unknown domain \"nope\"".into()),
+        (
+            "/v1/check",
+            br#"{"domain":"nope","descriptors":[[["k","v"]]]}"#.to_vec(),
+            404,
+            "unknown domain \"nope\"".into(),
+        ),
         ("/v1/lease", br#"{"domain":"test","leases":[]}"#.to_vec(), 400, "leases must not be empty".into()),
-        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":-1}]}"#.to_vec(), 400, "leases[0].rate must be a non-negative".into()),
-        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":"fast"}]}"#.to_vec(), 400, "at leases[0].rate".into()),
-        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]]}]}"#.to_vec(), 400, "missing field `wanted`".into()),
-        ("/v1/lease", br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":99999999999}]}"#.to_vec(), 400, "leases[0].wanted is 99999999999".into()),
-        ("/v1/lease", br#"{"domain":"nope","leases":[{"descriptor":[["k","v"]],"wanted":1}]}"#.to_vec(), 404, "unknown domain".into()),
-        ("/v1/return", br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":-3}]}"#.to_vec(), 400, "at returns[0].tokens".into()),
-        ("/v1/return", br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":5000000000}]}"#.to_vec(), 400, "returns[0].tokens is 5000000000".into()),
+        (
+            "/v1/lease",
+            br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":-1}]}"#.to_vec(),
+            400,
+            "leases[0].rate must be a non-negative".into(),
+        ),
+        (
+            "/v1/lease",
+            br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":5,"rate":"fast"}]}"#.to_vec(),
+            400,
+            "at leases[0].rate".into(),
+        ),
+        (
+            "/v1/lease",
+            br#"{"domain":"test","leases":[{"descriptor":[["k","v"]]}]}"#.to_vec(),
+            400,
+            "missing field `wanted`".into(),
+        ),
+        (
+            "/v1/lease",
+            br#"{"domain":"test","leases":[{"descriptor":[["k","v"]],"wanted":99999999999}]}"#.to_vec(),
+            400,
+            "leases[0].wanted is 99999999999".into(),
+        ),
+        (
+            "/v1/lease",
+            br#"{"domain":"nope","leases":[{"descriptor":[["k","v"]],"wanted":1}]}"#.to_vec(),
+            404,
+            "unknown domain".into(),
+        ),
+        (
+            "/v1/return",
+            br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":-3}]}"#.to_vec(),
+            400,
+            "at returns[0].tokens".into(),
+        ),
+        (
+            "/v1/return",
+            br#"{"domain":"test","returns":[{"descriptor":[["k","v"]],"tokens":5000000000}]}"#.to_vec(),
+            400,
+            "returns[0].tokens is 5000000000".into(),
+        ),
         ("/v1/check", vec![b' '; 70_000], 413, "larger than 65536 bytes".into()),
         ("/nope", b"{}".to_vec(), 404, "no such endpoint".into()),
     ];
@@ -139,7 +215,8 @@ fn the_binary_serves_and_stops_on_sigterm() {
         let body = json!({"domain": "edge", "descriptors": [[["remote_address", "10.0.0.1"]]]});
         let denied = client.post(format!("http://{address}/v1/check")).json(&body).send().await.unwrap();
         assert_eq!(denied.status().as_u16(), 401);
-        let ok = client.post(format!("http://{address}/v1/check")).bearer_auth("t0ken").json(&body).send().await.unwrap();
+        let ok =
+            client.post(format!("http://{address}/v1/check")).bearer_auth("t0ken").json(&body).send().await.unwrap();
         assert_eq!(ok.status().as_u16(), 200);
         let reply: Value = ok.json().await.unwrap();
         assert_eq!(reply["results"][0]["remaining"], 99);

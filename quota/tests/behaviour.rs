@@ -45,7 +45,10 @@ async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend
     for remaining in [2, 1, 0] {
         let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
         assert_eq!(r["allowed"], true, "{r}");
-        assert_eq!(r["results"][0], json!({"code": "ok", "limit": 3, "window_ms": 60000, "remaining": remaining, "reset_ms": 40000}));
+        assert_eq!(
+            r["results"][0],
+            json!({"code": "ok", "limit": 3, "window_ms": 60000, "remaining": remaining, "reset_ms": 40000})
+        );
     }
     let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
     assert_eq!(r["allowed"], false);
@@ -146,7 +149,10 @@ async fn shadow_mode_reports_but_does_not_deny(backend: Backend) {
     assert_eq!(r["allowed"], true);
     assert_eq!(r["results"][0]["code"], "ok");
     assert_eq!(r["results"][0]["shadow_over_limit"], true);
-    assert!(f.metrics().await.contains(r#"floodgate_quota_decisions_total{domain="test",kind="check",result="shadow_denied"} 1"#));
+    assert!(f
+        .metrics()
+        .await
+        .contains(r#"floodgate_quota_decisions_total{domain="test",kind="check",result="shadow_denied"} 1"#));
     // A real limit still denies alongside it.
     f.check(check(json!([[["fw", "z"]]]), 3)).await;
     let r = f.check(check(json!([[["shadow", "s"]], [["fw", "z"]]]), 1)).await;
@@ -156,7 +162,10 @@ async fn shadow_mode_reports_but_does_not_deny(backend: Backend) {
 async fn unlimited_and_unmatched_descriptors_are_allowed(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     let r = f.check(check(json!([[["free", "x"]], [["nothing", "y"]], [["fw", "a"], ["deeper", "b"]]]), 1000)).await;
-    assert_eq!(r, json!({"allowed": true, "results": [{"code": "unlimited"}, {"code": "no_rule"}, {"code": "no_rule"}]}));
+    assert_eq!(
+        r,
+        json!({"allowed": true, "results": [{"code": "unlimited"}, {"code": "no_rule"}, {"code": "no_rule"}]})
+    );
     let r = f.lease(lease("free", "x", 500, 10.0)).await;
     assert_eq!(r["leases"][0], json!({"code": "unlimited", "granted": 500, "valid_ms": 1000}));
 }
@@ -218,19 +227,28 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
     // Never more than was used.
-    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 10000, "window": window}]})).await;
+    let returned = f
+        .give_back(
+            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 10000, "window": window}]}),
+        )
+        .await;
     assert_eq!(returned["returned"][0], 400);
     // After the window, returns are void: the new window never saw those tokens.
     f.check(check(json!([[["big", "r"]]]), 5)).await;
     f.clock.advance(3_600 * SECOND_US);
-    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 5, "window": window}]})).await;
+    let returned = f
+        .give_back(
+            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 5, "window": window}]}),
+        )
+        .await;
     assert_eq!(returned["returned"][0], 0);
 
     // A token bucket takes back at most up to full.
     let r = f.lease(lease("bucket", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 300);
     assert_eq!(r["leases"][0]["window"], 0);
-    let returned = f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["bucket", "r"]], "tokens": 1000}]})).await;
+    let returned =
+        f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["bucket", "r"]], "tokens": 1000}]})).await;
     assert_eq!(returned["returned"][0], 300);
     let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);

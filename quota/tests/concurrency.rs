@@ -84,12 +84,15 @@ async fn many_clients_never_pass_the_limit(backend: Backend) {
     }
 
     // Returned tokens are available again, to anyone.
-    let window = f
-        .lease(json!({"domain": "fleet", "leases": [{"descriptor": [["api", "all"]], "wanted": 1}]}))
-        .await["leases"][0]["window"]
+    let window = f.lease(json!({"domain": "fleet", "leases": [{"descriptor": [["api", "all"]], "wanted": 1}]})).await
+        ["leases"][0]["window"]
         .as_u64()
         .unwrap();
-    let r = f.give_back(json!({"domain": "fleet", "returns": [{"descriptor": [["api", "all"]], "tokens": 40, "window": window}]})).await;
+    let r = f
+        .give_back(
+            json!({"domain": "fleet", "returns": [{"descriptor": [["api", "all"]], "tokens": 40, "window": window}]}),
+        )
+        .await;
     assert_eq!(r["returned"][0], 40);
     let tasks: Vec<_> = (0..CLIENTS).map(|id| tokio::spawn(client(f.clone(), id))).collect();
     let mut again = 0;
@@ -117,8 +120,9 @@ async fn two_instances_on_one_redis_share_the_limit() {
     let url = first.redis.as_ref().unwrap().url();
     let second = Arc::new(Fixture::serve(Some(url), None, LIMITS, common::Options::default()).await);
     second.clock.set(floodgate_quota::clock::Clock::now_us(&*first.clock));
-    let tasks: Vec<_> =
-        (0..CLIENTS).map(|id| tokio::spawn(client(if id % 4 < 2 { first.clone() } else { second.clone() }, id))).collect();
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|id| tokio::spawn(client(if id % 4 < 2 { first.clone() } else { second.clone() }, id)))
+        .collect();
     let mut total = 0;
     for task in tasks {
         let t = task.await.unwrap();

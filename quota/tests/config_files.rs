@@ -27,7 +27,8 @@ fn every_invalid_fixture_is_refused_with_its_message() {
         let text = std::fs::read_to_string(&path).unwrap();
         let expected: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# expect: ")).collect();
         assert!(!expected.is_empty(), "{} has no `# expect:` line", path.display());
-        let error = Config::load(std::slice::from_ref(&path)).expect_err(&format!("{} must be refused", path.display()));
+        let error =
+            Config::load(std::slice::from_ref(&path)).expect_err(&format!("{} must be refused", path.display()));
         let message = error.to_string();
         assert!(message.starts_with(&path.display().to_string()), "the message names the file: {message}");
         for want in expected {
@@ -123,4 +124,3 @@ async fn memory_hot_reload_keeps_state_and_applies_new_limits() {
 async fn redis_hot_reload_keeps_state_and_applies_new_limits() {
     hot_reload_keeps_state_and_applies_new_limits(Backend::Redis).await;
 }
-

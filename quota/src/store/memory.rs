@@ -154,7 +154,8 @@ impl MemoryStore {
             afters.push(after);
         }
         if committed {
-            let keys: Vec<&str> = items.iter().zip(&decisions).filter(|(_, d)| d.allowed).map(|(i, _)| i.key.as_str()).collect();
+            let keys: Vec<&str> =
+                items.iter().zip(&decisions).filter(|(_, d)| d.allowed).map(|(i, _)| i.key.as_str()).collect();
             Self::make_room(&mut map, &keys, self.max_buckets, now)?;
             for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
                 if d.allowed {

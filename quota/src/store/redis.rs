@@ -129,7 +129,11 @@ impl RedisStore {
             .set_number_of_retries(2)
             .set_factor(50)
             .set_max_delay(1_000);
-        match tokio::time::timeout(self.options.timeout, ConnectionManager::new_with_config(self.client.clone(), config)).await
+        match tokio::time::timeout(
+            self.options.timeout,
+            ConnectionManager::new_with_config(self.client.clone(), config),
+        )
+        .await
         {
             Ok(Ok(conn)) => {
                 *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
@@ -172,7 +176,12 @@ impl RedisStore {
         }
         let decisions = rest
             .chunks_exact(4)
-            .map(|c| Decision { allowed: c[0] == 1, remaining: micros(c[1]), reset: micros(c[2]), retry_after: retry(c[3]) })
+            .map(|c| Decision {
+                allowed: c[0] == 1,
+                remaining: micros(c[1]),
+                reset: micros(c[2]),
+                retry_after: retry(c[3]),
+            })
             .collect();
         Ok(CheckOutcome { committed: head[1] == 1, decisions })
     }
@@ -228,7 +237,10 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         let call = async {
             let mut conn = self.connection().await?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(|e| StoreError::Unavailable(e.to_string()))
+            redis::cmd("PING")
+                .query_async::<String>(&mut conn)
+                .await
+                .map_err(|e| StoreError::Unavailable(e.to_string()))
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?.map(|_| ())
     }
