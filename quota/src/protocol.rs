@@ -159,6 +159,9 @@ pub struct LeaseGrant {
     /// Identifies the window the tokens belong to; echo it when returning.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window: Option<u64>,
+    /// The rule is in shadow mode: running out must not deny requests.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub shadow: bool,
 }
 
 /// Response of `POST /v1/lease`.

@@ -253,21 +253,21 @@ impl Service {
         let ttl = self.settings.lease_ttl;
 
         let mut items = Vec::new();
-        let mut plan: Vec<Result<(usize, Limit), Code>> = Vec::with_capacity(req.leases.len());
+        let mut plan: Vec<Result<(usize, Limit, bool), Code>> = Vec::with_capacity(req.leases.len());
         for lease in &req.leases {
             match domain.rule_for(&lease.descriptor) {
                 None => plan.push(Err(Code::NoRule)),
                 Some(Rule::Unlimited) => plan.push(Err(Code::Unlimited)),
                 // Shadow rules lease like any other: the tokens a lease hands
                 // out must exist, or the total could pass the limit.
-                Some(Rule::Limited { limit, .. }) => {
+                Some(Rule::Limited { limit, shadow }) => {
                     let want = lease_target(lease.wanted, lease.rate, ttl, limit.capacity);
                     items.push(LeaseItem {
                         key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor),
                         limit: *limit,
                         want,
                     });
-                    plan.push(Ok((items.len() - 1, *limit)));
+                    plan.push(Ok((items.len() - 1, *limit, *shadow)));
                 }
             }
         }
@@ -289,9 +289,10 @@ impl Service {
                         remaining: None,
                         reset_ms: None,
                         window: None,
+                        shadow: false,
                     });
                 }
-                Ok((at, limit)) => {
+                Ok((at, limit, shadow)) => {
                     let grant = grants.get(at).ok_or_else(|| {
                         ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into()))
                     })?;
@@ -308,6 +309,7 @@ impl Service {
                         remaining: Some(grant.remaining),
                         reset_ms: Some(ceil_ms(grant.reset)),
                         window: Some(grant.window),
+                        shadow,
                     });
                 }
             }

@@ -153,6 +153,12 @@ async fn shadow_mode_reports_but_does_not_deny(backend: Backend) {
         .metrics()
         .await
         .contains(r#"floodgate_quota_decisions_total{domain="test",kind="check",result="shadow_denied"} 1"#));
+    // A lease says the rule is in shadow mode, so running out must not deny.
+    let r = f.lease(lease("shadow", "s", 5, 1.0)).await;
+    assert_eq!(r["leases"][0]["shadow"], true, "{r}");
+    assert_eq!(r["leases"][0]["granted"], 0, "the shadow bucket is spent: {r}");
+    let r = f.lease(lease("fw", "s", 1, 1.0)).await;
+    assert_eq!(r["leases"][0].get("shadow"), None);
     // A real limit still denies alongside it.
     f.check(check(json!([[["fw", "z"]]]), 3)).await;
     let r = f.check(check(json!([[["shadow", "s"]], [["fw", "z"]]]), 1)).await;
