@@ -6,13 +6,18 @@
 
 QUOTA_CARGO ?= cargo
 
-.PHONY: quota-test quota-bench quota-run
+.PHONY: quota-test quota-bench quota-bench-deps quota-run
 
 quota-test:
 	@command -v redis-server >/dev/null || { echo "quota-test needs redis-server on PATH (apt-get install redis-server)" >&2; exit 1; }
 	$(QUOTA_CARGO) test -p floodgate-quota --all-targets
 
-quota-bench:
+# The load generator and Redis come from Debian's packages.
+quota-bench-deps:
+	@command -v wrk >/dev/null && command -v redis-server >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk redis-server >/dev/null; }
+
+quota-bench: quota-bench-deps
 	quota/bench/run.sh
 
 quota-run:
