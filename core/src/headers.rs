@@ -150,7 +150,7 @@ mod tests {
     fn verdict(allowed: bool, remaining: u64, reset: u64, retry_after: u64) -> Verdict {
         Verdict {
             allowed,
-            shadow_limited: false,
+            shadow_limited: None,
             failed: false,
             report: Some(Report { rule: 0, decision: Decision { allowed, remaining, reset, retry_after } }),
         }
@@ -204,7 +204,7 @@ mod tests {
 
     #[test]
     fn a_failure_denial_has_no_numbers_to_report() {
-        let failed = Verdict { allowed: false, shadow_limited: false, failed: true, report: None };
+        let failed = Verdict { allowed: false, shadow_limited: None, failed: true, report: None };
         assert_eq!(headers(&config("{}"), &failed), vec![("x-envoy-ratelimited", "true".to_string())]);
     }
 

@@ -74,8 +74,8 @@ pub struct Report {
 pub struct Verdict {
     /// Whether to let the request through.
     pub allowed: bool,
-    /// Some rule in shadow mode would have denied it.
-    pub shadow_limited: bool,
+    /// The first rule in shadow mode that would have denied it, if any.
+    pub shadow_limited: Option<usize>,
     /// Some rule could not decide and the failure mode applied.
     pub failed: bool,
     /// The numbers for the rate-limit headers, if any rule decided.
@@ -162,7 +162,7 @@ impl Limiter {
     ) -> Verdict {
         let mut taken: Vec<Taken> = Vec::new();
         let mut key = String::with_capacity(32);
-        let mut verdict = Verdict { allowed: true, shadow_limited: false, failed: false, report: None };
+        let mut verdict = Verdict { allowed: true, shadow_limited: None, failed: false, report: None };
         let mut shadowed: Vec<usize> = Vec::new();
         for (index, rule) in self.config.rules.iter().enumerate() {
             if !rule.request_match.matches(request) {
@@ -214,7 +214,7 @@ impl Limiter {
                     verdict.report = Some(more_restrictive(verdict.report, Report { rule: index, decision }));
                 }
                 Some(_) if shadow => {
-                    verdict.shadow_limited = true;
+                    verdict.shadow_limited = verdict.shadow_limited.or(Some(index));
                     shadowed.push(index);
                 }
                 Some(decision) => {
@@ -449,6 +449,8 @@ mod tests {
         }
         assert_eq!(tally.rules[&(0, "allowed")], 3);
         assert_eq!(tally.rules[&(0, "shadow_limited")], 7);
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        assert_eq!(verdict.shadow_limited, Some(0), "the verdict names the rule");
         // Global shadow mode does the same.
         let json = PER_KEY.replace(r#""max_keys": 64"#, r#""max_keys": 64, "shadow_mode": true"#);
         let store = MemoryStore::default();

@@ -13,11 +13,13 @@
 mod host;
 mod metrics;
 
+use std::cell::Cell;
 use std::rc::Rc;
 
 use floodgate_core::config::Config;
 use floodgate_core::headers::{HeaderBlock, Renderer};
 use floodgate_core::limiter::Limiter;
+use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
@@ -43,6 +45,28 @@ struct Plugin {
     limiter: Limiter,
     metrics: Metrics,
     headers: Renderer,
+    shadow_log: ShadowLog,
+}
+
+/// Logs shadow-mode denials at most once a second per VM: on a busy listener
+/// one line per request would flood Envoy's log, and the counters have the
+/// totals.
+#[derive(Default)]
+struct ShadowLog {
+    last: Cell<Nanos>,
+    suppressed: Cell<u64>,
+}
+
+impl ShadowLog {
+    fn record(&self, rule: &str, now: Nanos) {
+        if now.saturating_sub(self.last.get()) < SECOND {
+            self.suppressed.set(self.suppressed.get() + 1);
+            return;
+        }
+        let suppressed = self.suppressed.replace(0);
+        self.last.set(now);
+        log::info!("floodgate: shadow mode: rule {rule} would have limited a request; let through ({suppressed} more since the last line)");
+    }
 }
 
 impl Context for FloodgateRoot {}
@@ -83,7 +107,7 @@ impl RootContext for FloodgateRoot {
         }
         let metrics = Metrics::define(limiter.config());
         let headers = Renderer::new(limiter.config());
-        self.plugin = Some(Rc::new(Plugin { limiter, metrics, headers }));
+        self.plugin = Some(Rc::new(Plugin { limiter, metrics, headers, shadow_log: ShadowLog::default() }));
         true
     }
 
@@ -114,10 +138,11 @@ impl HttpContext for FloodgateHttp {
         let config = plugin.limiter.config();
         let mut request = HostRequest::new(&config.header_names);
         let mut counters = plugin.metrics.counters();
-        let verdict = plugin.limiter.check(&SharedData, host::now(), &mut request, &mut counters);
+        let now = host::now();
+        let verdict = plugin.limiter.check(&SharedData, now, &mut request, &mut counters);
         plugin.metrics.count_verdict(&verdict);
-        if verdict.shadow_limited {
-            log::info!("floodgate: shadow mode: a rule would have limited this request; let through");
+        if let Some(rule) = verdict.shadow_limited.and_then(|index| config.rules.get(index)) {
+            plugin.shadow_log.record(&rule.name, now);
         }
         plugin.headers.render(&verdict, &mut self.response_headers);
         self.allowed = verdict.allowed;

@@ -63,7 +63,7 @@ impl Metrics {
     /// Counts a request's verdict.
     pub fn count_verdict(&self, verdict: &Verdict) {
         increment(if verdict.allowed { self.allowed } else { self.limited }, 1);
-        if verdict.shadow_limited {
+        if verdict.shadow_limited.is_some() {
             increment(self.shadow_limited, 1);
         }
     }

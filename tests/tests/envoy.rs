@@ -177,6 +177,12 @@ fn shadow_mode_lets_everything_through_and_counts() {
     assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.shadow_limited"), 35);
     assert_eq!(envoy.stat("wasmcustom.floodgate.shadow_limited"), 35);
     assert_eq!(envoy.stat("wasmcustom.floodgate.limited"), 0);
+    // Logged, naming the rule, but not once per request: at most a line a
+    // second per worker.
+    let log = envoy.log_tail();
+    let lines = log.lines().filter(|l| l.contains("shadow mode: rule per-key would have limited")).count();
+    assert!(lines >= 1, "no shadow-mode log line:\n{log}");
+    assert!(lines < 10, "{lines} log lines for 35 shadow-limited requests");
 }
 
 #[test]
