@@ -112,14 +112,30 @@ impl RootContext for FloodgateRoot {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let plugin = Rc::clone(self.plugin.as_ref()?);
-        Some(Box::new(FloodgateHttp { plugin, allowed: false, response_headers: HeaderBlock::default() }))
+        Some(match &self.plugin {
+            Some(plugin) => Box::new(FloodgateHttp {
+                plugin: Rc::clone(plugin),
+                allowed: false,
+                response_headers: HeaderBlock::default(),
+            }),
+            // Unreachable in Envoy, which refuses a configuration that
+            // on_configure rejected; but the SDK panics on `None`, so a
+            // request would rather pass unlimited.
+            None => Box::new(PassThrough),
+        })
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
     }
 }
+
+/// A request while no configuration is in force: let through.
+struct PassThrough;
+
+impl Context for PassThrough {}
+
+impl HttpContext for PassThrough {}
 
 /// One request.
 struct FloodgateHttp {
