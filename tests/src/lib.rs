@@ -56,12 +56,15 @@ pub struct Setup {
     pub plugin_config: String,
     /// Extra `HttpConnectionManager` fields, as YAML lines indented for it.
     pub hcm_extra: String,
+    /// The connection manager's `use_remote_address`: whether the client is
+    /// the connection's peer (true) or taken from `x-forwarded-for`.
+    pub use_remote_address: bool,
 }
 
 impl Setup {
     /// Envoy with `plugin_config` and default connection-manager settings.
     pub fn new(plugin_config: &str) -> Self {
-        Self { plugin_config: plugin_config.to_string(), hcm_extra: String::new() }
+        Self { plugin_config: plugin_config.to_string(), hcm_extra: String::new(), use_remote_address: true }
     }
 
     /// Renders the bootstrap YAML for the given ports.
@@ -79,7 +82,7 @@ impl Setup {
         typed_config:
           "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
           stat_prefix: e2e
-          use_remote_address: true
+          use_remote_address: {use_remote_address}
 {hcm_extra}
           route_config:
             virtual_hosts:
@@ -110,6 +113,7 @@ admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 "#,
             hcm_extra = self.hcm_extra,
+            use_remote_address = self.use_remote_address,
             wasm = wasm.display(),
         )
     }

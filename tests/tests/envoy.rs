@@ -103,6 +103,34 @@ fn remote_address_descriptor_limits_the_client_address() {
     assert_eq!(ok.values().sum::<usize>(), 12, "{ok:?}");
 }
 
+/// `remote_address` is the address Envoy settled on: with
+/// `use_remote_address: true` the TCP peer, whatever `x-forwarded-for` says;
+/// with `false` (and no trusted hops) the last `x-forwarded-for` entry.
+#[test]
+fn remote_address_follows_envoys_trust_in_x_forwarded_for() {
+    let config =
+        r#"{"rules": [{"name": "per-ip", "descriptors": [{"remote_address": {}}], "limit": 2, "period": "1h"}]}"#;
+    let pass =
+        |envoy: &Envoy, xff: &str| envoy.connect().get("/", &[("x-forwarded-for", xff.as_bytes())]).status == 200;
+
+    // The peer is the client: a forged header does not give a new bucket.
+    let envoy = Envoy::start(&Setup::new(config));
+    assert!(pass(&envoy, "10.0.0.1") && pass(&envoy, "10.0.0.1"));
+    assert!(!pass(&envoy, "10.0.0.1"));
+    assert!(!pass(&envoy, "10.0.0.2"), "x-forwarded-for must not be trusted with use_remote_address: true");
+    drop(envoy);
+
+    // Envoy told to take the client from x-forwarded-for: one bucket per address.
+    let mut setup = Setup::new(config);
+    setup.use_remote_address = false;
+    let envoy = Envoy::start(&setup);
+    assert!(pass(&envoy, "10.0.0.1") && pass(&envoy, "10.0.0.1"));
+    assert!(!pass(&envoy, "10.0.0.1"));
+    assert!(pass(&envoy, "10.0.0.2"), "a different client address has its own bucket");
+    assert!(pass(&envoy, "192.168.9.9, 10.0.0.3"), "the last entry is the client");
+    assert!(!pass(&envoy, "10.0.0.3, 10.0.0.1"), "the last entry, 10.0.0.1, is spent");
+}
+
 #[test]
 fn a_later_rule_denial_does_not_consume_earlier_rules() {
     let config = r#"{"rules": [
