@@ -69,13 +69,15 @@ impl Setup {
 
     /// Renders the bootstrap YAML for the given ports.
     pub fn bootstrap(&self, port: u16, admin_port: u16) -> String {
+        format!("static_resources:\n  listeners:\n  - name: main\n{}{}", self.listener_fields(port), admin(admin_port))
+    }
+
+    /// The listener's fields (address, filter chains), indented for an item of a list.
+    fn listener_fields(&self, port: u16) -> String {
         let json = self.plugin_config.replace('\'', "''").replace('\n', " ");
         let wasm = wasm_path();
         format!(
-            r#"static_resources:
-  listeners:
-  - name: main
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+            r#"    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -109,14 +111,33 @@ impl Setup {
           - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 "#,
             hcm_extra = self.hcm_extra,
             use_remote_address = self.use_remote_address,
             wasm = wasm.display(),
         )
     }
+
+    /// The listener as an LDS resource file.
+    fn lds_file(&self, port: u16) -> String {
+        format!(
+            "resources:\n  - \"@type\": type.googleapis.com/envoy.config.listener.v3.Listener\n    name: main\n{}",
+            self.listener_fields(port)
+        )
+    }
+}
+
+fn admin(admin_port: u16) -> String {
+    format!("admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}\n")
+}
+
+/// How a listener update ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Update {
+    /// Envoy took the new listener.
+    Accepted,
+    /// Envoy refused it and kept the old one.
+    Rejected,
 }
 
 /// Runs `envoy --mode validate` on a bootstrap file.
@@ -137,15 +158,37 @@ pub struct Envoy {
     /// The admin port.
     pub admin_port: u16,
     log: PathBuf,
+    /// Where a dynamic listener's LDS file lives.
+    dir: PathBuf,
 }
 
 impl Envoy {
-    /// Starts Envoy with `setup` and waits until it is ready.
+    /// Starts Envoy with `setup` as a static listener and waits until it is ready.
     pub fn start(setup: &Setup) -> Envoy {
         let dir = scratch_dir();
         let (port, admin_port) = (free_port(), free_port());
+        Self::spawn(dir, port, admin_port, setup.bootstrap(port, admin_port))
+    }
+
+    /// Starts Envoy with `setup` as a listener served from a file by LDS, so
+    /// that [`Envoy::update_listener`] can change it as a control plane would.
+    pub fn start_dynamic(setup: &Setup) -> Envoy {
+        let dir = scratch_dir();
+        let (port, admin_port) = (free_port(), free_port());
+        fs::write(dir.join("lds.yaml"), setup.lds_file(port)).unwrap();
+        let bootstrap = format!(
+            "node: {{id: e2e, cluster: e2e}}\ndynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    \
+             path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{admin}",
+            lds = dir.join("lds.yaml").display(),
+            dir = dir.display(),
+            admin = admin(admin_port),
+        );
+        Self::spawn(dir, port, admin_port, bootstrap)
+    }
+
+    fn spawn(dir: PathBuf, port: u16, admin_port: u16, bootstrap: String) -> Envoy {
         let config = dir.join("envoy.yaml");
-        fs::write(&config, setup.bootstrap(port, admin_port)).unwrap();
+        fs::write(&config, bootstrap).unwrap();
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_bin())
             // No hot restart: several test Envoys run side by side.
@@ -155,9 +198,36 @@ impl Envoy {
             .stderr(fs::File::create(&log).unwrap())
             .spawn()
             .expect("start envoy");
-        let mut envoy = Envoy { child, port, admin_port, log };
+        let mut envoy = Envoy { child, port, admin_port, log, dir };
         envoy.wait_ready();
         envoy
+    }
+
+    /// Replaces a dynamic listener with `setup`'s (same port), as an LDS
+    /// update, and waits until Envoy has accepted or rejected it.
+    pub fn update_listener(&self, setup: &Setup) -> Update {
+        let count = |name: &str| self.stat(&format!("listener_manager.lds.{name}"));
+        let (accepted, rejected) = (count("update_success"), count("update_rejected"));
+        let staged = self.dir.join("lds.yaml.next");
+        fs::write(&staged, setup.lds_file(self.port)).unwrap();
+        // A rename, so Envoy never reads a half-written file.
+        fs::rename(&staged, self.dir.join("lds.yaml")).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if count("update_success") > accepted {
+                // The new listener serves once it has warmed up.
+                while self.stat("listener_manager.total_listeners_warming") > 0 {
+                    assert!(Instant::now() < deadline, "the new listener never warmed up");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                return Update::Accepted;
+            }
+            if count("update_rejected") > rejected {
+                return Update::Rejected;
+            }
+            assert!(Instant::now() < deadline, "envoy neither took nor refused the update:\n{}", self.log_tail());
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     fn wait_ready(&mut self) {

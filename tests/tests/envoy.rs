@@ -8,7 +8,7 @@ use std::fs;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
-use floodgate_e2e::{repo_root, validate, Envoy, Setup};
+use floodgate_e2e::{repo_root, validate, Envoy, Setup, Update};
 
 /// Sends `per_client` requests from each of `clients` concurrent keep-alive
 /// connections, started together; `key_of(client, i)` picks the x-api-key.
@@ -323,4 +323,48 @@ fn hostile_requests_never_break_a_worker() {
     // only case 4's x-tier starts with "beta".
     assert_eq!(stats["wasmcustom.floodgate.rule.per-key.allowed"], 5 * 3 + 16);
     assert_eq!(stats["wasmcustom.floodgate.rule.beta.allowed"], 3);
+}
+
+/// Shared data outlives a listener update that keeps the `vm_id`: a new
+/// configuration with the same rule keeps its buckets, and an invalid one is
+/// refused while the listener in force keeps limiting.
+#[test]
+fn buckets_survive_a_listener_update_and_a_bad_update_is_refused() {
+    let config = |limit: u32, headers: &str| {
+        format!(
+            r#"{{"rules": [{{"name": "per-key", "limit": {limit}, "period": "1h",
+                "descriptors": [{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "k"}}}}]}}],
+                "response": {{"headers": "{headers}"}}}}"#
+        )
+    };
+    let envoy = Envoy::start_dynamic(&Setup::new(&config(5, "ietf")));
+    let get = |key: &str| envoy.connect().get("/", &[("x-api-key", key.as_bytes())]);
+    for _ in 0..3 {
+        assert_eq!(get("a").status, 200);
+    }
+
+    assert_eq!(envoy.update_listener(&Setup::new(&config(5, "x-ratelimit"))), Update::Accepted);
+    // Wait until new connections consistently meet the new configuration
+    // (throwaway keys, so the probes take nothing from "a").
+    let mut in_a_row = 0;
+    for probe in 0..2000 {
+        let fresh = get(&format!("probe-{probe}")).header("x-ratelimit-limit").is_some();
+        in_a_row = if fresh { in_a_row + 1 } else { 0 };
+        if in_a_row == 16 {
+            break;
+        }
+    }
+    assert_eq!(in_a_row, 16, "the new configuration never took over");
+    // "a" used 3 of 5 before the update: exactly 2 are left.
+    assert_eq!(get("a").status, 200);
+    assert_eq!(get("a").status, 200);
+    let limited = get("a");
+    assert_eq!(limited.status, 429, "the bucket was carried over");
+    assert_eq!(limited.header("x-ratelimit-remaining"), Some("0"));
+
+    // limit 0 is invalid: refused, and the listener in force keeps limiting.
+    assert_eq!(envoy.update_listener(&Setup::new(&config(0, "ietf"))), Update::Rejected);
+    assert_eq!(get("a").status, 429);
+    let passed = (0..8).filter(|_| get("b").status == 200).count();
+    assert_eq!(passed, 5);
 }
