@@ -43,7 +43,10 @@ impl FixedWindow {
     }
 
     fn current(&self, state: WindowState, now: Nanos) -> WindowState {
-        if state.window == now / self.period {
+        // A window the clock has not reached yet is the current one: if the
+        // wall clock steps back, the window keeps its count instead of
+        // starting afresh (which would admit a second `limit`).
+        if state.window >= now / self.period {
             state
         } else {
             self.fresh(now)
@@ -126,6 +129,15 @@ mod tests {
         assert_eq!(denied.retry_after, 6 * SECOND);
         assert!(!window.decide(state, T0 + 10 * SECOND - 1, 1).0.allowed);
         assert!(window.decide(state, T0 + 10 * SECOND, 1).0.allowed);
+    }
+
+    #[test]
+    fn a_clock_step_back_does_not_reopen_the_window() {
+        let window = FixedWindow::new(2, 10 * SECOND);
+        let (_, _, used) = window.take_up_to(window.fresh(T0 + 10 * SECOND), T0 + 10 * SECOND, 2);
+        // The clock steps back into the previous window.
+        let (decision, _) = window.decide(used, T0 + 9 * SECOND, 1);
+        assert!(!decision.allowed);
     }
 
     #[test]

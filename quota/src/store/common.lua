@@ -64,9 +64,11 @@ local function tb_report(s, now, L, P, C, allowed, retry)
   return {allowed, s[1], reset, retry}
 end
 
+-- A window the clock has not reached yet stays current (as in floodgate-core):
+-- a clock step back must not reopen a window that is already used.
 local function fw_current(s, now, P)
   local w = idiv(now, P)
-  if s == nil or s[1] ~= w then return {w, 0} end
+  if s == nil or s[1] < w then return {w, 0} end
   return s
 end
 
