@@ -220,23 +220,21 @@ impl Limiter {
                 Some(decision) => {
                     self.give_back(store, now, &taken, counters);
                     counters.rule(index, RuleEvent::Limited);
+                    shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
                     return Verdict { allowed: false, report: Some(Report { rule: index, decision }), ..verdict };
                 }
                 None => {
                     verdict.failed = true;
                     if self.config.failure_mode == FailureMode::Deny && !shadow {
                         self.give_back(store, now, &taken, counters);
+                        shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
                         return Verdict { allowed: false, report: None, ..verdict };
                     }
                 }
             }
         }
-        for t in &taken {
-            counters.rule(t.rule, RuleEvent::Allowed);
-        }
-        for &index in &shadowed {
-            counters.rule(index, RuleEvent::ShadowLimited);
-        }
+        taken.iter().for_each(|t| counters.rule(t.rule, RuleEvent::Allowed));
+        shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
         verdict
     }
 
@@ -457,6 +455,22 @@ mod tests {
         let limiter = build(&json, &store);
         let all = (0..10).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(all, 10);
+    }
+
+    #[test]
+    fn a_shadow_denial_is_counted_even_when_a_later_rule_denies() {
+        let json = r#"{"rules": [
+            {"name": "watch", "limit": 1, "period": "1h", "shadow_mode": true},
+            {"name": "enforce", "limit": 1, "period": "1h"}]}"#;
+        let store = MemoryStore::default();
+        let limiter = build(json, &store);
+        let mut tally = Tally::default();
+        assert!(admitted(&limiter, &store, T0, &[], &mut tally));
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally);
+        assert!(!verdict.allowed);
+        assert_eq!(verdict.shadow_limited, Some(0));
+        assert_eq!(tally.rules[&(0, "shadow_limited")], 1);
+        assert_eq!(tally.rules[&(1, "limited")], 1);
     }
 
     #[test]
