@@ -17,16 +17,23 @@
 
 use crate::config::{Config, HeaderStyle};
 use crate::limiter::Verdict;
+use crate::text::InlineText;
 use crate::time::ceil_seconds;
 
 /// The most fields one response gets: retry-after, x-envoy-ratelimited and
 /// three x-ratelimit fields.
 const MAX_FIELDS: usize = 5;
 
-/// The rate-limit headers of one response: names, and values kept in one buffer.
+/// Room for the values of one response: a rule name is at most 64 bytes, so
+/// the longest set (retry-after, `true`, `RateLimit-Policy` and `RateLimit`)
+/// takes under 250.
+const TEXT_CAPACITY: usize = 320;
+
+/// The rate-limit headers of one response: names, and values kept in one
+/// inline buffer (no allocation per request).
 #[derive(Debug, Clone, Default)]
 pub struct HeaderBlock {
-    text: String,
+    text: InlineText<TEXT_CAPACITY>,
     fields: [(&'static str, usize, usize); MAX_FIELDS],
     len: usize,
 }
@@ -34,7 +41,7 @@ pub struct HeaderBlock {
 impl HeaderBlock {
     /// The fields, in order, as (name, value).
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
-        self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.get(start..end).unwrap_or("")))
+        self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice(start, end)))
     }
 
     /// True when there is no field.
@@ -42,31 +49,17 @@ impl HeaderBlock {
         self.len == 0
     }
 
-    /// Appends a field whose value `write` appends to the buffer.
-    fn push(&mut self, name: &'static str, write: impl FnOnce(&mut String)) {
+    /// Appends a field whose value `write` appends to the buffer; a value
+    /// that does not fit is left out whole.
+    fn push(&mut self, name: &'static str, write: impl FnOnce(&mut InlineText<TEXT_CAPACITY>) -> bool) {
         if self.len < MAX_FIELDS {
             let start = self.text.len();
-            write(&mut self.text);
-            self.fields[self.len] = (name, start, self.text.len());
-            self.len += 1;
+            if write(&mut self.text) {
+                self.fields[self.len] = (name, start, self.text.len());
+                self.len += 1;
+            }
         }
     }
-}
-
-/// Appends the decimal digits of `n`: what `write!` does, without the
-/// formatting machinery, which is costly on the request path in wasm.
-pub(crate) fn push_u64(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    digits[at..].iter().for_each(|d| out.push(char::from(*d)));
 }
 
 /// Renders the headers of a configuration's verdicts.
@@ -105,7 +98,7 @@ impl Renderer {
         let report = verdict.report.filter(|r| r.rule < self.policy.len());
         if !verdict.allowed {
             if let Some(report) = report {
-                out.push("retry-after", |s| push_u64(s, ceil_seconds(report.decision.retry_after).max(1)));
+                out.push("retry-after", |s| s.push_u64(ceil_seconds(report.decision.retry_after).max(1)));
             }
             out.push("x-envoy-ratelimited", |s| s.push_str("true"));
         } else if !self.on_allowed {
@@ -118,16 +111,13 @@ impl Renderer {
             HeaderStyle::Ietf => {
                 out.push("ratelimit-policy", |s| s.push_str(policy));
                 out.push("ratelimit", |s| {
-                    s.push_str(prefix);
-                    push_u64(s, remaining);
-                    s.push_str(";t=");
-                    push_u64(s, reset);
+                    s.push_str(prefix) && s.push_u64(remaining) && s.push_str(";t=") && s.push_u64(reset)
                 });
             }
             HeaderStyle::XRateLimit => {
                 out.push("x-ratelimit-limit", |s| s.push_str(policy));
-                out.push("x-ratelimit-remaining", |s| push_u64(s, remaining));
-                out.push("x-ratelimit-reset", |s| push_u64(s, reset));
+                out.push("x-ratelimit-remaining", |s| s.push_u64(remaining));
+                out.push("x-ratelimit-reset", |s| s.push_u64(reset));
             }
             HeaderStyle::None => {}
         }
@@ -206,15 +196,6 @@ mod tests {
     fn a_failure_denial_has_no_numbers_to_report() {
         let failed = Verdict { allowed: false, shadow_limited: None, failed: true, report: None };
         assert_eq!(headers(&config("{}"), &failed), vec![("x-envoy-ratelimited", "true".to_string())]);
-    }
-
-    #[test]
-    fn numbers_are_written_exactly() {
-        for n in [0, 1, 9, 10, 99, 100, 12345, u64::MAX] {
-            let mut s = String::new();
-            push_u64(&mut s, n);
-            assert_eq!(s, n.to_string());
-        }
     }
 
     #[test]

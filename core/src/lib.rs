@@ -13,4 +13,5 @@ pub mod headers;
 pub mod limiter;
 pub mod store;
 pub mod table;
+pub mod text;
 pub mod time;

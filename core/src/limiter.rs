@@ -12,10 +12,15 @@ use crate::config::{Config, Cost, FailureMode, Rule};
 use crate::descriptor::{fingerprint, Request};
 use crate::store::{measure_and_replace, LoopError, Replaced, Store, StoreError};
 use crate::table::TableOutcome;
+use crate::text::InlineText;
 use crate::time::Nanos;
 
 /// Shared-data key holding the per-VM secret that keys descriptor hashing.
 pub const SEED_KEY: &str = "fg:seed";
+
+/// Room for a group's key, `fg:<rule>:<group>`: a rule name is at most 64
+/// bytes and a group number at most 7 digits, 75 bytes in all.
+type Key = InlineText<96>;
 
 /// Host memory per shared-data entry beyond its key and value: measured on
 /// Envoy 1.40 at about 97 bytes with a million clients (allocator rounding
@@ -113,18 +118,18 @@ impl Limiter {
         let word = |at: usize| crate::algorithm::get_u64(&seed, at).unwrap_or(0);
         let key_prefixes = config.rules.iter().map(|rule| format!("fg:{}:", rule.name)).collect();
         let limiter = Limiter { hash_key: (word(0), word(8)), config, key_prefixes };
-        let mut key = String::new();
+        let mut key = Key::default();
         for (index, rule) in limiter.config.rules.iter().enumerate() {
             let groups = rule.table.groups();
             // Groups are created in order, so the last one existing means all do.
-            limiter.write_key(index, groups - 1, &mut key);
-            if store.get(&key)?.is_some() {
+            limiter.write_key(index, groups - 1, &mut key)?;
+            if store.get(key.as_str())?.is_some() {
                 continue;
             }
             let empty = rule.table.empty_group();
             for group in 0..groups {
-                limiter.write_key(index, group, &mut key);
-                store.create_if_absent(&key, &empty)?;
+                limiter.write_key(index, group, &mut key)?;
+                store.create_if_absent(key.as_str(), &empty)?;
             }
         }
         Ok(limiter)
@@ -135,20 +140,24 @@ impl Limiter {
         &self.config
     }
 
-    /// Writes the shared-data key of a rule's bucket group into `key`.
-    fn write_key(&self, rule: usize, group: u32, key: &mut String) {
+    /// Writes the shared-data key of a rule's bucket group into `key`. It
+    /// always fits (see [`Key`]); if it did not, that would be a store error
+    /// rather than a wrong key.
+    fn write_key(&self, rule: usize, group: u32, key: &mut Key) -> Result<(), StoreError> {
         key.clear();
-        key.push_str(self.key_prefixes.get(rule).map_or("", String::as_str));
-        crate::headers::push_u64(key, u64::from(group));
+        let prefix = self.key_prefixes.get(rule).map_or("", String::as_str);
+        if key.push_str(prefix) && key.push_u64(u64::from(group)) {
+            Ok(())
+        } else {
+            Err(StoreError::Host)
+        }
     }
 
     /// The most host memory a rule's buckets can take, in bytes.
     pub fn shared_data_bytes(&self, rule: usize) -> u64 {
         let Some(r) = self.config.rules.get(rule) else { return 0 };
         let groups = r.table.groups();
-        let mut key = String::new();
-        self.write_key(rule, groups - 1, &mut key);
-        let key_len = key.len() as u64;
+        let key_len = (self.key_prefixes.get(rule).map_or(0, String::len) + (groups - 1).to_string().len()) as u64;
         u64::from(groups) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + r.table.max_group_len() as u64)
     }
 
@@ -161,7 +170,7 @@ impl Limiter {
         counters: &mut dyn Counters,
     ) -> Verdict {
         let mut taken: Vec<Taken> = Vec::new();
-        let mut key = String::with_capacity(32);
+        let mut key = Key::default();
         let mut verdict = Verdict { allowed: true, shadow_limited: None, failed: false, report: None };
         let mut shadowed: Vec<usize> = Vec::new();
         for (index, rule) in self.config.rules.iter().enumerate() {
@@ -173,10 +182,11 @@ impl Limiter {
             };
             let cost = request_cost(rule, request);
             let group = rule.table.group_of(fp);
-            self.write_key(index, group, &mut key);
             let shadow = rule.shadow_mode || self.config.shadow_mode;
-            let result = measure_and_replace(store, &key, self.config.max_cas_retries, |group| {
-                rule.table.decide(group, fp, now, cost)
+            let result = self.write_key(index, group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                measure_and_replace(store, key.as_str(), self.config.max_cas_retries, |group| {
+                    rule.table.decide(group, fp, now, cost)
+                })
             });
             let decided = match result {
                 Ok(Replaced { outcome, retries }) => {
@@ -239,12 +249,13 @@ impl Limiter {
     }
 
     fn give_back(&self, store: &dyn Store, now: Nanos, taken: &[Taken], counters: &mut dyn Counters) {
-        let mut key = String::new();
+        let mut key = Key::default();
         for t in taken.iter().rev() {
             let Some(rule) = self.config.rules.get(t.rule) else { continue };
-            self.write_key(t.rule, t.group, &mut key);
-            let result = measure_and_replace(store, &key, self.config.max_cas_retries, |group| {
-                rule.table.refund(group, t.fingerprint, now, t.cost)
+            let result = self.write_key(t.rule, t.group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                measure_and_replace(store, key.as_str(), self.config.max_cas_retries, |group| {
+                    rule.table.refund(group, t.fingerprint, now, t.cost)
+                })
             });
             match result {
                 Ok(Replaced { retries, .. }) if retries > 0 => {
@@ -385,6 +396,18 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_key_fits() {
+        let name = "n".repeat(64);
+        let json = format!(r#"{{"rules": [{{"name": "{name}", "limit": 1, "period": "1s", "max_keys": 4}}]}}"#);
+        let store = MemoryStore::default();
+        let limiter = build(&json, &store);
+        let mut key = Key::default();
+        let most_groups = (crate::config::MAX_MAX_KEYS / 4 - 1) as u32;
+        assert_eq!(limiter.write_key(0, most_groups, &mut key), Ok(()));
+        assert_eq!(key.as_str(), format!("fg:{name}:{most_groups}"));
+    }
+
+    #[test]
     fn a_request_without_the_header_skips_the_rule() {
         let store = MemoryStore::default();
         let limiter = build(PER_KEY, &store);
@@ -516,7 +539,7 @@ mod tests {
         let table = rule.table.clone();
         let rival_admitted = Rc::new(Cell::new(0));
         let counted = Rc::clone(&rival_admitted);
-        store.interfere(100, move |_, group: &[u8]| match table.decide(group, fp, T0, 1) {
+        store.interfere(100, move |_, group: &[u8]| match table.decide(group.to_vec(), fp, T0, 1) {
             Step::Write(next, _) => {
                 counted.set(counted.get() + 1);
                 Some(next)

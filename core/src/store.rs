@@ -104,12 +104,14 @@ pub fn measure_and_replace<S, T, F>(
 ) -> Result<Replaced<T>, LoopError>
 where
     S: Store + ?Sized,
-    F: FnMut(&[u8]) -> Step<T>,
+    F: FnMut(Vec<u8>) -> Step<T>,
 {
     let mut retries = 0;
     loop {
         let (value, cas) = store.get(key).map_err(LoopError::Store)?.ok_or(LoopError::Store(StoreError::Missing))?;
-        match decide(&value) {
+        // The closure owns what was read: it can decide in that buffer and
+        // hand it back to be written, without a copy.
+        match decide(value) {
             Step::Keep(outcome) => return Ok(Replaced { outcome, retries }),
             Step::Write(next, outcome) => match store.set(key, &next, Some(cas)) {
                 Ok(()) => return Ok(Replaced { outcome, retries }),

@@ -99,16 +99,16 @@ impl Table {
         ((fingerprint >> 32) % u64::from(self.groups)) as u32
     }
 
-    /// Returns the stored group as an owned buffer, or an empty group when the
-    /// bytes are not a group of this table (`true` in the second place).
-    fn load(&self, stored: &[u8]) -> (Vec<u8>, bool) {
+    /// Returns the stored group, or an empty group when the bytes are not a
+    /// group of this table (`true` in the second place).
+    fn load(&self, stored: Vec<u8>) -> (Vec<u8>, bool) {
         let valid = stored.len() >= HEADER
             && stored[0] == FORMAT
             && stored[1] == self.tag
             && (stored.len() - HEADER) % self.entry_len() == 0
             && (stored.len() - HEADER) / self.entry_len() <= WAYS;
         if valid {
-            (stored.to_vec(), false)
+            (stored, false)
         } else {
             (self.empty_group(), true)
         }
@@ -134,7 +134,7 @@ impl Table {
     /// Decides a request of `cost` for the descriptor `fingerprint` on the
     /// stored group value. Asks for a write only when state changed: a denial
     /// is read-only.
-    pub fn decide(&self, stored: &[u8], fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
+    pub fn decide(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
         let (mut group, was_corrupt) = self.load(stored);
         let (index, reused_idle) = match self.find(&group, fingerprint) {
             Some(index) => (index, false),
@@ -170,7 +170,7 @@ impl Table {
     }
 
     /// Gives `cost` back to the descriptor's bucket, if it still has one.
-    pub fn refund(&self, stored: &[u8], fingerprint: u64, now: Nanos, cost: u64) -> Step<()> {
+    pub fn refund(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<()> {
         let (mut group, _) = self.load(stored);
         let Some(index) = self.find(&group, fingerprint) else {
             return Step::Keep(());
@@ -197,8 +197,8 @@ mod tests {
     }
 
     /// Applies a step to a stored value, as the store loop would.
-    fn apply<T>(stored: &mut Vec<u8>, step: impl FnOnce(&[u8]) -> Step<T>) -> T {
-        match step(stored) {
+    fn apply<T>(stored: &mut Vec<u8>, step: impl FnOnce(Vec<u8>) -> Step<T>) -> T {
+        match step(stored.clone()) {
             Step::Write(next, outcome) => {
                 *stored = next;
                 outcome
@@ -261,7 +261,7 @@ mod tests {
         let table = table(4);
         let mut group = table.empty_group();
         apply(&mut group, |g| table.decide(g, 1, T0, 2));
-        assert!(matches!(table.decide(&group, 1, T0, 1), Step::Keep(TableOutcome::Decided { .. })));
+        assert!(matches!(table.decide(group.clone(), 1, T0, 1), Step::Keep(TableOutcome::Decided { .. })));
     }
 
     #[test]
@@ -271,7 +271,7 @@ mod tests {
         apply(&mut group, |g| table.decide(g, 7, T0, 2));
         apply(&mut group, |g| table.refund(g, 7, T0, 1));
         assert!(allowed(apply(&mut group, |g| table.decide(g, 7, T0, 1))));
-        assert!(matches!(table.refund(&group, 99, T0, 1), Step::Keep(())));
+        assert!(matches!(table.refund(group.clone(), 99, T0, 1), Step::Keep(())));
     }
 
     #[test]
@@ -281,7 +281,7 @@ mod tests {
         let mut other = leaky.empty_group();
         apply(&mut other, |g| leaky.decide(g, 1, T0, 1));
         for stored in [vec![], vec![9, 9, 9], vec![FORMAT, 1, 0, 0, 0], other] {
-            let outcome = table.decide(&stored, 1, T0, 1);
+            let outcome = table.decide(stored.clone(), 1, T0, 1);
             assert!(matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })), "{stored:?}");
         }
     }

@@ -125,7 +125,7 @@ proptest! {
             now += gap;
             let fingerprint = 0x9e37_79b9_7f4a_7c15 ^ key;
             let cost = cost.min(policy.capacity());
-            let (outcome, write) = match table.decide(&group, fingerprint, now, cost) {
+            let (outcome, write) = match table.decide(group.clone(), fingerprint, now, cost) {
                 Step::Write(next, outcome) => (outcome, Some(next)),
                 Step::Keep(outcome) => (outcome, None),
             };
@@ -192,8 +192,8 @@ proptest! {
     ) {
         let policy = Policy::new(kind, limit, period, burst);
         let table = Table::new(kind, policy, 64);
-        let _ = table.decide(&stored, fingerprint, T0, cost.min(policy.capacity()));
-        let _ = table.refund(&stored, fingerprint, T0, cost);
+        let _ = table.decide(stored.clone(), fingerprint, T0, cost.min(policy.capacity()));
+        let _ = table.refund(stored.clone(), fingerprint, T0, cost);
         let mut slot = stored.clone();
         let _ = policy.decide(&mut slot, T0, cost);
         let _ = policy.is_idle(&stored, T0);

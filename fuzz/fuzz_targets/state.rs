@@ -32,15 +32,15 @@ fuzz_target!(|input: Input| {
     let policy = Policy::new(kind, u64::from(input.limit.max(1)), period, u64::from(input.burst.max(1)));
     let table = Table::new(kind, policy, u32::from(input.max_keys.max(1)));
     let cost = u64::from(input.cost.max(1)).min(policy.capacity());
-    if let Step::Write(next, _) = table.decide(&input.stored, input.fingerprint, input.now, cost) {
-        match table.decide(&next, input.fingerprint, input.now, cost) {
+    if let Step::Write(next, _) = table.decide(input.stored.clone(), input.fingerprint, input.now, cost) {
+        match table.decide(next, input.fingerprint, input.now, cost) {
             Step::Write(_, TableOutcome::Decided { was_corrupt, .. }) | Step::Keep(TableOutcome::Decided { was_corrupt, .. }) => {
                 assert!(!was_corrupt, "a group written by the table must decode")
             }
             _ => panic!("the key just written must have its bucket"),
         }
     }
-    let _ = table.refund(&input.stored, input.fingerprint, input.now, cost);
+    let _ = table.refund(input.stored.clone(), input.fingerprint, input.now, cost);
     let mut slot = input.stored.clone();
     let _ = policy.decide(&mut slot, input.now, cost);
     policy.refund(&mut slot, input.now, cost);

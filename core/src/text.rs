@@ -1,0 +1,100 @@
+//! Short text kept inline, for the request path: a shared-data key or a
+//! response header value is written without allocating, and numbers without
+//! the formatting machinery (both are costly per request in wasm).
+
+/// Up to `N` bytes of text, inline. Only whole `&str`s and digits are
+/// appended, so the contents are always valid UTF-8.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InlineText<const N: usize> {
+    bytes: [u8; N],
+    len: usize,
+}
+
+impl<const N: usize> Default for InlineText<N> {
+    fn default() -> Self {
+        Self { bytes: [0; N], len: 0 }
+    }
+}
+
+impl<const N: usize> InlineText<N> {
+    /// Empties the text.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when nothing is written.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `text`, or returns false and appends nothing if it does not fit.
+    pub fn push_str(&mut self, text: &str) -> bool {
+        let end = self.len + text.len();
+        match self.bytes.get_mut(self.len..end) {
+            Some(room) => {
+                room.copy_from_slice(text.as_bytes());
+                self.len = end;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Appends the decimal digits of `n`, or returns false if they do not fit.
+    pub fn push_u64(&mut self, mut n: u64) -> bool {
+        let mut digits = [0u8; 20];
+        let mut at = digits.len();
+        loop {
+            at -= 1;
+            digits[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        // Digits are ASCII.
+        self.push_str(std::str::from_utf8(&digits[at..]).unwrap_or(""))
+    }
+
+    /// The text from byte `start` to byte `end`.
+    pub fn slice(&self, start: usize, end: usize) -> &str {
+        self.bytes.get(start..end.min(self.len)).and_then(|b| std::str::from_utf8(b).ok()).unwrap_or("")
+    }
+
+    /// The whole text.
+    pub fn as_str(&self) -> &str {
+        self.slice(0, self.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_are_written_exactly() {
+        for n in [0, 1, 9, 10, 99, 100, 12345, u64::MAX] {
+            let mut text = InlineText::<32>::default();
+            assert!(text.push_u64(n));
+            assert_eq!(text.as_str(), n.to_string());
+        }
+    }
+
+    #[test]
+    fn what_does_not_fit_is_refused_whole() {
+        let mut text = InlineText::<8>::default();
+        assert!(text.push_str("fg:ab:"));
+        assert!(!text.push_u64(123), "three digits do not fit in two bytes");
+        assert_eq!(text.as_str(), "fg:ab:");
+        assert!(text.push_u64(12));
+        assert_eq!(text.as_str(), "fg:ab:12");
+        assert_eq!(text.slice(3, 5), "ab");
+        text.clear();
+        assert!(text.is_empty());
+    }
+}
