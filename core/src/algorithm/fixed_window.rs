@@ -43,10 +43,13 @@ impl FixedWindow {
     }
 
     fn current(&self, state: WindowState, now: Nanos) -> WindowState {
-        // A window the clock has not reached yet is the current one: if the
-        // wall clock steps back, the window keeps its count instead of
-        // starting afresh (which would admit a second `limit`).
-        if state.window >= now / self.period {
+        // The stored window is the current one, or the next one when the
+        // wall clock stepped back across a boundary: that window keeps its
+        // count rather than reopening (which would admit a second `limit`).
+        // A window further ahead is not trusted (a clock once set far ahead
+        // must not lock a key out until then): it starts afresh.
+        let window = now / self.period;
+        if state.window == window || state.window == window.saturating_add(1) {
             state
         } else {
             self.fresh(now)
@@ -56,7 +59,7 @@ impl FixedWindow {
     /// Admits `cost` units if the current window has room for them.
     pub fn decide(&self, state: WindowState, now: Nanos, cost: u64) -> (Decision, WindowState) {
         let state = self.current(state, now);
-        let window_left = (state.window + 1).saturating_mul(self.period).saturating_sub(now);
+        let window_left = state.window.saturating_add(1).saturating_mul(self.period).saturating_sub(now);
         match state.used.checked_add(cost).filter(|used| *used <= self.limit) {
             Some(used) => {
                 let after = WindowState { used, ..state };
@@ -138,6 +141,15 @@ mod tests {
         // The clock steps back into the previous window.
         let (decision, _) = window.decide(used, T0 + 9 * SECOND, 1);
         assert!(!decision.allowed);
+    }
+
+    #[test]
+    fn a_window_far_ahead_is_not_trusted() {
+        let window = FixedWindow::new(2, 10 * SECOND);
+        let far = WindowState { window: u64::MAX, used: 2 };
+        assert!(window.decide(far, T0, 1).0.allowed);
+        let next = WindowState { window: T0 / (10 * SECOND) + 2, used: 2 };
+        assert!(window.decide(next, T0, 1).0.allowed);
     }
 
     #[test]

@@ -64,11 +64,12 @@ local function tb_report(s, now, L, P, C, allowed, retry)
   return {allowed, s[1], reset, retry}
 end
 
--- A window the clock has not reached yet stays current (as in floodgate-core):
--- a clock step back must not reopen a window that is already used.
+-- The stored window is the current one, or the next one after the clock
+-- stepped back across a boundary (it keeps its count, as in floodgate-core);
+-- anything else starts afresh.
 local function fw_current(s, now, P)
   local w = idiv(now, P)
-  if s == nil or s[1] < w then return {w, 0} end
+  if s == nil or (s[1] ~= w and s[1] ~= w + 1) then return {w, 0} end
   return s
 end
 

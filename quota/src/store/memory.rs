@@ -189,7 +189,7 @@ impl MemoryStore {
                 }
                 Algorithm::FixedWindow => {
                     let s = window_state(limit, bucket, now);
-                    let horizon = (s.window + 1).saturating_mul(limit.period).saturating_sub(now);
+                    let horizon = s.window.saturating_add(1).saturating_mul(limit.period).saturating_sub(now);
                     (limit.limit.saturating_sub(s.used), horizon, s.window, ttl.min(horizon))
                 }
             };
