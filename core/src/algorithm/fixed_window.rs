@@ -32,17 +32,14 @@ impl FixedWindow {
         self.limit
     }
 
-    /// The window length.
-    pub fn period(&self) -> Nanos {
-        self.period
-    }
-
     /// An unused window at `now`.
     pub fn fresh(&self, now: Nanos) -> WindowState {
         WindowState { window: now / self.period, used: 0 }
     }
 
-    fn current(&self, state: WindowState, now: Nanos) -> WindowState {
+    /// The state that counts at `now`: the stored one while its window is
+    /// current (or the next, see below), else an unused current window.
+    pub fn current(&self, state: WindowState, now: Nanos) -> WindowState {
         // The stored window is the current one, or the next one when the
         // wall clock stepped back across a boundary: that window keeps its
         // count rather than reopening (which would admit a second `limit`).

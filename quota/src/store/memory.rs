@@ -56,8 +56,9 @@ fn token_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> TokenStat
 fn window_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> WindowState {
     let window = fixed_window(limit);
     match bucket.map(|b| b.state) {
-        // A past window is a fresh one (the core's decide does the same).
-        Some(State::Window(s)) if s.window == now / window.period() => s,
+        // The core decides which stored window still counts (as the Redis
+        // script does), so both stores agree even after a clock step back.
+        Some(State::Window(s)) => window.current(s, now),
         _ => window.fresh(now),
     }
 }
@@ -271,6 +272,16 @@ mod tests {
         clock.advance(SECOND_US);
         assert!(store.check(&[item("c", 1)]).unwrap().committed);
         assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_clock_step_back_does_not_reopen_a_used_window() {
+        let clock = Arc::new(ManualClock::new(T0 + SECOND_US));
+        let store = MemoryStore::new(clock.clone(), 100);
+        assert!(store.check(&[item("a", 2)]).unwrap().committed);
+        // The wall clock steps back into the previous window.
+        clock.set(T0 + SECOND_US / 2);
+        assert!(!store.check(&[item("a", 1)]).unwrap().committed);
     }
 
     #[test]
