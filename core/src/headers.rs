@@ -44,11 +44,6 @@ impl HeaderBlock {
         self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice(start, end)))
     }
 
-    /// True when there is no field.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// Appends a field whose value `write` appends to the buffer; a value
     /// that does not fit is left out whole.
     fn push(&mut self, name: &'static str, write: impl FnOnce(&mut InlineText<TEXT_CAPACITY>) -> bool) {

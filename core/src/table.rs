@@ -73,11 +73,6 @@ impl Table {
         u64::from(self.groups) * WAYS as u64
     }
 
-    /// The algorithm deciding in this table.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     fn entry_len(&self) -> usize {
         8 + self.policy.state_len()
     }
