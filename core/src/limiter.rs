@@ -157,7 +157,9 @@ impl Limiter {
     pub fn shared_data_bytes(&self, rule: usize) -> u64 {
         let Some(r) = self.config.rules.get(rule) else { return 0 };
         let groups = r.table.groups();
-        let key_len = (self.key_prefixes.get(rule).map_or(0, String::len) + (groups - 1).to_string().len()) as u64;
+        // The longest key is the last group's.
+        let mut key = Key::default();
+        let key_len = self.write_key(rule, groups - 1, &mut key).map_or(0, |()| key.len()) as u64;
         u64::from(groups) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + r.table.max_group_len() as u64)
     }
 
