@@ -531,7 +531,7 @@ const MEM_MAX_KEYS: u64 = 65_536;
 fn stated_bound(plugin_config: &str) -> u64 {
     let config = floodgate_core::config::Config::parse(plugin_config.as_bytes()).expect("the memory rule parses");
     let store = floodgate_core::store::MemoryStore::default();
-    let limiter = floodgate_core::limiter::Limiter::prepare(config, &store, [0; 16]).expect("prepare");
+    let limiter = floodgate_core::limiter::Limiter::prepare(config, &store, [0; 16], |_| ()).expect("prepare");
     limiter.shared_data_bytes(0)
 }
 

@@ -8,11 +8,12 @@ use std::collections::HashMap;
 use std::fmt;
 
 use serde::Deserialize;
+use serde_json::{Map, Value};
 
-use crate::algorithm::{Kind, Policy};
+use crate::algorithm::{Params, Policy, Quota, Registration, ALGORITHMS};
 use crate::descriptor::{DescriptorEntry, HeaderId, HeaderMatcher, PathMatch, RequestMatch, StringMatch};
 use crate::table::Table;
-use crate::time::{parse_duration, Nanos};
+use crate::time::{Nanos, SECOND};
 
 /// Buckets per rule when neither the rule nor the plugin sets `max_keys`.
 pub const DEFAULT_MAX_KEYS: u32 = 65_536;
@@ -22,9 +23,12 @@ pub const MAX_MAX_KEYS: u64 = 1 << 20;
 pub const MAX_AMOUNT: u64 = 1_000_000_000;
 /// Compare-and-swap retries per rule per request when none is configured.
 pub const DEFAULT_CAS_RETRIES: u32 = 8;
+/// Requests one worker keeps waiting for a shaper when none is configured.
+pub const DEFAULT_MAX_DELAYED: u32 = 1024;
+/// The longest duration a rule may name.
+pub const MAX_PERIOD: Nanos = Nanos(366 * 86_400 * SECOND.0);
 const MAX_RULES: usize = 64;
 const MAX_DESCRIPTORS: usize = 16;
-const MAX_PERIOD: Nanos = 366 * 86_400 * crate::time::SECOND;
 const MAX_BODY: usize = 4096;
 
 /// A configuration error: which field, and what is wrong with its value.
@@ -62,21 +66,21 @@ struct RawConfig {
     #[serde(default)]
     failure_mode: FailureMode,
     max_cas_retries: Option<u32>,
+    max_delayed_per_worker: Option<u32>,
 }
 
+/// A rule as written. Fields not named here belong to the rule's algorithm,
+/// which takes them from `params` and refuses any it does not know (so a
+/// rule still has no unknown fields).
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
 struct RawRule {
     name: String,
     #[serde(default, rename = "match")]
     request_match: RawMatch,
     #[serde(default)]
     descriptors: Vec<RawDescriptor>,
-    #[serde(default)]
-    algorithm: RawAlgorithm,
+    algorithm: Option<String>,
     limit: u64,
-    period: String,
-    burst: Option<u64>,
     cost: Option<u64>,
     cost_from_header: Option<RawCostHeader>,
     #[serde(default)]
@@ -84,15 +88,8 @@ struct RawRule {
     max_keys: Option<u64>,
     #[serde(default)]
     scope: Scope,
-}
-
-#[derive(Deserialize, Default, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
-enum RawAlgorithm {
-    #[default]
-    TokenBucket,
-    LeakyBucket,
-    FixedWindow,
+    #[serde(flatten)]
+    params: Map<String, Value>,
 }
 
 /// Where a rule's limit is kept.
@@ -303,7 +300,7 @@ pub enum Cost {
 }
 
 /// One validated rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Rule {
     /// The rule's name: in metrics, logs, shared-data keys and headers.
     pub name: String,
@@ -312,23 +309,29 @@ pub struct Rule {
     /// What identifies a bucket.
     pub descriptors: Vec<DescriptorEntry>,
     /// The algorithm.
-    pub kind: Kind,
-    /// Units per period.
-    pub limit: u64,
-    /// The period.
-    pub period: Nanos,
-    /// Units admitted at once.
-    pub burst: u64,
+    pub algorithm: &'static Registration,
     /// Cost per request.
     pub cost: Cost,
     /// Count and log, but do not enforce.
     pub shadow_mode: bool,
-    /// The rule's bucket table.
+    /// The rule's bucket table, decided by its algorithm.
     pub table: Table,
 }
 
+impl Rule {
+    /// The configured algorithm.
+    pub fn policy(&self) -> &dyn Policy {
+        self.table.policy()
+    }
+
+    /// What the limit looks like to a client (`limit` and window).
+    pub fn quota(&self) -> Quota {
+        self.policy().quota()
+    }
+}
+
 /// A validated plugin configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The rules, in order. Every rule that applies must allow a request.
     pub rules: Vec<Rule>,
@@ -340,6 +343,8 @@ pub struct Config {
     pub failure_mode: FailureMode,
     /// Compare-and-swap retries per rule per request.
     pub max_cas_retries: u32,
+    /// Most requests one worker keeps waiting (delayed by a shaper) at once.
+    pub max_delayed_per_worker: u32,
     /// The request headers rules read, indexed by [`HeaderId`]; lower case.
     pub header_names: Vec<String>,
 }
@@ -398,6 +403,10 @@ impl Config {
             None => DEFAULT_CAS_RETRIES,
             Some(n) => check_range("max_cas_retries", u64::from(n), 0, 64)? as u32,
         };
+        let max_delayed_per_worker = match raw.max_delayed_per_worker {
+            None => DEFAULT_MAX_DELAYED,
+            Some(n) => check_range("max_delayed_per_worker", u64::from(n), 0, 100_000)? as u32,
+        };
         let mut headers = Headers::default();
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
         for (index, rule) in raw.rules.into_iter().enumerate() {
@@ -417,6 +426,7 @@ impl Config {
             shadow_mode: raw.shadow_mode,
             failure_mode: raw.failure_mode,
             max_cas_retries,
+            max_delayed_per_worker,
             header_names: headers.names,
         })
     }
@@ -461,28 +471,15 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
         ));
     }
     let limit = check_range(&format!("{at}.limit"), raw.limit, 1, MAX_AMOUNT)?;
-    let period = parse_duration(&raw.period).map_err(|e| error(format!("{at}.period"), e.to_string()))?;
-    if period > MAX_PERIOD {
-        return Err(error(format!("{at}.period"), format!("{:?} is longer than 366d", raw.period)));
-    }
-    let kind = match raw.algorithm {
-        RawAlgorithm::TokenBucket => Kind::TokenBucket,
-        RawAlgorithm::LeakyBucket => Kind::LeakyBucket,
-        RawAlgorithm::FixedWindow => Kind::FixedWindow,
+    let name_of_algorithm = raw.algorithm.as_deref().unwrap_or("token_bucket");
+    let Some(algorithm) = Registration::find(name_of_algorithm) else {
+        let known: Vec<&str> = ALGORITHMS.iter().map(|a| a.name).collect();
+        return Err(error(
+            format!("{at}.algorithm"),
+            format!("unknown algorithm {name_of_algorithm:?}: use one of {}", known.join(", ")),
+        ));
     };
-    let burst = match (kind, raw.burst) {
-        (Kind::FixedWindow, Some(_)) => {
-            return Err(error(
-                format!("{at}.burst"),
-                "does not apply to fixed_window (a window admits `limit`); remove it",
-            ))
-        }
-        (Kind::FixedWindow, None) | (Kind::TokenBucket, None) => limit,
-        // A leaky bucket paces: without a burst, one request per period/limit.
-        (Kind::LeakyBucket, None) => 1,
-        (_, Some(burst)) => check_range(&format!("{at}.burst"), burst, 1, MAX_AMOUNT)?,
-    };
-    let policy = Policy::new(kind, limit, period, burst);
+    let policy = algorithm.build(Params::new(at, limit, raw.params))?;
     let capacity = policy.capacity();
     let fixed_cost = check_range(&format!("{at}.cost"), raw.cost.unwrap_or(1), 1, capacity)?;
     let cost = match raw.cost_from_header {
@@ -519,14 +516,11 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
     // A rule whose descriptor is all constants has exactly one bucket.
     let max_keys = if crate::descriptor::is_constant(&descriptors) { 1 } else { max_keys as u32 };
     Ok(Rule {
-        table: Table::new(kind, policy, max_keys),
+        table: Table::new(policy, algorithm.tag, max_keys),
         name,
         request_match,
         descriptors,
-        kind,
-        limit,
-        period,
-        burst,
+        algorithm,
         cost,
         shadow_mode: raw.shadow_mode,
     })
@@ -671,7 +665,8 @@ mod tests {
         let config = Config::parse(SAMPLE.as_bytes()).unwrap();
         let rule = &config.rules[0];
         assert_eq!(rule.name, "per-api-key");
-        assert_eq!((rule.limit, rule.period, rule.burst), (100, 60_000_000_000, 20));
+        assert_eq!(rule.quota(), Quota { limit: 100, window: Some(SECOND.times(60)) });
+        assert_eq!(rule.policy().capacity(), 20);
         assert_eq!(rule.table.capacity(), 65_536);
         assert_eq!(config.header_names, vec![":path".to_string(), "x-api-key".to_string()]);
         assert_eq!(config.failure_mode, FailureMode::Allow);
@@ -682,8 +677,8 @@ mod tests {
     fn defaults_are_what_the_readme_says() {
         let config = Config::parse(br#"{"rules": [{"name": "r", "limit": 5, "period": "1s"}]}"#).unwrap();
         let rule = &config.rules[0];
-        assert_eq!(rule.kind, Kind::TokenBucket);
-        assert_eq!(rule.burst, 5);
+        assert_eq!(rule.algorithm.name, "token_bucket");
+        assert_eq!(rule.policy().capacity(), 5);
         assert_eq!(rule.cost, Cost::Fixed(1));
         assert_eq!(rule.table.capacity(), 4, "a constant descriptor needs one bucket (one group)");
         assert_eq!(config.response.status, 429);
@@ -691,7 +686,7 @@ mod tests {
         let leaky =
             Config::parse(br#"{"rules": [{"name": "r", "algorithm": "leaky_bucket", "limit": 5, "period": "1s"}]}"#)
                 .unwrap();
-        assert_eq!(leaky.rules[0].burst, 1);
+        assert_eq!(leaky.rules[0].policy().capacity(), 1);
     }
 
     #[test]

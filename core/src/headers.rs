@@ -15,10 +15,9 @@
 //! policy field, the limit) is rendered once per configuration, and the
 //! numbers are written into one buffer without the formatting machinery.
 
-use crate::config::{Config, HeaderStyle};
-use crate::limiter::Verdict;
+use crate::algorithm::Decision;
+use crate::config::{HeaderStyle, Response, Rule};
 use crate::text::InlineText;
-use crate::time::ceil_seconds;
 
 /// The most fields one response gets: retry-after, x-envoy-ratelimited and
 /// three x-ratelimit fields.
@@ -57,74 +56,73 @@ impl HeaderBlock {
     }
 }
 
-/// Renders the headers of a configuration's verdicts.
-#[derive(Debug, Clone)]
-pub struct Renderer {
-    style: HeaderStyle,
-    on_allowed: bool,
-    /// Per rule: `"<name>";q=<limit>;w=<seconds>` (ietf) or `<limit>` (x-ratelimit).
-    policy: Vec<String>,
-    /// Per rule: `"<name>";r=` (ietf).
-    prefix: Vec<String>,
+/// The parts of a rule's headers that never change: rendered once per
+/// configuration, kept in the rule's [`crate::limiter::CompiledRule`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleHeaders {
+    /// `"<name>";q=<limit>;w=<seconds>` (ietf; no `w` without a window) or
+    /// `<limit>` (x-ratelimit).
+    policy: String,
+    /// `"<name>";r=` (ietf).
+    prefix: String,
 }
 
-impl Renderer {
-    /// Prepares the per-rule constant parts of `config`'s headers.
-    pub fn new(config: &Config) -> Self {
-        let (policy, prefix) = config
-            .rules
-            .iter()
-            .map(|rule| match config.response.headers {
-                HeaderStyle::Ietf => (
-                    format!("\"{}\";q={};w={}", rule.name, rule.limit, ceil_seconds(rule.period)),
-                    format!("\"{}\";r=", rule.name),
-                ),
-                HeaderStyle::XRateLimit | HeaderStyle::None => (rule.limit.to_string(), String::new()),
-            })
-            .unzip();
-        Self { style: config.response.headers, on_allowed: config.response.headers_on_allowed, policy, prefix }
-    }
-
-    /// Writes the headers `verdict` calls for into `out`: for a limited
-    /// response, or for an allowed one when `response.headers_on_allowed`.
-    pub fn render(&self, verdict: &Verdict, out: &mut HeaderBlock) {
-        out.text.clear();
-        out.len = 0;
-        let report = verdict.report.filter(|r| r.rule < self.policy.len());
-        if !verdict.allowed {
-            if let Some(report) = report {
-                out.push("retry-after", |s| s.push_u64(ceil_seconds(report.decision.retry_after).max(1)));
-            }
-            out.push("x-envoy-ratelimited", |s| s.push_str("true"));
-        } else if !self.on_allowed {
-            return;
-        }
-        let Some(report) = report else { return };
-        let (policy, prefix) = (&self.policy[report.rule], &self.prefix[report.rule]);
-        let (remaining, reset) = (report.decision.remaining, ceil_seconds(report.decision.reset));
-        match self.style {
+impl RuleHeaders {
+    /// Renders `rule`'s constant parts in `style`.
+    pub fn new(style: HeaderStyle, rule: &Rule) -> Self {
+        let quota = rule.quota();
+        match style {
             HeaderStyle::Ietf => {
-                out.push("ratelimit-policy", |s| s.push_str(policy));
-                out.push("ratelimit", |s| {
-                    s.push_str(prefix) && s.push_u64(remaining) && s.push_str(";t=") && s.push_u64(reset)
-                });
+                let window = quota.window.map(|w| format!(";w={}", w.ceil_seconds())).unwrap_or_default();
+                Self {
+                    policy: format!("\"{}\";q={}{window}", rule.name, quota.limit),
+                    prefix: format!("\"{}\";r=", rule.name),
+                }
             }
-            HeaderStyle::XRateLimit => {
-                out.push("x-ratelimit-limit", |s| s.push_str(policy));
-                out.push("x-ratelimit-remaining", |s| s.push_u64(remaining));
-                out.push("x-ratelimit-reset", |s| s.push_u64(reset));
+            HeaderStyle::XRateLimit | HeaderStyle::None => {
+                Self { policy: quota.limit.to_string(), prefix: String::new() }
             }
-            HeaderStyle::None => {}
         }
+    }
+}
+
+/// Writes into `out` the headers of a response: for a limited one (`allowed`
+/// false), or an allowed one when `response.headers_on_allowed`. `report` is
+/// the rule whose numbers to show, if any rule decided.
+pub fn render(response: &Response, allowed: bool, report: Option<(&RuleHeaders, Decision)>, out: &mut HeaderBlock) {
+    out.text.clear();
+    out.len = 0;
+    if !allowed {
+        if let Some((_, decision)) = report {
+            out.push("retry-after", |s| s.push_u64(decision.retry_after().ceil_seconds().max(1)));
+        }
+        out.push("x-envoy-ratelimited", |s| s.push_str("true"));
+    } else if !response.headers_on_allowed {
+        return;
+    }
+    let Some((rule, decision)) = report else { return };
+    let (remaining, reset) = (decision.remaining, decision.reset.ceil_seconds());
+    match response.headers {
+        HeaderStyle::Ietf => {
+            out.push("ratelimit-policy", |s| s.push_str(&rule.policy));
+            out.push("ratelimit", |s| {
+                s.push_str(&rule.prefix) && s.push_u64(remaining) && s.push_str(";t=") && s.push_u64(reset)
+            });
+        }
+        HeaderStyle::XRateLimit => {
+            out.push("x-ratelimit-limit", |s| s.push_str(&rule.policy));
+            out.push("x-ratelimit-remaining", |s| s.push_u64(remaining));
+            out.push("x-ratelimit-reset", |s| s.push_u64(reset));
+        }
+        HeaderStyle::None => {}
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::Decision;
-    use crate::limiter::Report;
-    use crate::time::SECOND;
+    use crate::config::Config;
+    use crate::time::{Nanos, SECOND};
 
     fn config(response: &str) -> Config {
         let json =
@@ -132,24 +130,24 @@ mod tests {
         Config::parse(json.as_bytes()).unwrap()
     }
 
-    fn verdict(allowed: bool, remaining: u64, reset: u64, retry_after: u64) -> Verdict {
-        Verdict {
-            allowed,
-            shadow_limited: None,
-            failed: false,
-            report: Some(Report { rule: 0, decision: Decision { allowed, remaining, reset, retry_after } }),
+    fn decision(allowed: bool, remaining: u64, reset: u64, retry_after: u64) -> Decision {
+        if allowed {
+            Decision::admit(remaining, Nanos(reset))
+        } else {
+            Decision::deny(remaining, Nanos(reset), Nanos(retry_after))
         }
     }
 
-    fn headers(config: &Config, verdict: &Verdict) -> Vec<(&'static str, String)> {
+    fn headers(config: &Config, allowed: bool, decision: Decision) -> Vec<(&'static str, String)> {
+        let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
         let mut out = HeaderBlock::default();
-        Renderer::new(config).render(verdict, &mut out);
+        render(&config.response, allowed, Some((&rule, decision)), &mut out);
         out.iter().map(|(n, v)| (n, v.to_string())).collect()
     }
 
     #[test]
     fn ietf_fields_on_a_limited_response() {
-        let out = headers(&config("{}"), &verdict(false, 0, 600_000_000, 1_200_000_000));
+        let out = headers(&config("{}"), false, decision(false, 0, 600_000_000, 1_200_000_000));
         assert_eq!(
             out,
             vec![
@@ -163,14 +161,14 @@ mod tests {
 
     #[test]
     fn allowed_responses_carry_them_unless_told_not_to() {
-        let out = headers(&config("{}"), &verdict(true, 41, 0, 0));
+        let out = headers(&config("{}"), true, decision(true, 41, 0, 0));
         assert_eq!(out[1], ("ratelimit", "\"per-key\";r=41;t=0".to_string()));
-        assert!(headers(&config(r#"{"headers_on_allowed": false}"#), &verdict(true, 41, 0, 0)).is_empty());
+        assert!(headers(&config(r#"{"headers_on_allowed": false}"#), true, decision(true, 41, 0, 0)).is_empty());
     }
 
     #[test]
     fn x_ratelimit_style() {
-        let out = headers(&config(r#"{"headers": "x-ratelimit"}"#), &verdict(true, 7, 3 * SECOND + 1, 0));
+        let out = headers(&config(r#"{"headers": "x-ratelimit"}"#), true, decision(true, 7, 3 * SECOND.0 + 1, 0));
         assert_eq!(
             out,
             vec![
@@ -183,24 +181,26 @@ mod tests {
 
     #[test]
     fn none_still_says_when_to_retry() {
-        let out = headers(&config(r#"{"headers": "none"}"#), &verdict(false, 0, 0, 10));
+        let out = headers(&config(r#"{"headers": "none"}"#), false, decision(false, 0, 0, 10));
         assert_eq!(out, vec![("retry-after", "1".to_string()), ("x-envoy-ratelimited", "true".to_string())]);
     }
 
     #[test]
     fn a_failure_denial_has_no_numbers_to_report() {
-        let failed = Verdict { allowed: false, shadow_limited: None, failed: true, report: None };
-        assert_eq!(headers(&config("{}"), &failed), vec![("x-envoy-ratelimited", "true".to_string())]);
+        let config = config("{}");
+        let mut out = HeaderBlock::default();
+        render(&config.response, false, None, &mut out);
+        assert_eq!(out.iter().collect::<Vec<_>>(), vec![("x-envoy-ratelimited", "true")]);
     }
 
     #[test]
     fn a_block_is_reused_cleanly() {
         let config = config("{}");
-        let renderer = Renderer::new(&config);
+        let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
         let mut block = HeaderBlock::default();
-        renderer.render(&verdict(false, 0, SECOND, SECOND), &mut block);
+        render(&config.response, false, Some((&rule, decision(false, 0, SECOND.0, SECOND.0))), &mut block);
         assert_eq!(block.iter().count(), 4);
-        renderer.render(&verdict(true, 5, 0, 0), &mut block);
+        render(&config.response, true, Some((&rule, decision(true, 5, 0, 0))), &mut block);
         let fields: Vec<_> = block.iter().collect();
         assert_eq!(fields, vec![("ratelimit-policy", "\"per-key\";q=100;w=60"), ("ratelimit", "\"per-key\";r=5;t=0")]);
     }

@@ -1,15 +1,21 @@
 //! The limiter: every rule that applies to a request decides on its bucket in
-//! the shared store; the request passes only if all allow.
+//! the shared store; the request passes only if all admit.
 //!
 //! Rules decide in order. A rule that denies stops the check, and the units
 //! already taken by earlier rules for this request are given back, so a
 //! request denied by a later rule does not consume from earlier ones. (In a
 //! race, that refund can make another request see a bucket emptier than it
 //! will end up: the limiter may under-admit for an instant, never over-admit.)
+//!
+//! An admitted request gets a [`Permit`]: what each rule took. The host gives
+//! it back through [`Limiter::release`] — with [`Release::Done`] when the
+//! request ends (concurrency limits free their slots), or [`Release::Undo`]
+//! when the request is not served after all (it could not wait).
 
-use crate::algorithm::Decision;
-use crate::config::{Config, Cost, FailureMode, Rule};
+use crate::algorithm::{Admission, Decision, Grant, Release};
+use crate::config::{Config, Cost, FailureMode, Response, Rule};
 use crate::descriptor::{fingerprint, Request};
+use crate::headers::{HeaderBlock, RuleHeaders};
 use crate::store::{measure_and_replace, LoopError, Replaced, Store, StoreError};
 use crate::table::TableOutcome;
 use crate::text::InlineText;
@@ -30,8 +36,10 @@ pub const SHARED_DATA_ENTRY_OVERHEAD: u64 = 128;
 /// A per-rule outcome worth counting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RuleEvent {
-    /// The rule allowed a request that was let through.
+    /// The rule admitted a request that was let through.
     Allowed,
+    /// The rule admitted a request only after a delay (counted besides `Allowed`).
+    Delayed,
     /// The rule denied a request, which was answered as limited.
     Limited,
     /// The rule would have denied, but is in shadow mode.
@@ -56,19 +64,35 @@ pub enum StoreEvent {
     CorruptState,
 }
 
-/// Receives what the limiter counts. The filter maps these to Envoy metrics.
-pub trait Counters {
+/// Receives what the limiter counts. The filter maps these to Envoy metrics,
+/// whose ids it keeps in each rule's `host` data.
+pub trait Counters<H> {
     /// Counts one per-rule outcome.
-    fn rule(&mut self, rule: usize, event: RuleEvent);
+    fn rule(&mut self, rule: &CompiledRule<H>, event: RuleEvent);
     /// Counts `count` store occurrences.
     fn store(&mut self, event: StoreEvent, count: u64);
 }
 
+/// One rule, prepared once per configuration with everything a request needs:
+/// the validated rule, its shared-data key prefix, the constant parts of its
+/// headers, and whatever the host keeps per rule (`H`, e.g. metric ids).
+#[derive(Debug)]
+pub struct CompiledRule<H> {
+    /// The rule as configured.
+    pub rule: Rule,
+    /// The host's data for this rule.
+    pub host: H,
+    /// `fg:<name>:`: a group's shared-data key is this and its number.
+    key_prefix: String,
+    /// The constant parts of the rule's response headers.
+    pub(crate) headers: RuleHeaders,
+}
+
 /// The rule whose numbers a response reports: the one that denied, or else
-/// the most restrictive that allowed.
+/// the most restrictive that admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Report {
-    /// Index of the rule in [`Config::rules`].
+    /// Index of the rule in [`Limiter::rules`].
     pub rule: usize,
     /// Its decision.
     pub decision: Decision,
@@ -77,8 +101,8 @@ pub struct Report {
 /// The verdict on one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
-    /// Whether to let the request through.
-    pub allowed: bool,
+    /// Go on now, after a delay (the longest any rule asked for), or deny.
+    pub admission: Admission,
     /// The first rule in shadow mode that would have denied it, if any.
     pub shadow_limited: Option<usize>,
     /// Some rule could not decide and the failure mode applied.
@@ -87,95 +111,175 @@ pub struct Verdict {
     pub report: Option<Report>,
 }
 
-#[derive(Clone, Copy)]
-struct Taken {
+impl Verdict {
+    /// True unless denied.
+    pub fn allowed(&self) -> bool {
+        !matches!(self.admission, Admission::Denied { .. })
+    }
+
+    /// The wait before the request goes on: zero unless delayed.
+    pub fn delay(&self) -> Nanos {
+        match self.admission {
+            Admission::Delayed(delay) => delay,
+            Admission::Now | Admission::Denied { .. } => Nanos::ZERO,
+        }
+    }
+}
+
+/// What one rule took for an admitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Held {
     rule: usize,
     group: u32,
     fingerprint: u64,
-    cost: u64,
+    grant: Grant,
+}
+
+/// What an admitted request took from each rule, to be given back through
+/// [`Limiter::release`]. Not `Clone`: units are given back once.
+#[derive(Debug, Default, PartialEq, Eq)]
+#[must_use = "a permit holds units until it is released"]
+pub struct Permit {
+    held: Vec<Held>,
+}
+
+impl Permit {
+    /// True when nothing was taken.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
 }
 
 /// A configured limiter: built once per configuration, asked once per request.
 #[derive(Debug)]
-pub struct Limiter {
-    config: Config,
+pub struct Limiter<H = ()> {
+    rules: Vec<CompiledRule<H>>,
+    response: Response,
+    shadow_mode: bool,
+    failure_mode: FailureMode,
+    max_cas_retries: u32,
+    max_delayed_per_worker: u32,
+    header_names: Vec<String>,
     hash_key: (u64, u64),
-    /// Per rule, `fg:<name>:`: a group's shared-data key is this and its number.
-    key_prefixes: Vec<String>,
 }
 
-impl Limiter {
+impl<H> Limiter<H> {
     /// Prepares `config` on `store`: reads the per-VM hashing secret (creating
-    /// it from `entropy` if this is the first configuration), and creates
-    /// every bucket group of every rule that does not exist yet.
+    /// it from `entropy` if this is the first configuration), creates every
+    /// bucket group of every rule that does not exist yet, and gives each
+    /// rule the host's data from `host_data`.
     ///
     /// Creation is not atomic on Envoy, so this must run before traffic on a
     /// single thread: the filter calls it from `on_configure`, which Envoy
     /// runs on its main thread before the workers'.
-    pub fn prepare(config: Config, store: &dyn Store, entropy: [u8; 16]) -> Result<Limiter, StoreError> {
+    pub fn prepare(
+        config: Config,
+        store: &dyn Store,
+        entropy: [u8; 16],
+        mut host_data: impl FnMut(&Rule) -> H,
+    ) -> Result<Limiter<H>, StoreError> {
         store.create_if_absent(SEED_KEY, &entropy)?;
         let seed = store.get(SEED_KEY)?.map(|(v, _)| v).unwrap_or_default();
         let word = |at: usize| crate::algorithm::get_u64(&seed, at).unwrap_or(0);
-        let key_prefixes = config.rules.iter().map(|rule| format!("fg:{}:", rule.name)).collect();
-        let limiter = Limiter { hash_key: (word(0), word(8)), config, key_prefixes };
+        let Config {
+            rules,
+            response,
+            shadow_mode,
+            failure_mode,
+            max_cas_retries,
+            max_delayed_per_worker,
+            header_names,
+        } = config;
+        let rules = rules
+            .into_iter()
+            .map(|rule| CompiledRule {
+                host: host_data(&rule),
+                key_prefix: format!("fg:{}:", rule.name),
+                headers: RuleHeaders::new(response.headers, &rule),
+                rule,
+            })
+            .collect();
+        let limiter = Limiter {
+            rules,
+            response,
+            shadow_mode,
+            failure_mode,
+            max_cas_retries,
+            max_delayed_per_worker,
+            header_names,
+            hash_key: (word(0), word(8)),
+        };
         let mut key = Key::default();
-        for (index, rule) in limiter.config.rules.iter().enumerate() {
-            let groups = rule.table.groups();
+        for compiled in &limiter.rules {
+            let groups = compiled.rule.table.groups();
             // Groups are created in order, so the last one existing means all do.
-            limiter.write_key(index, groups - 1, &mut key)?;
+            compiled.write_key(groups - 1, &mut key)?;
             if store.get(key.as_str())?.is_some() {
                 continue;
             }
-            let empty = rule.table.empty_group();
+            let empty = compiled.rule.table.empty_group();
             for group in 0..groups {
-                limiter.write_key(index, group, &mut key)?;
+                compiled.write_key(group, &mut key)?;
                 store.create_if_absent(key.as_str(), &empty)?;
             }
         }
         Ok(limiter)
     }
 
-    /// The configuration this limiter enforces.
-    pub fn config(&self) -> &Config {
-        &self.config
+    /// The rules, in order.
+    pub fn rules(&self) -> &[CompiledRule<H>] {
+        &self.rules
     }
 
-    /// Writes the shared-data key of a rule's bucket group into `key`. It
-    /// always fits (see [`Key`]); if it did not, that would be a store error
-    /// rather than a wrong key.
-    fn write_key(&self, rule: usize, group: u32, key: &mut Key) -> Result<(), StoreError> {
-        key.clear();
-        let prefix = self.key_prefixes.get(rule).map_or("", String::as_str);
-        if key.push_str(prefix) && key.push_u64(u64::from(group)) {
-            Ok(())
-        } else {
-            Err(StoreError::Host)
-        }
+    /// The limited response.
+    pub fn response(&self) -> &Response {
+        &self.response
+    }
+
+    /// Most requests one worker keeps waiting for a shaper at once.
+    pub fn max_delayed_per_worker(&self) -> u32 {
+        self.max_delayed_per_worker
+    }
+
+    /// The request headers rules read, indexed by
+    /// [`crate::descriptor::HeaderId`]; lower case.
+    pub fn header_names(&self) -> &[String] {
+        &self.header_names
     }
 
     /// The most host memory a rule's buckets can take, in bytes.
     pub fn shared_data_bytes(&self, rule: usize) -> u64 {
-        let Some(r) = self.config.rules.get(rule) else { return 0 };
-        let groups = r.table.groups();
+        let Some(compiled) = self.rules.get(rule) else { return 0 };
+        let table = &compiled.rule.table;
         // The longest key is the last group's.
         let mut key = Key::default();
-        let key_len = self.write_key(rule, groups - 1, &mut key).map_or(0, |()| key.len()) as u64;
-        u64::from(groups) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + r.table.max_group_len() as u64)
+        let key_len = compiled.write_key(table.groups() - 1, &mut key).map_or(0, |()| key.len()) as u64;
+        u64::from(table.groups()) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + table.max_group_len() as u64)
     }
 
-    /// Decides on `request` at `now`.
+    /// Writes the rate-limit headers `verdict` calls for into `out`.
+    pub fn render_headers(&self, verdict: &Verdict, out: &mut HeaderBlock) {
+        let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report.decision)));
+        crate::headers::render(&self.response, verdict.allowed(), rule.map(|(r, d)| (&r.headers, d)), out);
+    }
+
+    /// Decides on `request` at `now`. An admitted request's permit holds what
+    /// each rule took; a denied request's permit is empty (its units were
+    /// already given back).
     pub fn check(
         &self,
         store: &dyn Store,
         now: Nanos,
         request: &mut dyn Request,
-        counters: &mut dyn Counters,
-    ) -> Verdict {
-        let mut taken: Vec<Taken> = Vec::new();
+        counters: &mut dyn Counters<H>,
+    ) -> (Verdict, Permit) {
+        let mut permit = Permit::default();
         let mut key = Key::default();
-        let mut verdict = Verdict { allowed: true, shadow_limited: None, failed: false, report: None };
+        let mut verdict = Verdict { admission: Admission::Now, shadow_limited: None, failed: false, report: None };
         let mut shadowed: Vec<usize> = Vec::new();
-        for (index, rule) in self.config.rules.iter().enumerate() {
+        let mut delayed: Vec<usize> = Vec::new();
+        for (index, compiled) in self.rules.iter().enumerate() {
+            let rule = &compiled.rule;
             if !rule.request_match.matches(request) {
                 continue;
             }
@@ -184,9 +288,9 @@ impl Limiter {
             };
             let cost = request_cost(rule, request);
             let group = rule.table.group_of(fp);
-            let shadow = rule.shadow_mode || self.config.shadow_mode;
-            let result = self.write_key(index, group, &mut key).map_err(LoopError::Store).and_then(|()| {
-                measure_and_replace(store, key.as_str(), self.config.max_cas_retries, |group| {
+            let shadow = rule.shadow_mode || self.shadow_mode;
+            let result = compiled.write_key(group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
                     rule.table.decide(group, fp, now, cost)
                 })
             });
@@ -221,8 +325,15 @@ impl Limiter {
                 }
             };
             match decided {
-                Some(decision) if decision.allowed => {
-                    taken.push(Taken { rule: index, group, fingerprint: fp, cost });
+                Some(decision) if decision.allowed() => {
+                    permit.held.push(Held { rule: index, group, fingerprint: fp, grant: Grant { cost, at: now } });
+                    // A shadow rule never holds a request back.
+                    if !shadow && decision.delay() > Nanos::ZERO {
+                        delayed.push(index);
+                        if decision.delay() > verdict.delay() {
+                            verdict.admission = Admission::Delayed(decision.delay());
+                        }
+                    }
                     verdict.report = Some(more_restrictive(verdict.report, Report { rule: index, decision }));
                 }
                 Some(_) if shadow => {
@@ -230,33 +341,48 @@ impl Limiter {
                     shadowed.push(index);
                 }
                 Some(decision) => {
-                    self.give_back(store, now, &taken, counters);
-                    counters.rule(index, RuleEvent::Limited);
-                    shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
-                    return Verdict { allowed: false, report: Some(Report { rule: index, decision }), ..verdict };
+                    self.release(store, now, permit, Release::Undo, counters);
+                    counters.rule(compiled, RuleEvent::Limited);
+                    self.count_shadowed(&shadowed, counters);
+                    let admission = Admission::Denied { retry_after: decision.retry_after() };
+                    let report = Some(Report { rule: index, decision });
+                    return (Verdict { admission, report, ..verdict }, Permit::default());
                 }
                 None => {
                     verdict.failed = true;
-                    if self.config.failure_mode == FailureMode::Deny && !shadow {
-                        self.give_back(store, now, &taken, counters);
-                        shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
-                        return Verdict { allowed: false, report: None, ..verdict };
+                    if self.failure_mode == FailureMode::Deny && !shadow {
+                        self.release(store, now, permit, Release::Undo, counters);
+                        self.count_shadowed(&shadowed, counters);
+                        let admission = Admission::Denied { retry_after: Nanos::ZERO };
+                        return (Verdict { admission, report: None, ..verdict }, Permit::default());
                     }
                 }
             }
         }
-        taken.iter().for_each(|t| counters.rule(t.rule, RuleEvent::Allowed));
-        shadowed.iter().for_each(|&i| counters.rule(i, RuleEvent::ShadowLimited));
-        verdict
+        for compiled in permit.held.iter().filter_map(|held| self.rules.get(held.rule)) {
+            counters.rule(compiled, RuleEvent::Allowed);
+        }
+        for compiled in delayed.iter().filter_map(|&i| self.rules.get(i)) {
+            counters.rule(compiled, RuleEvent::Delayed);
+        }
+        self.count_shadowed(&shadowed, counters);
+        (verdict, permit)
     }
 
-    fn give_back(&self, store: &dyn Store, now: Nanos, taken: &[Taken], counters: &mut dyn Counters) {
+    /// Gives back what `permit` holds, for `why`: the one way units return,
+    /// whether a request ended ([`Release::Done`]: only rules that hold units
+    /// in flight are touched) or was not served after all ([`Release::Undo`]).
+    pub fn release(&self, store: &dyn Store, now: Nanos, permit: Permit, why: Release, counters: &mut dyn Counters<H>) {
         let mut key = Key::default();
-        for t in taken.iter().rev() {
-            let Some(rule) = self.config.rules.get(t.rule) else { continue };
-            let result = self.write_key(t.rule, t.group, &mut key).map_err(LoopError::Store).and_then(|()| {
-                measure_and_replace(store, key.as_str(), self.config.max_cas_retries, |group| {
-                    rule.table.refund(group, t.fingerprint, now, t.cost)
+        for held in permit.held.iter().rev() {
+            let Some(compiled) = self.rules.get(held.rule) else { continue };
+            let table = &compiled.rule.table;
+            if why == Release::Done && !table.policy().holds_until_done() {
+                continue;
+            }
+            let result = compiled.write_key(held.group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
+                    table.release(group, held.fingerprint, now, held.grant, why)
                 })
             });
             match result {
@@ -270,11 +396,31 @@ impl Limiter {
         }
     }
 
-    fn count_exhausted(&self, counters: &mut dyn Counters) {
-        if self.config.max_cas_retries > 0 {
-            counters.store(StoreEvent::CasRetries, u64::from(self.config.max_cas_retries));
+    fn count_shadowed(&self, shadowed: &[usize], counters: &mut dyn Counters<H>) {
+        for compiled in shadowed.iter().filter_map(|&i| self.rules.get(i)) {
+            counters.rule(compiled, RuleEvent::ShadowLimited);
+        }
+    }
+
+    fn count_exhausted(&self, counters: &mut dyn Counters<H>) {
+        if self.max_cas_retries > 0 {
+            counters.store(StoreEvent::CasRetries, u64::from(self.max_cas_retries));
         }
         counters.store(StoreEvent::RetriesExhausted, 1);
+    }
+}
+
+impl<H> CompiledRule<H> {
+    /// Writes the shared-data key of the rule's bucket group into `key`. It
+    /// always fits (see [`Key`]); if it did not, that would be a store error
+    /// rather than a wrong key.
+    fn write_key(&self, group: u32, key: &mut Key) -> Result<(), StoreError> {
+        key.clear();
+        if key.push_str(&self.key_prefix) && key.push_u64(u64::from(group)) {
+            Ok(())
+        } else {
+            Err(StoreError::Host)
+        }
     }
 }
 
@@ -288,12 +434,13 @@ fn request_cost(rule: &Rule, request: &mut dyn Request) -> u64 {
     }
 }
 
-/// A plain decimal number of at most 19 digits (so it fits a u64).
+/// A plain decimal number; one too large for a u64 reads as `u64::MAX`, so
+/// a huge cost header costs the configured maximum, not the default.
 fn parse_decimal(bytes: &[u8]) -> Option<u64> {
-    if bytes.is_empty() || bytes.len() > 19 || !bytes.iter().all(u8::is_ascii_digit) {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
         return None;
     }
-    Some(bytes.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+    Some(bytes.iter().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
 }
 
 /// The report with fewer units remaining; on a tie, the one that takes
@@ -320,7 +467,7 @@ mod tests {
     use std::collections::HashMap;
     use std::rc::Rc;
 
-    const T0: Nanos = 1_700_000_000 * SECOND;
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 
     #[derive(Default)]
     struct Tally {
@@ -328,29 +475,39 @@ mod tests {
         store: HashMap<&'static str, u64>,
     }
 
-    impl Counters for Tally {
-        fn rule(&mut self, rule: usize, event: RuleEvent) {
+    /// Rules carry their index as host data, so counts are kept per index.
+    impl Counters<usize> for Tally {
+        fn rule(&mut self, rule: &CompiledRule<usize>, event: RuleEvent) {
             let name = match event {
                 RuleEvent::Allowed => "allowed",
+                RuleEvent::Delayed => "delayed",
                 RuleEvent::Limited => "limited",
                 RuleEvent::ShadowLimited => "shadow_limited",
             };
-            *self.rules.entry((rule, name)).or_default() += 1;
+            *self.rules.entry((rule.host, name)).or_default() += 1;
         }
         fn store(&mut self, event: StoreEvent, count: u64) {
             *self.store.entry(format!("{event:?}").leak()).or_default() += count;
         }
     }
 
-    fn build(json: &str, store: &MemoryStore) -> Limiter {
-        Limiter::prepare(Config::parse(json.as_bytes()).unwrap(), store, [7; 16]).unwrap()
+    fn build(json: &str, store: &MemoryStore) -> Limiter<usize> {
+        build_with(json, store, [7; 16])
+    }
+
+    fn build_with(json: &str, store: &MemoryStore, entropy: [u8; 16]) -> Limiter<usize> {
+        let mut next = 0;
+        Limiter::prepare(Config::parse(json.as_bytes()).unwrap(), store, entropy, |_| {
+            next += 1;
+            next - 1
+        })
+        .unwrap()
     }
 
     /// A request whose headers are given by name.
-    fn request(limiter: &Limiter, headers: &[(&str, &str)]) -> StaticRequest {
+    fn request(limiter: &Limiter<usize>, headers: &[(&str, &str)]) -> StaticRequest {
         let values = limiter
-            .config()
-            .header_names
+            .header_names()
             .iter()
             .map(|name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_bytes().to_vec()))
             .collect();
@@ -358,13 +515,13 @@ mod tests {
     }
 
     fn admitted(
-        limiter: &Limiter,
+        limiter: &Limiter<usize>,
         store: &MemoryStore,
         now: Nanos,
         headers: &[(&str, &str)],
         tally: &mut Tally,
     ) -> bool {
-        limiter.check(store, now, &mut request(limiter, headers), tally).allowed
+        limiter.check(store, now, &mut request(limiter, headers), tally).0.allowed()
     }
 
     const PER_KEY: &str = r#"{"rules": [{"name": "per-key", "limit": 3, "period": "1h",
@@ -388,7 +545,7 @@ mod tests {
         let store = MemoryStore::default();
         let first = build(PER_KEY, &store);
         assert_eq!(store.len(), 1 + 16, "seed + 64 keys / 4 ways");
-        let again = Limiter::prepare(Config::parse(PER_KEY.as_bytes()).unwrap(), &store, [9; 16]).unwrap();
+        let again = build_with(PER_KEY, &store, [9; 16]);
         assert_eq!(first.hash_key, again.hash_key, "a later configuration keeps the first secret");
         assert_eq!(store.len(), 17);
         assert_eq!(
@@ -405,7 +562,7 @@ mod tests {
         let limiter = build(&json, &store);
         let mut key = Key::default();
         let most_groups = (crate::config::MAX_MAX_KEYS / 4 - 1) as u32;
-        assert_eq!(limiter.write_key(0, most_groups, &mut key), Ok(()));
+        assert_eq!(limiter.rules()[0].write_key(most_groups, &mut key), Ok(()));
         assert_eq!(key.as_str(), format!("fg:{name}:{most_groups}"));
     }
 
@@ -415,8 +572,8 @@ mod tests {
         let limiter = build(PER_KEY, &store);
         let mut tally = Tally::default();
         for _ in 0..10 {
-            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally);
-            assert!(verdict.allowed);
+            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally).0;
+            assert!(verdict.allowed());
             assert_eq!(verdict.report, None);
         }
     }
@@ -447,17 +604,17 @@ mod tests {
         let store = MemoryStore::default();
         let limiter = build(TWO_RULES, &store);
         let mut tally = Tally::default();
-        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
         let report = verdict.report.unwrap();
         assert_eq!(report.rule, 1);
         assert_eq!(report.decision.remaining, 1);
-        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
         verdict.report.unwrap();
-        let denied = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
-        assert!(!denied.allowed);
+        let denied = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
+        assert!(!denied.allowed());
         let report = denied.report.unwrap();
         assert_eq!(report.rule, 1);
-        assert_eq!(report.decision.retry_after, 1800 * SECOND, "2 per hour: one every 30 minutes");
+        assert_eq!(report.decision.retry_after(), SECOND.times(1800), "2 per hour: one every 30 minutes");
     }
 
     #[test]
@@ -467,12 +624,12 @@ mod tests {
         let limiter = build(&json, &store);
         let mut tally = Tally::default();
         for _ in 0..10 {
-            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
-            assert!(verdict.allowed);
+            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
+            assert!(verdict.allowed());
         }
         assert_eq!(tally.rules[&(0, "allowed")], 3);
         assert_eq!(tally.rules[&(0, "shadow_limited")], 7);
-        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
         assert_eq!(verdict.shadow_limited, Some(0), "the verdict names the rule");
         // Global shadow mode does the same.
         let json = PER_KEY.replace(r#""max_keys": 64"#, r#""max_keys": 64, "shadow_mode": true"#);
@@ -491,8 +648,8 @@ mod tests {
         let limiter = build(json, &store);
         let mut tally = Tally::default();
         assert!(admitted(&limiter, &store, T0, &[], &mut tally));
-        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally);
-        assert!(!verdict.allowed);
+        let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally).0;
+        assert!(!verdict.allowed());
         assert_eq!(verdict.shadow_limited, Some(0));
         assert_eq!(tally.rules[&(0, "shadow_limited")], 1);
         assert_eq!(tally.rules[&(1, "limited")], 1);
@@ -506,7 +663,7 @@ mod tests {
         let mut tally = Tally::default();
         let burst = (0..5).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(burst, 3);
-        assert!(!admitted(&limiter, &store, T0 + SECOND - 1, &[("x-api-key", "a")], &mut tally));
+        assert!(!admitted(&limiter, &store, T0 + SECOND - Nanos(1), &[("x-api-key", "a")], &mut tally));
         assert!(admitted(&limiter, &store, T0 + SECOND, &[("x-api-key", "a")], &mut tally));
         assert!(!admitted(&limiter, &store, T0 + SECOND, &[("x-api-key", "a")], &mut tally));
     }
@@ -519,13 +676,14 @@ mod tests {
         let limiter = build(json, &store);
         let mut tally = Tally::default();
         let mut remaining = |headers: &[(&str, &str)]| {
-            limiter.check(&store, T0, &mut request(&limiter, headers), &mut tally).report.unwrap().decision.remaining
+            limiter.check(&store, T0, &mut request(&limiter, headers), &mut tally).0.report.unwrap().decision.remaining
         };
         assert_eq!(remaining(&[("x-cost", "10")]), 90);
         assert_eq!(remaining(&[("x-cost", "1000000")]), 50, "clamped to max 40");
         assert_eq!(remaining(&[("x-cost", "0")]), 49, "at least 1");
         assert_eq!(remaining(&[("x-cost", "ten")]), 47, "unreadable: the default cost");
-        assert_eq!(remaining(&[]), 45, "absent: the default cost");
+        assert_eq!(remaining(&[("x-cost", "99999999999999999999999")]), 7, "too large for a number: the max");
+        assert_eq!(remaining(&[]), 5, "absent: the default cost");
     }
 
     /// Rivals on other workers take units between our read and our write; the
@@ -536,7 +694,7 @@ mod tests {
         let json = r#"{"rules": [{"name": "hot", "limit": 5, "period": "1h"}]}"#;
         let store = MemoryStore::default();
         let limiter = build(json, &store);
-        let rule = &limiter.config().rules[0];
+        let rule = &limiter.rules()[0].rule;
         let fp = fingerprint(limiter.hash_key, "hot", &rule.descriptors, &mut request(&limiter, &[])).unwrap();
         let table = rule.table.clone();
         let rival_admitted = Rc::new(Cell::new(0));
@@ -564,8 +722,8 @@ mod tests {
             let limiter = build(&json, &store);
             store.interfere(3, |_, _: &[u8]| None);
             let mut tally = Tally::default();
-            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally);
-            assert_eq!(verdict.allowed, expect_allowed, "{mode}");
+            let verdict = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally).0;
+            assert_eq!(verdict.allowed(), expect_allowed, "{mode}");
             assert!(verdict.failed);
             assert_eq!(tally.store["RetriesExhausted"], 1);
             assert_eq!(tally.store["CasRetries"], 2);
@@ -595,9 +753,52 @@ mod tests {
         let limiter = build(PER_KEY, &store);
         let empty = MemoryStore::default();
         let mut tally = Tally::default();
-        let verdict = limiter.check(&empty, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
-        assert!(verdict.allowed && verdict.failed);
+        let verdict = limiter.check(&empty, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally).0;
+        assert!(verdict.allowed() && verdict.failed);
         assert_eq!(tally.store["StoreErrors"], 1);
         assert!(empty.is_empty(), "nothing was created on the request path");
+    }
+
+    const SHAPED: &str = r#"{"rules": [
+        {"name": "paced", "algorithm": "shaper", "limit": 1, "period": "1s", "max_delay": "2s"},
+        {"name": "per-key", "limit": 1, "period": "1h",
+         "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}]}]}"#;
+
+    #[test]
+    fn a_shaper_delays_and_a_later_denial_gives_its_place_back() {
+        let store = MemoryStore::default();
+        let limiter = build(SHAPED, &store);
+        let mut tally = Tally::default();
+        let mut check =
+            |key: &str| limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", key)]), &mut tally);
+        assert_eq!(check("a").0.admission, Admission::Now);
+        let (second, permit) = check("b");
+        assert_eq!(second.admission, Admission::Delayed(SECOND));
+        assert!(!permit.is_empty());
+        // "a" is denied by the per-key rule: its place in the pacer is freed,
+        // so "c" waits 2 s (behind "b"), not 3 s.
+        assert!(!check("a").0.allowed());
+        assert_eq!(check("c").0.admission, Admission::Delayed(SECOND.times(2)));
+        assert!(!check("d").0.allowed(), "3 s would exceed max_delay");
+        assert_eq!(tally.rules[&(0, "delayed")], 2);
+    }
+
+    #[test]
+    fn undoing_a_permit_frees_its_units_and_done_touches_only_rules_that_hold() {
+        let store = MemoryStore::default();
+        let limiter = build(PER_KEY, &store);
+        let mut tally = Tally::default();
+        let key = "fg:per-key:".to_string();
+        let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        assert!(verdict.allowed());
+        let Some(held) = permit.held.first().copied() else { panic!("the permit holds the rule's units") };
+        let group = format!("{key}{}", held.group);
+        let before = store.get(&group).unwrap();
+        limiter.release(&store, T0, permit, Release::Done, &mut tally);
+        assert_eq!(store.get(&group).unwrap(), before, "a token bucket keeps its units when a request ends");
+        let (_, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        limiter.release(&store, T0, permit, Release::Undo, &mut tally);
+        let ok = (0..5).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
+        assert_eq!(ok, 2, "3 per hour: one kept by the ended request, one given back by the undo");
     }
 }

@@ -16,7 +16,9 @@
 //! Layout of a group value: `[FORMAT, algorithm tag, entries…]`, each entry
 //! `fingerprint (u64 LE) ++ state`. Anything else is treated as an empty group.
 
-use crate::algorithm::{Decision, Kind, Policy};
+use std::sync::Arc;
+
+use crate::algorithm::{Decision, Grant, Policy, Release};
 use crate::store::Step;
 use crate::time::Nanos;
 
@@ -28,9 +30,9 @@ const FORMAT: u8 = 1;
 const HEADER: usize = 2;
 
 /// One rule's bucket table.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Table {
-    policy: Policy,
+    policy: Arc<dyn Policy>,
     tag: u8,
     groups: u32,
 }
@@ -52,15 +54,17 @@ pub enum TableOutcome {
 }
 
 impl Table {
-    /// A table of `max_keys` buckets (rounded up to whole groups) for `kind`.
-    pub fn new(kind: Kind, policy: Policy, max_keys: u32) -> Self {
+    /// A table of `max_keys` buckets (rounded up to whole groups) decided by
+    /// `policy`, whose stored groups carry `tag` (the algorithm's
+    /// [`crate::algorithm::Registration::tag`]).
+    pub fn new(policy: Arc<dyn Policy>, tag: u8, max_keys: u32) -> Self {
         let groups = max_keys.div_ceil(WAYS as u32).max(1);
-        let tag = match kind {
-            Kind::TokenBucket => 1,
-            Kind::LeakyBucket => 2,
-            Kind::FixedWindow => 3,
-        };
         Self { policy, tag, groups }
+    }
+
+    /// The algorithm deciding every bucket.
+    pub fn policy(&self) -> &dyn Policy {
+        self.policy.as_ref()
     }
 
     /// Number of groups, hence of shared-data keys.
@@ -157,25 +161,26 @@ impl Table {
         };
         let decision = self.policy.decide(state, now, cost);
         let outcome = TableOutcome::Decided { decision, reused_idle, was_corrupt };
-        if decision.allowed {
+        if decision.allowed() {
             Step::Write(group, outcome)
         } else {
             Step::Keep(outcome)
         }
     }
 
-    /// Gives `cost` back to the descriptor's bucket, if it still has one.
-    pub fn refund(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<()> {
+    /// Gives a grant back to the descriptor's bucket, if it still has one;
+    /// writes only when the bucket changed.
+    pub fn release(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, grant: Grant, why: Release) -> Step<()> {
         let (mut group, _) = self.load(stored);
         let Some(index) = self.find(&group, fingerprint) else {
             return Step::Keep(());
         };
-        match group.get_mut(self.state_range(index)) {
-            Some(state) => {
-                self.policy.refund(state, now, cost);
-                Step::Write(group, ())
-            }
-            None => Step::Keep(()),
+        let changed =
+            group.get_mut(self.state_range(index)).is_some_and(|state| self.policy.release(state, now, grant, why));
+        if changed {
+            Step::Write(group, ())
+        } else {
+            Step::Keep(())
         }
     }
 }
@@ -183,12 +188,13 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{Gcra, TokenBucket};
     use crate::time::SECOND;
 
-    const T0: Nanos = 1_700_000_000 * SECOND;
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 
     fn table(max_keys: u32) -> Table {
-        Table::new(Kind::TokenBucket, Policy::new(Kind::TokenBucket, 2, 60 * SECOND, 2), max_keys)
+        Table::new(Arc::new(TokenBucket::new(2, SECOND.times(60), 2)), 1, max_keys)
     }
 
     /// Applies a step to a stored value, as the store loop would.
@@ -203,7 +209,7 @@ mod tests {
     }
 
     fn allowed(outcome: TableOutcome) -> bool {
-        matches!(outcome, TableOutcome::Decided { decision, .. } if decision.allowed)
+        matches!(outcome, TableOutcome::Decided { decision, .. } if decision.allowed())
     }
 
     #[test]
@@ -233,7 +239,7 @@ mod tests {
         let TableOutcome::Decided { decision, .. } = apply(&mut group, |g| table.decide(g, 1, T0, 1)) else {
             panic!("descriptor 1 lost its bucket");
         };
-        assert!(decision.allowed);
+        assert!(decision.allowed());
         assert_eq!(decision.remaining, 0);
     }
 
@@ -245,7 +251,7 @@ mod tests {
             apply(&mut group, |g| table.decide(g, fingerprint, T0, 1));
         }
         // 30 s later every bucket has refilled (2 per minute): all idle.
-        let later = T0 + 30 * SECOND;
+        let later = T0 + SECOND.times(30);
         let outcome = apply(&mut group, |g| table.decide(g, 5, later, 1));
         assert!(matches!(outcome, TableOutcome::Decided { reused_idle: true, .. }));
         assert_eq!(group.len(), table.max_group_len(), "reuse does not grow the group");
@@ -260,19 +266,21 @@ mod tests {
     }
 
     #[test]
-    fn refund_restores_the_bucket() {
+    fn undo_restores_the_bucket() {
         let table = table(4);
         let mut group = table.empty_group();
         apply(&mut group, |g| table.decide(g, 7, T0, 2));
-        apply(&mut group, |g| table.refund(g, 7, T0, 1));
+        let grant = Grant { cost: 1, at: T0 };
+        assert!(matches!(table.release(group.clone(), 7, T0, grant, Release::Done), Step::Keep(())));
+        apply(&mut group, |g| table.release(g, 7, T0, grant, Release::Undo));
         assert!(allowed(apply(&mut group, |g| table.decide(g, 7, T0, 1))));
-        assert!(matches!(table.refund(group.clone(), 99, T0, 1), Step::Keep(())));
+        assert!(matches!(table.release(group.clone(), 99, T0, grant, Release::Undo), Step::Keep(())));
     }
 
     #[test]
     fn garbage_and_other_algorithms_read_as_an_empty_group() {
         let table = table(4);
-        let leaky = Table::new(Kind::LeakyBucket, Policy::new(Kind::LeakyBucket, 2, SECOND, 2), 4);
+        let leaky = Table::new(Arc::new(Gcra::new(2, SECOND, 2)), 2, 4);
         let mut other = leaky.empty_group();
         apply(&mut other, |g| leaky.decide(g, 1, T0, 1));
         for stored in [vec![], vec![9, 9, 9], vec![FORMAT, 1, 0, 0, 0], other] {

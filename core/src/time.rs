@@ -2,14 +2,94 @@
 
 use std::cell::Cell;
 use std::fmt;
+use std::ops::{Add, Sub};
 
-/// Nanoseconds. Absolute instants are nanoseconds since the Unix epoch (the
-/// host's wall clock, the one epoch all Envoy workers share); spans are plain
-/// differences.
-pub type Nanos = u64;
+/// Nanoseconds: an instant (since the Unix epoch, the host's wall clock, the
+/// one epoch all Envoy workers share) or a span between two instants.
+///
+/// Arithmetic saturates: `Nanos::MAX` stands for "never", and no sum or
+/// difference of times can wrap around into a small, early-looking value
+/// (the release wasm would wrap silently instead of panicking).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
 
-/// One second in [`Nanos`].
-pub const SECOND: Nanos = 1_000_000_000;
+impl Nanos {
+    /// No time at all; also the Unix epoch.
+    pub const ZERO: Nanos = Nanos(0);
+    /// Never: the largest representable time.
+    pub const MAX: Nanos = Nanos(u64::MAX);
+
+    /// `n` seconds.
+    pub const fn from_secs(n: u64) -> Nanos {
+        Nanos(n.saturating_mul(SECOND.0))
+    }
+
+    /// `n` milliseconds.
+    pub const fn from_millis(n: u64) -> Nanos {
+        Nanos(n.saturating_mul(1_000_000))
+    }
+
+    /// `n` microseconds.
+    pub const fn from_micros(n: u64) -> Nanos {
+        Nanos(n.saturating_mul(1_000))
+    }
+
+    /// The number of nanoseconds.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// `self - earlier`, or `None` when `earlier` is later (a clock step back).
+    pub fn checked_sub(self, earlier: Nanos) -> Option<Nanos> {
+        self.0.checked_sub(earlier.0).map(Nanos)
+    }
+
+    /// This span `times` times over, saturating.
+    pub fn times(self, times: u64) -> Nanos {
+        Nanos(self.0.saturating_mul(times))
+    }
+
+    /// Whole seconds, rounded up, as `Retry-After` and the `RateLimit` fields
+    /// use them: a client that waits this long is never early.
+    pub fn ceil_seconds(self) -> u64 {
+        self.0.div_ceil(SECOND.0)
+    }
+
+    /// Whole milliseconds, rounded up (the quota protocol's unit).
+    pub fn ceil_millis(self) -> u64 {
+        self.0.div_ceil(1_000_000)
+    }
+
+    /// Whole milliseconds, rounded down.
+    pub fn floor_millis(self) -> u64 {
+        self.0 / 1_000_000
+    }
+}
+
+impl Add for Nanos {
+    type Output = Nanos;
+    /// Saturating: a time past the end of representable time is "never".
+    fn add(self, other: Nanos) -> Nanos {
+        Nanos(self.0.saturating_add(other.0))
+    }
+}
+
+impl Sub for Nanos {
+    type Output = Nanos;
+    /// Saturating at zero: the time left until an instant already past is none.
+    fn sub(self, other: Nanos) -> Nanos {
+        Nanos(self.0.saturating_sub(other.0))
+    }
+}
+
+impl fmt::Display for Nanos {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ns", self.0)
+    }
+}
+
+/// One second.
+pub const SECOND: Nanos = Nanos(1_000_000_000);
 
 /// Where the current time comes from. The host layer reads Envoy's clock; unit
 /// tests use [`FakeClock`].
@@ -32,7 +112,7 @@ impl FakeClock {
 
     /// Moves the clock forward by `span`.
     pub fn advance(&self, span: Nanos) {
-        self.now.set(self.now.get().saturating_add(span));
+        self.now.set(self.now.get() + span);
     }
 }
 
@@ -60,9 +140,9 @@ impl fmt::Display for DurationError {
 /// `1h`, `1d`. A bare number, a zero, a fraction or an unknown unit is an error.
 ///
 /// ```
-/// use floodgate_core::time::{parse_duration, SECOND};
-/// assert_eq!(parse_duration("1m").unwrap(), 60 * SECOND);
-/// assert_eq!(parse_duration("500ms").unwrap(), SECOND / 2);
+/// use floodgate_core::time::{parse_duration, Nanos, SECOND};
+/// assert_eq!(parse_duration("1m").unwrap(), SECOND.times(60));
+/// assert_eq!(parse_duration("500ms").unwrap(), Nanos::from_millis(500));
 /// assert!(parse_duration("0s").is_err());
 /// ```
 pub fn parse_duration(text: &str) -> Result<Nanos, DurationError> {
@@ -73,24 +153,18 @@ pub fn parse_duration(text: &str) -> Result<Nanos, DurationError> {
         return Err(err());
     }
     let amount: u64 = digits.parse().map_err(|_| err())?;
-    let unit_nanos: Nanos = match unit {
+    let unit_nanos: u64 = match unit {
         "ms" => 1_000_000,
-        "s" => SECOND,
-        "m" => 60 * SECOND,
-        "h" => 3_600 * SECOND,
-        "d" => 86_400 * SECOND,
+        "s" => SECOND.0,
+        "m" => 60 * SECOND.0,
+        "h" => 3_600 * SECOND.0,
+        "d" => 86_400 * SECOND.0,
         _ => return Err(err()),
     };
     match amount.checked_mul(unit_nanos) {
         Some(0) | None => Err(err()),
-        Some(nanos) => Ok(nanos),
+        Some(nanos) => Ok(Nanos(nanos)),
     }
-}
-
-/// Whole seconds, rounded up, as used by `Retry-After` and the `RateLimit`
-/// fields: a client that waits this long is never early.
-pub fn ceil_seconds(span: Nanos) -> u64 {
-    span.div_ceil(SECOND)
 }
 
 #[cfg(test)]
@@ -99,12 +173,12 @@ mod tests {
 
     #[test]
     fn parses_every_documented_unit() {
-        assert_eq!(parse_duration("500ms"), Ok(500_000_000));
+        assert_eq!(parse_duration("500ms"), Ok(Nanos(500_000_000)));
         assert_eq!(parse_duration("1s"), Ok(SECOND));
-        assert_eq!(parse_duration("10s"), Ok(10 * SECOND));
-        assert_eq!(parse_duration("1m"), Ok(60 * SECOND));
-        assert_eq!(parse_duration("1h"), Ok(3_600 * SECOND));
-        assert_eq!(parse_duration("1d"), Ok(86_400 * SECOND));
+        assert_eq!(parse_duration("10s"), Ok(SECOND.times(10)));
+        assert_eq!(parse_duration("1m"), Ok(SECOND.times(60)));
+        assert_eq!(parse_duration("1h"), Ok(SECOND.times(3_600)));
+        assert_eq!(parse_duration("1d"), Ok(SECOND.times(86_400)));
     }
 
     #[test]
@@ -117,18 +191,28 @@ mod tests {
     }
 
     #[test]
-    fn ceil_seconds_never_rounds_down() {
-        assert_eq!(ceil_seconds(0), 0);
-        assert_eq!(ceil_seconds(1), 1);
-        assert_eq!(ceil_seconds(SECOND), 1);
-        assert_eq!(ceil_seconds(SECOND + 1), 2);
+    fn rounding_never_makes_a_client_early() {
+        assert_eq!(Nanos(0).ceil_seconds(), 0);
+        assert_eq!(Nanos(1).ceil_seconds(), 1);
+        assert_eq!(SECOND.ceil_seconds(), 1);
+        assert_eq!((SECOND + Nanos(1)).ceil_seconds(), 2);
+        assert_eq!(Nanos(1).ceil_millis(), 1);
+        assert_eq!(Nanos(1_999_999).floor_millis(), 1);
+    }
+
+    #[test]
+    fn arithmetic_saturates_instead_of_wrapping() {
+        assert_eq!(Nanos::MAX + SECOND, Nanos::MAX);
+        assert_eq!(SECOND - Nanos::MAX, Nanos::ZERO);
+        assert_eq!(SECOND.checked_sub(SECOND + Nanos(1)), None);
+        assert_eq!(Nanos::MAX.times(2), Nanos::MAX);
     }
 
     #[test]
     fn fake_clock_moves_only_when_told() {
-        let clock = FakeClock::new(5);
-        assert_eq!(clock.now(), 5);
-        clock.advance(10);
-        assert_eq!(clock.now(), 15);
+        let clock = FakeClock::new(Nanos(5));
+        assert_eq!(clock.now(), Nanos(5));
+        clock.advance(Nanos(10));
+        assert_eq!(clock.now(), Nanos(15));
     }
 }

@@ -38,7 +38,7 @@ pub fn now() -> Nanos {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(Nanos::ZERO, |d| Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
 }
 
 /// Sixteen unpredictable bytes for the hashing secret: std's random hasher
@@ -48,7 +48,7 @@ pub fn entropy() -> [u8; 16] {
     let mut out = [0u8; 16];
     for (i, chunk) in out.chunks_mut(8).enumerate() {
         let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(now());
+        hasher.write_u64(now().get());
         hasher.write_usize(i);
         chunk.copy_from_slice(&hasher.finish().to_le_bytes());
     }

@@ -5,8 +5,8 @@
 //! `wasmcustom_floodgate_allowed` (or with a `rule` label for the per-rule
 //! counters, given the `stats_tags` in the shipped Envoy configs).
 
-use floodgate_core::config::Config;
-use floodgate_core::limiter::{Counters, RuleEvent, StoreEvent, Verdict};
+use floodgate_core::config::Rule;
+use floodgate_core::limiter::{CompiledRule, Counters, RuleEvent, StoreEvent, Verdict};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -19,50 +19,77 @@ const STORE_EVENTS: [(StoreEvent, &str); 6] = [
     (StoreEvent::CorruptState, "corrupt_state"),
 ];
 
-/// Metric ids of one plugin configuration. An id of `None` is a metric the
-/// host refused to define; counting it is skipped.
-pub struct Metrics {
-    allowed: Option<u32>,
-    limited: Option<u32>,
-    shadow_limited: Option<u32>,
-    store: [Option<u32>; STORE_EVENTS.len()],
-    /// Per rule: allowed, limited, shadow_limited.
-    rules: Vec<[Option<u32>; 3]>,
-}
+const RULE_EVENTS: [(RuleEvent, &str); 4] = [
+    (RuleEvent::Allowed, "allowed"),
+    (RuleEvent::Delayed, "delayed"),
+    (RuleEvent::Limited, "limited"),
+    (RuleEvent::ShadowLimited, "shadow_limited"),
+];
 
-fn counter(name: &str) -> Option<u32> {
+/// A metric id; `None` is a metric the host refused to define, and counting
+/// it is skipped.
+type Id = Option<u32>;
+
+fn counter(name: &str) -> Id {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }
 
-fn increment(id: Option<u32>, by: u64) {
+/// Adds `by` to counter `id`.
+pub fn increment(id: Id, by: u64) {
     if let (Some(id), Ok(by @ 1..)) = (id, i64::try_from(by)) {
         // A failed increment loses one count; nothing to do about it here.
         let _ = hostcalls::increment_metric(id, by);
     }
 }
 
+/// One rule's counters: the host data of its [`CompiledRule`].
+pub struct RuleMetrics([Id; RULE_EVENTS.len()]);
+
+impl RuleMetrics {
+    /// Defines `floodgate.rule.<name>.<event>` for every rule event.
+    pub fn define(rule: &Rule) -> Self {
+        Self(RULE_EVENTS.map(|(_, event)| counter(&format!("floodgate.rule.{}.{event}", rule.name))))
+    }
+}
+
+/// The plugin-wide counters.
+pub struct Metrics {
+    allowed: Id,
+    limited: Id,
+    shadow_limited: Id,
+    store: [Id; STORE_EVENTS.len()],
+    /// Requests a shaper delayed, and that went on after waiting.
+    pub delayed: Id,
+    /// Milliseconds of delay the shaper asked for, summed.
+    pub delay_requested_ms: Id,
+    /// Milliseconds delayed requests actually waited, summed.
+    pub delay_actual_ms: Id,
+    /// Delayed requests whose client left while they waited.
+    pub delay_abandoned: Id,
+    /// Requests denied because this worker already had
+    /// `max_delayed_per_worker` requests waiting.
+    pub delay_queue_full: Id,
+}
+
 impl Metrics {
-    /// Defines every metric of `config`.
-    pub fn define(config: &Config) -> Self {
+    /// Defines every plugin-wide metric.
+    pub fn define() -> Self {
         Self {
             allowed: counter("floodgate.allowed"),
             limited: counter("floodgate.limited"),
             shadow_limited: counter("floodgate.shadow_limited"),
             store: STORE_EVENTS.map(|(_, name)| counter(&format!("floodgate.{name}"))),
-            rules: config
-                .rules
-                .iter()
-                .map(|rule| {
-                    ["allowed", "limited", "shadow_limited"]
-                        .map(|event| counter(&format!("floodgate.rule.{}.{event}", rule.name)))
-                })
-                .collect(),
+            delayed: counter("floodgate.delayed"),
+            delay_requested_ms: counter("floodgate.delay_requested_ms"),
+            delay_actual_ms: counter("floodgate.delay_actual_ms"),
+            delay_abandoned: counter("floodgate.delay_abandoned"),
+            delay_queue_full: counter("floodgate.delay_queue_full"),
         }
     }
 
-    /// Counts a request's verdict.
+    /// Counts a request's verdict: allowed (now or after a delay) or limited.
     pub fn count_verdict(&self, verdict: &Verdict) {
-        increment(if verdict.allowed { self.allowed } else { self.limited }, 1);
+        increment(if verdict.allowed() { self.allowed } else { self.limited }, 1);
         if verdict.shadow_limited.is_some() {
             increment(self.shadow_limited, 1);
         }
@@ -77,14 +104,10 @@ impl Metrics {
 /// Forwards the limiter's counts to Envoy.
 pub struct MetricCounters<'a>(&'a Metrics);
 
-impl Counters for MetricCounters<'_> {
-    fn rule(&mut self, rule: usize, event: RuleEvent) {
-        let slot = match event {
-            RuleEvent::Allowed => 0,
-            RuleEvent::Limited => 1,
-            RuleEvent::ShadowLimited => 2,
-        };
-        increment(self.0.rules.get(rule).and_then(|ids| ids[slot]), 1);
+impl Counters<RuleMetrics> for MetricCounters<'_> {
+    fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
+        let index = RULE_EVENTS.iter().position(|(e, _)| *e == event);
+        increment(index.and_then(|i| rule.host.0.get(i).copied().flatten()), 1);
     }
 
     fn store(&mut self, event: StoreEvent, count: u64) {

@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
         // Keep table creation small enough to stay fast.
         if config.rules.iter().all(|r| r.table.groups() <= 1024) {
             let store = MemoryStore::default();
-            let _ = Limiter::prepare(config, &store, [0; 16]);
+            let _ = Limiter::prepare(config, &store, [0; 16], |_| ());
         }
     }
 });

@@ -6,9 +6,11 @@
 use arbitrary::Arbitrary;
 use floodgate_core::config::Config;
 use floodgate_core::descriptor::StaticRequest;
-use floodgate_core::headers::{HeaderBlock, Renderer};
-use floodgate_core::limiter::{Counters, Limiter, RuleEvent, StoreEvent};
+use floodgate_core::algorithm::Release;
+use floodgate_core::headers::HeaderBlock;
+use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
 use floodgate_core::store::MemoryStore;
+use floodgate_core::time::Nanos;
 use libfuzzer_sys::fuzz_target;
 
 const CONFIG: &str = r#"{"rules": [
@@ -20,6 +22,8 @@ const CONFIG: &str = r#"{"rules": [
    "descriptors": [{"remote_address": {}}], "limit": 3, "period": "1m", "burst": 2, "max_keys": 8},
   {"name": "subnet", "algorithm": "fixed_window", "descriptors": [{"masked_remote_address": {"v4_prefix_mask_len": 24, "v6_prefix_mask_len": 48}}],
    "limit": 4, "period": "10s", "max_keys": 4},
+  {"name": "paced", "algorithm": "shaper", "descriptors": [{"request_headers": {"header_name": "x-tenant", "descriptor_key": "t"}}],
+   "limit": 3, "period": "1s", "max_delay": "2s", "cost_from_header": {"header_name": "x-cost", "max": 4}, "max_keys": 4},
   {"name": "beta", "descriptors": [{"header_value_match": {"descriptor_value": "b", "expect_match": false,
      "headers": [{"name": "x-tenant", "string_match": {"contains": "beta"}, "invert_match": true},
                  {"name": "x-flag", "present_match": true}]}}], "limit": 2, "period": "1h", "shadow_mode": true}
@@ -40,22 +44,26 @@ struct Request {
 
 struct Ignore;
 
-impl Counters for Ignore {
-    fn rule(&mut self, _: usize, _: RuleEvent) {}
+impl Counters<()> for Ignore {
+    fn rule(&mut self, _: &CompiledRule<()>, _: RuleEvent) {}
     fn store(&mut self, _: StoreEvent, _: u64) {}
 }
 
 fuzz_target!(|input: Input| {
     let Ok(config) = Config::parse(CONFIG.as_bytes()) else { panic!("the fuzz config must parse") };
     let store = MemoryStore::default();
-    let Ok(limiter) = Limiter::prepare(config, &store, [1; 16]) else { panic!("prepare") };
-    let renderer = Renderer::new(limiter.config());
+    let Ok(limiter) = Limiter::prepare(config, &store, [1; 16], |_| ()) else { panic!("prepare") };
     let mut headers = HeaderBlock::default();
-    let mut now = 1_700_000_000_000_000_000u64;
+    let mut now = Nanos(1_700_000_000_000_000_000);
     for request in input.requests.into_iter().take(64) {
-        now += u64::from(request.advance_ms) * 1_000_000;
+        now = now + Nanos::from_millis(u64::from(request.advance_ms));
+        let release = match request.advance_ms % 3 {
+            0 => Release::Undo,
+            _ => Release::Done,
+        };
         let mut request = StaticRequest { headers: request.headers, remote_address: request.remote_address };
-        let verdict = limiter.check(&store, now, &mut request, &mut Ignore);
-        renderer.render(&verdict, &mut headers);
+        let (verdict, permit) = limiter.check(&store, now, &mut request, &mut Ignore);
+        limiter.render_headers(&verdict, &mut headers);
+        limiter.release(&store, now, permit, release, &mut Ignore);
     }
 });

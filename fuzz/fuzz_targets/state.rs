@@ -1,17 +1,18 @@
 //! Decoding stored state: a group value or bucket slot holding any bytes is
 //! read as (possibly) corrupt, never panics, and whatever is written back
-//! decodes cleanly.
+//! decodes cleanly — for every registered algorithm.
 #![no_main]
 
 use arbitrary::Arbitrary;
-use floodgate_core::algorithm::{Kind, Policy};
+use floodgate_core::algorithm::{Grant, Params, Release, ALGORITHMS};
 use floodgate_core::store::Step;
 use floodgate_core::table::{Table, TableOutcome};
+use floodgate_core::time::Nanos;
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Arbitrary, Debug)]
 struct Input {
-    kind: u8,
+    algorithm: u8,
     limit: u16,
     burst: u16,
     period_ms: u32,
@@ -23,26 +24,38 @@ struct Input {
 }
 
 fuzz_target!(|input: Input| {
-    let kind = match input.kind % 3 {
-        0 => Kind::TokenBucket,
-        1 => Kind::LeakyBucket,
-        _ => Kind::FixedWindow,
+    let registration = &ALGORITHMS[usize::from(input.algorithm) % ALGORITHMS.len()];
+    // The algorithm's example, with fuzzed numbers where it takes them.
+    let Ok(mut fields) = serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(registration.example) else {
+        panic!("examples are JSON objects")
     };
-    let period = u64::from(input.period_ms.max(1)) * 1_000_000;
-    let policy = Policy::new(kind, u64::from(input.limit.max(1)), period, u64::from(input.burst.max(1)));
-    let table = Table::new(kind, policy, u32::from(input.max_keys.max(1)));
+    for (name, value) in [
+        ("period", format!("{}ms", input.period_ms.max(1)).into()),
+        ("burst", u64::from(input.burst.max(1)).into()),
+    ] {
+        if fields.contains_key(name) {
+            fields.insert(name.into(), value);
+        }
+    }
+    let Ok(policy) = registration.build(Params::new("fuzz", u64::from(input.limit.max(1)), fields)) else {
+        return;
+    };
+    let table = Table::new(policy.clone(), registration.tag, u32::from(input.max_keys.max(1)));
+    let now = Nanos(input.now);
     let cost = u64::from(input.cost.max(1)).min(policy.capacity());
-    if let Step::Write(next, _) = table.decide(input.stored.clone(), input.fingerprint, input.now, cost) {
-        match table.decide(next, input.fingerprint, input.now, cost) {
+    if let Step::Write(next, _) = table.decide(input.stored.clone(), input.fingerprint, now, cost) {
+        match table.decide(next, input.fingerprint, now, cost) {
             Step::Write(_, TableOutcome::Decided { was_corrupt, .. }) | Step::Keep(TableOutcome::Decided { was_corrupt, .. }) => {
                 assert!(!was_corrupt, "a group written by the table must decode")
             }
             _ => panic!("the key just written must have its bucket"),
         }
     }
-    let _ = table.refund(input.stored.clone(), input.fingerprint, input.now, cost);
+    let grant = Grant { cost, at: now };
+    let _ = table.release(input.stored.clone(), input.fingerprint, now, grant, Release::Undo);
+    let _ = table.release(input.stored.clone(), input.fingerprint, now, grant, Release::Done);
     let mut slot = input.stored.clone();
-    let _ = policy.decide(&mut slot, input.now, cost);
-    policy.refund(&mut slot, input.now, cost);
-    let _ = policy.is_idle(&input.stored, input.now);
+    let _ = policy.decide(&mut slot, now, cost);
+    policy.release(&mut slot, now, grant, Release::Undo);
+    let _ = policy.is_idle(&input.stored, now);
 });

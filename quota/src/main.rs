@@ -76,7 +76,7 @@ enum LogFormat {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map(Duration::from_nanos).map_err(|e| e.to_string())
+    parse_duration(text).map(|d| Duration::from_nanos(d.get())).map_err(|e| e.to_string())
 }
 
 fn init_logs(format: LogFormat) {

@@ -199,9 +199,12 @@ impl Service {
             else {
                 return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())));
             };
-            let denied = !decision.allowed;
-            let retry =
-                if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
+            let denied = !decision.allowed();
+            let retry = if decision.retry_after().get() == NEVER {
+                Retry::Never
+            } else {
+                Retry::After(ceil_ms(decision.retry_after().get()))
+            };
             let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {
                 (false, _) => (Code::Ok, None, false),
                 (true, true) => (Code::Ok, None, true),
@@ -228,7 +231,7 @@ impl Service {
                 limit: Some(item.limit.limit),
                 window_ms: Some(ceil_ms(item.limit.period)),
                 remaining: Some(decision.remaining),
-                reset_ms: Some(ceil_ms(decision.reset)),
+                reset_ms: Some(ceil_ms(decision.reset.get())),
                 retry_after_ms,
                 shadow_over_limit,
             });

@@ -330,8 +330,9 @@ impl Conn {
         self.try_request(method, path, headers).unwrap()
     }
 
-    /// Like [`Conn::request`], but returns I/O errors.
-    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> std::io::Result<Response> {
+    /// Sends a bodiless request without reading the answer (for a client
+    /// that gives up).
+    pub fn send_only(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> std::io::Result<()> {
         let mut raw = format!("{method} {path} HTTP/1.1\r\nhost: localhost\r\n").into_bytes();
         for (name, value) in headers {
             raw.extend_from_slice(name.as_bytes());
@@ -340,7 +341,12 @@ impl Conn {
             raw.extend_from_slice(b"\r\n");
         }
         raw.extend_from_slice(b"\r\n");
-        self.reader.get_mut().write_all(&raw)?;
+        self.reader.get_mut().write_all(&raw)
+    }
+
+    /// Like [`Conn::request`], but returns I/O errors.
+    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> std::io::Result<Response> {
+        self.send_only(method, path, headers)?;
         self.read_response()
     }
 

@@ -2,7 +2,8 @@
 //! aligned to the epoch (so every instance that shares a clock agrees on where
 //! a window starts), as envoyproxy/ratelimit counts.
 
-use super::Decision;
+use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use crate::config::ConfigError;
 use crate::time::Nanos;
 
 /// Fixed-window parameters.
@@ -24,17 +25,12 @@ pub struct WindowState {
 impl FixedWindow {
     /// At most `limit` units per `period`.
     pub fn new(limit: u64, period: Nanos) -> Self {
-        Self { limit: limit.max(1), period: period.max(1) }
+        Self { limit: limit.max(1), period: Nanos(period.0.max(1)) }
     }
 
-    /// Units admitted in one window.
-    pub fn capacity(&self) -> u64 {
-        self.limit
-    }
-
-    /// An unused window at `now`.
-    pub fn fresh(&self, now: Nanos) -> WindowState {
-        WindowState { window: now / self.period, used: 0 }
+    /// The index of the window holding `instant`.
+    pub fn window_of(&self, instant: Nanos) -> u64 {
+        instant.0 / self.period.0
     }
 
     /// The state that counts at `now`: the stored one while its window is
@@ -45,7 +41,7 @@ impl FixedWindow {
         // count rather than reopening (which would admit a second `limit`).
         // A window further ahead is not trusted (a clock once set far ahead
         // must not lock a key out until then): it starts afresh.
-        let window = now / self.period;
+        let window = self.window_of(now);
         if state.window == window || state.window == window.saturating_add(1) {
             state
         } else {
@@ -53,56 +49,90 @@ impl FixedWindow {
         }
     }
 
-    /// Admits `cost` units if the current window has room for them.
-    pub fn decide(&self, state: WindowState, now: Nanos, cost: u64) -> (Decision, WindowState) {
-        let state = self.current(state, now);
-        let window_left = state.window.saturating_add(1).saturating_mul(self.period).saturating_sub(now);
-        match state.used.checked_add(cost).filter(|used| *used <= self.limit) {
-            Some(used) => {
-                let after = WindowState { used, ..state };
-                (self.report(after, true, window_left, 0), after)
-            }
-            None => {
-                let retry_after = if cost > self.limit { Nanos::MAX } else { window_left };
-                (self.report(state, false, window_left, retry_after), state)
-            }
-        }
+    /// Time from `now` to the end of `window`.
+    fn left_in(&self, window: u64, now: Nanos) -> Nanos {
+        self.period.times(window.saturating_add(1)) - now
     }
 
-    /// Admits as many units as the window has room for, up to `wanted`.
-    pub fn take_up_to(&self, state: WindowState, now: Nanos, wanted: u64) -> (u64, Decision, WindowState) {
-        let state = self.current(state, now);
-        let granted = (self.limit - state.used.min(self.limit)).min(wanted);
-        let (decision, after) = self.decide(state, now, granted);
-        (granted, decision, after)
+    fn report(&self, state: WindowState, window_left: Nanos) -> (u64, Nanos) {
+        let reset = if state.used == 0 { Nanos::ZERO } else { window_left };
+        (self.limit.saturating_sub(state.used), reset)
+    }
+}
+
+impl Algorithm for FixedWindow {
+    type State = WindowState;
+
+    fn state_len(&self) -> usize {
+        16
     }
 
-    /// Gives back `cost` units admitted earlier in the same window.
-    pub fn refund(&self, state: WindowState, now: Nanos, cost: u64) -> WindowState {
-        let state = self.current(state, now);
-        WindowState { used: state.used.saturating_sub(cost), ..state }
+    fn decode(&self, bytes: &[u8]) -> Option<WindowState> {
+        Some(WindowState { window: super::get_u64(bytes, 0)?, used: super::get_u64(bytes, 8)? })
     }
 
-    /// True when nothing is used in the current window.
-    pub fn is_idle(&self, state: WindowState, now: Nanos) -> bool {
-        self.current(state, now).used == 0
-    }
-
-    fn report(&self, state: WindowState, allowed: bool, window_left: Nanos, retry_after: Nanos) -> Decision {
-        let remaining = self.limit.saturating_sub(state.used);
-        let reset = if state.used == 0 { 0 } else { window_left };
-        Decision { allowed, remaining, reset, retry_after }
-    }
-
-    /// Encodes a state as 16 little-endian bytes.
-    pub fn encode(state: WindowState, out: &mut [u8]) {
+    fn encode(&self, state: &WindowState, out: &mut [u8]) {
         super::put_u64(out, 0, state.window);
         super::put_u64(out, 8, state.used);
     }
 
-    /// Decodes 16 bytes written by [`FixedWindow::encode`].
-    pub fn decode(bytes: &[u8]) -> Option<WindowState> {
-        Some(WindowState { window: super::get_u64(bytes, 0)?, used: super::get_u64(bytes, 8)? })
+    fn capacity(&self) -> u64 {
+        self.limit
+    }
+
+    fn quota(&self) -> Quota {
+        Quota { limit: self.limit, window: Some(self.period) }
+    }
+
+    /// An unused current window.
+    fn fresh(&self, now: Nanos) -> WindowState {
+        WindowState { window: self.window_of(now), used: 0 }
+    }
+
+    /// Admits `cost` units if the current window has room for them.
+    fn decide(&self, state: WindowState, now: Nanos, cost: u64) -> (Decision, WindowState) {
+        let state = self.current(state, now);
+        let window_left = self.left_in(state.window, now);
+        match state.used.checked_add(cost).filter(|used| *used <= self.limit) {
+            Some(used) => {
+                let after = WindowState { used, ..state };
+                let (remaining, reset) = self.report(after, window_left);
+                (Decision::admit(remaining, reset), after)
+            }
+            None => {
+                let retry_after = if cost > self.limit { Nanos::MAX } else { window_left };
+                let (remaining, reset) = self.report(state, window_left);
+                (Decision::deny(remaining, reset, retry_after), state)
+            }
+        }
+    }
+
+    /// Undo gives units back only into the window they were taken in: a
+    /// later window never counted them.
+    fn release(&self, state: WindowState, now: Nanos, grant: Grant, why: Release) -> Option<WindowState> {
+        let state = self.current(state, now);
+        (why == Release::Undo && state.window == self.window_of(grant.at) && state.used > 0)
+            .then(|| WindowState { used: state.used.saturating_sub(grant.cost), ..state })
+    }
+
+    /// Nothing used in the current window.
+    fn is_idle(&self, state: WindowState, now: Nanos) -> bool {
+        self.current(state, now).used == 0
+    }
+
+    /// An interval of up to one period overlaps two windows (a burst at the
+    /// end of one and the start of the next); each further period adds one.
+    fn admitted_bound(&self, span: Nanos) -> u64 {
+        self.limit.saturating_mul((span.0 / self.period.0).saturating_add(2))
+    }
+}
+
+impl FromParams for FixedWindow {
+    const FIELDS: &'static [&'static str] = &["period"];
+
+    /// `period` (required).
+    fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
+        Ok(Self::new(params.limit(), params.required_duration("period")?))
     }
 }
 
@@ -111,53 +141,59 @@ mod tests {
     use super::*;
     use crate::time::SECOND;
 
-    const T0: Nanos = 1_700_000_000 * SECOND; // a multiple of 10 s
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
+
+    fn take(window: &FixedWindow, state: WindowState, now: Nanos, cost: u64) -> WindowState {
+        window.decide(state, now, cost).1
+    }
 
     #[test]
     fn admits_the_limit_per_window_and_resets_at_the_boundary() {
-        let window = FixedWindow::new(3, 10 * SECOND);
-        let mut state = window.fresh(T0 + 4 * SECOND);
+        let window = FixedWindow::new(3, SECOND.times(10));
+        let at = T0 + SECOND.times(4);
+        let mut state = window.fresh(at);
         for expected in [2, 1, 0] {
-            let (decision, next) = window.decide(state, T0 + 4 * SECOND, 1);
-            assert!(decision.allowed);
+            let (decision, next) = window.decide(state, at, 1);
+            assert!(decision.allowed());
             assert_eq!(decision.remaining, expected);
-            assert_eq!(decision.reset, 6 * SECOND);
+            assert_eq!(decision.reset, SECOND.times(6));
             state = next;
         }
-        let (denied, _) = window.decide(state, T0 + 4 * SECOND, 1);
-        assert!(!denied.allowed);
-        assert_eq!(denied.retry_after, 6 * SECOND);
-        assert!(!window.decide(state, T0 + 10 * SECOND - 1, 1).0.allowed);
-        assert!(window.decide(state, T0 + 10 * SECOND, 1).0.allowed);
+        let (denied, _) = window.decide(state, at, 1);
+        assert!(!denied.allowed());
+        assert_eq!(denied.retry_after(), SECOND.times(6));
+        assert!(!window.decide(state, T0 + SECOND.times(10) - Nanos(1), 1).0.allowed());
+        assert!(window.decide(state, T0 + SECOND.times(10), 1).0.allowed());
     }
 
     #[test]
     fn a_clock_step_back_does_not_reopen_the_window() {
-        let window = FixedWindow::new(2, 10 * SECOND);
-        let (_, _, used) = window.take_up_to(window.fresh(T0 + 10 * SECOND), T0 + 10 * SECOND, 2);
+        let window = FixedWindow::new(2, SECOND.times(10));
+        let later = T0 + SECOND.times(10);
+        let used = take(&window, window.fresh(later), later, 2);
         // The clock steps back into the previous window.
-        let (decision, _) = window.decide(used, T0 + 9 * SECOND, 1);
-        assert!(!decision.allowed);
+        assert!(!window.decide(used, T0 + SECOND.times(9), 1).0.allowed());
     }
 
     #[test]
     fn a_window_far_ahead_is_not_trusted() {
-        let window = FixedWindow::new(2, 10 * SECOND);
+        let window = FixedWindow::new(2, SECOND.times(10));
         let far = WindowState { window: u64::MAX, used: 2 };
-        assert!(window.decide(far, T0, 1).0.allowed);
-        let next = WindowState { window: T0 / (10 * SECOND) + 2, used: 2 };
-        assert!(window.decide(next, T0, 1).0.allowed);
+        assert!(window.decide(far, T0, 1).0.allowed());
+        let next = WindowState { window: window.window_of(T0) + 2, used: 2 };
+        assert!(window.decide(next, T0, 1).0.allowed());
     }
 
     #[test]
-    fn take_up_to_grants_only_what_is_left() {
+    fn undo_only_into_the_window_the_units_came_from() {
         let window = FixedWindow::new(10, SECOND);
-        let (granted, _, state) = window.take_up_to(window.fresh(T0), T0, 7);
-        assert_eq!(granted, 7);
-        let (granted, decision, state) = window.take_up_to(state, T0, 7);
-        assert_eq!(granted, 3);
-        assert_eq!(decision.remaining, 0);
-        assert_eq!(window.refund(state, T0, 4).used, 6);
+        let state = take(&window, window.fresh(T0), T0, 7);
+        let grant = Grant { cost: 4, at: T0 };
+        assert_eq!(window.release(state, T0, grant, Release::Undo).unwrap().used, 3);
+        assert_eq!(window.release(state, T0, grant, Release::Done), None);
+        assert_eq!(window.release(state, T0 + SECOND, grant, Release::Undo), None, "the window is over");
+        let earlier = Grant { cost: 4, at: T0 - SECOND };
+        assert_eq!(window.release(state, T0, earlier, Release::Undo), None, "taken in another window");
         assert!(window.is_idle(state, T0 + SECOND));
     }
 }

@@ -2,17 +2,25 @@
 //! theoretical arrival time (TAT) of the next request if traffic flowed at
 //! exactly the configured rate. A request is admitted when the backlog it
 //! would leave, `TAT - now`, fits in the tolerance of `burst` requests.
+//!
+//! The same arithmetic, given room to wait (`max_delay`), is the leaky bucket
+//! as a *shaper* ([`super::Shaper`]): a request whose backlog overflows the
+//! tolerance by at most `max_delay` is admitted after that overflow.
 
-use super::Decision;
+use super::{Admission, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use crate::config::ConfigError;
 use crate::time::Nanos;
 
-/// GCRA parameters: one unit of cost every `interval`, and at most `burst`
-/// units back to back.
+/// GCRA parameters: one unit of cost every `interval`, at most `burst` units
+/// back to back, and up to `max_delay` of waiting (zero for a meter).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Gcra {
+    limit: u64,
+    period: Nanos,
     interval: Nanos,
     tolerance: Nanos,
     burst: u64,
+    max_delay: Nanos,
 }
 
 impl Gcra {
@@ -21,77 +29,117 @@ impl Gcra {
     /// The emission interval `period / limit` is rounded up, so rounding can
     /// only ever admit less than the configured rate, never more.
     pub fn new(limit: u64, period: Nanos, burst: u64) -> Self {
-        let interval = period.max(1).div_ceil(limit.max(1));
+        let limit = limit.max(1);
+        let period = Nanos(period.0.max(1));
+        let interval = Nanos(period.0.div_ceil(limit));
         let burst = burst.max(1);
-        Self { interval, tolerance: interval.saturating_mul(burst), burst }
+        Self { limit, period, interval, tolerance: interval.times(burst), burst, max_delay: Nanos::ZERO }
     }
 
-    /// Units admitted back to back by an idle meter.
-    pub fn capacity(&self) -> u64 {
-        self.burst
+    /// The same meter, letting requests wait up to `max_delay` (a shaper).
+    pub fn with_max_delay(self, max_delay: Nanos) -> Self {
+        Self { max_delay, ..self }
     }
 
-    /// The TAT of a never-seen key: no backlog.
-    pub fn fresh(&self, now: Nanos) -> Nanos {
-        now
+    /// The TAT a grant of `cost` units pushed forward.
+    fn span_of(&self, cost: u64) -> Nanos {
+        self.interval.times(cost)
     }
 
-    /// Admits `cost` units if the backlog they leave fits the tolerance.
-    /// Returns the decision and the new TAT (unchanged when denied).
-    pub fn decide(&self, tat: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
-        let start = tat.max(now);
-        let new_tat = start.saturating_add(cost.saturating_mul(self.interval));
-        let backlog = new_tat - now;
-        if backlog <= self.tolerance {
-            (self.report(new_tat, now, true, 0), new_tat)
-        } else {
-            let retry_after = if cost > self.burst { Nanos::MAX } else { backlog - self.tolerance };
-            (self.report(tat, now, false, retry_after), tat)
-        }
+    /// Units that fit in `slack`.
+    fn units_in(&self, slack: Nanos) -> u64 {
+        slack.0 / self.interval.0
     }
 
-    /// Admits as many units as fit, up to `wanted`.
-    pub fn take_up_to(&self, tat: Nanos, now: Nanos, wanted: u64) -> (u64, Decision, Nanos) {
-        let granted = self.report(tat, now, true, 0).remaining.min(wanted);
-        let (decision, tat) = self.decide(tat, now, granted);
-        (granted, decision, tat)
-    }
-
-    /// Gives back `cost` units admitted earlier.
-    pub fn refund(&self, tat: Nanos, _now: Nanos, cost: u64) -> Nanos {
-        // A TAT at or before `now` means "no backlog", so lowering it past
-        // `now` is harmless.
-        tat.saturating_sub(cost.saturating_mul(self.interval))
-    }
-
-    /// True when the meter has no backlog: indistinguishable from a fresh one.
-    pub fn is_idle(&self, tat: Nanos, now: Nanos) -> bool {
-        tat <= now
-    }
-
-    fn report(&self, tat: Nanos, now: Nanos, allowed: bool, retry_after: Nanos) -> Decision {
-        let backlog = tat.saturating_sub(now).min(self.tolerance);
-        let slack = self.tolerance - backlog;
-        let remaining = slack / self.interval;
+    /// Remaining units and reset, given the TAT after the decision.
+    fn report(&self, tat: Nanos, now: Nanos) -> (u64, Nanos) {
+        let room = self.tolerance + self.max_delay;
+        let backlog = (tat - now).min(room);
+        let slack = room - backlog;
+        let remaining = self.units_in(slack);
         // One more unit fits once the slack grows to the next whole interval.
         // Saturating: with a year-long period and a huge burst the tolerance
         // itself saturates, and so would this (found by fuzzing).
-        let reset = if backlog == 0 {
-            0
+        let reset =
+            if backlog == Nanos::ZERO { Nanos::ZERO } else { self.interval.times(remaining.saturating_add(1)) - slack };
+        (remaining, reset)
+    }
+}
+
+impl Algorithm for Gcra {
+    /// The TAT.
+    type State = Nanos;
+
+    fn state_len(&self) -> usize {
+        8
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Option<Nanos> {
+        super::get_u64(bytes, 0).map(Nanos)
+    }
+
+    fn encode(&self, tat: &Nanos, out: &mut [u8]) {
+        super::put_u64(out, 0, tat.0);
+    }
+
+    /// The burst, plus what fits in the longest wait.
+    fn capacity(&self) -> u64 {
+        self.burst.saturating_add(self.units_in(self.max_delay))
+    }
+
+    fn quota(&self) -> Quota {
+        Quota { limit: self.limit, window: Some(self.period) }
+    }
+
+    /// No backlog.
+    fn fresh(&self, now: Nanos) -> Nanos {
+        now
+    }
+
+    /// Admits `cost` units if the backlog they leave fits the tolerance (or,
+    /// for a shaper, overflows it by at most `max_delay`: admitted after the
+    /// overflow). A denial leaves the TAT alone.
+    fn decide(&self, tat: Nanos, now: Nanos, cost: u64) -> (Decision, Nanos) {
+        let new_tat = tat.max(now) + self.span_of(cost);
+        let backlog = new_tat - now;
+        let overflow = backlog - self.tolerance;
+        if overflow <= self.max_delay {
+            let (remaining, reset) = self.report(new_tat, now);
+            let admission = if overflow == Nanos::ZERO { Admission::Now } else { Admission::Delayed(overflow) };
+            (Decision { admission, remaining, reset }, new_tat)
         } else {
-            remaining.saturating_add(1).saturating_mul(self.interval).saturating_sub(slack)
-        };
-        Decision { allowed, remaining, reset, retry_after }
+            let retry_after = if cost > self.capacity() { Nanos::MAX } else { overflow - self.max_delay };
+            let (remaining, reset) = self.report(tat, now);
+            (Decision::deny(remaining, reset, retry_after), tat)
+        }
     }
 
-    /// Encodes a TAT as 8 little-endian bytes.
-    pub fn encode(tat: Nanos, out: &mut [u8]) {
-        super::put_u64(out, 0, tat);
+    /// Undo moves the TAT back by the grant.
+    fn release(&self, tat: Nanos, _now: Nanos, grant: Grant, why: Release) -> Option<Nanos> {
+        // A TAT at or before `now` means "no backlog", so lowering it past
+        // `now` is harmless.
+        (why == Release::Undo).then(|| tat - self.span_of(grant.cost))
     }
 
-    /// Decodes 8 bytes written by [`Gcra::encode`].
-    pub fn decode(bytes: &[u8]) -> Option<Nanos> {
-        super::get_u64(bytes, 0)
+    /// No backlog.
+    fn is_idle(&self, tat: Nanos, now: Nanos) -> bool {
+        tat <= now
+    }
+
+    /// The burst, then one unit per interval of the span and of the wait.
+    fn admitted_bound(&self, span: Nanos) -> u64 {
+        self.burst.saturating_add(self.units_in(self.max_delay + span))
+    }
+}
+
+impl FromParams for Gcra {
+    const FIELDS: &'static [&'static str] = &["period", "burst"];
+
+    /// `period` (required) and `burst` (default 1: strict pacing).
+    fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
+        let period = params.required_duration("period")?;
+        let burst = params.units("burst")?.unwrap_or(1);
+        Ok(Self::new(params.limit(), period, burst))
     }
 }
 
@@ -100,58 +148,63 @@ mod tests {
     use super::*;
     use crate::time::SECOND;
 
-    const T0: Nanos = 1_700_000_000 * SECOND;
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+
+    fn take_all(meter: &Gcra, tat: Nanos, now: Nanos) -> Nanos {
+        let (remaining, _) = meter.report(tat, now);
+        meter.decide(tat, now, remaining).1
+    }
 
     #[test]
     fn admits_the_burst_back_to_back_then_paces() {
-        let meter = Gcra::new(10, 10 * SECOND, 3); // one per second, 3 at once
+        let meter = Gcra::new(10, SECOND.times(10), 3); // one per second, 3 at once
         let mut tat = meter.fresh(T0);
         for expected_remaining in [2, 1, 0] {
             let (decision, next) = meter.decide(tat, T0, 1);
-            assert!(decision.allowed);
+            assert_eq!(decision.admission, Admission::Now);
             assert_eq!(decision.remaining, expected_remaining);
             tat = next;
         }
         let (denied, same) = meter.decide(tat, T0, 1);
-        assert!(!denied.allowed);
+        assert!(!denied.allowed());
         assert_eq!(same, tat, "a denial leaves the state alone");
-        assert_eq!(denied.retry_after, SECOND);
+        assert_eq!(denied.retry_after(), SECOND);
         assert_eq!(denied.reset, SECOND);
-        assert!(!meter.decide(tat, T0 + SECOND - 1, 1).0.allowed);
-        assert!(meter.decide(tat, T0 + SECOND, 1).0.allowed);
+        assert!(!meter.decide(tat, T0 + SECOND - Nanos(1), 1).0.allowed());
+        assert!(meter.decide(tat, T0 + SECOND, 1).0.allowed());
     }
 
     #[test]
     fn burst_of_one_is_strict_pacing() {
         let meter = Gcra::new(2, SECOND, 1); // every 500 ms
         let (first, tat) = meter.decide(meter.fresh(T0), T0, 1);
-        assert!(first.allowed);
-        let (second, _) = meter.decide(tat, T0 + 499_999_999, 1);
-        assert!(!second.allowed);
-        assert_eq!(second.retry_after, 1);
-        assert!(meter.decide(tat, T0 + 500_000_000, 1).0.allowed);
+        assert!(first.allowed());
+        let (second, _) = meter.decide(tat, T0 + Nanos(499_999_999), 1);
+        assert!(!second.allowed());
+        assert_eq!(second.retry_after(), Nanos(1));
+        assert!(meter.decide(tat, T0 + Nanos::from_millis(500), 1).0.allowed());
     }
 
     #[test]
     fn retry_after_for_a_larger_cost_is_exact() {
-        let meter = Gcra::new(3, 10 * SECOND, 6);
-        let (_, _, tat) = meter.take_up_to(meter.fresh(T0), T0, 6);
+        let meter = Gcra::new(3, SECOND.times(10), 6);
+        let tat = take_all(&meter, meter.fresh(T0), T0);
         let (denied, _) = meter.decide(tat, T0, 4);
-        let wait = denied.retry_after;
-        assert!(!meter.decide(tat, T0 + wait - 1, 4).0.allowed);
-        assert!(meter.decide(tat, T0 + wait, 4).0.allowed);
+        let wait = denied.retry_after();
+        assert!(!meter.decide(tat, T0 + wait - Nanos(1), 4).0.allowed());
+        assert!(meter.decide(tat, T0 + wait, 4).0.allowed());
     }
 
     #[test]
     fn rounding_the_interval_never_over_admits() {
         // 7 per minute does not divide evenly into nanoseconds.
-        let meter = Gcra::new(7, 60 * SECOND, 7);
+        let meter = Gcra::new(7, SECOND.times(60), 7);
         let mut tat = meter.fresh(T0);
         let mut admitted = 0;
         // Offer one request every millisecond for two minutes.
         for ms in 0..120_000u64 {
-            let (decision, next) = meter.decide(tat, T0 + ms * 1_000_000, 1);
-            if decision.allowed {
+            let (decision, next) = meter.decide(tat, T0 + Nanos::from_millis(ms), 1);
+            if decision.allowed() {
                 admitted += 1;
             }
             tat = next;
@@ -164,19 +217,21 @@ mod tests {
     #[test]
     fn extreme_but_valid_parameters_do_not_overflow() {
         // limit 1 per 366 days with a burst of 10^9: the tolerance saturates.
-        let meter = Gcra::new(1, 366 * 86_400 * SECOND, 1_000_000_000);
+        let meter = Gcra::new(1, SECOND.times(366 * 86_400), 1_000_000_000);
         let (first, tat) = meter.decide(meter.fresh(T0), T0, 1);
-        assert!(first.allowed);
+        assert!(first.allowed());
         let (second, _) = meter.decide(tat, T0, 1_000_000_000);
-        assert!(second.reset > 0);
+        assert!(second.reset > Nanos::ZERO);
     }
 
     #[test]
-    fn refund_and_idleness() {
-        let meter = Gcra::new(10, 10 * SECOND, 5);
+    fn undo_and_idleness() {
+        let meter = Gcra::new(10, SECOND.times(10), 5);
         let (_, tat) = meter.decide(meter.fresh(T0), T0, 2);
         assert!(!meter.is_idle(tat, T0));
-        assert!(meter.is_idle(meter.refund(tat, T0, 2), T0));
-        assert!(meter.is_idle(tat, T0 + 2 * SECOND));
+        let grant = Grant { cost: 2, at: T0 };
+        assert!(meter.is_idle(meter.release(tat, T0, grant, Release::Undo).unwrap(), T0));
+        assert_eq!(meter.release(tat, T0, grant, Release::Done), None);
+        assert!(meter.is_idle(tat, T0 + SECOND.times(2)));
     }
 }

@@ -1,172 +1,332 @@
-//! The rate-limiting algorithms, as pure functions of (state, now, cost).
+//! The rate-limiting algorithms, one file each, behind one trait.
 //!
-//! Every algorithm can say whether a bucket is *idle*: in a state no different
-//! from a never-seen key. Only idle buckets may be reused for another key,
-//! so reuse never resets anyone's limit.
+//! An algorithm is a pure function of (state, now, cost): [`Algorithm`] gives
+//! its state type, how that state is stored as bytes, what a never-seen key
+//! starts with, how a request is decided and how units are given back. Every
+//! algorithm can also say whether a bucket is *idle*: in a state no different
+//! from a never-seen key. Only idle buckets may be reused for another key, so
+//! reuse never resets anyone's limit.
+//!
+//! The bucket table and the limiter see algorithms only as [`Policy`]: the
+//! same operations on stored bytes, so buckets of any algorithm live in one
+//! byte table. Adding an algorithm is one new file that implements
+//! [`Algorithm`] and [`FromParams`], plus one line in [`ALGORITHMS`].
 
 mod fixed_window;
 mod gcra;
+mod params;
+mod shaper;
 mod token_bucket;
+
+use std::fmt;
+use std::sync::Arc;
 
 pub use fixed_window::{FixedWindow, WindowState};
 pub use gcra::Gcra;
+pub use params::Params;
+pub use shaper::Shaper;
 pub use token_bucket::{TokenBucket, TokenState};
 
+use crate::config::ConfigError;
 use crate::time::Nanos;
+
+/// Every algorithm a rule can name, in the order the README lists them.
+pub const ALGORITHMS: &[Registration] = &[
+    registration::<TokenBucket>("token_bucket", 1, r#"{"period": "10s", "burst": 4}"#),
+    registration::<Gcra>("leaky_bucket", 2, r#"{"period": "10s", "burst": 3}"#),
+    registration::<FixedWindow>("fixed_window", 3, r#"{"period": "10s"}"#),
+    registration::<Shaper>("shaper", 4, r#"{"period": "10s", "burst": 2, "max_delay": "5s"}"#),
+];
+
+/// Whether and when a request may go on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Admitted: it may go on at once.
+    Now,
+    /// Admitted, but it must wait this long first (a shaper paces it).
+    Delayed(Nanos),
+    /// Denied: the same cost would be admitted after `retry_after`
+    /// (`Nanos::MAX` if it never can be).
+    Denied {
+        /// When the same request would be admitted.
+        retry_after: Nanos,
+    },
+}
 
 /// What an algorithm decided for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
-    /// Whether the request's cost was admitted.
-    pub allowed: bool,
+    /// Admit now, admit after a delay, or deny.
+    pub admission: Admission,
     /// Units still available after this decision.
     pub remaining: u64,
-    /// Time until more quota becomes available (0 when the bucket is full):
-    /// the `t` of the IETF `RateLimit` field.
+    /// Time until more quota becomes available (zero when the bucket is
+    /// full): the `t` of the IETF `RateLimit` field.
     pub reset: Nanos,
-    /// When denied, the time after which the same cost would be admitted
-    /// (`Nanos::MAX` if it never can be); 0 when allowed.
-    pub retry_after: Nanos,
 }
 
-/// Which algorithm a rule uses.
+impl Decision {
+    /// An admission with these numbers.
+    pub fn admit(remaining: u64, reset: Nanos) -> Self {
+        Self { admission: Admission::Now, remaining, reset }
+    }
+
+    /// A denial with these numbers.
+    pub fn deny(remaining: u64, reset: Nanos, retry_after: Nanos) -> Self {
+        Self { admission: Admission::Denied { retry_after }, remaining, reset }
+    }
+
+    /// True unless denied (a delayed request is admitted).
+    pub fn allowed(&self) -> bool {
+        !matches!(self.admission, Admission::Denied { .. })
+    }
+
+    /// The wait before the request would be admitted: zero when admitted.
+    pub fn retry_after(&self) -> Nanos {
+        match self.admission {
+            Admission::Denied { retry_after } => retry_after,
+            Admission::Now | Admission::Delayed(_) => Nanos::ZERO,
+        }
+    }
+
+    /// The wait before an admitted request goes on: zero unless delayed.
+    pub fn delay(&self) -> Nanos {
+        match self.admission {
+            Admission::Delayed(delay) => delay,
+            Admission::Now | Admission::Denied { .. } => Nanos::ZERO,
+        }
+    }
+}
+
+/// Units an admitted request took: what a permit gives back later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// [`TokenBucket`].
-    TokenBucket,
-    /// [`Gcra`], the leaky bucket as a meter.
-    LeakyBucket,
-    /// [`FixedWindow`].
-    FixedWindow,
+pub struct Grant {
+    /// Units taken.
+    pub cost: u64,
+    /// When they were taken (window algorithms give back only into the
+    /// window the units came from).
+    pub at: Nanos,
 }
 
-impl Kind {
-    /// The name used in configuration.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => "token_bucket",
-            Kind::LeakyBucket => "leaky_bucket",
-            Kind::FixedWindow => "fixed_window",
-        }
-    }
-}
-
-/// One configured algorithm with its parameters, working on a bucket's state
-/// as bytes, so that buckets of any algorithm can live in one byte table.
+/// Why units are given back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Policy {
-    /// A token bucket.
-    TokenBucket(TokenBucket),
-    /// A leaky bucket meter (GCRA).
-    LeakyBucket(Gcra),
-    /// A fixed window.
-    FixedWindow(FixedWindow),
+pub enum Release {
+    /// The request was not served after all (a later rule denied it, or it
+    /// could not wait): every algorithm gives its units back.
+    Undo,
+    /// The request finished: only algorithms that hold units while a request
+    /// is in flight (concurrency) give them back.
+    Done,
 }
 
-impl Policy {
-    /// Builds the policy for `kind` admitting `limit` units per `period` with
-    /// `burst` units at once (ignored by the fixed window).
-    pub fn new(kind: Kind, limit: u64, period: Nanos, burst: u64) -> Self {
-        match kind {
-            Kind::TokenBucket => Policy::TokenBucket(TokenBucket::new(limit, period, burst)),
-            Kind::LeakyBucket => Policy::LeakyBucket(Gcra::new(limit, period, burst)),
-            Kind::FixedWindow => Policy::FixedWindow(FixedWindow::new(limit, period)),
-        }
-    }
+/// What a rule's limit looks like to a client: `q` and `w` of the IETF
+/// `RateLimit-Policy` field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Units per window (or in flight at once).
+    pub limit: u64,
+    /// The window, if the algorithm has one.
+    pub window: Option<Nanos>,
+}
 
-    /// Bytes one bucket's state takes.
-    pub fn state_len(&self) -> usize {
-        match self {
-            Policy::TokenBucket(_) | Policy::FixedWindow(_) => 16,
-            Policy::LeakyBucket(_) => 8,
-        }
-    }
+/// One algorithm with its parameters, deciding on a typed state. Implement
+/// this (and [`FromParams`]) in one file; [`Policy`] comes for free.
+pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
+    /// A bucket's state.
+    type State: Copy;
+
+    /// Bytes [`Algorithm::encode`] writes; [`Algorithm::decode`] reads exactly this many.
+    fn state_len(&self) -> usize;
+
+    /// Reads a state written by [`Algorithm::encode`]; `None` when the bytes
+    /// are not one (too short, or values no state can hold).
+    fn decode(&self, bytes: &[u8]) -> Option<Self::State>;
+
+    /// Writes `state` into `out` (of [`Algorithm::state_len`] bytes).
+    fn encode(&self, state: &Self::State, out: &mut [u8]);
 
     /// The most units a single request can ever be admitted for.
-    pub fn capacity(&self) -> u64 {
-        match self {
-            Policy::TokenBucket(b) => b.capacity(),
-            Policy::LeakyBucket(m) => m.capacity(),
-            Policy::FixedWindow(w) => w.capacity(),
-        }
+    fn capacity(&self) -> u64;
+
+    /// What the limit looks like to a client.
+    fn quota(&self) -> Quota;
+
+    /// The state of a never-seen key at `now`.
+    fn fresh(&self, now: Nanos) -> Self::State;
+
+    /// Decides a request of `cost` units; returns the decision and the state
+    /// after it (unchanged when denied).
+    fn decide(&self, state: Self::State, now: Nanos, cost: u64) -> (Decision, Self::State);
+
+    /// Gives back a grant for `why`; `None` when nothing changes.
+    fn release(&self, state: Self::State, now: Nanos, grant: Grant, why: Release) -> Option<Self::State>;
+
+    /// True when the state is indistinguishable from [`Algorithm::fresh`] at `now`.
+    fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
+
+    /// True when admitted requests hold their units until they finish, so
+    /// their permits must be released with [`Release::Done`].
+    fn holds_until_done(&self) -> bool {
+        false
     }
 
+    /// The most units any interval of length `span` can admit, whatever the
+    /// arrivals: the guarantee the README states. Property tests hold every
+    /// algorithm to it.
+    fn admitted_bound(&self, span: Nanos) -> u64;
+}
+
+/// Builds an algorithm from a rule's configuration.
+pub trait FromParams: Algorithm + Sized {
+    /// The fields this algorithm takes besides `limit` (for error messages).
+    const FIELDS: &'static [&'static str];
+
+    /// Takes this algorithm's fields from `params` and validates them.
+    fn from_params(params: &mut Params) -> Result<Self, ConfigError>;
+}
+
+/// A configured algorithm working on a bucket's state as bytes: what the
+/// bucket table and the limiter use. Bytes that do not decode are read as a
+/// fresh bucket, never a panic.
+pub trait Policy: fmt::Debug + Send + Sync {
+    /// Bytes one bucket's state takes.
+    fn state_len(&self) -> usize;
+    /// The most units a single request can ever be admitted for.
+    fn capacity(&self) -> u64;
+    /// What the limit looks like to a client.
+    fn quota(&self) -> Quota;
     /// Writes the state of a never-seen bucket into `slot`.
-    pub fn write_fresh(&self, slot: &mut [u8], now: Nanos) {
-        match self {
-            Policy::TokenBucket(b) => TokenBucket::encode(b.fresh(now), slot),
-            Policy::LeakyBucket(m) => Gcra::encode(m.fresh(now), slot),
-            Policy::FixedWindow(w) => FixedWindow::encode(w.fresh(now), slot),
-        }
-    }
-
+    fn write_fresh(&self, slot: &mut [u8], now: Nanos);
     /// Decides on the bucket in `slot` and writes its new state back.
-    /// A slot of the wrong size is treated as a fresh bucket.
-    pub fn decide(&self, slot: &mut [u8], now: Nanos, cost: u64) -> Decision {
-        match self {
-            Policy::TokenBucket(b) => {
-                let state = TokenBucket::decode(slot).unwrap_or_else(|| b.fresh(now));
-                let (decision, after) = b.decide(state, now, cost);
-                TokenBucket::encode(after, slot);
-                decision
-            }
-            Policy::LeakyBucket(m) => {
-                let tat = Gcra::decode(slot).unwrap_or_else(|| m.fresh(now));
-                let (decision, after) = m.decide(tat, now, cost);
-                Gcra::encode(after, slot);
-                decision
-            }
-            Policy::FixedWindow(w) => {
-                let state = FixedWindow::decode(slot).unwrap_or_else(|| w.fresh(now));
-                let (decision, after) = w.decide(state, now, cost);
-                FixedWindow::encode(after, slot);
-                decision
-            }
-        }
-    }
-
-    /// Gives back `cost` units to the bucket in `slot`.
-    pub fn refund(&self, slot: &mut [u8], now: Nanos, cost: u64) {
-        match self {
-            Policy::TokenBucket(b) => {
-                if let Some(state) = TokenBucket::decode(slot) {
-                    TokenBucket::encode(b.refund(state, now, cost), slot);
-                }
-            }
-            Policy::LeakyBucket(m) => {
-                if let Some(tat) = Gcra::decode(slot) {
-                    Gcra::encode(m.refund(tat, now, cost), slot);
-                }
-            }
-            Policy::FixedWindow(w) => {
-                if let Some(state) = FixedWindow::decode(slot) {
-                    FixedWindow::encode(w.refund(state, now, cost), slot);
-                }
-            }
-        }
-    }
-
+    fn decide(&self, slot: &mut [u8], now: Nanos, cost: u64) -> Decision;
+    /// Gives back a grant; returns false when the bucket did not change.
+    fn release(&self, slot: &mut [u8], now: Nanos, grant: Grant, why: Release) -> bool;
     /// True when the bucket in `slot` is indistinguishable from a fresh one
     /// (or unreadable), so its slot may be given to another key.
-    pub fn is_idle(&self, slot: &[u8], now: Nanos) -> bool {
-        match self {
-            Policy::TokenBucket(b) => TokenBucket::decode(slot).is_none_or(|s| b.is_idle(s, now)),
-            Policy::LeakyBucket(m) => Gcra::decode(slot).is_none_or(|tat| m.is_idle(tat, now)),
-            Policy::FixedWindow(w) => FixedWindow::decode(slot).is_none_or(|s| w.is_idle(s, now)),
+    fn is_idle(&self, slot: &[u8], now: Nanos) -> bool;
+    /// See [`Algorithm::holds_until_done`].
+    fn holds_until_done(&self) -> bool;
+    /// See [`Algorithm::admitted_bound`].
+    fn admitted_bound(&self, span: Nanos) -> u64;
+}
+
+impl<A: Algorithm> Policy for A {
+    fn state_len(&self) -> usize {
+        Algorithm::state_len(self)
+    }
+
+    fn capacity(&self) -> u64 {
+        Algorithm::capacity(self)
+    }
+
+    fn quota(&self) -> Quota {
+        Algorithm::quota(self)
+    }
+
+    fn write_fresh(&self, slot: &mut [u8], now: Nanos) {
+        self.encode(&self.fresh(now), slot);
+    }
+
+    fn decide(&self, slot: &mut [u8], now: Nanos, cost: u64) -> Decision {
+        let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
+        let (decision, after) = Algorithm::decide(self, state, now, cost);
+        self.encode(&after, slot);
+        decision
+    }
+
+    fn release(&self, slot: &mut [u8], now: Nanos, grant: Grant, why: Release) -> bool {
+        let Some(state) = self.decode(slot) else { return false };
+        match Algorithm::release(self, state, now, grant, why) {
+            Some(after) => {
+                self.encode(&after, slot);
+                true
+            }
+            None => false,
         }
+    }
+
+    fn is_idle(&self, slot: &[u8], now: Nanos) -> bool {
+        self.decode(slot).is_none_or(|state| Algorithm::is_idle(self, state, now))
+    }
+
+    fn holds_until_done(&self) -> bool {
+        Algorithm::holds_until_done(self)
+    }
+
+    fn admitted_bound(&self, span: Nanos) -> u64 {
+        Algorithm::admitted_bound(self, span)
     }
 }
 
+/// An algorithm's entry in [`ALGORITHMS`].
+#[derive(Clone, Copy)]
+pub struct Registration {
+    /// The name rules use (`"algorithm": "token_bucket"`).
+    pub name: &'static str,
+    /// Tags stored bucket groups, so state of another algorithm is never
+    /// read as this one's. Unique; change it when the state layout changes.
+    pub tag: u8,
+    /// The fields the algorithm takes besides `limit`.
+    pub fields: &'static [&'static str],
+    /// A small valid instance's fields (JSON, without `limit`): what tests
+    /// and fuzzing build every algorithm from.
+    pub example: &'static str,
+    build: fn(&mut Params) -> Result<Arc<dyn Policy>, ConfigError>,
+}
+
+impl fmt::Debug for Registration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration").field("name", &self.name).field("tag", &self.tag).finish_non_exhaustive()
+    }
+}
+
+const fn registration<A: FromParams>(name: &'static str, tag: u8, example: &'static str) -> Registration {
+    Registration { name, tag, fields: A::FIELDS, example, build: build::<A> }
+}
+
+fn build<A: FromParams>(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigError> {
+    Ok(Arc::new(A::from_params(params)?))
+}
+
+impl Registration {
+    /// The registered algorithm named `name`.
+    pub fn find(name: &str) -> Option<&'static Registration> {
+        ALGORITHMS.iter().find(|r| r.name == name)
+    }
+
+    /// Builds the algorithm from `params`; every field must be used.
+    pub fn build(&self, mut params: Params) -> Result<Arc<dyn Policy>, ConfigError> {
+        let policy = (self.build)(&mut params)?;
+        params.finish(self)?;
+        Ok(policy)
+    }
+
+    /// Builds [`Registration::example`] with `limit`.
+    pub fn build_example(&self, limit: u64) -> Result<Arc<dyn Policy>, ConfigError> {
+        let fields = serde_json::from_str(self.example)
+            .map_err(|e| ConfigError { field: self.name.to_string(), message: e.to_string() })?;
+        self.build(Params::new("example", limit, fields))
+    }
+}
+
+/// `numerator / denominator` rounded up (a zero denominator counts as one).
 pub(crate) fn div_ceil_u128(numerator: u128, denominator: u128) -> u128 {
     numerator.div_ceil(denominator.max(1))
 }
 
+/// A u128 result clamped into [`Nanos`] (too large means "never").
+pub(crate) fn nanos_u128(value: u128) -> Nanos {
+    Nanos(u64::try_from(value).unwrap_or(u64::MAX))
+}
+
+/// Writes `value` little-endian at byte `at` (nothing if it does not fit).
 pub(crate) fn put_u64(out: &mut [u8], at: usize, value: u64) {
     if let Some(dst) = out.get_mut(at..at + 8) {
         dst.copy_from_slice(&value.to_le_bytes());
     }
 }
 
+/// Reads a little-endian u64 at byte `at`.
 pub(crate) fn get_u64(bytes: &[u8], at: usize) -> Option<u64> {
     let raw: [u8; 8] = bytes.get(at..at + 8)?.try_into().ok()?;
     Some(u64::from_le_bytes(raw))
@@ -177,26 +337,46 @@ mod tests {
     use super::*;
     use crate::time::SECOND;
 
+    pub(crate) fn policy(json: &str) -> Arc<dyn Policy> {
+        let fields: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).unwrap();
+        let name = fields.get("algorithm").and_then(|v| v.as_str()).unwrap_or("token_bucket").to_string();
+        let limit = fields.get("limit").and_then(serde_json::Value::as_u64).unwrap();
+        let mut rest = fields.clone();
+        rest.remove("algorithm");
+        rest.remove("limit");
+        Registration::find(&name).unwrap().build(Params::new("rule", limit, rest)).unwrap()
+    }
+
+    #[test]
+    fn names_and_tags_are_unique() {
+        for (i, a) in ALGORITHMS.iter().enumerate() {
+            for b in &ALGORITHMS[i + 1..] {
+                assert_ne!(a.name, b.name);
+                assert_ne!(a.tag, b.tag, "{} and {}", a.name, b.name);
+            }
+        }
+    }
+
     #[test]
     fn token_and_leaky_buckets_admit_the_same_burst() {
-        for kind in [Kind::TokenBucket, Kind::LeakyBucket] {
-            let policy = Policy::new(kind, 5, 10 * SECOND, 5);
+        for name in ["token_bucket", "leaky_bucket"] {
+            let policy = policy(&format!(r#"{{"algorithm": "{name}", "limit": 5, "period": "10s", "burst": 5}}"#));
             let mut slot = vec![0u8; policy.state_len()];
             policy.write_fresh(&mut slot, SECOND);
-            let admitted = (0..8).filter(|_| policy.decide(&mut slot, SECOND, 1).allowed).count();
-            assert_eq!(admitted, 5, "{kind:?}");
+            let admitted = (0..8).filter(|_| policy.decide(&mut slot, SECOND, 1).allowed()).count();
+            assert_eq!(admitted, 5, "{name}");
         }
     }
 
     #[test]
     fn a_short_slot_is_a_fresh_bucket_not_a_panic() {
-        for kind in [Kind::TokenBucket, Kind::LeakyBucket, Kind::FixedWindow] {
-            let policy = Policy::new(kind, 5, SECOND, 5);
+        for registration in ALGORITHMS {
+            let policy = registration.build_example(5).unwrap();
             let mut short = [1u8; 3];
-            assert!(policy.is_idle(&short, 0));
-            policy.refund(&mut short, 0, 1);
-            let decision = policy.decide(&mut short, 0, 1);
-            assert!(decision.allowed, "{kind:?}");
+            assert!(policy.is_idle(&short, Nanos::ZERO));
+            assert!(!policy.release(&mut short, Nanos::ZERO, Grant { cost: 1, at: Nanos::ZERO }, Release::Undo));
+            let decision = policy.decide(&mut short, Nanos::ZERO, 1);
+            assert!(decision.allowed(), "{}", registration.name);
         }
     }
 }

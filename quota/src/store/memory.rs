@@ -8,7 +8,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use floodgate_core::algorithm::{Decision, FixedWindow, TokenBucket, TokenState, WindowState};
+use floodgate_core::algorithm::Algorithm as _;
+use floodgate_core::algorithm::{Decision, FixedWindow, Grant as Taken, Release, TokenBucket, TokenState, WindowState};
+use floodgate_core::time::Nanos;
+
+/// The core's algorithms count in any unit of time used consistently; this
+/// store gives them microseconds.
+fn t(us: Micros) -> Nanos {
+    Nanos(us)
+}
 
 use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError};
 use crate::clock::{Clock, Micros};
@@ -37,11 +45,11 @@ pub struct MemoryStore {
 }
 
 fn token_bucket(limit: &Limit) -> TokenBucket {
-    TokenBucket::new(limit.limit, limit.period, limit.capacity)
+    TokenBucket::new(limit.limit, t(limit.period), limit.capacity)
 }
 
 fn fixed_window(limit: &Limit) -> FixedWindow {
-    FixedWindow::new(limit.limit, limit.period)
+    FixedWindow::new(limit.limit, t(limit.period))
 }
 
 /// The bucket's state as `limit`'s algorithm reads it; a missing bucket, or
@@ -49,7 +57,7 @@ fn fixed_window(limit: &Limit) -> FixedWindow {
 fn token_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> TokenState {
     match bucket.map(|b| b.state) {
         Some(State::Token(s)) => s,
-        _ => token_bucket(limit).fresh(now),
+        _ => token_bucket(limit).fresh(t(now)),
     }
 }
 
@@ -58,19 +66,19 @@ fn window_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> WindowSt
     match bucket.map(|b| b.state) {
         // The core decides which stored window still counts (as the Redis
         // script does), so both stores agree even after a clock step back.
-        Some(State::Window(s)) => window.current(s, now),
-        _ => window.fresh(now),
+        Some(State::Window(s)) => window.current(s, t(now)),
+        _ => window.fresh(t(now)),
     }
 }
 
 fn decide(limit: &Limit, bucket: Option<&Bucket>, now: Micros, cost: u64) -> (Decision, State) {
     match limit.algorithm {
         Algorithm::TokenBucket => {
-            let (d, after) = token_bucket(limit).decide(token_state(limit, bucket, now), now, cost);
+            let (d, after) = token_bucket(limit).decide(token_state(limit, bucket, now), t(now), cost);
             (d, State::Token(after))
         }
         Algorithm::FixedWindow => {
-            let (d, after) = fixed_window(limit).decide(window_state(limit, bucket, now), now, cost);
+            let (d, after) = fixed_window(limit).decide(window_state(limit, bucket, now), t(now), cost);
             (d, State::Window(after))
         }
     }
@@ -88,8 +96,8 @@ fn put(map: &mut HashMap<String, Bucket>, key: &str, bucket: Bucket) {
 
 fn is_idle(bucket: &Bucket, now: Micros) -> bool {
     match bucket.state {
-        State::Token(s) => token_bucket(&bucket.limit).is_idle(s, now),
-        State::Window(s) => fixed_window(&bucket.limit).is_idle(s, now),
+        State::Token(s) => token_bucket(&bucket.limit).is_idle(s, t(now)),
+        State::Window(s) => fixed_window(&bucket.limit).is_idle(s, t(now)),
     }
 }
 
@@ -148,7 +156,7 @@ impl MemoryStore {
         let mut committed = true;
         for item in items {
             let (d, after) = decide(&item.limit, map.get(&item.key), now, item.cost);
-            if !d.allowed && !item.shadow {
+            if !d.allowed() && !item.shadow {
                 committed = false;
             }
             decisions.push(d);
@@ -156,16 +164,16 @@ impl MemoryStore {
         }
         if committed {
             let keys: Vec<&str> =
-                items.iter().zip(&decisions).filter(|(_, d)| d.allowed).map(|(i, _)| i.key.as_str()).collect();
+                items.iter().zip(&decisions).filter(|(_, d)| d.allowed()).map(|(i, _)| i.key.as_str()).collect();
             Self::make_room(&mut map, &keys, self.max_buckets, now)?;
             for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
-                if d.allowed {
+                if d.allowed() {
                     put(&mut map, &item.key, Bucket { limit: item.limit, state: after });
                 }
             }
         } else {
             for (item, d) in items.iter().zip(decisions.iter_mut()) {
-                if d.allowed {
+                if d.allowed() {
                     *d = decide(&item.limit, map.get(&item.key), now, 0).0;
                 }
             }
@@ -185,7 +193,7 @@ impl MemoryStore {
             let bucket = map.get(&item.key);
             let (remaining, horizon, window, valid) = match limit.algorithm {
                 Algorithm::TokenBucket => {
-                    let s = token_bucket(limit).refill(token_state(limit, bucket, now), now);
+                    let s = token_bucket(limit).refill(token_state(limit, bucket, now), t(now));
                     (s.tokens, limit.period, 0, ttl)
                 }
                 Algorithm::FixedWindow => {
@@ -199,7 +207,7 @@ impl MemoryStore {
             if granted > 0 {
                 put(&mut map, &item.key, Bucket { limit: *limit, state: after });
             }
-            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset, window, valid });
+            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset.get(), window, valid });
         }
         Ok(grants)
     }
@@ -219,10 +227,12 @@ impl MemoryStore {
             let back = match (limit.algorithm, bucket.state) {
                 (Algorithm::TokenBucket, State::Token(s)) => {
                     let tb = token_bucket(limit);
-                    let before = tb.refill(s, now);
+                    let before = tb.refill(s, t(now));
                     let back = item.tokens.min(limit.capacity.saturating_sub(before.tokens));
                     if back > 0 {
-                        bucket.state = State::Token(tb.refund(s, now, back));
+                        bucket.state = State::Token(
+                            tb.release(s, t(now), Taken { cost: back, at: t(now) }, Release::Undo).unwrap_or(s),
+                        );
                     }
                     back
                 }
@@ -231,7 +241,9 @@ impl MemoryStore {
                 {
                     let back = item.tokens.min(s.used);
                     if back > 0 {
-                        bucket.state = State::Window(fixed_window(limit).refund(s, now, back));
+                        let grant = Taken { cost: back, at: t(now) };
+                        bucket.state =
+                            State::Window(fixed_window(limit).release(s, t(now), grant, Release::Undo).unwrap_or(s));
                     }
                     back
                 }

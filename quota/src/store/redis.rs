@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use floodgate_core::algorithm::Decision;
+use floodgate_core::time::Nanos;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use tokio::sync::Mutex;
@@ -176,11 +177,13 @@ impl RedisStore {
         }
         let decisions = rest
             .chunks_exact(4)
-            .map(|c| Decision {
-                allowed: c[0] == 1,
-                remaining: micros(c[1]),
-                reset: micros(c[2]),
-                retry_after: retry(c[3]),
+            .map(|c| {
+                let (remaining, reset) = (micros(c[1]), Nanos(micros(c[2])));
+                if c[0] == 1 {
+                    Decision::admit(remaining, reset)
+                } else {
+                    Decision::deny(remaining, reset, Nanos(retry(c[3])))
+                }
             })
             .collect();
         Ok(CheckOutcome { committed: head[1] == 1, decisions })
