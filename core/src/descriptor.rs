@@ -110,9 +110,70 @@ pub enum DescriptorEntry {
     },
 }
 
+/// One descriptor entry's value as taken from a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Value<'a> {
+    /// Bytes: a header value (need not be UTF-8) or a configured constant.
+    Bytes(&'a [u8]),
+    /// The downstream address, without the port.
+    Address(IpAddr),
+    /// The downstream address masked to `prefix` bits: a subnet.
+    Subnet(IpAddr, u8),
+}
+
+impl Value<'_> {
+    /// The value as the quota service's protocol carries it: text. Addresses
+    /// are written as Envoy writes them (`10.0.0.7`, `10.1.2.0/24`); bytes
+    /// that are not UTF-8 have each invalid sequence replaced by U+FFFD.
+    pub fn to_text(&self) -> String {
+        match self {
+            Value::Bytes(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            Value::Address(ip) => ip.to_string(),
+            Value::Subnet(ip, prefix) => format!("{ip}/{prefix}"),
+        }
+    }
+}
+
+/// Takes the descriptor `entries` from `request`, handing each (key, value)
+/// pair to `visit` in order. Returns false when the rule does not apply to
+/// the request (a needed header is absent, a header match fails, no IP
+/// address); entries already visited are then to be ignored.
+///
+/// This is the one place descriptors are read: the local limiter hashes the
+/// pairs into a fingerprint ([`fingerprint`]), global mode sends them to the
+/// quota service ([`protocol_descriptor`]).
+pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit: impl FnMut(&str, Value<'_>)) -> bool {
+    for entry in entries {
+        match entry {
+            DescriptorEntry::RequestHeaders { header, key, skip_if_absent } => match request.header(*header) {
+                Some(value) => visit(key, Value::Bytes(value)),
+                None if *skip_if_absent => {}
+                None => return false,
+            },
+            DescriptorEntry::RemoteAddress => {
+                let Some(ip) = request.remote_address().and_then(parse_ip) else { return false };
+                visit("remote_address", Value::Address(ip));
+            }
+            DescriptorEntry::MaskedRemoteAddress { v4_prefix_len, v6_prefix_len } => {
+                let Some(ip) = request.remote_address().and_then(parse_ip) else { return false };
+                let prefix = if ip.is_ipv4() { *v4_prefix_len } else { *v6_prefix_len };
+                visit("masked_remote_address", Value::Subnet(mask(ip, prefix), prefix));
+            }
+            DescriptorEntry::GenericKey { key, value } => visit(key, Value::Bytes(value.as_bytes())),
+            DescriptorEntry::HeaderValueMatch { key, value, expect_match, headers } => {
+                let matched = headers.iter().all(|m| m.matches(request));
+                if matched != *expect_match {
+                    return false;
+                }
+                visit(key, Value::Bytes(value.as_bytes()));
+            }
+        }
+    }
+    true
+}
+
 /// Computes the keyed fingerprint of the descriptor `entries` of rule
-/// `rule_name` for `request`, or `None` when the rule does not apply to it
-/// (a needed header is absent, a header match fails, no IP address).
+/// `rule_name` for `request`, or `None` when the rule does not apply to it.
 pub fn fingerprint(
     key: (u64, u64),
     rule_name: &str,
@@ -121,43 +182,32 @@ pub fn fingerprint(
 ) -> Option<u64> {
     let mut hasher = SipHasher::new(key.0, key.1);
     hasher.write_field(rule_name.as_bytes());
-    for entry in entries {
-        match entry {
-            DescriptorEntry::RequestHeaders { header, key, skip_if_absent } => match request.header(*header) {
-                Some(value) => {
-                    hasher.write_field(key.as_bytes());
-                    hasher.write_field(value);
-                }
-                None if *skip_if_absent => {}
-                None => return None,
-            },
-            DescriptorEntry::RemoteAddress => {
-                let ip = parse_ip(request.remote_address()?)?;
-                hasher.write_field(b"remote_address");
-                write_ip(&mut hasher, ip);
-            }
-            DescriptorEntry::MaskedRemoteAddress { v4_prefix_len, v6_prefix_len } => {
-                let ip = parse_ip(request.remote_address()?)?;
-                let prefix = if ip.is_ipv4() { *v4_prefix_len } else { *v6_prefix_len };
-                hasher.write_field(b"masked_remote_address");
-                write_ip(&mut hasher, mask(ip, prefix));
-                hasher.write(&[prefix]);
-            }
-            DescriptorEntry::GenericKey { key, value } => {
-                hasher.write_field(key.as_bytes());
-                hasher.write_field(value.as_bytes());
-            }
-            DescriptorEntry::HeaderValueMatch { key, value, expect_match, headers } => {
-                let matched = headers.iter().all(|m| m.matches(request));
-                if matched != *expect_match {
-                    return None;
-                }
-                hasher.write_field(key.as_bytes());
-                hasher.write_field(value.as_bytes());
-            }
+    let applies = extract(entries, request, |key, value| match value {
+        // Constants and header values hash their key and bytes; addresses
+        // their kind and octets (a subnet also its prefix length).
+        Value::Bytes(bytes) => {
+            hasher.write_field(key.as_bytes());
+            hasher.write_field(bytes);
         }
-    }
-    Some(hasher.finish())
+        Value::Address(ip) => {
+            hasher.write_field(key.as_bytes());
+            write_ip(&mut hasher, ip);
+        }
+        Value::Subnet(ip, prefix) => {
+            hasher.write_field(key.as_bytes());
+            write_ip(&mut hasher, ip);
+            hasher.write(&[prefix]);
+        }
+    });
+    applies.then(|| hasher.finish())
+}
+
+/// The descriptor `entries` of `request` as the quota service's protocol
+/// carries them (ordered `[key, value]` pairs), or `None` when the rule does
+/// not apply to it.
+pub fn protocol_descriptor(entries: &[DescriptorEntry], request: &mut dyn Request) -> Option<Vec<(String, String)>> {
+    let mut pairs = Vec::with_capacity(entries.len());
+    extract(entries, request, |key, value| pairs.push((key.to_string(), value.to_text()))).then_some(pairs)
 }
 
 /// True when every entry is a constant: the rule has one bucket, whatever the request.
@@ -393,5 +443,28 @@ mod tests {
         let prefix = RequestMatch { path: Some((HeaderId(0), PathMatch::Prefix("/api".into()))), ..Default::default() };
         assert!(prefix.matches(&mut request(&[Some(b"/api/v1")], None)));
         assert!(!prefix.matches(&mut request(&[None], None)), "no :path, no match");
+    }
+
+    #[test]
+    fn one_extraction_feeds_the_fingerprint_and_the_protocol() {
+        let entries = vec![
+            DescriptorEntry::GenericKey { key: "route".into(), value: "api".into() },
+            DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "api_key".into(), skip_if_absent: false },
+            DescriptorEntry::MaskedRemoteAddress { v4_prefix_len: 24, v6_prefix_len: 64 },
+            DescriptorEntry::RemoteAddress,
+        ];
+        let mut req = request(&[Some(b"alice\xff")], Some("10.1.2.3:80"));
+        let pairs = protocol_descriptor(&entries, &mut req).unwrap();
+        let expected = [
+            ("route", "api"),
+            ("api_key", "alice\u{fffd}"),
+            ("masked_remote_address", "10.1.2.0/24"),
+            ("remote_address", "10.1.2.3"),
+        ];
+        assert_eq!(pairs, expected.map(|(k, v)| (k.to_string(), v.to_string())));
+        assert!(fingerprint(KEY, "r", &entries, &mut req).is_some());
+        let mut without_key = request(&[None], Some("10.1.2.3:80"));
+        assert_eq!(protocol_descriptor(&entries, &mut without_key), None);
+        assert_eq!(fingerprint(KEY, "r", &entries, &mut without_key), None);
     }
 }
