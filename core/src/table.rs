@@ -37,6 +37,17 @@ pub struct Table {
     groups: u32,
 }
 
+/// What an operation on a descriptor's bucket found (see [`Table::update`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slot<T> {
+    /// The operation's result.
+    pub value: T,
+    /// An idle entry of another descriptor was reused for this one.
+    pub reused_idle: bool,
+    /// The stored group did not decode and was started afresh.
+    pub was_corrupt: bool,
+}
+
 /// What happened in a group for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TableOutcome {
@@ -130,10 +141,19 @@ impl Table {
         (0..self.entries(group)).find(|&i| self.fingerprint_at(group, i) == Some(fingerprint))
     }
 
-    /// Decides a request of `cost` for the descriptor `fingerprint` on the
-    /// stored group value. Asks for a write only when state changed: a denial
-    /// is read-only.
-    pub fn decide(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
+    /// Runs `op` on the state of descriptor `fingerprint`'s bucket in the
+    /// stored group value: its own bucket, or else a new one (in an empty or
+    /// idle entry) holding a fresh state. `op` returns its result and whether
+    /// it changed the state; a write is asked for only then, so an operation
+    /// that changes nothing (a denial) is read-only and claims no entry.
+    /// `None` when the descriptor has no bucket and every entry is live.
+    pub fn update<T>(
+        &self,
+        stored: Vec<u8>,
+        fingerprint: u64,
+        now: Nanos,
+        op: impl FnOnce(&mut [u8]) -> (T, bool),
+    ) -> Step<Option<Slot<T>>> {
         let (mut group, was_corrupt) = self.load(stored);
         let (index, reused_idle) = match self.find(&group, fingerprint) {
             Some(index) => (index, false),
@@ -147,7 +167,7 @@ impl Table {
                         group.resize(group.len() + self.entry_len(), 0);
                         (index, false)
                     }
-                    None => return Step::Keep(TableOutcome::Full),
+                    None => return Step::Keep(None),
                 };
                 crate::algorithm::put_u64(&mut group, HEADER + index * self.entry_len(), fingerprint);
                 if let Some(state) = group.get_mut(self.state_range(index)) {
@@ -157,14 +177,34 @@ impl Table {
             }
         };
         let Some(state) = group.get_mut(self.state_range(index)) else {
-            return Step::Keep(TableOutcome::Full);
+            return Step::Keep(None);
         };
-        let decision = self.policy.decide(state, now, cost);
-        let outcome = TableOutcome::Decided { decision, reused_idle, was_corrupt };
-        if decision.allowed() {
-            Step::Write(group, outcome)
+        let (value, changed) = op(state);
+        let slot = Some(Slot { value, reused_idle, was_corrupt });
+        if changed {
+            Step::Write(group, slot)
         } else {
-            Step::Keep(outcome)
+            Step::Keep(slot)
+        }
+    }
+
+    /// Decides a request of `cost` for the descriptor `fingerprint` on the
+    /// stored group value. Asks for a write only when state changed: a denial
+    /// is read-only.
+    pub fn decide(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
+        let step = self.update(stored, fingerprint, now, |state| {
+            let decision = self.policy.decide(state, now, cost);
+            (decision, decision.allowed())
+        });
+        let outcome = |slot: Option<Slot<Decision>>| match slot {
+            Some(Slot { value: decision, reused_idle, was_corrupt }) => {
+                TableOutcome::Decided { decision, reused_idle, was_corrupt }
+            }
+            None => TableOutcome::Full,
+        };
+        match step {
+            Step::Write(group, slot) => Step::Write(group, outcome(slot)),
+            Step::Keep(slot) => Step::Keep(outcome(slot)),
         }
     }
 
