@@ -8,6 +8,7 @@
 pub mod algorithm;
 pub mod config;
 pub mod descriptor;
+pub mod global;
 pub mod hash;
 pub mod headers;
 pub mod limiter;

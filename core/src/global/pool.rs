@@ -1,0 +1,472 @@
+//! A pool of leased tokens: what this Envoy holds of one descriptor's
+//! fleet-wide limit, in one entry of the rule's bucket table.
+//!
+//! A pool holds one lease at a time. Requests spend its tokens; the request
+//! that finds the pool due for a refresh claims it (single flight: the claim
+//! is written in the same compare-and-swap as the spend, and another worker
+//! sees it) and its worker asks the service. The answer replaces the lease;
+//! unspent tokens of the replaced lease are handed back to be returned to the
+//! service (or counted as expired). An answer that arrives after a newer
+//! lease is in place is not applied: its tokens are returned whole. So the
+//! tokens a pool lets through never exceed those of the leases applied to it.
+
+use super::refresh::RefreshPolicy;
+use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
+use crate::time::Nanos;
+
+/// Bytes of a pool's state.
+pub const STATE_LEN: usize = 12 * 8;
+
+/// One pool: the current lease and what the service said with it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolState {
+    /// The current lease's id (0: none yet).
+    pub lease: u64,
+    /// Its unspent tokens.
+    pub tokens: u64,
+    /// When it was applied (units taken earlier came from another lease).
+    pub leased_at: Nanos,
+    /// When its tokens stop counting.
+    pub expires_at: Nanos,
+    /// A refresh is in flight until this instant (single flight).
+    pub refresh_until: Nanos,
+    /// Tokens spent since `rate_since`: the observed rate.
+    pub spent: u64,
+    /// Start of the rate observation.
+    pub rate_since: Nanos,
+    /// The service's limit (for `RateLimit-Policy`), as of the last grant.
+    pub limit: u64,
+    /// The service's window, as of the last grant.
+    pub window: Nanos,
+    /// What the service had not leased to anyone after the last grant.
+    pub unleased: u64,
+    /// When the service expected more quota, as of the last grant.
+    pub reset_at: Nanos,
+    /// The service had nothing to grant: deny here until then, without asking.
+    pub denied_until: Nanos,
+}
+
+/// What the service granted for one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The lease's id (the one the claim asked with).
+    pub lease: u64,
+    /// Tokens granted (may be 0 when nothing is left).
+    pub granted: u64,
+    /// How long they may be used.
+    pub valid: Nanos,
+    /// The limit, per `window`.
+    pub limit: u64,
+    /// The window of the limit.
+    pub window: Nanos,
+    /// Left unleased for everyone after this grant.
+    pub unleased: u64,
+    /// Time until more quota becomes available.
+    pub reset: Nanos,
+}
+
+/// A claimed refresh: the worker that made it asks the service.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// When the claim was made: the answer applies only if no lease newer
+    /// than this is in place.
+    pub started: Nanos,
+    /// Tokens to ask for.
+    pub wanted: u64,
+    /// The observed rate, tokens per second, to report.
+    pub rate: f64,
+}
+
+/// How a request fared on a pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spend {
+    /// The pool had the tokens: admitted.
+    Taken(Decision),
+    /// The service has nothing left until `retry_after`: denied here.
+    Denied(Decision),
+    /// No tokens here now; a refresh is claimed or in flight: ask again.
+    Empty,
+}
+
+/// Unspent tokens of a replaced lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leftover {
+    /// The lease they belong to.
+    pub lease: u64,
+    /// How many.
+    pub tokens: u64,
+    /// The lease had expired: they are lost, not returnable.
+    pub expired: bool,
+}
+
+/// What applying an answer did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// The grant is the pool's lease now; the replaced lease's tokens, if any.
+    Replaced(Option<Leftover>),
+    /// A newer lease was already in place: return the whole grant.
+    Stale,
+    /// This lease was applied already (a replayed answer): nothing to do.
+    Duplicate,
+}
+
+/// The pools of one global rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeasePool {
+    /// When to refresh and how much to ask for.
+    pub refresh: RefreshPolicy,
+    /// How long a claim holds before another worker may take it over: a
+    /// refresher that crashed or hung is replaced after this.
+    pub claim_ttl: Nanos,
+}
+
+impl LeasePool {
+    /// Tokens of the current lease that still count at `now`.
+    pub fn usable(&self, state: &PoolState, now: Nanos) -> u64 {
+        if now < state.expires_at {
+            state.tokens
+        } else {
+            0
+        }
+    }
+
+    /// Spends `cost` on the pool and claims a refresh when one is due and
+    /// none is in flight. Returns the outcome, the claim if this request made
+    /// it, and the state after (write it back if either changed it).
+    pub fn spend(&self, state: PoolState, now: Nanos, cost: u64) -> (Spend, Option<Claim>, PoolState) {
+        let mut after = state;
+        let usable = self.usable(&state, now);
+        let spend = if usable >= cost {
+            after.tokens = usable - cost;
+            after.spent = after.spent.saturating_add(cost);
+            Spend::Taken(self.report(&after, now))
+        } else if now < state.denied_until {
+            let report = self.report(&after, now);
+            Spend::Denied(Decision::deny(report.remaining, report.reset, state.denied_until - now))
+        } else {
+            Spend::Empty
+        };
+        let claim = self.claim(&mut after, now, cost);
+        (spend, claim, after)
+    }
+
+    /// Claims a refresh into `state` if one is due at `now` and none is in
+    /// flight (or the one in flight outlived its claim).
+    fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64) -> Option<Claim> {
+        if now < state.refresh_until || now < state.denied_until {
+            return None;
+        }
+        let rate = self.refresh.rate(state.spent, state.rate_since, now);
+        if !self.refresh.due(self.usable(state, now), state.expires_at, rate, now) {
+            return None;
+        }
+        state.refresh_until = now + self.claim_ttl;
+        Some(Claim { started: now, wanted: self.refresh.wanted(rate).max(cost), rate })
+    }
+
+    /// Applies the service's answer to the claim made at `claim_started`.
+    pub fn apply(
+        &self,
+        state: PoolState,
+        now: Nanos,
+        claim_started: Nanos,
+        grant: &LeaseGrant,
+    ) -> (Applied, PoolState) {
+        if state.lease != 0 && state.lease == grant.lease {
+            return (Applied::Duplicate, state);
+        }
+        if state.lease != 0 && state.leased_at >= claim_started {
+            return (Applied::Stale, state);
+        }
+        let leftover = (state.lease != 0 && state.tokens > 0).then(|| Leftover {
+            lease: state.lease,
+            tokens: state.tokens,
+            expired: now >= state.expires_at,
+        });
+        let denied_until = if grant.granted == 0 { now + grant.reset.max(self.refresh.lead) } else { Nanos::ZERO };
+        let after = PoolState {
+            lease: grant.lease,
+            tokens: grant.granted,
+            leased_at: now,
+            expires_at: now + grant.valid,
+            refresh_until: Nanos::ZERO,
+            spent: 0,
+            rate_since: now,
+            limit: grant.limit,
+            window: grant.window,
+            unleased: grant.unleased,
+            reset_at: now + grant.reset,
+            denied_until,
+        };
+        (Applied::Replaced(leftover), after)
+    }
+
+    /// Ends the claim made at `claim_started` without an answer (the callout
+    /// failed), so the next request may claim again; `None` when the claim
+    /// is no longer this one.
+    pub fn abandon(&self, state: PoolState, claim_started: Nanos) -> Option<PoolState> {
+        (state.refresh_until == claim_started + self.claim_ttl)
+            .then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
+    }
+
+    /// What a response reports: this Envoy's tokens plus what the service
+    /// had not leased at the last grant (a fleet-wide upper estimate), and
+    /// when it expected more, while the lease counts.
+    fn report(&self, state: &PoolState, now: Nanos) -> Decision {
+        if now >= state.expires_at {
+            return Decision::admit(0, Nanos::ZERO);
+        }
+        Decision::admit(state.tokens.saturating_add(state.unleased), state.reset_at - now)
+    }
+}
+
+impl Algorithm for LeasePool {
+    type State = PoolState;
+
+    fn state_len(&self) -> usize {
+        STATE_LEN
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Option<PoolState> {
+        let word = |i: usize| get_u64(bytes, i * 8);
+        Some(PoolState {
+            lease: word(0)?,
+            tokens: word(1)?,
+            leased_at: Nanos(word(2)?),
+            expires_at: Nanos(word(3)?),
+            refresh_until: Nanos(word(4)?),
+            spent: word(5)?,
+            rate_since: Nanos(word(6)?),
+            limit: word(7)?,
+            window: Nanos(word(8)?),
+            unleased: word(9)?,
+            reset_at: Nanos(word(10)?),
+            denied_until: Nanos(word(11)?),
+        })
+    }
+
+    fn encode(&self, s: &PoolState, out: &mut [u8]) {
+        let words = [
+            s.lease,
+            s.tokens,
+            s.leased_at.get(),
+            s.expires_at.get(),
+            s.refresh_until.get(),
+            s.spent,
+            s.rate_since.get(),
+            s.limit,
+            s.window.get(),
+            s.unleased,
+            s.reset_at.get(),
+            s.denied_until.get(),
+        ];
+        for (i, word) in words.into_iter().enumerate() {
+            put_u64(out, i * 8, word);
+        }
+    }
+
+    /// The service decides what one request may cost.
+    fn capacity(&self) -> u64 {
+        crate::config::MAX_AMOUNT
+    }
+
+    /// Known only from the service's answers (see [`PoolState::limit`]).
+    fn quota(&self) -> Quota {
+        Quota { limit: 0, window: None }
+    }
+
+    fn fresh(&self, now: Nanos) -> PoolState {
+        PoolState { rate_since: now, ..PoolState::default() }
+    }
+
+    /// Spends without claiming (see [`LeasePool::spend`]); an empty pool
+    /// denies with a zero `retry_after`: "ask the service".
+    fn decide(&self, state: PoolState, now: Nanos, cost: u64) -> (Decision, PoolState) {
+        let (spend, _, _) = self.spend(state, now, cost);
+        let mut after = state;
+        match spend {
+            Spend::Taken(decision) => {
+                after.tokens = self.usable(&state, now) - cost;
+                after.spent = after.spent.saturating_add(cost);
+                (decision, after)
+            }
+            Spend::Denied(decision) => (decision, state),
+            Spend::Empty => (Decision::deny(0, Nanos::ZERO, Nanos::ZERO), state),
+        }
+    }
+
+    /// Undo puts tokens back only into the lease they came from.
+    fn release(&self, state: PoolState, now: Nanos, grant: Grant, why: Release) -> Option<PoolState> {
+        (why == Release::Undo && grant.at >= state.leased_at && now < state.expires_at).then(|| PoolState {
+            tokens: state.tokens.saturating_add(grant.cost),
+            spent: state.spent.saturating_sub(grant.cost),
+            ..state
+        })
+    }
+
+    /// Nothing usable, nothing in flight, nothing denied: losing it loses nothing.
+    fn is_idle(&self, state: PoolState, now: Nanos) -> bool {
+        self.usable(&state, now) == 0 && now >= state.refresh_until && now >= state.denied_until
+    }
+
+    /// Whatever the leases applied to it held: not bounded here.
+    fn admitted_bound(&self, _span: Nanos) -> u64 {
+        u64::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::time::SECOND;
+
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const MS: Nanos = Nanos(1_000_000);
+
+    fn pool() -> LeasePool {
+        LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) }
+    }
+
+    fn grant(lease: u64, granted: u64) -> LeaseGrant {
+        LeaseGrant {
+            lease,
+            granted,
+            valid: SECOND,
+            limit: 1000,
+            window: SECOND.times(60),
+            unleased: 500,
+            reset: SECOND.times(30),
+        }
+    }
+
+    /// A pool holding a fresh lease of `tokens`, applied at `T0`.
+    fn leased(tokens: u64) -> PoolState {
+        let p = pool();
+        let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
+        let (applied, state) = p.apply(claimed, T0, claim.unwrap().started, &grant(1, tokens));
+        assert_eq!(applied, Applied::Replaced(None));
+        state
+    }
+
+    #[test]
+    fn an_empty_pool_claims_one_refresh_and_a_second_worker_waits() {
+        let p = pool();
+        let (spend, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        assert_eq!(spend, Spend::Empty);
+        let claim = claim.unwrap();
+        assert_eq!(claim.started, T0);
+        assert_eq!(state.refresh_until, T0 + MS.times(600));
+        // Another worker, 1 ms later, sees the claim: it waits, no second callout.
+        let (spend, second, _) = p.spend(state, T0 + MS, 1);
+        assert_eq!((spend, second), (Spend::Empty, None));
+    }
+
+    #[test]
+    fn steady_traffic_spends_locally_and_refreshes_early() {
+        let p = pool();
+        let mut state = leased(100);
+        let mut claims = 0;
+        let mut taken = 0;
+        // 100/s for 900 ms: one request every 10 ms.
+        for i in 0..90 {
+            let (spend, claim, after) = p.spend(state, T0 + MS.times(10 * i), 1);
+            taken += u64::from(matches!(spend, Spend::Taken(_)));
+            claims += u64::from(claim.is_some());
+            state = after;
+        }
+        assert_eq!(taken, 90, "never waited");
+        assert_eq!(claims, 1, "one early refresh, while tokens remained");
+        assert!(state.tokens > 0);
+    }
+
+    #[test]
+    fn a_claim_that_is_never_answered_is_taken_over_after_its_ttl() {
+        let p = pool();
+        let (_, first, state) = p.spend(p.fresh(T0), T0, 1);
+        assert!(first.is_some());
+        let (_, early, _) = p.spend(state, T0 + MS.times(599), 1);
+        assert_eq!(early, None);
+        let (_, late, taken_over) = p.spend(state, T0 + MS.times(600), 1);
+        assert_eq!(late.unwrap().started, T0 + MS.times(600));
+        // The first refresher's answer then arrives: the newer claim's lease is
+        // not yet in place, so it applies; the second answer is then stale.
+        let (applied, state) = p.apply(taken_over, T0 + MS.times(700), T0, &grant(1, 50));
+        assert_eq!(applied, Applied::Replaced(None));
+        let (applied, after) = p.apply(state, T0 + MS.times(800), T0 + MS.times(600), &grant(2, 70));
+        assert_eq!(applied, Applied::Stale, "a newer lease is in place: return all 70");
+        assert_eq!(after, state);
+    }
+
+    #[test]
+    fn a_new_lease_replaces_the_old_one_and_hands_back_its_tokens() {
+        let p = pool();
+        let state = leased(100);
+        let (_, claim, claimed) = p.spend(PoolState { tokens: 40, ..state }, T0 + MS.times(500), 1);
+        let claim = claim.unwrap();
+        let (applied, after) = p.apply(claimed, T0 + MS.times(520), claim.started, &grant(2, 80));
+        assert_eq!(applied, Applied::Replaced(Some(Leftover { lease: 1, tokens: 39, expired: false })));
+        assert_eq!((after.lease, after.tokens, after.refresh_until), (2, 80, Nanos::ZERO));
+        // The same answer again (a replay) changes nothing and returns nothing.
+        assert_eq!(p.apply(after, T0 + MS.times(530), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+    }
+
+    #[test]
+    fn tokens_of_an_expired_lease_are_lost_not_returned() {
+        let p = pool();
+        let state = leased(100);
+        let later = T0 + SECOND; // the lease was valid for 1 s
+        assert_eq!(p.usable(&state, later), 0);
+        let (spend, claim, claimed) = p.spend(state, later, 1);
+        assert_eq!(spend, Spend::Empty);
+        let (applied, _) = p.apply(claimed, later, claim.unwrap().started, &grant(2, 10));
+        assert_eq!(applied, Applied::Replaced(Some(Leftover { lease: 1, tokens: 100, expired: true })));
+    }
+
+    #[test]
+    fn a_grant_of_zero_denies_locally_until_the_reset_without_asking_again() {
+        let p = pool();
+        let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
+        let none = LeaseGrant { reset: SECOND.times(2), ..grant(1, 0) };
+        let (_, state) = p.apply(claimed, T0 + MS, claim.unwrap().started, &none);
+        let (spend, again, _) = p.spend(state, T0 + SECOND, 1);
+        let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
+        assert_eq!(decision.retry_after(), SECOND + MS);
+        assert_eq!(again, None, "no callout until the reset");
+        let (spend, again, _) = p.spend(state, T0 + MS + SECOND.times(2), 1);
+        assert_eq!(spend, Spend::Empty);
+        assert!(again.is_some(), "at the reset it asks again");
+    }
+
+    #[test]
+    fn a_failed_refresh_frees_the_claim_only_if_it_is_still_ours() {
+        let p = pool();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let freed = p.abandon(state, claim.unwrap().started).unwrap();
+        assert_eq!(freed.refresh_until, Nanos::ZERO);
+        assert!(p.spend(freed, T0 + MS, 1).1.is_some(), "the next request claims again");
+        assert_eq!(p.abandon(state, T0 + MS), None, "another worker's claim is left alone");
+    }
+
+    #[test]
+    fn undo_returns_tokens_only_to_the_lease_they_came_from() {
+        let p = pool();
+        let state = leased(10);
+        let (_, _, spent) = p.spend(state, T0 + MS, 3);
+        let undo = |s, at| p.release(s, T0 + MS, Grant { cost: 3, at }, Release::Undo);
+        assert_eq!(undo(spent, T0 + MS).unwrap().tokens, 10);
+        assert_eq!(undo(spent, T0 - MS), None, "taken from an older lease");
+        assert_eq!(p.release(spent, T0 + MS, Grant { cost: 3, at: T0 + MS }, Release::Done), None);
+    }
+
+    #[test]
+    fn idle_means_nothing_to_lose_and_state_round_trips() {
+        let p = pool();
+        let state = leased(10);
+        assert!(!p.is_idle(state, T0));
+        assert!(p.is_idle(state, T0 + SECOND));
+        let mut bytes = [0u8; STATE_LEN];
+        p.encode(&state, &mut bytes);
+        assert_eq!(p.decode(&bytes), Some(state));
+        assert_eq!(p.decode(&bytes[..STATE_LEN - 1]), None);
+    }
+}
