@@ -74,10 +74,17 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// A refusal before the service is asked: status and message.
 type Refusal = (StatusCode, String);
 
+/// The token of a `Bearer` credential. The scheme is case-insensitive
+/// (RFC 9110 section 11.1), so `bearer x` and `BEARER x` are the same credential.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(b"Bearer ".len())?;
+    scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
+}
+
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     let Some(expected) = &state.auth_token else { return Ok(()) };
     let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let token = given.and_then(|v| v.strip_prefix(b"Bearer ".as_slice()));
+    let token = given.and_then(bearer_token);
     match (given, token) {
         (None, _) => Err((StatusCode::UNAUTHORIZED, "missing Authorization: Bearer token".into())),
         (Some(_), Some(token)) if same(token, expected.as_bytes()) => Ok(()),

@@ -176,9 +176,14 @@ async fn api_calls_need_the_right_bearer_token() {
             assert_eq!(headers["www-authenticate"], "Bearer");
         }
     }
-    let (status, reply, _) = raw(&f, reqwest::Method::POST, "/v1/check", body, Some("Bearer s3cret")).await;
-    assert_eq!(status, 200, "{reply}");
-    assert_eq!(reply["allowed"], true);
+    // The scheme is case-insensitive (RFC 9110 section 11.1); the token is not.
+    for token in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR s3cret"] {
+        let (status, reply, _) = raw(&f, reqwest::Method::POST, "/v1/check", body.clone(), Some(token)).await;
+        assert_eq!(status, 200, "{token}: {reply}");
+        assert_eq!(reply["allowed"], true);
+    }
+    let (status, _, _) = raw(&f, reqwest::Method::POST, "/v1/check", body.clone(), Some("bearer S3CRET")).await;
+    assert_eq!(status, 401, "the token itself is compared exactly");
     // Probes and scrapes need no token.
     for path in ["/healthz", "/readyz", "/metrics"] {
         let (status, _, _) = raw(&f, reqwest::Method::GET, path, Vec::new(), None).await;
