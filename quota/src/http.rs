@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::protocol::{ErrorBody, MAX_BODY_BYTES};
+use crate::server::BodyTimeout;
 use crate::service::{ApiError, Service};
 
 /// What the handlers share.
@@ -92,11 +93,25 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     }
 }
 
+/// The server's body deadline, if that is why the body could not be read.
+fn body_timeout(rejection: &BytesRejection) -> Option<BodyTimeout> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = cause {
+        if let Some(timeout) = error.downcast_ref::<BodyTimeout>() {
+            return Some(*timeout);
+        }
+        cause = error.source();
+    }
+    None
+}
+
 fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Refusal> {
     let bytes = body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             (status, format!("request body is larger than {MAX_BODY_BYTES} bytes"))
+        } else if let Some(timeout) = body_timeout(&rejection) {
+            (StatusCode::REQUEST_TIMEOUT, timeout.to_string())
         } else {
             (StatusCode::BAD_REQUEST, format!("cannot read the request body: {rejection}"))
         }

@@ -13,6 +13,7 @@ use floodgate_quota::clock::{Clock, ManualClock, SECOND_US};
 use floodgate_quota::config::Config;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
+use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings};
 use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
 use serde_json::Value;
@@ -142,6 +143,8 @@ pub struct Options {
     /// Use Redis's own clock instead of the manual one.
     pub redis_time: bool,
     pub max_buckets: usize,
+    /// The server loop's timeouts and connection cap.
+    pub limits: Limits,
 }
 
 impl Default for Options {
@@ -152,6 +155,7 @@ impl Default for Options {
             store_timeout: Duration::from_millis(500),
             redis_time: false,
             max_buckets: 100_000,
+            limits: Limits::default(),
         }
     }
 }
@@ -187,9 +191,7 @@ impl Fixture {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let app = router(state);
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("serve");
-        });
+        let server = tokio::spawn(serve(listener, app, options.limits, std::future::pending()));
         let client = reqwest::Client::builder()
             // A safety net against a hang, not a speed assertion.
             .timeout(Duration::from_secs(10))
