@@ -93,3 +93,39 @@ async fn a_service_started_before_redis_serves_once_redis_is_up() {
     let r = wait_until_serving(&f).await;
     assert_eq!(r["results"][0]["remaining"], 999);
 }
+
+const PER_MINUTE: &str =
+    "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+
+/// Uses up 1000/min, kills Redis with SIGKILL, starts it again on the same
+/// data, and returns what a check says once the service serves again.
+async fn used_up_then_redis_killed_and_restarted(redis: RedisServer) -> Value {
+    let mut f = Fixture::serve(Some(redis.url()), Some(redis), PER_MINUTE, options()).await;
+    for _ in 0..10 {
+        let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 100})).await;
+        assert_eq!(r["allowed"], true, "{r}");
+    }
+    let r = f.check(check()).await;
+    assert_eq!(r["allowed"], false, "1000 used: {r}");
+
+    let redis = f.redis.as_mut().unwrap();
+    redis.stop();
+    redis.restart();
+    // The service's clock stands still: the same minute.
+    wait_until_serving(&f).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_shipped_redis_conf_counts_survive_a_redis_crash() {
+    let r = used_up_then_redis_killed_and_restarted(RedisServer::start_persistent()).await;
+    assert_eq!(r["allowed"], false, "the 1000 used before the restart still count: {r}");
+    assert_eq!(r["results"][0]["remaining"], 0, "{r}");
+}
+
+/// What the README warns about: without persistence, a restart forgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_persistence_a_redis_restart_forgets_the_counts() {
+    let r = used_up_then_redis_killed_and_restarted(RedisServer::start()).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(r["results"][0]["remaining"], 999, "{r}");
+}
