@@ -129,3 +129,51 @@ async fn without_persistence_a_redis_restart_forgets_the_counts() {
     assert_eq!(r["allowed"], true, "{r}");
     assert_eq!(r["results"][0]["remaining"], 999, "{r}");
 }
+
+/// Checks while Redis is frozen: each a 503 counted as a timeout, with the
+/// timeout's message.
+async fn assert_frozen_is_a_timeout(f: &Fixture) {
+    let mut messages = Vec::new();
+    for _ in 0..6 {
+        let (status, body) = f.post("/v1/check", &check()).await;
+        assert_eq!(status, 503, "{body}");
+        messages.push(body["error"].as_str().unwrap_or_default().to_string());
+    }
+    let metrics = f.metrics().await;
+    let kinds: Vec<&str> = metrics.lines().filter(|l| l.starts_with("floodgate_quota_store_errors_total{")).collect();
+    assert!(kinds.iter().all(|l| l.contains(r#"kind="timeout""#)), "{kinds:?}\n{messages:?}");
+    assert!(messages.iter().all(|m| m == "the store did not answer in time"), "{messages:?}");
+}
+
+/// A frozen Redis is one kind of failure, whatever stage the call was at:
+/// connected, or connecting and waiting between connection attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_counted_as_a_timeout_only() {
+    let f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    f.redis.as_ref().unwrap().pause();
+    assert_frozen_is_a_timeout(&f).await;
+    f.redis.as_ref().unwrap().resume();
+
+    let redis = RedisServer::start();
+    redis.pause();
+    let f = Fixture::serve(Some(redis.url()), Some(redis), LIMITS, options()).await;
+    assert_frozen_is_a_timeout(&f).await;
+}
+
+/// An idle instance whose Redis restarted answers its next call from the new
+/// Redis, instead of failing it on the dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_redis_restart_on_an_idle_instance_is_served() {
+    let mut f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    let redis = f.redis.as_mut().unwrap();
+    redis.stop();
+    redis.restart();
+    for (path, body) in [("/v1/check", check()), ("/v1/lease", lease()), ("/v1/return", give_back())] {
+        let (status, reply) = f.post(path, &body).await;
+        assert_eq!(status, 200, "{path}: {reply}");
+    }
+    let ready = f.client.get(format!("{}/readyz", f.base)).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+}
