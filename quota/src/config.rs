@@ -256,31 +256,80 @@ struct Children(HashMap<String, KeyEntries>);
 
 impl<'de> Deserialize<'de> for Children {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let list = Option::<Vec<FileDescriptor>>::deserialize(d)?.unwrap_or_default();
-        let mut children: HashMap<String, KeyEntries> = HashMap::new();
-        for entry in list {
-            let node = Node { rule: entry.rule, children: entry.descriptors.0 };
-            let slot = children.entry(entry.key.clone()).or_default();
-            let duplicate = match entry.value {
-                Some(value) => {
-                    let dup =
-                        slot.values.contains_key(&value).then(|| format!("key {:?} with value {value:?}", entry.key));
-                    slot.values.insert(value, node);
-                    dup
-                }
-                None => {
-                    let dup = slot.any.is_some().then(|| format!("key {:?} without a value", entry.key));
-                    slot.any = Some(node);
-                    dup
-                }
-            };
-            if let Some(which) = duplicate {
-                return Err(serde::de::Error::custom(format!(
-                    "duplicate descriptor: {which} appears twice at this level"
-                )));
-            }
-        }
+        d.deserialize_option(ChildrenVisitor)
+    }
+}
+
+struct ChildrenVisitor;
+
+impl<'de> serde::de::Visitor<'de> for ChildrenVisitor {
+    type Value = Children;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a sequence of descriptors")
+    }
+
+    fn visit_none<E: serde::de::Error>(self) -> Result<Children, E> {
+        Ok(Children::default())
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<Children, E> {
+        Ok(Children::default())
+    }
+
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Children, D::Error> {
+        d.deserialize_seq(self)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Children, A::Error> {
+        let mut children = HashMap::new();
+        while seq.next_element_seed(Entry(&mut children))?.is_some() {}
         Ok(Children(children))
+    }
+}
+
+/// One entry of a level, added to the level's `children`. A duplicate is
+/// refused while its own mapping is being read, so that the error carries the
+/// duplicate's line and column (not the list's or the file's).
+struct Entry<'a>(&'a mut HashMap<String, KeyEntries>);
+
+impl<'de> serde::de::DeserializeSeed<'de> for Entry<'_> {
+    type Value = ();
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Entry<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a descriptor (a mapping with `key`)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<(), A::Error> {
+        let entry = FileDescriptor::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+        let node = Node { rule: entry.rule, children: entry.descriptors.0 };
+        let slot = self.0.entry(entry.key.clone()).or_default();
+        let duplicate = match entry.value {
+            Some(value) => {
+                let dup = slot.values.contains_key(&value).then(|| format!("key {:?} with value {value:?}", entry.key));
+                slot.values.insert(value, node);
+                dup
+            }
+            None => {
+                let dup = slot.any.is_some().then(|| format!("key {:?} without a value", entry.key));
+                slot.any = Some(node);
+                dup
+            }
+        };
+        match duplicate {
+            Some(which) => {
+                Err(serde::de::Error::custom(format!("duplicate descriptor: {which} appears twice at this level")))
+            }
+            None => Ok(()),
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::protocol::{ErrorBody, MAX_BODY_BYTES};
+use crate::server::BodyTimeout;
 use crate::service::{ApiError, Service};
 
 /// What the handlers share.
@@ -74,10 +75,17 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// A refusal before the service is asked: status and message.
 type Refusal = (StatusCode, String);
 
+/// The token of a `Bearer` credential. The scheme is case-insensitive
+/// (RFC 9110 section 11.1), so `bearer x` and `BEARER x` are the same credential.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(b"Bearer ".len())?;
+    scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
+}
+
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     let Some(expected) = &state.auth_token else { return Ok(()) };
     let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let token = given.and_then(|v| v.strip_prefix(b"Bearer ".as_slice()));
+    let token = given.and_then(bearer_token);
     match (given, token) {
         (None, _) => Err((StatusCode::UNAUTHORIZED, "missing Authorization: Bearer token".into())),
         (Some(_), Some(token)) if same(token, expected.as_bytes()) => Ok(()),
@@ -85,11 +93,25 @@ fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
     }
 }
 
+/// The server's body deadline, if that is why the body could not be read.
+fn body_timeout(rejection: &BytesRejection) -> Option<BodyTimeout> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = cause {
+        if let Some(timeout) = error.downcast_ref::<BodyTimeout>() {
+            return Some(*timeout);
+        }
+        cause = error.source();
+    }
+    None
+}
+
 fn parse<T: DeserializeOwned>(body: Result<Bytes, BytesRejection>) -> Result<T, Refusal> {
     let bytes = body.map_err(|rejection| {
         let status = rejection.status();
         if status == StatusCode::PAYLOAD_TOO_LARGE {
             (status, format!("request body is larger than {MAX_BODY_BYTES} bytes"))
+        } else if let Some(timeout) = body_timeout(&rejection) {
+            (StatusCode::REQUEST_TIMEOUT, timeout.to_string())
         } else {
             (StatusCode::BAD_REQUEST, format!("cannot read the request body: {rejection}"))
         }

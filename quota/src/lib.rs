@@ -10,5 +10,6 @@ pub mod http;
 pub mod metrics;
 pub mod protocol;
 pub mod reload;
+pub mod server;
 pub mod service;
 pub mod store;

@@ -13,6 +13,7 @@ use floodgate_quota::config::Config;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::reload::spawn_reloader;
+use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
 use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
 
@@ -57,6 +58,25 @@ struct Cli {
     /// Most buckets the memory store holds (idle ones are dropped first).
     #[arg(long, default_value_t = 1_000_000)]
     memory_max_buckets: usize,
+
+    /// Longest wait for a request's headers, and for the next request on an
+    /// idle kept-alive connection.
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    header_read_timeout: Duration,
+
+    /// Longest time for a request's whole body to arrive (then 408).
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    body_read_timeout: Duration,
+
+    /// Most connections open at once; more get 503 and are closed. Keep it
+    /// below the open-files limit (`ulimit -n`).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
+
+    /// After SIGTERM, how long requests in flight may take before the
+    /// connections left are closed.
+    #[arg(long, default_value = "10s", value_parser = duration, value_name = "DURATION")]
+    shutdown_deadline: Duration,
 
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
@@ -178,10 +198,13 @@ async fn run(cli: Cli) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
     let state = AppState { service, auth_token: cli.auth_token.map(Arc::from) };
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| format!("server failed: {e}"))?;
+    let limits = Limits {
+        header_read_timeout: cli.header_read_timeout,
+        body_read_timeout: cli.body_read_timeout,
+        max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
+        shutdown_deadline: cli.shutdown_deadline,
+    };
+    serve(listener, router(state), limits, shutdown_signal()).await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -176,14 +176,58 @@ async fn api_calls_need_the_right_bearer_token() {
             assert_eq!(headers["www-authenticate"], "Bearer");
         }
     }
-    let (status, reply, _) = raw(&f, reqwest::Method::POST, "/v1/check", body, Some("Bearer s3cret")).await;
-    assert_eq!(status, 200, "{reply}");
-    assert_eq!(reply["allowed"], true);
+    // The scheme is case-insensitive (RFC 9110 section 11.1); the token is not.
+    for token in ["Bearer s3cret", "bearer s3cret", "BEARER s3cret", "bEaReR s3cret"] {
+        let (status, reply, _) = raw(&f, reqwest::Method::POST, "/v1/check", body.clone(), Some(token)).await;
+        assert_eq!(status, 200, "{token}: {reply}");
+        assert_eq!(reply["allowed"], true);
+    }
+    let (status, _, _) = raw(&f, reqwest::Method::POST, "/v1/check", body.clone(), Some("bearer S3CRET")).await;
+    assert_eq!(status, 401, "the token itself is compared exactly");
     // Probes and scrapes need no token.
     for path in ["/healthz", "/readyz", "/metrics"] {
         let (status, _, _) = raw(&f, reqwest::Method::GET, path, Vec::new(), None).await;
         assert_eq!(status, 200, "{path}");
     }
+}
+
+/// What is not HTTP/1.1 is answered by hyper's parser before the router
+/// runs: the status, an empty body and a closed connection, as
+/// docs/protocol.md says; the service keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_http_gets_the_parsers_status_and_a_closed_connection() {
+    use std::io::{Read, Write};
+    let f = Fixture::new(Backend::Memory, LIMITS).await;
+    let address = f.base.trim_start_matches("http://").to_string();
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"GARBAGE\r\n\r\n".to_vec(), "400 Bad Request"),
+        (b"POST /v1/check HTTP/1.1\r\nhost: q\r\ncontent-length: abc\r\n\r\n".to_vec(), "400 Bad Request"),
+        (
+            b"POST /v1/check HTTP/1.1\r\nhost: q\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\n".to_vec(),
+            "400 Bad Request",
+        ),
+    ];
+    let replies = tokio::task::spawn_blocking(move || {
+        cases
+            .into_iter()
+            .map(|(request, status)| {
+                let mut stream = std::net::TcpStream::connect(&address).unwrap();
+                stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                stream.write_all(&request).unwrap();
+                let mut reply = Vec::new();
+                let _ = stream.read_to_end(&mut reply);
+                (String::from_utf8_lossy(&reply).into_owned(), status)
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    for (reply, status) in replies {
+        assert!(reply.starts_with(&format!("HTTP/1.1 {status}\r\n")), "{reply}");
+        assert!(reply.contains("connection: close\r\n") && reply.contains("content-length: 0\r\n"), "{reply}");
+    }
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]]})).await;
+    assert_eq!(r["allowed"], true);
 }
 
 /// The shipped binary: listens where told, requires its token, and on

@@ -124,3 +124,64 @@ async fn memory_hot_reload_keeps_state_and_applies_new_limits() {
 async fn redis_hot_reload_keeps_state_and_applies_new_limits() {
     hot_reload_keeps_state_and_applies_new_limits(Backend::Redis).await;
 }
+
+/// Writes `yaml` and waits until it is the `count`th reload applied.
+async fn reload_to(f: &Fixture, path: &Path, yaml: &str, count: u32) {
+    std::fs::write(path, yaml).unwrap();
+    let applied = format!("floodgate_quota_config_reloads_total{{result=\"ok\"}} {count}\n");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.metrics().await.contains(&applied) {
+        assert!(Instant::now() < deadline, "reload {count} never applied");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn rule(unit: &str, algorithm: &str) -> String {
+    format!(
+        "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {{unit: {unit}, requests_per_unit: 5, algorithm: {algorithm}}}\n"
+    )
+}
+
+/// Remaining after taking `hits`.
+async fn take(f: &Fixture, hits: u64) -> serde_json::Value {
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": hits})).await;
+    r["results"][0]["remaining"].clone()
+}
+
+/// What the README's hot-reload paragraph says: changing a fixed window's
+/// `unit` forgets its count; a token bucket keeps its tokens across a `unit`
+/// change; each algorithm has buckets of its own, so changing `algorithm`
+/// starts afresh, and changing it back finds the old bucket if still live.
+async fn a_reload_changing_unit_or_algorithm(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    std::fs::write(&path, rule("hour", "fixed_window")).unwrap();
+    let f = Fixture::new(backend, &rule("hour", "fixed_window")).await;
+    let reloader = spawn_reloader(f.service.clone(), vec![path.clone()], Duration::from_millis(50));
+
+    assert_eq!(take(&f, 3).await, 2);
+    reload_to(&f, &path, &rule("day", "fixed_window"), 1).await;
+    assert_eq!(take(&f, 1).await, 4, "a fixed window's unit changed: the 3 used are forgotten");
+
+    assert_eq!(take(&f, 2).await, 2);
+    reload_to(&f, &path, &rule("hour", "token_bucket"), 2).await;
+    assert_eq!(take(&f, 1).await, 4, "the algorithm changed: a fresh, full bucket");
+
+    assert_eq!(take(&f, 2).await, 2);
+    reload_to(&f, &path, &rule("day", "token_bucket"), 3).await;
+    assert_eq!(take(&f, 1).await, 1, "a token bucket's unit changed: its tokens are kept");
+
+    reload_to(&f, &path, &rule("day", "fixed_window"), 4).await;
+    assert_eq!(take(&f, 0).await, 2, "back to the fixed window: its bucket of this day, 3 used, is still there");
+    reloader.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_a_reload_changing_unit_or_algorithm_behaves_as_documented() {
+    a_reload_changing_unit_or_algorithm(Backend::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_reload_changing_unit_or_algorithm_behaves_as_documented() {
+    a_reload_changing_unit_or_algorithm(Backend::Redis).await;
+}

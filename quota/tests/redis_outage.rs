@@ -93,3 +93,87 @@ async fn a_service_started_before_redis_serves_once_redis_is_up() {
     let r = wait_until_serving(&f).await;
     assert_eq!(r["results"][0]["remaining"], 999);
 }
+
+const PER_MINUTE: &str =
+    "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+
+/// Uses up 1000/min, kills Redis with SIGKILL, starts it again on the same
+/// data, and returns what a check says once the service serves again.
+async fn used_up_then_redis_killed_and_restarted(redis: RedisServer) -> Value {
+    let mut f = Fixture::serve(Some(redis.url()), Some(redis), PER_MINUTE, options()).await;
+    for _ in 0..10 {
+        let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]], "hits": 100})).await;
+        assert_eq!(r["allowed"], true, "{r}");
+    }
+    let r = f.check(check()).await;
+    assert_eq!(r["allowed"], false, "1000 used: {r}");
+
+    let redis = f.redis.as_mut().unwrap();
+    redis.stop();
+    redis.restart();
+    // The service's clock stands still: the same minute.
+    wait_until_serving(&f).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_shipped_redis_conf_counts_survive_a_redis_crash() {
+    let r = used_up_then_redis_killed_and_restarted(RedisServer::start_persistent()).await;
+    assert_eq!(r["allowed"], false, "the 1000 used before the restart still count: {r}");
+    assert_eq!(r["results"][0]["remaining"], 0, "{r}");
+}
+
+/// What the README warns about: without persistence, a restart forgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_persistence_a_redis_restart_forgets_the_counts() {
+    let r = used_up_then_redis_killed_and_restarted(RedisServer::start()).await;
+    assert_eq!(r["allowed"], true, "{r}");
+    assert_eq!(r["results"][0]["remaining"], 999, "{r}");
+}
+
+/// Checks while Redis is frozen: each a 503 counted as a timeout, with the
+/// timeout's message.
+async fn assert_frozen_is_a_timeout(f: &Fixture) {
+    let mut messages = Vec::new();
+    for _ in 0..6 {
+        let (status, body) = f.post("/v1/check", &check()).await;
+        assert_eq!(status, 503, "{body}");
+        messages.push(body["error"].as_str().unwrap_or_default().to_string());
+    }
+    let metrics = f.metrics().await;
+    let kinds: Vec<&str> = metrics.lines().filter(|l| l.starts_with("floodgate_quota_store_errors_total{")).collect();
+    assert!(kinds.iter().all(|l| l.contains(r#"kind="timeout""#)), "{kinds:?}\n{messages:?}");
+    assert!(messages.iter().all(|m| m == "the store did not answer in time"), "{messages:?}");
+}
+
+/// A frozen Redis is one kind of failure, whatever stage the call was at:
+/// connected, or connecting and waiting between connection attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_redis_is_counted_as_a_timeout_only() {
+    let f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    f.redis.as_ref().unwrap().pause();
+    assert_frozen_is_a_timeout(&f).await;
+    f.redis.as_ref().unwrap().resume();
+
+    let redis = RedisServer::start();
+    redis.pause();
+    let f = Fixture::serve(Some(redis.url()), Some(redis), LIMITS, options()).await;
+    assert_frozen_is_a_timeout(&f).await;
+}
+
+/// An idle instance whose Redis restarted answers its next call from the new
+/// Redis, instead of failing it on the dead connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_call_after_a_redis_restart_on_an_idle_instance_is_served() {
+    let mut f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    let redis = f.redis.as_mut().unwrap();
+    redis.stop();
+    redis.restart();
+    for (path, body) in [("/v1/check", check()), ("/v1/lease", lease()), ("/v1/return", give_back())] {
+        let (status, reply) = f.post(path, &body).await;
+        assert_eq!(status, 200, "{path}: {reply}");
+    }
+    let ready = f.client.get(format!("{}/readyz", f.base)).send().await.unwrap();
+    assert_eq!(ready.status().as_u16(), 200);
+}

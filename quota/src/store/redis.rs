@@ -40,9 +40,10 @@ pub struct RedisStore {
     connection: std::sync::RwLock<Option<ConnectionManager>>,
     /// Held while connecting, so that one caller connects and the others wait.
     connecting: Mutex<()>,
-    /// When the last connection attempt failed: attempts are spaced so that a
-    /// dead Redis costs callers a refused connect, not a pile of them.
-    last_failure: std::sync::Mutex<Option<Instant>>,
+    /// When and how the last connection attempt failed: attempts are spaced
+    /// so that a dead Redis costs callers a refused connect, not a pile of
+    /// them, and the callers in between get the same error.
+    last_failure: std::sync::Mutex<Option<(Instant, StoreError)>>,
     check: Script,
     lease: Script,
     give_back: Script,
@@ -63,6 +64,16 @@ fn algorithm_code(algorithm: Algorithm) -> u8 {
 
 fn limit_args(limit: &Limit) -> [u64; 4] {
     [u64::from(algorithm_code(limit.algorithm)), limit.limit, limit.period, limit.capacity]
+}
+
+/// One kind per failure, whichever timer fired first: redis-rs's own
+/// response and connection timeouts are the same `--store-timeout` as ours.
+fn store_error(e: &redis::RedisError) -> StoreError {
+    if e.is_timeout() {
+        StoreError::Timeout
+    } else {
+        StoreError::Unavailable(e.to_string())
+    }
 }
 
 fn bad_reply(what: &str) -> StoreError {
@@ -118,8 +129,10 @@ impl RedisStore {
         }
         {
             let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
-            if last.is_some_and(|at| at.elapsed() < self.options.timeout) {
-                return Err(StoreError::Unavailable("cannot connect to Redis (retrying shortly)".into()));
+            if let Some((at, error)) = last.as_ref() {
+                if at.elapsed() < self.options.timeout {
+                    return Err(error.clone());
+                }
             }
         }
         let config = ConnectionManagerConfig::new()
@@ -140,21 +153,34 @@ impl RedisStore {
                 *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 Ok(conn)
             }
-            Ok(Err(e)) => {
-                *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                Err(StoreError::Unavailable(format!("cannot connect to Redis: {e}")))
-            }
-            Err(_) => {
-                *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                Err(StoreError::Timeout)
-            }
+            Ok(Err(e)) => Err(self.failed_to_connect(match store_error(&e) {
+                StoreError::Unavailable(why) => StoreError::Unavailable(format!("cannot connect to Redis: {why}")),
+                other => other,
+            })),
+            Err(_) => Err(self.failed_to_connect(StoreError::Timeout)),
         }
     }
 
+    fn failed_to_connect(&self, error: StoreError) -> StoreError {
+        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), error.clone()));
+        error
+    }
+
+    /// Runs a script; a call that found its connection dropped (a Redis
+    /// restarted while this instance was idle: the first write fails with a
+    /// broken pipe) is sent once more, on the connection the manager re-makes
+    /// at that error, within the same timeout. A script that ran but whose
+    /// reply was lost is then counted twice: over-counting is the safe side
+    /// for a limiter.
     async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
         let call = async {
             let mut conn = self.connection().await?;
-            invocation.invoke_async::<Vec<i64>>(&mut conn).await.map_err(|e| StoreError::Unavailable(e.to_string()))
+            match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
+                Err(e) if e.is_connection_dropped() => {
+                    invocation.invoke_async::<Vec<i64>>(&mut conn).await.map_err(|e| store_error(&e))
+                }
+                result => result.map_err(|e| store_error(&e)),
+            }
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?
     }
@@ -240,10 +266,12 @@ impl RedisStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         let call = async {
             let mut conn = self.connection().await?;
-            redis::cmd("PING")
-                .query_async::<String>(&mut conn)
-                .await
-                .map_err(|e| StoreError::Unavailable(e.to_string()))
+            let ping = redis::cmd("PING");
+            match ping.query_async::<String>(&mut conn).await {
+                Err(e) if e.is_connection_dropped() => ping.query_async::<String>(&mut conn).await,
+                result => result,
+            }
+            .map_err(|e| store_error(&e))
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?.map(|_| ())
     }

@@ -13,6 +13,7 @@ use floodgate_quota::clock::{Clock, ManualClock, SECOND_US};
 use floodgate_quota::config::Config;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
+use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings};
 use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
 use serde_json::Value;
@@ -30,18 +31,29 @@ pub fn free_port() -> u16 {
 pub struct RedisServer {
     pub port: u16,
     child: Option<Child>,
+    /// With persistence: the data directory, kept across restarts.
+    data: Option<tempfile::TempDir>,
 }
 
 impl RedisServer {
     pub fn start() -> Self {
-        let mut server = RedisServer { port: free_port(), child: None };
+        let mut server = RedisServer { port: free_port(), child: None, data: None };
+        server.restart();
+        server
+    }
+
+    /// A server run with the shipped `quota/redis.conf` (append-only file)
+    /// in a data directory of its own, which restarts reuse.
+    pub fn start_persistent() -> Self {
+        let data = tempfile::tempdir().expect("a data directory");
+        let mut server = RedisServer { port: free_port(), child: None, data: Some(data) };
         server.restart();
         server
     }
 
     /// A server not yet started, to be started later on `port`.
     pub fn stopped_on(port: u16) -> Self {
-        RedisServer { port, child: None }
+        RedisServer { port, child: None, data: None }
     }
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
@@ -67,8 +79,18 @@ impl RedisServer {
     /// Starts (again) on the same port and waits until it answers PING.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let mut command = Command::new("redis-server");
+        match &self.data {
+            Some(dir) => {
+                let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf");
+                command.arg(config).arg("--dir").arg(dir.path()).args(["--save", ""]);
+            }
+            None => {
+                command.args(["--save", "", "--appendonly", "no"]);
+            }
+        }
+        let child = command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -142,6 +164,8 @@ pub struct Options {
     /// Use Redis's own clock instead of the manual one.
     pub redis_time: bool,
     pub max_buckets: usize,
+    /// The server loop's timeouts and connection cap.
+    pub limits: Limits,
 }
 
 impl Default for Options {
@@ -152,6 +176,7 @@ impl Default for Options {
             store_timeout: Duration::from_millis(500),
             redis_time: false,
             max_buckets: 100_000,
+            limits: Limits::default(),
         }
     }
 }
@@ -187,9 +212,7 @@ impl Fixture {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let app = router(state);
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app).await.expect("serve");
-        });
+        let server = tokio::spawn(serve(listener, app, options.limits, std::future::pending()));
         let client = reqwest::Client::builder()
             // A safety net against a hang, not a speed assertion.
             .timeout(Duration::from_secs(10))

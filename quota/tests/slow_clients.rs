@@ -1,0 +1,264 @@
+//! Slow and half-open clients: a client trickling its headers or body is cut
+//! off, an idle kept-alive connection is closed, a flood of half-sent
+//! requests under a low open-files limit does not stop new requests from
+//! being answered, and SIGTERM exits within the shutdown deadline however
+//! many clients are half-way through a request.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Backend, Fixture, Options};
+use floodgate_quota::server::Limits;
+use serde_json::{json, Value};
+
+const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
+const BODY: &str = r#"{"domain":"test","descriptors":[[["k","v"]]]}"#;
+
+fn short_limits() -> Limits {
+    Limits {
+        header_read_timeout: Duration::from_millis(500),
+        body_read_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    }
+}
+
+/// Sends `head`, then `drip` one byte every 50 ms, until the server answers
+/// or closes. Returns what the server sent and how many dripped bytes it
+/// took; panics if the whole drip went through (the client was never cut off).
+fn drip(address: &str, head: &[u8], drip: &[u8]) -> (String, usize) {
+    let mut stream = TcpStream::connect(address).unwrap();
+    stream.write_all(head).unwrap();
+    // The read timeout paces the drip.
+    stream.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut buf = [0u8; 1024];
+    for (sent, byte) in drip.iter().enumerate() {
+        match stream.read(&mut buf) {
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Ok(n) => return (read_rest(stream, &buf[..n]), sent),
+            Err(_) => return (String::new(), sent),
+        }
+        if stream.write_all(&[*byte]).is_err() {
+            return (read_rest(stream, &[]), sent);
+        }
+    }
+    panic!("a client sending one byte every 50 ms was never cut off ({} bytes)", drip.len());
+}
+
+/// `start` and the rest of what the server sends before it closes.
+fn read_rest(mut stream: TcpStream, start: &[u8]) -> String {
+    let mut reply = start.to_vec();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = stream.read_to_end(&mut reply);
+    String::from_utf8_lossy(&reply).into_owned()
+}
+
+/// Whether the server closes `stream` within `wait` (reading and dropping
+/// whatever it sends before).
+fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
+    let deadline = Instant::now() + wait;
+    let mut buf = [0u8; 1024];
+    stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return true,
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_idle_clients_are_cut_off() {
+    let f = Fixture::with(Backend::Memory, LIMITS, Options { limits: short_limits(), ..Options::default() }).await;
+    let address = f.base.trim_start_matches("http://").to_string();
+
+    let checks = tokio::task::spawn_blocking(move || {
+        // Headers one byte at a time: 200 bytes would take 10 s.
+        let header = format!("x-padding: {}\r\n", "a".repeat(200));
+        let (reply, sent) = drip(&address, b"POST /v1/check HTTP/1.1\r\nhost: quota\r\n", header.as_bytes());
+        assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 408"), "{reply}");
+        assert!(sent < header.len(), "{sent}");
+
+        // A complete head, then the body one byte at a time.
+        let head = format!("POST /v1/check HTTP/1.1\r\nhost: quota\r\ncontent-length: {}\r\n\r\n", BODY.len() + 200);
+        let body = format!("{BODY}{}", " ".repeat(200));
+        let (reply, _) = drip(&address, head.as_bytes(), body.as_bytes());
+        assert!(reply.starts_with("HTTP/1.1 408"), "{reply}");
+        let (_, json_body) = reply.split_once("\r\n\r\n").unwrap();
+        let error: Value = serde_json::from_str(json_body).unwrap();
+        assert!(error["error"].as_str().unwrap().contains("did not arrive within 500ms"), "{error}");
+
+        // A kept-alive connection left idle is closed by the server.
+        let mut idle = TcpStream::connect(&address).unwrap();
+        let request = format!("POST /v1/check HTTP/1.1\r\nhost: quota\r\ncontent-length: {}\r\n\r\n{BODY}", BODY.len());
+        idle.write_all(request.as_bytes()).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = idle.read(&mut buf).unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        assert!(closed_within(&mut idle, Duration::from_secs(10)), "an idle connection stays open");
+    });
+    checks.await.unwrap();
+
+    // Well-formed requests are still answered.
+    let r = f.check(json!({"domain": "test", "descriptors": [[["k", "v"]]]})).await;
+    assert_eq!(r["allowed"], true);
+}
+
+/// The real binary, started with `args` under an open-files limit; killed
+/// when dropped.
+struct Binary {
+    child: Child,
+    address: String,
+    log: Option<std::thread::JoinHandle<Vec<String>>>,
+}
+
+impl Binary {
+    fn start(open_files: u32, args: &[&str]) -> Binary {
+        let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quota.yaml");
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("ulimit -n {open_files} && exec \"$0\" \"$@\""))
+            .arg(env!("CARGO_BIN_EXE_floodgate-quota"))
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let address = loop {
+            let line = lines.next().expect("the binary logged its address").unwrap();
+            let entry: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+            if entry["fields"]["message"] == "listening" {
+                break entry["fields"]["address"].as_str().unwrap().to_string();
+            }
+        };
+        let log = std::thread::spawn(move || lines.map_while(Result::ok).collect());
+        Binary { child, address, log: Some(log) }
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded: a safety net, not a speed assertion) for the exit.
+    fn wait(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                return exit;
+            }
+            assert!(Instant::now() < deadline, "did not exit within {within:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The log lines after the address, once the binary has exited.
+    fn log(&mut self) -> Vec<String> {
+        self.log.take().map(|reader| reader.join().unwrap()).unwrap_or_default()
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().pool_max_idle_per_host(0).timeout(Duration::from_secs(5)).build().unwrap()
+}
+
+/// Opens `count` connections that each send half a request head.
+fn half_sent(address: &str, count: usize) -> Vec<TcpStream> {
+    (0..count)
+        .map(|_| {
+            let mut stream = TcpStream::connect(address).unwrap();
+            // A connection beyond the cap may be closed before this is sent.
+            let _ = stream.write_all(b"POST /v1/check HTTP/1.1\r\nhost: quota\r\n");
+            stream
+        })
+        .collect()
+}
+
+#[test]
+fn half_sent_requests_beyond_the_open_files_limit_do_not_lock_out_new_requests() {
+    // 300 half-sent requests against 256 open files: without a cap, accept
+    // fails and new requests wait forever.
+    let mut binary = Binary::start(256, &["--max-connections", "100", "--header-read-timeout", "2s"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut flood = half_sent(&binary.address, 300);
+        let client = client();
+        let body = json!({"domain": "edge", "descriptors": [[["remote_address", "10.0.0.1"]]]});
+        let url = format!("http://{}/v1/check", binary.address);
+        let mut statuses = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match client.post(&url).json(&body).send().await {
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    statuses.push(status);
+                    if status == 200 {
+                        break;
+                    }
+                    assert_eq!(status, 503, "refused, not failed");
+                    let reply: Value = response.json().await.unwrap();
+                    assert!(reply["error"].as_str().unwrap().contains("too many connections"), "{reply}");
+                }
+                // A refused connection may also be reset before its 503 is read.
+                Err(e) => assert!(!e.is_timeout(), "a new request waited {e}; answers so far: {statuses:?}"),
+            }
+            assert!(Instant::now() < deadline, "never answered 200; answers: {statuses:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // Every half-sent request was closed by the server (refused, or cut
+        // off by the header timeout).
+        for stream in &mut flood {
+            assert!(closed_within(stream, Duration::from_secs(10)), "a half-sent request was never closed");
+        }
+    });
+    binary.terminate();
+    assert!(binary.wait(Duration::from_secs(20)).success());
+}
+
+#[test]
+fn sigterm_with_half_open_clients_exits_by_the_shutdown_deadline() {
+    // Long read timeouts, so that only the shutdown deadline can end the
+    // requests below.
+    let mut binary =
+        Binary::start(1024, &["--shutdown-deadline", "1s", "--header-read-timeout", "1h", "--body-read-timeout", "1h"]);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let _clients = runtime.block_on(async {
+        let mut clients = half_sent(&binary.address, 10);
+        for _ in 0..10 {
+            // A complete head and part of the body: a request in flight.
+            let mut stream = TcpStream::connect(&binary.address).unwrap();
+            stream
+                .write_all(b"POST /v1/check HTTP/1.1\r\nhost: quota\r\ncontent-length: 100\r\n\r\n{\"domain\":")
+                .unwrap();
+            clients.push(stream);
+        }
+        // Served by the same loop after the ones above: they are accepted.
+        let ok = client().get(format!("http://{}/healthz", binary.address)).send().await.unwrap();
+        assert_eq!(ok.status().as_u16(), 200);
+        clients
+    });
+    binary.terminate();
+    let exit = binary.wait(Duration::from_secs(20));
+    assert!(exit.success(), "{exit:?}");
+    let log = binary.log();
+    assert!(log.iter().any(|l| l.contains("shutdown deadline passed")), "{log:?}");
+    assert!(log.iter().any(|l| l.contains("\"stopped\"")), "{log:?}");
+}
