@@ -18,3 +18,4 @@
 pub mod fallback;
 pub mod pool;
 pub mod refresh;
+pub mod settings;
