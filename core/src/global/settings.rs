@@ -184,12 +184,14 @@ pub(crate) fn global_rule(
         Some(Value::String(s)) if s == "allow" => Fallback::Allow,
         Some(Value::String(s)) if s == "deny" => Fallback::Deny,
         Some(Value::Object(local)) => Fallback::Local(local_fallback(&format!("{at}.fallback"), local, max_keys)?),
-        Some(other) => return Err(err(
-            "fallback",
-            format!(
+        Some(other) => {
+            return Err(err(
+                "fallback",
+                format!(
                 "{other} is not a fall-back: use \"allow\", \"deny\" or a local limit {{\"limit\": …, \"period\": …}}"
             ),
-        )),
+            ))
+        }
     };
     if let Some(name) = fields.keys().next() {
         let message = if ALGORITHMS.iter().any(|a| a.fields.contains(&name.as_str())) {

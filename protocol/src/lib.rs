@@ -1,0 +1,287 @@
+//! The wire format of Floodgate's quota service (see `docs/protocol.md`):
+//! small JSON bodies, numbers as numbers, times in whole milliseconds rounded
+//! up. One crate, depending on serde only, so that the filter (on
+//! `wasm32-wasip1`) and the service (`floodgate-quota`) share the same types.
+//!
+//! Unknown request fields are ignored, so a newer filter can talk to an
+//! older service.
+
+use serde::{Deserialize, Serialize};
+
+/// One descriptor: ordered `[key, value]` pairs, e.g.
+/// `[["path","/login"],["method","POST"]]`.
+pub type Descriptor = Vec<(String, String)>;
+
+/// Largest request body, in bytes.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Most descriptors (or leases, or returns) in one call.
+pub const MAX_DESCRIPTORS: usize = 32;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 16;
+/// Largest `hits`, `wanted` or `tokens`.
+pub const MAX_UNITS: u64 = 1_000_000_000;
+/// Longest descriptor key or value, in bytes.
+pub const MAX_ENTRY_LEN: usize = 256;
+/// Longest lease `id`, in bytes.
+pub const MAX_LEASE_ID_LEN: usize = 64;
+
+fn one() -> u64 {
+    1
+}
+
+/// `POST /v1/check`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct CheckRequest {
+    /// The limits domain.
+    pub domain: String,
+    /// Every descriptor the request matched; admitted only if all admit.
+    pub descriptors: Vec<Descriptor>,
+    /// Units the request costs in each descriptor (default 1; 0 only reads).
+    #[serde(default = "one")]
+    pub hits: u64,
+}
+
+/// How one descriptor fared.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    /// Within the limit (or over it in shadow mode).
+    Ok,
+    /// Over the limit.
+    OverLimit,
+    /// The matching rule is `unlimited`.
+    Unlimited,
+    /// No rule matches the descriptor: not limited.
+    NoRule,
+}
+
+/// The answer for one descriptor of a check.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct CheckStatus {
+    /// The outcome.
+    pub code: Code,
+    /// Units per window (absent for `unlimited` and `no_rule`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub limit: Option<u64>,
+    /// The rule's period in ms (the `w` of `RateLimit-Policy`).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub window_ms: Option<u64>,
+    /// Units left after this request.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub remaining: Option<u64>,
+    /// Milliseconds until more quota is available (0 when full).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reset_ms: Option<u64>,
+    /// With `over_limit`: milliseconds after which the same request would be
+    /// admitted; `null` when it never can be (hits above the capacity).
+    #[serde(skip_serializing_if = "Option::is_none", default, deserialize_with = "present_retry")]
+    pub retry_after_ms: Option<Retry>,
+    /// In shadow mode, true when the rule would have denied.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub shadow_over_limit: bool,
+}
+
+/// A retry-after: a wait in milliseconds, or never (`null` on the wire).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// A wait in ms.
+    After(u64),
+    /// The request can never be admitted (its hits exceed the capacity).
+    Never,
+}
+
+impl Serialize for Retry {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Retry::After(ms) => s.serialize_u64(*ms),
+            Retry::Never => s.serialize_none(),
+        }
+    }
+}
+
+/// A present field is a retry-after even when it is `null` (never); only an
+/// absent field (serde's `default`) is `None`.
+fn present_retry<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Retry>, D::Error> {
+    Ok(Some(Option::<u64>::deserialize(d)?.map_or(Retry::Never, Retry::After)))
+}
+
+/// Response of `POST /v1/check`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct CheckResponse {
+    /// True when the request is admitted (its hits were taken everywhere).
+    pub allowed: bool,
+    /// When denied: the longest wait among the denying descriptors, or `null`
+    /// if one of them can never admit.
+    #[serde(skip_serializing_if = "Option::is_none", default, deserialize_with = "present_retry")]
+    pub retry_after_ms: Option<Retry>,
+    /// One per request descriptor, in order.
+    pub results: Vec<CheckStatus>,
+}
+
+/// One lease of `POST /v1/lease`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct LeaseWant {
+    /// The caller's idempotency key for this lease (see [`check_lease_id`]):
+    /// a lease whose id is already recorded is answered again, not granted
+    /// again, and returns name it.
+    pub id: String,
+    /// The descriptor to lease tokens of.
+    pub descriptor: Descriptor,
+    /// The most tokens the caller wants.
+    pub wanted: u64,
+    /// The caller's observed consumption, tokens per second (optional).
+    #[serde(default)]
+    pub rate: Option<f64>,
+}
+
+/// `POST /v1/lease`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct LeaseRequest {
+    /// The limits domain.
+    pub domain: String,
+    /// Independent leases, taken in order.
+    pub leases: Vec<LeaseWant>,
+}
+
+/// One granted lease.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// `ok` (granted may still be 0 when nothing is left), `unlimited` or
+    /// `no_rule` (granted = wanted: the caller need not count).
+    pub code: Code,
+    /// Tokens granted.
+    pub granted: u64,
+    /// Milliseconds the tokens may be used for.
+    pub valid_ms: u64,
+    /// Units per window.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub limit: Option<u64>,
+    /// The rule's period in ms.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub window_ms: Option<u64>,
+    /// Units left for everyone after this grant.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub remaining: Option<u64>,
+    /// Milliseconds until more quota is available.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub reset_ms: Option<u64>,
+    /// Identifies the window the tokens belong to (0 for a token bucket).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub window: Option<u64>,
+    /// The rule is in shadow mode: running out must not deny requests.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub shadow: bool,
+    /// This lease's id was already recorded: the grant made then is repeated
+    /// and nothing more was taken.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub replayed: bool,
+}
+
+/// Response of `POST /v1/lease`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct LeaseResponse {
+    /// One per requested lease, in order.
+    pub leases: Vec<LeaseGrant>,
+}
+
+/// One item of `POST /v1/return`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ReturnTokens {
+    /// The `id` of the lease the tokens came from.
+    pub id: String,
+    /// Unused tokens of that lease.
+    pub tokens: u64,
+}
+
+/// `POST /v1/return`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ReturnRequest {
+    /// The limits domain.
+    pub domain: String,
+    /// What to give back.
+    pub returns: Vec<ReturnTokens>,
+}
+
+/// Response of `POST /v1/return`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ReturnResponse {
+    /// Tokens taken back, per item (0 when the lease is unknown, expired or
+    /// already returned, its window is over, or the bucket is full).
+    pub returned: Vec<u64>,
+}
+
+/// Every error body: `{"error": "..."}`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// What went wrong, for a human.
+    pub error: String,
+}
+
+/// Checks a lease id: 1 to [`MAX_LEASE_ID_LEN`] bytes of `A-Za-z0-9_-`.
+/// The message names `field`.
+pub fn check_lease_id(field: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_LEASE_ID_LEN {
+        return Err(format!("{field} must be 1 to {MAX_LEASE_ID_LEN} bytes long, not {}", id.len()));
+    }
+    if let Some(bad) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
+        return Err(format!("{field} contains {bad:?}; use only A-Z, a-z, 0-9, '_' and '-'"));
+    }
+    Ok(())
+}
+
+/// Checks the size limits shared by every call; the message names the field.
+pub fn check_descriptors<'a>(field: &str, list: impl ExactSizeIterator<Item = &'a Descriptor>) -> Result<(), String> {
+    if list.len() == 0 {
+        return Err(format!("{field} must not be empty"));
+    }
+    if list.len() > MAX_DESCRIPTORS {
+        return Err(format!("{field} has {} items; at most {MAX_DESCRIPTORS} are allowed", list.len()));
+    }
+    for (i, descriptor) in list.enumerate() {
+        if descriptor.is_empty() {
+            return Err(format!("{field}[{i}] has no entries"));
+        }
+        if descriptor.len() > MAX_ENTRIES {
+            return Err(format!("{field}[{i}] has {} entries; at most {MAX_ENTRIES} are allowed", descriptor.len()));
+        }
+        for (j, (key, value)) in descriptor.iter().enumerate() {
+            if key.is_empty() {
+                return Err(format!("{field}[{i}][{j}] has an empty key"));
+            }
+            if key.len() > MAX_ENTRY_LEN || value.len() > MAX_ENTRY_LEN {
+                return Err(format!(
+                    "{field}[{i}][{j}] is too long; keys and values are at most {MAX_ENTRY_LEN} bytes"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn never_is_an_explicit_null_and_reads_back_as_never() {
+        let denied = CheckResponse { allowed: false, retry_after_ms: Some(Retry::Never), results: Vec::new() };
+        let text = serde_json::to_string(&denied).unwrap();
+        assert_eq!(text, r#"{"allowed":false,"retry_after_ms":null,"results":[]}"#);
+        assert_eq!(serde_json::from_str::<CheckResponse>(&text).unwrap(), denied);
+        let allowed: CheckResponse = serde_json::from_str(r#"{"allowed":true,"results":[]}"#).unwrap();
+        assert_eq!(allowed.retry_after_ms, None);
+    }
+
+    #[test]
+    fn lease_ids_are_short_and_plain() {
+        assert!(check_lease_id("id", "a").is_ok());
+        assert!(check_lease_id("id", "Envoy-7_lease-0042").is_ok());
+        assert!(check_lease_id("id", &"x".repeat(MAX_LEASE_ID_LEN)).is_ok());
+        assert!(check_lease_id("leases[0].id", "").unwrap_err().starts_with("leases[0].id must be 1 to 64"));
+        assert!(check_lease_id("id", &"x".repeat(MAX_LEASE_ID_LEN + 1)).is_err());
+        assert!(check_lease_id("id", "a b").unwrap_err().contains("' '"));
+        assert!(check_lease_id("id", "a:b").is_err());
+        assert!(check_lease_id("id", "é").is_err());
+    }
+}
