@@ -202,7 +202,7 @@ impl Algorithm for SlidingLog {
         let (log, at) = self.view(log, now);
         // Nonzero only after a clock step back: the log is read later.
         let ahead = at - now;
-        let fits = usize::try_from(cost).ok().filter(|c| log.len + c <= self.limit);
+        let fits = usize::try_from(cost).ok().filter(|c| *c <= self.limit - log.len);
         match fits {
             Some(cost) => {
                 let mut after = log;

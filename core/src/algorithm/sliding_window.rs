@@ -202,7 +202,7 @@ impl SlidingWindow {
             let mut passed = 0;
             while counted > budget && passed < self.slots {
                 passed += 1;
-                let leaving = (newest + passed).checked_sub(self.slots).map_or(0, |i| self.count(state, i));
+                let leaving = newest.saturating_add(passed).checked_sub(self.slots).map_or(0, |i| self.count(state, i));
                 counted -= leaving.min(counted);
             }
             if passed == 0 {
