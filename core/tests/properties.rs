@@ -264,3 +264,88 @@ proptest! {
         }
     }
 }
+
+/// A registered algorithm by name, with these fields (JSON) and `limit`.
+fn build_named(name: &str, limit: u64, fields: &str) -> Arc<dyn Policy> {
+    Registration::find(name).unwrap().build(Params::new("rule", limit, serde_json::from_str(fields).unwrap())).unwrap()
+}
+
+/// The admitted requests among `decided`: (time, cost).
+fn admitted_of(decided: &[(Nanos, u64, Decision)]) -> Vec<(Nanos, u64)> {
+    decided.iter().filter(|(_, _, d)| d.allowed()).map(|&(t, c, _)| (t, c)).collect()
+}
+
+/// The most units admitted in any `[s, s + span]` (`closed`) or `[s, s + span)`.
+fn most_in_any(admitted: &[(Nanos, u64)], span: Nanos, closed: bool) -> u64 {
+    (0..admitted.len())
+        .map(|i| {
+            let end = admitted[i].0 + span;
+            admitted[i..].iter().take_while(|(t, _)| if closed { *t <= end } else { *t < end }).map(|(_, c)| c).sum()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The example builds the weighted sliding window; with `sub_windows`
+    /// it must keep the same promises: its stated bound, exact
+    /// `retry_after`, an idle bucket that decides like a fresh one — and
+    /// never more than `limit` in any interval of `period · (N − 1) / N`.
+    #[test]
+    fn sliding_sub_windows_keep_their_promises(
+        limit in 1u64..20,
+        sub_windows in 2u64..=60,
+        period in prop_oneof![Just("1s"), Just("10s"), Just("7s")],
+        arrivals in arrivals(SECOND.times(10), 3),
+        cost in 1u64..4,
+        later in 0u64..30 * SECOND.get(),
+    ) {
+        let policy = build_named("sliding_window", limit, &format!(r#"{{"period": "{period}", "sub_windows": {sub_windows}}}"#));
+        let period = span_of(policy.as_ref());
+        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (Nanos(gap.get() % (period.get() / 5)), c.min(limit))).collect();
+        let admitted = admitted_of(&run(policy.as_ref(), &arrivals));
+        let most = most_in_any(&admitted, Nanos(period.get() / sub_windows * (sub_windows - 1)), true);
+        prop_assert!(most <= limit, "{most} > {limit} within period·(N − 1)/N");
+        for span in [period - Nanos(1), period, Nanos(period.get() / 2), period.times(3)] {
+            let most = most_in_any(&admitted, span, true);
+            prop_assert!(most <= policy.admitted_bound(span), "{most} > {} in {span}", policy.admitted_bound(span));
+        }
+
+        let cost = cost.min(limit);
+        let mut slot = vec![0u8; policy.state_len()];
+        let mut now = T0;
+        policy.write_fresh(&mut slot, now);
+        for (gap, c) in arrivals {
+            now = now + gap;
+            policy.decide(&mut slot, now, c);
+            let decision = policy.decide(&mut slot.clone(), now, cost);
+            if !decision.allowed() {
+                let wait = decision.retry_after();
+                prop_assert!(!policy.decide(&mut slot.clone(), now + wait - Nanos(1), cost).allowed(), "admitted 1 ns early");
+                prop_assert!(policy.decide(&mut slot.clone(), now + wait, cost).allowed(), "denied at retry_after");
+            }
+        }
+        let at = now + Nanos(later);
+        if policy.is_idle(&slot, at) {
+            let mut fresh = vec![0u8; policy.state_len()];
+            policy.write_fresh(&mut fresh, at);
+            prop_assert_eq!(policy.decide(&mut slot, at, cost), policy.decide(&mut fresh, at, cost));
+        }
+    }
+
+    /// The sliding log is exact: no `[s, s + period)` admits more than `limit`.
+    #[test]
+    fn the_sliding_log_never_admits_more_than_limit_in_a_period(
+        limit in 1u64..20,
+        period in prop_oneof![Just("1s"), Just("10s"), Just("7s")],
+        arrivals in arrivals(SECOND, 3),
+    ) {
+        let policy = build_named("sliding_log", limit, &format!(r#"{{"period": "{period}"}}"#));
+        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (gap, c.min(limit))).collect();
+        let admitted = admitted_of(&run(policy.as_ref(), &arrivals));
+        let most = most_in_any(&admitted, span_of(policy.as_ref()), false);
+        prop_assert!(most <= limit, "{most} > {limit} in one period");
+    }
+}

@@ -13,6 +13,8 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// The repository root.
@@ -398,5 +400,54 @@ impl Conn {
                 return Ok(body);
             }
         }
+    }
+}
+
+/// Sends `per_client` requests from each of `clients` concurrent keep-alive
+/// connections, started together; `key_of(client, i)` picks the x-api-key.
+/// Returns the number of 200s per key, and asserts every answer is 200 or 429.
+pub fn hammer(
+    envoy: &Envoy,
+    clients: usize,
+    per_client: usize,
+    key_of: fn(usize, usize) -> String,
+) -> HashMap<String, usize> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let port = envoy.port;
+    let handles: Vec<_> = (0..clients)
+        .map(|client| {
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                let mut conn = Conn::open(port).unwrap();
+                barrier.wait();
+                let mut ok: HashMap<String, usize> = HashMap::new();
+                for i in 0..per_client {
+                    let key = key_of(client, i);
+                    let response = conn.get("/api/items", &[("x-api-key", key.as_bytes())]);
+                    match response.status {
+                        200 => *ok.entry(key).or_default() += 1,
+                        429 => {}
+                        other => panic!("unexpected status {other}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut total: HashMap<String, usize> = HashMap::new();
+    for handle in handles {
+        for (key, n) in handle.join().unwrap() {
+            *total.entry(key).or_default() += n;
+        }
+    }
+    total
+}
+
+/// Asserts both of Envoy's workers accepted connections during the test.
+pub fn assert_both_workers_served(envoy: &Envoy) {
+    let stats = envoy.stats();
+    for worker in ["worker_0", "worker_1"] {
+        let name = format!("listener.127.0.0.1_{}.{worker}.downstream_cx_total", envoy.port);
+        assert!(stats.get(&name).copied().unwrap_or(0) > 0, "{name} is 0: the load did not reach both workers");
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Conn, Envoy, Response, Setup};
+use floodgate_e2e::{assert_both_workers_served, hammer, Conn, Envoy, Response, Setup};
 
 /// Sends one request from each of `clients` connections at once; returns
 /// each response with the time it took, in the order the clients started.
@@ -86,4 +86,52 @@ fn a_client_that_leaves_while_delayed_frees_its_place() {
     assert_eq!(response.status, 200, "{response:?}");
     assert!(started.elapsed() >= Duration::from_millis(500));
     assert_eq!(envoy.stat("wasmcustom.floodgate.delayed"), 1);
+}
+
+/// A per-API-key rule of 20 per hour with `algorithm` (its fields as JSON).
+fn per_key(algorithm: &str) -> String {
+    format!(
+        r#"{{"rules": [{{"name": "per-key", "match": {{"path_prefix": "/api"}},
+            "descriptors": [{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "api_key"}}}}],
+            "limit": 20, "period": "1h", {algorithm}}}], "max_keys": 1024}}"#
+    )
+}
+
+/// 24 clients x 40 requests over 10 keys on both workers: 96 requests per
+/// key, of which exactly the limit (20) pass, whatever the interleaving.
+fn assert_exact_per_key(envoy: &Envoy) {
+    let ok = hammer(envoy, 24, 40, |client, i| format!("key-{}", (client + i) % 10));
+    assert_eq!(ok.len(), 10, "{ok:?}");
+    for (key, n) in &ok {
+        assert_eq!(*n, 20, "key {key} got {n} through");
+    }
+    assert_both_workers_served(envoy);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 200);
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 960 - 200);
+}
+
+#[test]
+fn the_weighted_sliding_window_is_exact_per_key_across_both_workers() {
+    // Even across an hour boundary: the previous hour's 20 still weigh 20
+    // (rounded up) for the first three minutes of the next.
+    let envoy = Envoy::start(&Setup::new(&per_key(r#""algorithm": "sliding_window""#)));
+    assert_exact_per_key(&envoy);
+}
+
+#[test]
+fn the_sub_window_sliding_window_is_exact_per_key_across_both_workers() {
+    let envoy = Envoy::start(&Setup::new(&per_key(r#""algorithm": "sliding_window", "sub_windows": 60"#)));
+    assert_exact_per_key(&envoy);
+}
+
+#[test]
+fn the_sliding_log_is_exact_per_key_and_retry_after_is_when_the_oldest_entry_leaves() {
+    let envoy = Envoy::start(&Setup::new(&per_key(r#""algorithm": "sliding_log""#)));
+    assert_exact_per_key(&envoy);
+    let denied = envoy.connect().get("/api/items", &[("x-api-key", b"key-0")]);
+    assert_eq!(denied.status, 429);
+    // The oldest of key-0's 20 entries leaves an hour after it was logged, a
+    // few seconds ago at most (rounded up to whole seconds).
+    let retry: u64 = denied.header("retry-after").unwrap().parse().unwrap();
+    assert!((3_500..=3_600).contains(&retry), "retry-after {retry}");
 }

@@ -16,6 +16,8 @@ mod fixed_window;
 mod gcra;
 mod params;
 mod shaper;
+mod sliding_log;
+mod sliding_window;
 mod token_bucket;
 
 use std::fmt;
@@ -36,6 +38,8 @@ pub const ALGORITHMS: &[Registration] = &[
     registration::<Gcra>("leaky_bucket", 2, r#"{"period": "10s", "burst": 3}"#),
     registration::<FixedWindow>("fixed_window", 3, r#"{"period": "10s"}"#),
     registration::<Shaper>("shaper", 4, r#"{"period": "10s", "burst": 2, "max_delay": "5s"}"#),
+    registration::<sliding_window::SlidingWindow>("sliding_window", 5, r#"{"period": "10s"}"#),
+    registration::<sliding_log::SlidingLog>("sliding_log", 6, r#"{"period": "10s"}"#),
 ];
 
 /// Whether and when a request may go on.
