@@ -66,7 +66,7 @@ fn istio_json(value: &Yaml) -> Json {
 fn parse_wasm_plugins(path: &Path) -> Vec<(String, Result<Config, ConfigError>)> {
     documents(path)
         .iter()
-        .filter(|doc| doc["kind"] == Yaml::from("WasmPlugin"))
+        .filter(|doc| doc["kind"] == "WasmPlugin")
         .map(|doc| {
             let name = doc["metadata"]["name"].as_str().unwrap_or("?").to_string();
             let plugin_config = doc["spec"]
@@ -131,7 +131,7 @@ fn envoy_plugin_configs(value: &Yaml, found: &mut Vec<String>) {
     match value {
         Yaml::Mapping(map) => {
             if let Some(config) = map.get("configuration") {
-                if config["@type"] == Yaml::from("type.googleapis.com/google.protobuf.StringValue") {
+                if config["@type"] == "type.googleapis.com/google.protobuf.StringValue" {
                     found.push(config["value"].as_str().unwrap().to_string());
                 }
             }
