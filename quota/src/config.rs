@@ -18,7 +18,7 @@ use crate::clock::{Micros, SECOND_US};
 /// arithmetic exact (see `grant::grant_cap`).
 pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Longest domain name, key or value accepted, in bytes (also on the wire).
-pub const MAX_NAME_LEN: usize = 256;
+pub const MAX_NAME_LEN: usize = floodgate_protocol::MAX_ENTRY_LEN;
 
 /// The rate-limiting algorithm of a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,6 +1,7 @@
-//! The wire format (see `docs/protocol.md`): small JSON bodies, numbers as
-//! numbers, times in whole milliseconds rounded up. Kept apart from the
-//! domain types so that either can change without the other.
+//! The wire format of Floodgate's quota service (see `docs/protocol.md`):
+//! small JSON bodies, numbers as numbers, times in whole milliseconds rounded
+//! up. One crate, depending on serde only, so that the filter (on
+//! `wasm32-wasip1`) and the service (`floodgate-quota`) share the same types.
 //!
 //! Unknown request fields are ignored, so a newer filter can talk to an
 //! older service.
@@ -19,6 +20,8 @@ pub const MAX_DESCRIPTORS: usize = 32;
 pub const MAX_ENTRIES: usize = 16;
 /// Largest `hits`, `wanted` or `tokens`.
 pub const MAX_UNITS: u64 = 1_000_000_000;
+/// Longest descriptor key or value, in bytes.
+pub const MAX_ENTRY_LEN: usize = 256;
 
 fn one() -> u64 {
     1
@@ -226,13 +229,28 @@ pub fn check_descriptors<'a>(field: &str, list: impl ExactSizeIterator<Item = &'
             if key.is_empty() {
                 return Err(format!("{field}[{i}][{j}] has an empty key"));
             }
-            if key.len() > crate::config::MAX_NAME_LEN || value.len() > crate::config::MAX_NAME_LEN {
+            if key.len() > MAX_ENTRY_LEN || value.len() > MAX_ENTRY_LEN {
                 return Err(format!(
-                    "{field}[{i}][{j}] is too long; keys and values are at most {} bytes",
-                    crate::config::MAX_NAME_LEN
+                    "{field}[{i}][{j}] is too long; keys and values are at most {MAX_ENTRY_LEN} bytes"
                 ));
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn never_is_an_explicit_null_and_reads_back_as_never() {
+        let denied = CheckResponse { allowed: false, retry_after_ms: Some(Retry::Never), results: Vec::new() };
+        let text = serde_json::to_string(&denied).unwrap();
+        assert_eq!(text, r#"{"allowed":false,"retry_after_ms":null,"results":[]}"#);
+        assert_eq!(serde_json::from_str::<CheckResponse>(&text).unwrap(), denied);
+        let allowed: CheckResponse = serde_json::from_str(r#"{"allowed":true,"results":[]}"#).unwrap();
+        assert_eq!(allowed.retry_after_ms, None);
+    }
 }
