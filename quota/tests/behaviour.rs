@@ -35,8 +35,19 @@ fn check(descriptors: Value, hits: u64) -> Value {
     json!({"domain": "test", "descriptors": descriptors, "hits": hits})
 }
 
+/// A lease with an id of its own.
 fn lease(key: &str, value: &str, wanted: u64, rate: f64) -> Value {
-    json!({"domain": "test", "leases": [{"descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = format!("lease-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    lease_as(&id, key, value, wanted, rate)
+}
+
+fn lease_as(id: &str, key: &str, value: &str, wanted: u64, rate: f64) -> Value {
+    json!({"domain": "test", "leases": [{"id": id, "descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+}
+
+fn give_back(id: &str, tokens: u64) -> Value {
+    json!({"domain": "test", "returns": [{"id": id, "tokens": tokens}]})
 }
 
 async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend: Backend) {
@@ -219,45 +230,85 @@ async fn a_lease_never_outlives_its_window(backend: Backend) {
 
 async fn returned_tokens_are_available_again(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    let r = f.lease(lease("big", "r", 1_000, 100_000.0)).await;
+    let r = f.lease(lease_as("r1", "big", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 500);
-    let window = r["leases"][0]["window"].as_u64().unwrap();
     let returned = f
-        .give_back(json!({"domain": "test", "returns": [
-            {"descriptor": [["big", "r"]], "tokens": 100, "window": window},
-            {"descriptor": [["big", "r"]], "tokens": 100, "window": window - 1},
-            {"descriptor": [["free", "r"]], "tokens": 100},
-        ]}))
+        .give_back(
+            json!({"domain": "test", "returns": [{"id": "r1", "tokens": 100}, {"id": "unknown", "tokens": 100}]}),
+        )
         .await;
-    assert_eq!(returned, json!({"returned": [100, 0, 0]}), "only the lease's own window takes tokens back");
+    assert_eq!(returned, json!({"returned": [100, 0]}), "an unknown lease gives back nothing");
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
-    // Never more than was used.
-    let returned = f
-        .give_back(
-            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 10000, "window": window}]}),
-        )
-        .await;
-    assert_eq!(returned["returned"][0], 400);
+    // A lease gives back once: a retried return is harmless.
+    let returned = f.give_back(give_back("r1", 100)).await;
+    assert_eq!(returned["returned"][0], 0, "a second return of a lease gives back nothing");
+    // Never more than the lease granted.
+    f.lease(lease_as("r3", "big", "r", 1_000, 100_000.0)).await;
+    let returned = f.give_back(give_back("r3", 10_000)).await;
+    assert_eq!(returned["returned"][0], 300);
+
     // After the window, returns are void: the new window never saw those tokens.
-    f.check(check(json!([[["big", "r"]]]), 5)).await;
-    f.clock.advance(3_600 * SECOND_US);
-    let returned = f
-        .give_back(
-            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 5, "window": window}]}),
-        )
-        .await;
+    f.clock.set(T0 + 59 * SECOND_US);
+    let r = f.lease(lease_as("r2", "fw", "r", 3, 100.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 2);
+    f.clock.advance(2 * SECOND_US);
+    f.check(check(json!([[["fw", "r"]]]), 2)).await;
+    let returned = f.give_back(give_back("r2", 2)).await;
     assert_eq!(returned["returned"][0], 0);
+    let r = f.check(check(json!([[["fw", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 1);
 
     // A token bucket takes back at most up to full.
-    let r = f.lease(lease("bucket", "r", 1_000, 100_000.0)).await;
+    let r = f.lease(lease_as("b1", "bucket", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 300);
     assert_eq!(r["leases"][0]["window"], 0);
-    let returned =
-        f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["bucket", "r"]], "tokens": 1000}]})).await;
-    assert_eq!(returned["returned"][0], 300);
+    f.check(check(json!([[["bucket", "r"]]]), 100)).await;
+    f.clock.advance(20 * SECOND_US); // earns 200 of the 300 it lacks
+    let returned = f.give_back(give_back("b1", 1_000)).await;
+    assert_eq!(returned["returned"][0], 200, "the bucket had room for 200 only");
     let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
+}
+
+/// Finding 2 of issue 10: tokens that were never leased cannot be "given
+/// back". (The body also carries the old `descriptor` and `window` fields,
+/// which the service ignores, so the same request is a valid return for the
+/// old protocol, which accepted it.)
+async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["big", "u"]]]), 1_000)).await;
+    assert_eq!(r["allowed"], true);
+    let window = T0 / (3_600 * SECOND_US);
+    let returned = f
+        .give_back(json!({"domain": "test", "returns": [
+            {"id": "never-leased", "descriptor": [["big", "u"]], "tokens": 1_000, "window": window}]}))
+        .await;
+    assert_eq!(returned["returned"][0], 0, "{returned}");
+    let r = f.check(check(json!([[["big", "u"]]]), 1)).await;
+    assert_eq!(r["allowed"], false, "the window's 1000 were all used: {r}");
+}
+
+/// A lease retried with its id (after a timeout, say) is answered from its
+/// record: the same grant, `replayed`, and nothing more taken.
+async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let first = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
+    assert_eq!(first["leases"][0]["granted"], 50);
+    assert_eq!(first["leases"][0].get("replayed"), None);
+    f.clock.advance(300 * MS);
+    let again = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
+    let mut expected = first["leases"][0].clone();
+    expected["replayed"] = json!(true);
+    expected["valid_ms"] = json!(700);
+    expected["reset_ms"] = json!(3_599_700);
+    assert_eq!(again["leases"][0], expected, "the same grant, with the time left");
+    let r = f.check(check(json!([[["big", "i"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 950, "taken once");
+    // Another id is another lease.
+    let other = f.lease(lease_as("other", "big", "i", 100, 50.0)).await;
+    assert_eq!(other["leases"][0]["remaining"], 900);
+    assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_granted_total{domain="test"} 100"#));
 }
 
 macro_rules! with_all_stores {
@@ -292,6 +343,8 @@ with_all_stores!(
     leases_follow_the_rate_and_shrink_as_quota_runs_low,
     a_lease_never_outlives_its_window,
     returned_tokens_are_available_again,
+    a_return_gives_back_only_what_a_lease_granted,
+    a_lease_retried_with_its_id_is_not_granted_twice,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

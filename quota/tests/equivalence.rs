@@ -53,7 +53,7 @@ async fn memory_and_redis_stores_answer_identically() {
     let limits = limits();
     let ttl = SECOND_US;
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    let mut windows = vec![0u64; limits.len() * 3];
+    let mut leases: Vec<String> = Vec::new();
     let mut seen = [0usize; 4];
 
     for step in 0..3_000 {
@@ -82,25 +82,29 @@ async fn memory_and_redis_stores_answer_identically() {
             }
             4..=6 => {
                 let n = 1 + rng.below(2);
-                let mut slots = Vec::new();
                 let items: Vec<LeaseItem> = (0..n)
-                    .map(|_| {
-                        let (slot, key, limit) = pick(&mut rng);
-                        slots.push(slot);
-                        LeaseItem { key, limit, want: 1 + rng.below(40) }
+                    .map(|i| {
+                        let (_, key, limit) = pick(&mut rng);
+                        // Now and then a retry of an earlier lease.
+                        let record = match rng.below(8) {
+                            0 if !leases.is_empty() => leases[rng.below(leases.len() as u64) as usize].clone(),
+                            _ => format!("fg:{{t}}:lease:{step}-{i}"),
+                        };
+                        LeaseItem { key, limit, want: 1 + rng.below(40), record }
                     })
                     .collect();
                 let a = memory.lease(&items, ttl).unwrap();
                 let b = remote.lease(&items, ttl).await.unwrap();
                 assert_eq!(a, b, "step {step}: lease {items:?}");
-                for (slot, grant) in slots.into_iter().zip(&a) {
-                    windows[slot] = grant.window;
-                }
+                leases.extend(items.into_iter().map(|i| i.record));
                 seen[1] += 1;
             }
             7 => {
-                let (slot, key, limit) = pick(&mut rng);
-                let items = [ReturnItem { key, limit, tokens: rng.below(20), window: windows[slot] }];
+                let record = match leases.len() as u64 {
+                    0 => "fg:{t}:lease:none".to_string(),
+                    n => leases[rng.below(n) as usize].clone(),
+                };
+                let items = [ReturnItem { record, tokens: rng.below(20) }];
                 let a = memory.give_back(&items).unwrap();
                 let b = remote.give_back(&items).await.unwrap();
                 assert_eq!(a, b, "step {step}: return {items:?}");

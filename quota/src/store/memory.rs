@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::algorithm::{Decision, FixedWindow, TokenBucket, TokenState, WindowState};
 
+use super::LEASE_RECORD_MARGIN;
 use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError};
 use crate::clock::{Clock, Micros};
 use crate::config::{Algorithm, Limit};
@@ -28,11 +29,32 @@ struct Bucket {
     state: State,
 }
 
+/// What a granted lease was, so that a retry is answered from it and a
+/// return gives back at most what it granted.
+#[derive(Debug, Clone)]
+struct LeaseRecord {
+    bucket: String,
+    limit: Limit,
+    window: u64,
+    granted: u64,
+    /// Given back once already: later returns give back nothing, so that
+    /// retrying a return is harmless.
+    returned: bool,
+    valid_until: Micros,
+    expires_at: Micros,
+}
+
+#[derive(Debug, Default)]
+struct Maps {
+    buckets: HashMap<String, Bucket>,
+    leases: HashMap<String, LeaseRecord>,
+}
+
 /// Counters in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    buckets: Mutex<HashMap<String, Bucket>>,
+    maps: Mutex<Maps>,
     max_buckets: usize,
 }
 
@@ -97,18 +119,19 @@ impl MemoryStore {
     /// A store reading time from `clock` and holding at most `max_buckets`
     /// buckets (idle ones are evicted first; see [`MemoryStore::sweep`]).
     pub fn new(clock: Arc<dyn Clock>, max_buckets: usize) -> Self {
-        Self { clock, buckets: Mutex::new(HashMap::new()), max_buckets: max_buckets.max(1) }
+        Self { clock, maps: Mutex::new(Maps::default()), max_buckets: max_buckets.max(1) }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
+    fn lock(&self) -> MutexGuard<'_, Maps> {
         // A panic while holding the lock cannot leave a bucket half-written
         // (each is replaced whole), so a poisoned map is still consistent.
-        self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.maps.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Number of buckets held.
+    /// Number of buckets and lease records held.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        let maps = self.lock();
+        maps.buckets.len() + maps.leases.len()
     }
 
     /// True when no bucket is held.
@@ -117,22 +140,28 @@ impl MemoryStore {
     }
 
     /// Drops every idle bucket (one indistinguishable from a fresh one, so
-    /// dropping it changes no decision). Returns how many were dropped.
+    /// dropping it changes no decision) and every expired lease record.
+    /// Returns how many were dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now_us();
-        let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, b| !is_idle(b, now));
-        before - map.len()
+        let mut maps = self.lock();
+        Self::drop_idle(&mut maps, now)
     }
 
-    fn make_room(map: &mut HashMap<String, Bucket>, keys: &[&str], max: usize, now: Micros) -> Result<(), StoreError> {
-        let new = keys.iter().filter(|k| !map.contains_key(**k)).count();
-        if map.len() + new <= max {
+    fn drop_idle(maps: &mut Maps, now: Micros) -> usize {
+        let before = maps.buckets.len() + maps.leases.len();
+        maps.buckets.retain(|_, b| !is_idle(b, now));
+        maps.leases.retain(|_, r| r.expires_at > now);
+        before - maps.buckets.len() - maps.leases.len()
+    }
+
+    /// Makes room for `new` more entries (buckets and lease records).
+    fn make_room(maps: &mut Maps, new: usize, max: usize, now: Micros) -> Result<(), StoreError> {
+        if maps.buckets.len() + maps.leases.len() + new <= max {
             return Ok(());
         }
-        map.retain(|_, b| !is_idle(b, now));
-        if map.len() + new <= max {
+        Self::drop_idle(maps, now);
+        if maps.buckets.len() + maps.leases.len() + new <= max {
             Ok(())
         } else {
             Err(StoreError::Full)
@@ -142,7 +171,8 @@ impl MemoryStore {
     /// See [`super::Store::check`].
     pub fn check(&self, items: &[CheckItem]) -> Result<CheckOutcome, StoreError> {
         let now = self.clock.now_us();
-        let mut map = self.lock();
+        let mut maps = self.lock();
+        let map = &mut maps.buckets;
         let mut decisions = Vec::with_capacity(items.len());
         let mut afters = Vec::with_capacity(items.len());
         let mut committed = true;
@@ -155,18 +185,17 @@ impl MemoryStore {
             afters.push(after);
         }
         if committed {
-            let keys: Vec<&str> =
-                items.iter().zip(&decisions).filter(|(_, d)| d.allowed).map(|(i, _)| i.key.as_str()).collect();
-            Self::make_room(&mut map, &keys, self.max_buckets, now)?;
+            let new = items.iter().zip(&decisions).filter(|(i, d)| d.allowed && !map.contains_key(&i.key)).count();
+            Self::make_room(&mut maps, new, self.max_buckets, now)?;
             for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
                 if d.allowed {
-                    put(&mut map, &item.key, Bucket { limit: item.limit, state: after });
+                    put(&mut maps.buckets, &item.key, Bucket { limit: item.limit, state: after });
                 }
             }
         } else {
             for (item, d) in items.iter().zip(decisions.iter_mut()) {
                 if d.allowed {
-                    *d = decide(&item.limit, map.get(&item.key), now, 0).0;
+                    *d = decide(&item.limit, maps.buckets.get(&item.key), now, 0).0;
                 }
             }
         }
@@ -176,13 +205,26 @@ impl MemoryStore {
     /// See [`super::Store::lease`].
     pub fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
         let now = self.clock.now_us();
-        let mut map = self.lock();
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        Self::make_room(&mut map, &keys, self.max_buckets, now)?;
+        let mut maps = self.lock();
+        // Room for every bucket and record this call may add.
+        let new = items.iter().filter(|i| !maps.buckets.contains_key(&i.key)).count() + items.len();
+        Self::make_room(&mut maps, new, self.max_buckets, now)?;
         let mut grants = Vec::with_capacity(items.len());
         for item in items {
             let limit = &item.limit;
-            let bucket = map.get(&item.key);
+            let bucket = maps.buckets.get(&item.key);
+            if let Some(record) = maps.leases.get(&item.record).filter(|r| r.expires_at > now) {
+                let d = decide(limit, bucket, now, 0).0;
+                grants.push(Grant {
+                    granted: record.granted,
+                    remaining: d.remaining,
+                    reset: d.reset,
+                    window: record.window,
+                    valid: record.valid_until.saturating_sub(now),
+                    replayed: true,
+                });
+                continue;
+            }
             let (remaining, horizon, window, valid) = match limit.algorithm {
                 Algorithm::TokenBucket => {
                     let s = token_bucket(limit).refill(token_state(limit, bucket, now), now);
@@ -197,9 +239,20 @@ impl MemoryStore {
             let granted = item.want.min(grant_cap(remaining, limit.capacity, horizon, ttl));
             let (d, after) = decide(limit, bucket, now, granted);
             if granted > 0 {
-                put(&mut map, &item.key, Bucket { limit: *limit, state: after });
+                put(&mut maps.buckets, &item.key, Bucket { limit: *limit, state: after });
+                let valid_until = now.saturating_add(valid);
+                let record = LeaseRecord {
+                    bucket: item.key.clone(),
+                    limit: *limit,
+                    window,
+                    granted,
+                    returned: false,
+                    valid_until,
+                    expires_at: valid_until.saturating_add(LEASE_RECORD_MARGIN),
+                };
+                maps.leases.insert(item.record.clone(), record);
             }
-            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset, window, valid });
+            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset, window, valid, replayed: false });
         }
         Ok(grants)
     }
@@ -207,29 +260,34 @@ impl MemoryStore {
     /// See [`super::Store::give_back`].
     pub fn give_back(&self, items: &[ReturnItem]) -> Result<Vec<u64>, StoreError> {
         let now = self.clock.now_us();
-        let mut map = self.lock();
+        let mut maps = self.lock();
+        let Maps { buckets, leases } = &mut *maps;
         let mut taken = Vec::with_capacity(items.len());
         for item in items {
-            let limit = &item.limit;
-            let Some(bucket) = map.get_mut(&item.key) else {
-                // No bucket: it is full (or its window unused); nothing to return into.
+            let Some(record) = leases.get_mut(&item.record).filter(|r| r.expires_at > now) else {
                 taken.push(0);
                 continue;
             };
-            let back = match (limit.algorithm, bucket.state) {
-                (Algorithm::TokenBucket, State::Token(s)) => {
+            if record.returned {
+                taken.push(0);
+                continue;
+            }
+            record.returned = true;
+            let tokens = item.tokens.min(record.granted);
+            let limit = &record.limit;
+            // No bucket: it is full (or its window unused); nothing to return into.
+            let back = match buckets.get_mut(&record.bucket).map(|b| (b.state, b)) {
+                Some((State::Token(s), bucket)) => {
                     let tb = token_bucket(limit);
                     let before = tb.refill(s, now);
-                    let back = item.tokens.min(limit.capacity.saturating_sub(before.tokens));
+                    let back = tokens.min(limit.capacity.saturating_sub(before.tokens));
                     if back > 0 {
                         bucket.state = State::Token(tb.refund(s, now, back));
                     }
                     back
                 }
-                (Algorithm::FixedWindow, State::Window(s))
-                    if s.window == now / limit.period && s.window == item.window =>
-                {
-                    let back = item.tokens.min(s.used);
+                Some((State::Window(s), bucket)) if s.window == now / limit.period && s.window == record.window => {
+                    let back = tokens.min(s.used);
                     if back > 0 {
                         bucket.state = State::Window(fixed_window(limit).refund(s, now, back));
                     }
@@ -237,7 +295,6 @@ impl MemoryStore {
                 }
                 _ => 0,
             };
-            bucket.limit = *limit;
             taken.push(back);
         }
         Ok(taken)

@@ -27,6 +27,17 @@ pub fn bucket_key(domain: &str, algorithm: Algorithm, entries: &[(String, String
     format!("fg:{{{domain}}}:{}:{entries}", algorithm.tag())
 }
 
+/// How long a lease's record outlives the lease: a caller may retry an
+/// ambiguous lease, or return its unused tokens, until then.
+pub const LEASE_RECORD_MARGIN: Micros = 30 * crate::clock::SECOND_US;
+
+/// The store key of a lease's record: in the domain's hash tag (beside the
+/// buckets it names), then the caller's id (`A-Za-z0-9_-`, so it cannot
+/// look like a bucket key).
+pub fn lease_key(domain: &str, id: &str) -> String {
+    format!("fg:{{{domain}}}:lease:{id}")
+}
+
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckItem {
@@ -49,6 +60,9 @@ pub struct LeaseItem {
     pub limit: Limit,
     /// Tokens the service aims to grant (see [`crate::grant::lease_target`]).
     pub want: u64,
+    /// See [`lease_key`]: where the grant is recorded, atomically with it. A
+    /// lease whose record exists is not granted again but answered from it.
+    pub record: String,
 }
 
 /// What one lease got.
@@ -65,19 +79,18 @@ pub struct Grant {
     pub window: u64,
     /// How long the caller may use the tokens.
     pub valid: Micros,
+    /// The lease was already recorded: this repeats its grant, nothing was taken.
+    pub replayed: bool,
 }
 
-/// Unused leased tokens to give back.
+/// Unused leased tokens to give back. At most what the lease granted and
+/// was not yet returned goes back, and only where it still counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReturnItem {
-    /// See [`bucket_key`].
-    pub key: String,
-    /// The rule's limit.
-    pub limit: Limit,
+    /// The lease's record (see [`lease_key`]).
+    pub record: String,
     /// Tokens to give back.
     pub tokens: u64,
-    /// [`Grant::window`] of the lease they came from.
-    pub window: u64,
 }
 
 /// The result of a check: whether the costs were taken, and each bucket's

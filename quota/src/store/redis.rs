@@ -15,7 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::Script;
 use tokio::sync::Mutex;
 
-use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError, NEVER};
+use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError, LEASE_RECORD_MARGIN, NEVER};
 use crate::clock::{Clock, Micros};
 use crate::config::{Algorithm, Limit};
 
@@ -189,9 +189,9 @@ impl RedisStore {
     /// See [`super::Store::lease`].
     pub async fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
         let mut inv = self.lease.prepare_invoke();
-        inv.arg(self.now_arg()).arg(ttl);
+        inv.arg(self.now_arg()).arg(ttl).arg(LEASE_RECORD_MARGIN);
         for item in items {
-            inv.key(&item.key);
+            inv.key(&item.key).key(&item.record);
             for a in limit_args(&item.limit) {
                 inv.arg(a);
             }
@@ -199,17 +199,18 @@ impl RedisStore {
         }
         let reply = self.run(inv).await?;
         let rest = reply.get(1..).ok_or_else(|| bad_reply("lease"))?;
-        if rest.len() != items.len() * 5 {
+        if rest.len() != items.len() * 6 {
             return Err(bad_reply("lease"));
         }
         Ok(rest
-            .chunks_exact(5)
+            .chunks_exact(6)
             .map(|c| Grant {
                 granted: micros(c[0]),
                 remaining: micros(c[1]),
                 reset: micros(c[2]),
                 window: micros(c[3]),
                 valid: micros(c[4]),
+                replayed: c[5] == 1,
             })
             .collect())
     }
@@ -219,11 +220,7 @@ impl RedisStore {
         let mut inv = self.give_back.prepare_invoke();
         inv.arg(self.now_arg());
         for item in items {
-            inv.key(&item.key);
-            for a in limit_args(&item.limit) {
-                inv.arg(a);
-            }
-            inv.arg(item.tokens).arg(item.window);
+            inv.key(&item.record).arg(item.tokens);
         }
         let reply = self.run(inv).await?;
         let rest = reply.get(1..).ok_or_else(|| bad_reply("return"))?;
