@@ -10,6 +10,7 @@ pub mod config;
 pub mod descriptor;
 pub mod hash;
 pub mod headers;
+pub mod lease;
 pub mod limiter;
 pub mod store;
 pub mod table;

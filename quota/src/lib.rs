@@ -5,7 +5,6 @@
 
 pub mod clock;
 pub mod config;
-pub mod grant;
 pub mod http;
 pub mod metrics;
 /// The wire types, shared with the filter: the `floodgate-protocol` crate.

@@ -8,7 +8,6 @@ use std::time::Instant;
 
 use crate::clock::{ceil_ms, Micros};
 use crate::config::{Config, Domain, Limit, Rule};
-use crate::grant::lease_target;
 use crate::metrics::Metrics;
 use crate::protocol::{
     check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
@@ -55,7 +54,8 @@ pub struct Settings {
     pub lease_ttl: Micros,
 }
 
-/// The longest lease lifetime: keeps grant arithmetic exact in Lua.
+/// The longest lease lifetime: tokens should not outlive a proxy's view of
+/// the limit for long.
 pub const MAX_LEASE_TTL: Micros = 60 * crate::clock::SECOND_US;
 
 /// The service: current limits, a store, metrics.
@@ -265,11 +265,11 @@ impl Service {
                 // Shadow rules lease like any other: the tokens a lease hands
                 // out must exist, or the total could pass the limit.
                 Some(Rule::Limited { limit, shadow }) => {
-                    let want = lease_target(lease.wanted, lease.rate, ttl, limit.capacity);
                     items.push(LeaseItem {
                         key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor),
                         limit: *limit,
-                        want,
+                        wanted: lease.wanted,
+                        rate: lease.rate,
                         record: lease_key(&domain.name, &lease.id),
                     });
                     plan.push(Ok((items.len() - 1, *limit, *shadow)));
