@@ -43,9 +43,9 @@ struct Shard {
 }
 
 impl Shard {
-    /// Drops up to `most` entries idle at `now` from the head of the queue;
-    /// returns how many were dropped.
-    fn drop_idle(&mut self, now: Nanos, most: usize) -> usize {
+    /// Drops idle entries at `now` from the head of the queue, looking at
+    /// up to `most`; returns how many it dropped and how many it looked at.
+    fn drop_idle(&mut self, now: Nanos, most: usize) -> (usize, usize) {
         let mut dropped = 0;
         let mut looked = 0;
         while looked < most && self.expiry.peek().is_some_and(|Reverse((due, _))| *due <= now) {
@@ -61,7 +61,7 @@ impl Shard {
                 None => {}
             }
         }
-        dropped
+        (dropped, looked)
     }
 }
 
@@ -74,6 +74,8 @@ pub struct MemoryStore {
     /// Entries held, over all shards.
     len: AtomicUsize,
     max_entries: usize,
+    /// Entries looked at to drop idle ones, ever (see [`MemoryStore::examined`]).
+    examined: AtomicUsize,
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -93,6 +95,7 @@ impl MemoryStore {
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
             max_entries: max_entries.max(1),
+            examined: AtomicUsize::new(0),
         }
     }
 
@@ -104,6 +107,19 @@ impl MemoryStore {
     /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// How many entries eviction and sweeping have looked at so far: they
+    /// look only at queued entries that may be idle, never scan the store.
+    pub fn examined(&self) -> usize {
+        self.examined.load(Ordering::Relaxed)
+    }
+
+    fn drop_idle(&self, shard: &mut Shard, now: Nanos, most: usize) -> usize {
+        let (dropped, looked) = shard.drop_idle(now, most);
+        self.examined.fetch_add(looked, Ordering::Relaxed);
+        self.len.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -119,8 +135,7 @@ impl MemoryStore {
         let mut total = 0;
         for shard in &self.shards {
             loop {
-                let dropped = lock(shard).drop_idle(now, SWEEP_STEP);
-                self.len.fetch_sub(dropped, Ordering::Relaxed);
+                let dropped = self.drop_idle(&mut lock(shard), now, SWEEP_STEP);
                 total += dropped;
                 if dropped < SWEEP_STEP {
                     break;
@@ -138,21 +153,20 @@ impl MemoryStore {
         if self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok() {
             return Ok(());
         }
-        let mut dropped: usize = held.iter_mut().map(|(_, shard)| shard.drop_idle(now, new + SWEEP_STEP)).sum();
+        let mut dropped: usize = held.iter_mut().map(|(_, shard)| self.drop_idle(shard, now, new + SWEEP_STEP)).sum();
         if dropped < new {
             for (index, shard) in self.shards.iter().enumerate() {
                 if held.iter().any(|(i, _)| *i == index) {
                     continue;
                 }
                 if let Ok(mut shard) = shard.try_lock() {
-                    dropped += shard.drop_idle(now, new + SWEEP_STEP);
+                    dropped += self.drop_idle(&mut shard, now, new + SWEEP_STEP);
                 }
                 if dropped >= new {
                     break;
                 }
             }
         }
-        self.len.fetch_sub(dropped, Ordering::Relaxed);
         self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreError::Full)
     }
 
