@@ -199,25 +199,61 @@ async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
     // A much faster caller gets more, but never more than half of what remains.
     let mut grants = Vec::new();
     let mut remaining = 950;
-    while remaining > 0 {
+    loop {
         let r = f.lease(lease("big", "a", 1_000, 100_000.0)).await;
         let granted = r["leases"][0]["granted"].as_u64().unwrap();
         assert!(granted <= (remaining as u64).div_ceil(2), "{granted} of {remaining}");
         remaining = r["leases"][0]["remaining"].as_i64().unwrap();
+        if granted == 0 {
+            break;
+        }
         grants.push(granted);
     }
     assert_eq!(grants[..3], [475, 238, 119], "halving while plenty is left");
     assert!(grants.windows(2).all(|w| w[1] <= w[0]), "grants never grow as quota runs low: {grants:?}");
-    // Below 10 % with an hour to go, each lease gets a single token: the tail
-    // of the window is paced, not grabbed.
-    let low: Vec<u64> = grants.iter().copied().skip_while(|g| *g > 1).collect();
-    assert!(low.len() >= 50, "{grants:?}");
-    assert_eq!(grants.iter().sum::<u64>() + 50, 1000, "everything was leased, nothing more");
-    // Empty: nothing granted, and the limit was never passed.
-    let r = f.lease(lease("big", "a", 10, 10.0)).await;
-    assert_eq!(r["leases"][0]["granted"], 0);
+    // Below 10 % with an hour to go, the rest is paced over the hour: one
+    // token now, then nothing more at this instant however often one asks.
+    assert!(remaining > 0 && remaining * 10 < 1000, "stopped below the low-water mark: {remaining} left");
+    assert_eq!(grants.last(), Some(&1), "{grants:?}");
+    for _ in 0..20 {
+        assert_eq!(f.lease(lease("big", "a", 10, 10.0)).await["leases"][0]["granted"], 0);
+    }
+    // Checks are not paced: they take what is left, never more.
+    let r = f.check(check(json!([[["big", "a"]]]), remaining as u64)).await;
+    assert_eq!(r["allowed"], true);
     let r = f.check(check(json!([[["big", "a"]]]), 1)).await;
-    assert_eq!(r["allowed"], false);
+    assert_eq!(r["allowed"], false, "everything was taken, nothing more");
+}
+
+/// Finding 5 of issue 10: below the low-water mark, a fast caller cannot
+/// take the rest of the window in a burst; over the tail of the window the
+/// grants follow time (at most one lease lifetime ahead of the even pace),
+/// whatever rate the caller reports.
+async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    // 1000 per hour (`big`), 95 left with 41 s of the window to go.
+    let start = T0 + 3_559 * SECOND_US;
+    f.clock.set(start);
+    assert_eq!(f.check(check(json!([[["big", "p"]]]), 905)).await["allowed"], true);
+    let mut taken = 0u64;
+    let mut burst = 0u64;
+    for step in 0..41 * 4 {
+        for _ in 0..10 {
+            let r = f.lease(lease("big", "p", 1_000, 5.0)).await;
+            taken += r["leases"][0]["granted"].as_u64().unwrap();
+        }
+        if step == 0 {
+            burst = taken;
+        }
+        // Never ahead of the even pace (95 over 41 s) by more than a lease
+        // lifetime (1 s), plus the one token a caught-up schedule allows.
+        let elapsed = step * 250 * MS;
+        let pace = ((elapsed + SECOND_US) * 95).div_ceil(41 * SECOND_US) + 1;
+        assert!(taken <= pace, "{taken} taken {elapsed} µs into the tail; the pace allows {pace}");
+        f.clock.advance(250 * MS);
+    }
+    assert!(burst <= 3, "the first burst of 10 leases took {burst} of the last 95");
+    assert!(taken >= 90, "the tail was handed out over the window: {taken} of 95");
 }
 
 async fn a_lease_never_outlives_its_window(backend: Backend) {
@@ -345,6 +381,7 @@ with_all_stores!(
     returned_tokens_are_available_again,
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
+    the_tail_of_a_window_is_paced_per_time_not_per_call,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

@@ -10,7 +10,7 @@
 //! answers in microseconds rounded up (never early).
 
 use floodgate_core::algorithm::{self, FixedWindow, Kind, Policy, TokenBucket};
-use floodgate_core::lease::{grant_cap, lease_target};
+use floodgate_core::lease::{grant_cap, lease_target, paced_until};
 
 use super::{Decision, NEVER};
 use crate::clock::Micros;
@@ -50,22 +50,43 @@ fn decision(d: algorithm::Decision) -> Decision {
     }
 }
 
-/// The bucket's state bytes: the stored ones when they fit the policy, else
-/// (never stored, expired, or of another shape) a fresh bucket.
-fn load(policy: &Policy, stored: Option<&[u8]>, now: Nanos) -> Vec<u8> {
-    match stored {
-        Some(bytes) if bytes.len() == policy.state_len() => bytes.to_vec(),
-        _ => {
-            let mut fresh = vec![0; policy.state_len()];
-            policy.write_fresh(&mut fresh, now);
-            fresh
+/// A bucket as stored: the algorithm's state (`Policy::state_len` bytes,
+/// as the core lays them out), then the lease pace's "paced until" instant
+/// (8 bytes, little-endian; see `floodgate_core::lease::paced_until`).
+struct Stored {
+    state: Vec<u8>,
+    paced_until: Nanos,
+}
+
+impl Stored {
+    /// The stored bucket when it fits the policy, else (never stored,
+    /// expired, or of another shape) a fresh bucket.
+    fn load(policy: &Policy, stored: Option<&[u8]>, now: Nanos) -> Self {
+        let len = policy.state_len();
+        let paced = |bytes: &[u8]| bytes.get(len..len + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        match stored {
+            Some(bytes) if bytes.len() == len + 8 => {
+                Stored { state: bytes[..len].to_vec(), paced_until: paced(bytes).unwrap_or(0) }
+            }
+            _ => {
+                let mut state = vec![0; len];
+                policy.write_fresh(&mut state, now);
+                Stored { state, paced_until: 0 }
+            }
         }
+    }
+
+    fn into_next(self, limit: &Limit, now: Nanos) -> Next {
+        let idle_at = idle_at(limit, &self.state, now);
+        let mut bytes = self.state;
+        bytes.extend_from_slice(&self.paced_until.to_le_bytes());
+        Next { bytes, idle_at }
     }
 }
 
-/// When the bucket in `bytes` becomes idle (indistinguishable from a fresh
-/// one): a store may forget it from then on.
-pub fn idle_at(limit: &Limit, bytes: &[u8], now: Nanos) -> Nanos {
+/// When the bucket whose state is `bytes` becomes idle (indistinguishable
+/// from a fresh one): a store may forget it from then on.
+fn idle_at(limit: &Limit, bytes: &[u8], now: Nanos) -> Nanos {
     let period = u128::from(nanos(limit.period));
     match limit.algorithm {
         Algorithm::TokenBucket => match TokenBucket::decode(bytes) {
@@ -96,10 +117,9 @@ pub struct Next {
 /// bucket after it (to store only if the whole check commits).
 pub fn check(limit: &Limit, stored: Option<&[u8]>, now: Nanos, cost: u64) -> (Decision, Next) {
     let policy = policy(limit);
-    let mut bytes = load(&policy, stored, now);
-    let d = policy.decide(&mut bytes, now, cost);
-    let idle_at = idle_at(limit, &bytes, now);
-    (decision(d), Next { bytes, idle_at })
+    let mut bucket = Stored::load(&policy, stored, now);
+    let d = policy.decide(&mut bucket.state, now, cost);
+    (decision(d), bucket.into_next(limit, now))
 }
 
 /// What a lease got, and the bucket after it.
@@ -119,12 +139,12 @@ pub struct Leased {
 
 /// Takes a batch of tokens for a caller that wants at most `wanted` and
 /// consumes `rate` per second, for leases living `ttl`: sized by the core's
-/// [`lease_target`] and [`grant_cap`].
+/// [`lease_target`] and [`grant_cap`], paced per bucket by [`paced_until`].
 pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate: Option<f64>, ttl: Nanos) -> Leased {
     let policy = policy(limit);
-    let mut bytes = load(&policy, stored, now);
+    let mut bucket = Stored::load(&policy, stored, now);
     // A zero-cost decision on a copy: what the bucket holds now.
-    let mut probe = bytes.clone();
+    let mut probe = bucket.state.clone();
     let remaining = policy.decide(&mut probe, now, 0).remaining;
     let (horizon, window, valid) = match limit.algorithm {
         Algorithm::TokenBucket => (nanos(limit.period), 0, ttl),
@@ -136,10 +156,11 @@ pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate
         }
     };
     let target = lease_target(wanted, rate, ttl, limit.capacity);
-    let granted = target.min(grant_cap(remaining, limit.capacity, horizon, ttl));
-    let d = policy.decide(&mut bytes, now, granted);
-    let idle_at = idle_at(limit, &bytes, now);
-    Leased { granted, decision: decision(d), window, valid, next: Next { bytes, idle_at } }
+    let cap = grant_cap(remaining, limit.capacity, horizon, ttl, bucket.paced_until, now);
+    let granted = target.min(cap);
+    let d = policy.decide(&mut bucket.state, now, granted);
+    bucket.paced_until = paced_until(granted, remaining, limit.capacity, horizon, bucket.paced_until, now);
+    Leased { granted, decision: decision(d), window, valid, next: bucket.into_next(limit, now) }
 }
 
 /// The bucket as it stands, without taking anything.
@@ -236,7 +257,7 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
     let tokens = tokens.min(record.granted);
     let room = match limit.algorithm {
         Algorithm::TokenBucket => limit.capacity.saturating_sub(peek(limit, Some(stored), now).remaining),
-        Algorithm::FixedWindow => match FixedWindow::decode(stored) {
+        Algorithm::FixedWindow => match FixedWindow::decode(&Stored::load(&policy, Some(stored), now).state) {
             Some(s) if s.window == now / nanos(limit.period).max(1) && s.window == record.window => s.used,
             _ => 0,
         },
@@ -245,10 +266,9 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
     if back == 0 {
         return (0, None);
     }
-    let mut bytes = load(&policy, Some(stored), now);
-    policy.refund(&mut bytes, now, back);
-    let idle_at = idle_at(limit, &bytes, now);
-    (back, Some(Next { bytes, idle_at }))
+    let mut bucket = Stored::load(&policy, Some(stored), now);
+    policy.refund(&mut bucket.state, now, back);
+    (back, Some(bucket.into_next(limit, now)))
 }
 
 #[cfg(test)]
@@ -280,6 +300,7 @@ mod tests {
         let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 7, period: 3 * SECOND_US, capacity: 10 };
         let (_, next) = check(&bucket, None, NOW, 4);
         assert!(next.idle_at > NOW);
+        assert_eq!(next.bytes.len(), 16 + 8, "the state, then the pace");
         assert!(check(&bucket, Some(&next.bytes), next.idle_at - 1, 0).0.remaining < 10);
         assert_eq!(check(&bucket, Some(&next.bytes), next.idle_at, 0).0.remaining, 10);
         let window = Limit { algorithm: Algorithm::FixedWindow, limit: 7, period: 60 * SECOND_US, capacity: 7 };
