@@ -202,7 +202,7 @@ impl MemoryStore {
         if new > 0 {
             self.reserve(new, &mut held, now)?;
         }
-        for ((key, shard), write) in keys.iter().zip(&shard_of).zip(writes) {
+        for (at_key, ((key, shard), write)) in keys.iter().zip(&shard_of).zip(writes).enumerate() {
             let (Some(next), Some(at)) = (write, position(*shard)) else { continue };
             let Some((_, guard)) = held.get_mut(at) else { continue };
             match guard.map.get_mut(key) {
@@ -211,6 +211,11 @@ impl MemoryStore {
                     entry.idle_at = next.idle_at;
                 }
                 None => {
+                    if values.get(at_key).is_some_and(Option::is_some) {
+                        // Read, then dropped as idle while making room: not
+                        // counted among the new entries reserved above.
+                        self.len.fetch_add(1, Ordering::Relaxed);
+                    }
                     guard.expiry.push(Reverse((next.idle_at, key.clone())));
                     guard.map.insert(key.clone(), Entry { value: next.bytes, idle_at: next.idle_at });
                 }

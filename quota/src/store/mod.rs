@@ -9,7 +9,8 @@ mod decide;
 mod memory;
 mod redis;
 
-pub use self::decide::{LeaseRecord, Nanos, Next};
+use self::decide::LeaseRecord;
+pub use self::decide::{Nanos, Next};
 pub use self::memory::MemoryStore;
 pub use self::redis::{RedisOptions, RedisStore};
 
@@ -89,8 +90,8 @@ pub struct Grant {
     pub replayed: bool,
 }
 
-/// Unused leased tokens to give back. At most what the lease granted and
-/// was not yet returned goes back, and only where it still counts.
+/// Unused leased tokens to give back: once per lease, at most what it
+/// granted, and only where the tokens still count.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReturnItem {
     /// The lease's record (see [`lease_key`]).
@@ -226,7 +227,7 @@ impl Store {
                     (named, vec![None; values.len()])
                 })
                 .await?;
-            let mut keys = Keys { list: records.list.clone(), at: records.at.clone() };
+            let mut keys = records.clone();
             let slots: Vec<(usize, Option<usize>)> =
                 at.iter().map(|r| (*r, buckets.get(*r).cloned().flatten().map(|b| keys.add(&b)))).collect();
             let list = keys.list.clone();
@@ -256,7 +257,7 @@ pub type Writes = Vec<Option<Next>>;
 const RETURN_ATTEMPTS: usize = 4;
 
 /// A list of distinct keys, each with its position.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Keys {
     list: Vec<String>,
     at: HashMap<String, usize>,
