@@ -112,7 +112,7 @@ test-deploy: deps-envoy deps-redis wasm
 lint: deps-rust
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p floodgate-filter -p floodgate-core --target wasm32-wasip1 -- -D warnings
+	cargo clippy -p floodgate-filter -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 
 deps-fuzz:
 	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked

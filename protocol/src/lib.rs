@@ -1,6 +1,7 @@
-//! The wire format (see `docs/protocol.md`): small JSON bodies, numbers as
-//! numbers, times in whole milliseconds rounded up. Kept apart from the
-//! domain types so that either can change without the other.
+//! The wire format of Floodgate's quota service (see `docs/protocol.md`):
+//! small JSON bodies, numbers as numbers, times in whole milliseconds rounded
+//! up. One crate, depending on serde only, so that the filter (on
+//! `wasm32-wasip1`) and the service (`floodgate-quota`) share the same types.
 //!
 //! Unknown request fields are ignored, so a newer filter can talk to an
 //! older service.
@@ -19,6 +20,10 @@ pub const MAX_DESCRIPTORS: usize = 32;
 pub const MAX_ENTRIES: usize = 16;
 /// Largest `hits`, `wanted` or `tokens`.
 pub const MAX_UNITS: u64 = 1_000_000_000;
+/// Longest descriptor key or value, in bytes.
+pub const MAX_ENTRY_LEN: usize = 256;
+/// Longest lease `id`, in bytes.
+pub const MAX_LEASE_ID_LEN: usize = 64;
 
 fn one() -> u64 {
     1
@@ -116,6 +121,10 @@ pub struct CheckResponse {
 /// One lease of `POST /v1/lease`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct LeaseWant {
+    /// The caller's idempotency key for this lease (see [`check_lease_id`]):
+    /// a lease whose id is already recorded is answered again, not granted
+    /// again, and returns name it.
+    pub id: String,
     /// The descriptor to lease tokens of.
     pub descriptor: Descriptor,
     /// The most tokens the caller wants.
@@ -156,12 +165,16 @@ pub struct LeaseGrant {
     /// Milliseconds until more quota is available.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reset_ms: Option<u64>,
-    /// Identifies the window the tokens belong to; echo it when returning.
+    /// Identifies the window the tokens belong to (0 for a token bucket).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window: Option<u64>,
     /// The rule is in shadow mode: running out must not deny requests.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub shadow: bool,
+    /// This lease's id was already recorded: the grant made then is repeated
+    /// and nothing more was taken.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub replayed: bool,
 }
 
 /// Response of `POST /v1/lease`.
@@ -174,13 +187,10 @@ pub struct LeaseResponse {
 /// One item of `POST /v1/return`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct ReturnTokens {
-    /// The descriptor the tokens were leased for.
-    pub descriptor: Descriptor,
-    /// Unused tokens.
+    /// The `id` of the lease the tokens came from.
+    pub id: String,
+    /// Unused tokens of that lease.
     pub tokens: u64,
-    /// The `window` of the lease they came from (0 if none was given).
-    #[serde(default)]
-    pub window: u64,
 }
 
 /// `POST /v1/return`.
@@ -195,8 +205,8 @@ pub struct ReturnRequest {
 /// Response of `POST /v1/return`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct ReturnResponse {
-    /// Tokens taken back, per item (0 when the window is over or the bucket
-    /// was already full).
+    /// Tokens taken back, per item (0 when the lease is unknown, expired or
+    /// already returned, its window is over, or the bucket is full).
     pub returned: Vec<u64>,
 }
 
@@ -205,6 +215,18 @@ pub struct ReturnResponse {
 pub struct ErrorBody {
     /// What went wrong, for a human.
     pub error: String,
+}
+
+/// Checks a lease id: 1 to [`MAX_LEASE_ID_LEN`] bytes of `A-Za-z0-9_-`.
+/// The message names `field`.
+pub fn check_lease_id(field: &str, id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > MAX_LEASE_ID_LEN {
+        return Err(format!("{field} must be 1 to {MAX_LEASE_ID_LEN} bytes long, not {}", id.len()));
+    }
+    if let Some(bad) = id.chars().find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-')) {
+        return Err(format!("{field} contains {bad:?}; use only A-Z, a-z, 0-9, '_' and '-'"));
+    }
+    Ok(())
 }
 
 /// Checks the size limits shared by every call; the message names the field.
@@ -226,13 +248,40 @@ pub fn check_descriptors<'a>(field: &str, list: impl ExactSizeIterator<Item = &'
             if key.is_empty() {
                 return Err(format!("{field}[{i}][{j}] has an empty key"));
             }
-            if key.len() > crate::config::MAX_NAME_LEN || value.len() > crate::config::MAX_NAME_LEN {
+            if key.len() > MAX_ENTRY_LEN || value.len() > MAX_ENTRY_LEN {
                 return Err(format!(
-                    "{field}[{i}][{j}] is too long; keys and values are at most {} bytes",
-                    crate::config::MAX_NAME_LEN
+                    "{field}[{i}][{j}] is too long; keys and values are at most {MAX_ENTRY_LEN} bytes"
                 ));
             }
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn never_is_an_explicit_null_and_reads_back_as_never() {
+        let denied = CheckResponse { allowed: false, retry_after_ms: Some(Retry::Never), results: Vec::new() };
+        let text = serde_json::to_string(&denied).unwrap();
+        assert_eq!(text, r#"{"allowed":false,"retry_after_ms":null,"results":[]}"#);
+        assert_eq!(serde_json::from_str::<CheckResponse>(&text).unwrap(), denied);
+        let allowed: CheckResponse = serde_json::from_str(r#"{"allowed":true,"results":[]}"#).unwrap();
+        assert_eq!(allowed.retry_after_ms, None);
+    }
+
+    #[test]
+    fn lease_ids_are_short_and_plain() {
+        assert!(check_lease_id("id", "a").is_ok());
+        assert!(check_lease_id("id", "Envoy-7_lease-0042").is_ok());
+        assert!(check_lease_id("id", &"x".repeat(MAX_LEASE_ID_LEN)).is_ok());
+        assert!(check_lease_id("leases[0].id", "").unwrap_err().starts_with("leases[0].id must be 1 to 64"));
+        assert!(check_lease_id("id", &"x".repeat(MAX_LEASE_ID_LEN + 1)).is_err());
+        assert!(check_lease_id("id", "a b").unwrap_err().contains("' '"));
+        assert!(check_lease_id("id", "a:b").is_err());
+        assert!(check_lease_id("id", "é").is_err());
+    }
 }
