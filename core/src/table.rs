@@ -353,7 +353,7 @@ mod tests {
     #[test]
     fn held_units_are_reported_as_they_change_even_when_an_entry_is_reused() {
         // Slots held 30 to 40 s.
-        let table = Table::new(Arc::new(Concurrency::new(2, SECOND.times(30))), 6, 4);
+        let table = Table::new(Arc::new(Concurrency::new(2, SECOND.times(30))), 8, 4);
         let mut group = table.empty_group();
         for fingerprint in 1..=4u64 {
             assert_eq!(held_change(apply(&mut group, |g| table.decide(g, fingerprint, T0, 2))), 2);

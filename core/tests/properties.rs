@@ -293,7 +293,8 @@ proptest! {
         let concurrency = Concurrency::new(limit, slot_ttl);
         let longest = concurrency.longest_hold();
         prop_assert!(longest > slot_ttl);
-        let table = Table::new(Arc::new(concurrency), 6, WAYS as u32);
+        let tag = Registration::find("concurrency").unwrap().tag;
+        let table = Table::new(Arc::new(concurrency), tag, WAYS as u32);
         let mut group = table.empty_group();
         let fingerprint = 7;
         let mut now = T0;

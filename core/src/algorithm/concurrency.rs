@@ -1,6 +1,5 @@
 //! Concurrency: at most `limit` units in flight per descriptor at once, across
-//! every worker (ShenYu's concurrent limiter, Envoy's adaptive-concurrency
-//! idea with a fixed limit). A request takes `cost` slots when admitted and
+//! every worker (ShenYu's concurrent limiter). A request takes `cost` slots when admitted and
 //! gives them back when its stream ends ([`Release::Done`]) or when it is
 //! not served after all ([`Release::Undo`]).
 //!
@@ -12,8 +11,8 @@
 //! `slot_ttl`) and the state is a ring of the [`EPOCHS`] latest epochs, each
 //! with the number of slots taken in it. Slots taken in epoch `e` are
 //! reclaimed when epoch `e + 4` begins, that is at `(e + 4) × epoch`: a slot
-//! is held for more than `slot_ttl` and at most `slot_ttl + epoch` (see
-//! [`Concurrency::longest_hold`]). A stream that lasts longer than that stops
+//! is held for more than `slot_ttl` and at most four epochs, about
+//! `slot_ttl × 4/3` (see [`Concurrency::longest_hold`]). A stream that lasts longer than that stops
 //! counting: `slot_ttl` trades how long a lost release blocks a slot against
 //! how long a legitimate stream is guaranteed to count.
 //!
