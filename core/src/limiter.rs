@@ -71,6 +71,11 @@ pub trait Counters<H> {
     fn rule(&mut self, rule: &CompiledRule<H>, event: RuleEvent);
     /// Counts `count` store occurrences.
     fn store(&mut self, event: StoreEvent, count: u64);
+    /// Adds `change` to the units `rule` holds in flight, summed over its
+    /// buckets and over every worker's writes (algorithms that hold units
+    /// until requests are done; holds that expired leave the sum when their
+    /// bucket is next written).
+    fn in_flight(&mut self, _rule: &CompiledRule<H>, _change: i64) {}
 }
 
 /// One rule, prepared once per configuration with everything a request needs:
@@ -300,7 +305,10 @@ impl<H> Limiter<H> {
                         counters.store(StoreEvent::CasRetries, u64::from(retries));
                     }
                     match outcome {
-                        TableOutcome::Decided { decision, reused_idle, was_corrupt } => {
+                        TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change } => {
+                            if held_change != 0 {
+                                counters.in_flight(compiled, held_change);
+                            }
                             if reused_idle {
                                 counters.store(StoreEvent::SlotEvictions, 1);
                             }
@@ -386,10 +394,14 @@ impl<H> Limiter<H> {
                 })
             });
             match result {
-                Ok(Replaced { retries, .. }) if retries > 0 => {
-                    counters.store(StoreEvent::CasRetries, u64::from(retries))
+                Ok(Replaced { outcome: held_change, retries }) => {
+                    if retries > 0 {
+                        counters.store(StoreEvent::CasRetries, u64::from(retries));
+                    }
+                    if held_change != 0 {
+                        counters.in_flight(compiled, held_change);
+                    }
                 }
-                Ok(_) => {}
                 Err(LoopError::RetriesExhausted) => self.count_exhausted(counters),
                 Err(LoopError::Store(_)) => counters.store(StoreEvent::StoreErrors, 1),
             }
@@ -473,6 +485,7 @@ mod tests {
     struct Tally {
         rules: HashMap<(usize, &'static str), u64>,
         store: HashMap<&'static str, u64>,
+        in_flight: HashMap<usize, i64>,
     }
 
     /// Rules carry their index as host data, so counts are kept per index.
@@ -488,6 +501,9 @@ mod tests {
         }
         fn store(&mut self, event: StoreEvent, count: u64) {
             *self.store.entry(format!("{event:?}").leak()).or_default() += count;
+        }
+        fn in_flight(&mut self, rule: &CompiledRule<usize>, change: i64) {
+            *self.in_flight.entry(rule.host).or_default() += change;
         }
     }
 
@@ -800,5 +816,42 @@ mod tests {
         limiter.release(&store, T0, permit, Release::Undo, &mut tally);
         let ok = (0..5).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(ok, 2, "3 per hour: one kept by the ended request, one given back by the undo");
+    }
+
+    #[test]
+    fn concurrency_holds_until_done_and_reports_what_is_in_flight() {
+        let json = r#"{"rules": [
+            {"name": "rate", "limit": 100, "period": "1h"},
+            {"name": "slots", "algorithm": "concurrency", "limit": 2, "slot_ttl": "30s"}],
+            "response": {"status": 503}}"#;
+        let store = MemoryStore::default();
+        let limiter = build(json, &store);
+        assert_eq!(limiter.response().status, 503);
+        let mut tally = Tally::default();
+        let check = |now: Nanos, tally: &mut Tally| limiter.check(&store, now, &mut request(&limiter, &[]), tally);
+        let (first, a) = check(T0, &mut tally);
+        let (_, b) = check(T0, &mut tally);
+        let (denied, empty) = check(T0, &mut tally);
+        assert!(first.allowed() && !denied.allowed() && empty.is_empty());
+        let report = denied.report.unwrap();
+        assert_eq!(report.rule, 1);
+        assert_eq!(report.decision.retry_after(), SECOND.times(40), "until the slots' epoch is reclaimed");
+        assert_eq!(tally.in_flight.get(&1), Some(&2));
+        assert_eq!(tally.in_flight.get(&0), None, "a token bucket holds nothing in flight");
+        // A request that ends frees its slot; the token bucket keeps its token.
+        limiter.release(&store, T0, a, Release::Done, &mut tally);
+        assert_eq!(tally.in_flight[&1], 1);
+        let (again, c) = check(T0 + SECOND, &mut tally);
+        assert!(again.allowed());
+        assert_eq!(again.report.unwrap().decision.remaining, 0);
+        // b and c are never released (their VM crashed): both are reclaimed
+        // 40 s after their epoch began, and leave the gauge then.
+        drop((b, c));
+        assert!(!check(T0 + SECOND.times(40) - Nanos(1), &mut tally).0.allowed());
+        let (reclaimed, _) = check(T0 + SECOND.times(40), &mut tally);
+        assert!(reclaimed.allowed());
+        assert_eq!(tally.in_flight[&1], 1, "two reclaimed, one taken");
+        assert_eq!(tally.rules[&(0, "allowed")], 4);
+        assert_eq!(tally.rules[&(1, "limited")], 2);
     }
 }

@@ -3,7 +3,8 @@
 //! In `/stats` a counter `floodgate.allowed` appears as
 //! `wasmcustom.floodgate.allowed`; in `/stats/prometheus` as
 //! `wasmcustom_floodgate_allowed` (or with a `rule` label for the per-rule
-//! counters, given the `stats_tags` in the shipped Envoy configs).
+//! counters, given the `stats_tags` in the shipped Envoy configs). Rules
+//! whose algorithm holds units in flight also get an `in_flight` gauge.
 
 use floodgate_core::config::Rule;
 use floodgate_core::limiter::{CompiledRule, Counters, RuleEvent, StoreEvent, Verdict};
@@ -34,6 +35,12 @@ fn counter(name: &str) -> Id {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }
 
+/// A gauge. Every worker's VM defines it under the same name, and Envoy keeps
+/// one gauge per name for the process, so each worker's changes add up.
+fn gauge(name: &str) -> Id {
+    hostcalls::define_metric(MetricType::Gauge, name).ok()
+}
+
 /// Adds `by` to counter `id`.
 pub fn increment(id: Id, by: u64) {
     if let (Some(id), Ok(by @ 1..)) = (id, i64::try_from(by)) {
@@ -42,13 +49,23 @@ pub fn increment(id: Id, by: u64) {
     }
 }
 
-/// One rule's counters: the host data of its [`CompiledRule`].
-pub struct RuleMetrics([Id; RULE_EVENTS.len()]);
+/// One rule's metrics: the host data of its [`CompiledRule`].
+pub struct RuleMetrics {
+    events: [Id; RULE_EVENTS.len()],
+    /// Units in flight, for algorithms that hold units until requests end.
+    in_flight: Id,
+}
 
 impl RuleMetrics {
-    /// Defines `floodgate.rule.<name>.<event>` for every rule event.
+    /// Defines `floodgate.rule.<name>.<event>` for every rule event, and the
+    /// gauge `floodgate.rule.<name>.in_flight` if the rule's algorithm holds
+    /// units while requests are in flight.
     pub fn define(rule: &Rule) -> Self {
-        Self(RULE_EVENTS.map(|(_, event)| counter(&format!("floodgate.rule.{}.{event}", rule.name))))
+        let name = |metric: &str| format!("floodgate.rule.{}.{metric}", rule.name);
+        Self {
+            events: RULE_EVENTS.map(|(_, event)| counter(&name(event))),
+            in_flight: if rule.policy().holds_until_done() { gauge(&name("in_flight")) } else { None },
+        }
     }
 }
 
@@ -107,7 +124,16 @@ pub struct MetricCounters<'a>(&'a Metrics);
 impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
         let index = RULE_EVENTS.iter().position(|(e, _)| *e == event);
-        increment(index.and_then(|i| rule.host.0.get(i).copied().flatten()), 1);
+        increment(index.and_then(|i| rule.host.events.get(i).copied().flatten()), 1);
+    }
+
+    /// Moves the rule's in-flight gauge (Envoy adds a positive offset to a
+    /// gauge and subtracts a negative one).
+    fn in_flight(&mut self, rule: &CompiledRule<RuleMetrics>, change: i64) {
+        if let Some(id) = rule.host.in_flight {
+            // A failed update loses this change; nothing to do about it here.
+            let _ = hostcalls::increment_metric(id, change);
+        }
     }
 
     fn store(&mut self, event: StoreEvent, count: u64) {

@@ -61,12 +61,31 @@ pub struct Setup {
     /// The connection manager's `use_remote_address`: whether the client is
     /// the connection's peer (true) or taken from `x-forwarded-for`.
     pub use_remote_address: bool,
+    /// HTTP filters between Floodgate and the router, as YAML list items
+    /// indented for `http_filters` (e.g. [`FAULT_DELAY_FROM_HEADER`]).
+    pub extra_http_filters: String,
 }
+
+/// Envoy's fault filter, delaying each request by the milliseconds in its
+/// `x-envoy-fault-delay-request` header (none without it) before the router:
+/// with the harness's direct-response route, an upstream that takes that long.
+pub const FAULT_DELAY_FROM_HEADER: &str = r#"          - name: envoy.filters.http.fault
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+              delay:
+                header_delay: {}
+                percentage: {numerator: 100, denominator: HUNDRED}
+"#;
 
 impl Setup {
     /// Envoy with `plugin_config` and default connection-manager settings.
     pub fn new(plugin_config: &str) -> Self {
-        Self { plugin_config: plugin_config.to_string(), hcm_extra: String::new(), use_remote_address: true }
+        Self {
+            plugin_config: plugin_config.to_string(),
+            hcm_extra: String::new(),
+            use_remote_address: true,
+            extra_http_filters: String::new(),
+        }
     }
 
     /// Renders the bootstrap YAML for the given ports.
@@ -110,11 +129,12 @@ impl Setup {
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
                   value: '{json}'
-          - name: envoy.filters.http.router
+{extra_http_filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
             hcm_extra = self.hcm_extra,
+            extra_http_filters = self.extra_http_filters,
             use_remote_address = self.use_remote_address,
             wasm = wasm.display(),
         )
