@@ -9,7 +9,7 @@ WASM := target/wasm32-wasip1/release/floodgate.wasm
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
 
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
@@ -23,6 +23,7 @@ help:
 	@echo "make test    install what is needed and run every test"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service)"
 	@echo "make fuzz    fuzz each target for 5 minutes"
+	@echo "make plots   draw each algorithm under the same traffic through a real Envoy (docs/plots/)"
 
 deps: deps-rust deps-envoy deps-redis deps-node
 
@@ -99,6 +100,11 @@ fuzz:
 bench: deps-envoy deps-redis
 	$(MAKE) --no-print-directory filter-bench
 	$(MAKE) --no-print-directory quota-bench
+
+# The README's "Choosing an algorithm" pictures: one scripted traffic through
+# a real Envoy per algorithm (tests/src/bin/plots/), about 2 minutes.
+plots: deps-rust deps-envoy wasm
+	cargo run --quiet -p floodgate-e2e --bin plots -- docs/plots
 
 clean:
 	cargo clean

@@ -61,12 +61,20 @@ pub struct Setup {
     /// The connection manager's `use_remote_address`: whether the client is
     /// the connection's peer (true) or taken from `x-forwarded-for`.
     pub use_remote_address: bool,
+    /// HTTP filters between Floodgate and the router (e.g. a fault filter that
+    /// makes the upstream slow), as YAML list items indented for `http_filters`.
+    pub filters_after: String,
 }
 
 impl Setup {
     /// Envoy with `plugin_config` and default connection-manager settings.
     pub fn new(plugin_config: &str) -> Self {
-        Self { plugin_config: plugin_config.to_string(), hcm_extra: String::new(), use_remote_address: true }
+        Self {
+            plugin_config: plugin_config.to_string(),
+            hcm_extra: String::new(),
+            use_remote_address: true,
+            filters_after: String::new(),
+        }
     }
 
     /// Renders the bootstrap YAML for the given ports.
@@ -110,12 +118,13 @@ impl Setup {
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
                   value: '{json}'
-          - name: envoy.filters.http.router
+{filters_after}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
             hcm_extra = self.hcm_extra,
             use_remote_address = self.use_remote_address,
+            filters_after = self.filters_after,
             wasm = wasm.display(),
         )
     }
