@@ -280,8 +280,8 @@ fn axis(highest: f64) -> (f64, f64) {
     (step, (highest / step - 1e-9).ceil().max(1.0) * step)
 }
 
-/// A tick label: whole numbers without a fraction.
-fn number(value: f64) -> String {
+/// A number as a label: whole numbers without a fraction, others to two places.
+pub fn number(value: f64) -> String {
     if (value - value.round()).abs() < 1e-9 {
         format!("{}", value.round())
     } else {

@@ -8,8 +8,9 @@
 //! cargo run -p floodgate-e2e --bin plots -- docs/plots
 //! ```
 //!
-//! About 25 s per algorithm. Adding an algorithm is one entry in [`CASES`];
-//! one the filter does not know yet is skipped, and the run says so.
+//! About 25 s per figure. Adding an algorithm (or another configuration of
+//! one) is one entry in [`CASES`]; one the filter does not know yet is
+//! skipped, and the run says so.
 
 mod chart;
 
@@ -19,7 +20,7 @@ use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chart::{Figure, Legend, Mark, Panel};
+use chart::{number, Figure, Legend, Mark, Panel};
 use floodgate_e2e::{repo_root, validate, Conn, Envoy, Setup};
 use serde_json::{json, Map, Value};
 
@@ -33,28 +34,40 @@ enum Upstream {
     Slow { millis: u64 },
 }
 
-/// One figure: an algorithm, its rule's fields (JSON), and the upstream the
-/// script runs against.
+/// One figure: its name (and its file's), the rule without its `name`
+/// (JSON), and the upstream the script runs against.
 struct Case {
-    algorithm: &'static str,
-    fields: &'static str,
+    name: &'static str,
+    rule: &'static str,
     upstream: Upstream,
 }
 
 /// Every figure. The rate algorithms share one limit, 10 per 2 s, which the
 /// script offers three times over; only what each does beyond that differs.
 const CASES: &[Case] = &[
-    Case { algorithm: "token_bucket", fields: r#"{"limit": 10, "period": "2s"}"#, upstream: Upstream::Direct },
-    Case { algorithm: "leaky_bucket", fields: r#"{"limit": 10, "period": "2s"}"#, upstream: Upstream::Direct },
-    Case { algorithm: "fixed_window", fields: r#"{"limit": 10, "period": "2s"}"#, upstream: Upstream::Direct },
     Case {
-        algorithm: "shaper",
-        fields: r#"{"limit": 10, "period": "2s", "burst": 5, "max_delay": "2s"}"#,
+        name: "token_bucket",
+        rule: r#"{"algorithm": "token_bucket", "limit": 10, "period": "2s"}"#,
         upstream: Upstream::Direct,
     },
     Case {
-        algorithm: "concurrency",
-        fields: r#"{"limit": 5, "slot_ttl": "30s"}"#,
+        name: "leaky_bucket",
+        rule: r#"{"algorithm": "leaky_bucket", "limit": 10, "period": "2s"}"#,
+        upstream: Upstream::Direct,
+    },
+    Case {
+        name: "fixed_window",
+        rule: r#"{"algorithm": "fixed_window", "limit": 10, "period": "2s"}"#,
+        upstream: Upstream::Direct,
+    },
+    Case {
+        name: "shaper",
+        rule: r#"{"algorithm": "shaper", "limit": 10, "period": "2s", "burst": 5, "max_delay": "2s"}"#,
+        upstream: Upstream::Direct,
+    },
+    Case {
+        name: "concurrency",
+        rule: r#"{"algorithm": "concurrency", "limit": 5, "slot_ttl": "30s"}"#,
         upstream: Upstream::Slow { millis: 1000 },
     },
 ];
@@ -122,24 +135,24 @@ fn run() -> Result<(), String> {
         let setup = case.setup()?;
         match refusal(case, &setup, &scratch)? {
             None => cases.push((case, setup)),
-            Some(reason) => println!("{}: skipped, the filter does not know it yet ({reason})", case.algorithm),
+            Some(reason) => println!("{}: skipped, the filter does not know it yet ({reason})", case.name),
         }
     }
+    let _ = fs::remove_dir_all(&scratch);
     let plan = send_times();
     let mut runs = Vec::new();
     for (case, setup) in cases {
         let requests = case.run(&setup, &plan)?;
-        println!("{}: {}", case.algorithm, Totals::of(&requests));
+        println!("{}: {}", case.name, Totals::of(&requests));
         runs.push((case, requests));
     }
-    let _ = fs::remove_dir_all(&scratch);
 
     // One time axis for every figure, so they compare at a glance.
     let step = WINDOW.as_secs_f64();
     let last = runs.iter().flat_map(|(_, requests)| requests.iter().map(|r| r.answered)).fold(0.0, f64::max);
     let x_max = (last / step).ceil().max(1.0) * step;
     for (case, requests) in &runs {
-        let path = out.join(format!("{}.svg", case.algorithm));
+        let path = out.join(format!("{}.svg", case.name));
         write(&path, &case.figure(requests, x_max).to_svg())?;
     }
     let rate_runs: Vec<_> = runs.iter().filter(|(case, _)| matches!(case.upstream, Upstream::Direct)).collect();
@@ -197,13 +210,12 @@ fn seconds(text: &str) -> Option<f64> {
 
 impl Case {
     fn rule(&self) -> Result<Map<String, Value>, String> {
-        serde_json::from_str(self.fields).map_err(|e| format!("{}: fields {:?}: {e}", self.algorithm, self.fields))
+        serde_json::from_str(self.rule).map_err(|e| format!("{}: rule {:?}: {e}", self.name, self.rule))
     }
 
     fn setup(&self) -> Result<Setup, String> {
         let mut rule = self.rule()?;
         rule.insert("name".into(), json!("plot"));
-        rule.insert("algorithm".into(), json!(self.algorithm));
         let mut setup = Setup::new(&json!({ "rules": [rule] }).to_string());
         if let Upstream::Slow { millis } = self.upstream {
             setup.filters_after = format!(
@@ -251,7 +263,7 @@ impl Case {
             return Err(format!(
                 "{}: the client got {} answers 200 and {} answers 429, but the filter counted {allowed} allowed \
                  ({delayed} of them delayed) and {limited} limited",
-                self.algorithm, totals.admitted, totals.denied
+                self.name, totals.admitted, totals.denied
             ));
         }
         mark_delayed(&mut requests, delayed);
@@ -261,7 +273,7 @@ impl Case {
     fn figure(&self, requests: &[Request], x_max: f64) -> Figure {
         let upstream = self.upstream_secs();
         let rate = self.number("limit").zip(self.duration("period"));
-        let rate_label = |limit: f64, period: f64| format!("{} per {} s", chart_number(limit), chart_number(period));
+        let rate_label = |limit: f64, period: f64| format!("{} per {} s", number(limit), number(period));
 
         let mut bars = vec![Mark::Bars {
             width: BUCKET,
@@ -270,11 +282,7 @@ impl Case {
         }];
         if let Some((limit, period)) = rate {
             bars.push(reference(
-                format!(
-                    "limit, {} = {} per {BUCKET} s",
-                    rate_label(limit, period),
-                    chart_number(limit * BUCKET / period)
-                ),
+                format!("limit, {} = {} per {BUCKET} s", rate_label(limit, period), number(limit * BUCKET / period)),
                 limit * BUCKET / period,
                 x_max,
             ));
@@ -318,7 +326,7 @@ impl Case {
                     width: 2.0,
                 }];
                 if let Some(limit) = self.number("limit") {
-                    marks.push(reference(format!("limit, {}", chart_number(limit)), limit, x_max));
+                    marks.push(reference(format!("limit, {}", number(limit)), limit, x_max));
                 }
                 panels.push(Panel { y_label: "requests in flight".into(), marks });
             }
@@ -329,7 +337,7 @@ impl Case {
             let mut marks =
                 vec![Mark::Dots { legend: Legend::new("wait of each admitted request", AMBER), points: waits }];
             if let Some(max_delay) = self.duration("max_delay") {
-                marks.push(reference(format!("max_delay, {} s", chart_number(max_delay)), max_delay, x_max));
+                marks.push(reference(format!("max_delay, {} s", number(max_delay)), max_delay, x_max));
             }
             panels.push(Panel { y_label: "wait before the upstream (s)".into(), marks });
         }
@@ -338,13 +346,7 @@ impl Case {
         if let Upstream::Slow { millis } = self.upstream {
             subtitle.push(format!("upstream: Envoy's fault filter holds each admitted request {millis} ms"));
         }
-        Figure {
-            title: format!("{}  {}", self.algorithm, self.fields),
-            subtitle,
-            x_max,
-            x_step: WINDOW.as_secs_f64(),
-            panels,
-        }
+        Figure { title: format!("{}  {}", self.name, self.rule), subtitle, x_max, x_step: WINDOW.as_secs_f64(), panels }
     }
 }
 
@@ -352,7 +354,7 @@ impl Case {
 /// know the algorithm (`envoy --mode validate` runs the filter's
 /// configuration check); an error for any other refusal.
 fn refusal(case: &Case, setup: &Setup, scratch: &Path) -> Result<Option<String>, String> {
-    let file = scratch.join(format!("{}.yaml", case.algorithm));
+    let file = scratch.join(format!("{}.yaml", case.name));
     // Validation binds no port: any numbers do.
     write(&file, &setup.bootstrap(10000, 10001))?;
     let output = validate(&file);
@@ -362,7 +364,7 @@ fn refusal(case: &Case, setup: &Setup, scratch: &Path) -> Result<Option<String>,
     let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     match log.lines().find_map(|line| line.find("unknown algorithm").map(|at| &line[at..])) {
         Some(reason) => Ok(Some(reason.to_string())),
-        None => Err(format!("{}: envoy --mode validate refused the configuration:\n{log}", case.algorithm)),
+        None => Err(format!("{}: envoy --mode validate refused the configuration:\n{log}", case.name)),
     }
 }
 
@@ -539,10 +541,6 @@ fn reference(label: String, value: f64, x_max: f64) -> Mark {
     }
 }
 
-fn chart_number(value: f64) -> String {
-    format!("{}", (value * 1000.0).round() / 1000.0)
-}
-
 /// Every rate case's requests passed to the upstream, per bucket and so far.
 fn overview(runs: &[&(&Case, Vec<Request>)], x_max: f64) -> Figure {
     let colored = || runs.iter().zip(PALETTE.iter().cycle());
@@ -560,7 +558,7 @@ fn overview(runs: &[&(&Case, Vec<Request>)], x_max: f64) -> Figure {
             points.push((x_max, 0.0));
             // Earlier lines wider, so a line that runs on top of another leaves it visible.
             let width = 2.0 + 2.0 * (runs.len() - 1 - index) as f64;
-            Mark::Line { legend: Legend::new(case.algorithm, color), points, step: true, dashed: false, width }
+            Mark::Line { legend: Legend::new(case.name, color), points, step: true, dashed: false, width }
         })
         .collect();
     let mut so_far: Vec<Mark> = vec![cumulative(
@@ -573,10 +571,10 @@ fn overview(runs: &[&(&Case, Vec<Request>)], x_max: f64) -> Figure {
         x_max,
     )];
     so_far.extend(colored().map(|((case, requests), color)| {
-        cumulative(case.algorithm, color, requests.iter().filter_map(|r| r.passed(case.upstream_secs())), x_max)
+        cumulative(case.name, color, requests.iter().filter_map(|r| r.passed(case.upstream_secs())), x_max)
     }));
     let mut subtitle = vec![describe_script()];
-    subtitle.extend(runs.iter().map(|(case, _)| format!("{} {}", case.algorithm, case.fields)));
+    subtitle.extend(runs.iter().map(|(case, _)| format!("{} {}", case.name, case.rule)));
     Figure {
         title: "The rate algorithms under the same traffic".into(),
         subtitle,
@@ -653,8 +651,8 @@ mod tests {
     #[test]
     fn every_case_is_valid_json_and_named_once() {
         for (i, case) in CASES.iter().enumerate() {
-            assert!(case.rule().is_ok(), "{}", case.algorithm);
-            assert!(CASES[..i].iter().all(|other| other.algorithm != case.algorithm));
+            assert!(case.rule().unwrap()["algorithm"].is_string(), "{}", case.name);
+            assert!(CASES[..i].iter().all(|other| other.name != case.name));
         }
     }
 }
