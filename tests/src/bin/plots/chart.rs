@@ -7,7 +7,6 @@ use std::fmt::Write as _;
 const WIDTH: f64 = 960.0;
 const LEFT: f64 = 70.0;
 const RIGHT: f64 = 24.0;
-const PLOT_HEIGHT: f64 = 180.0;
 const LEGEND_HEIGHT: f64 = 26.0;
 const AXIS_HEIGHT: f64 = 40.0;
 const TITLE_HEIGHT: f64 = 34.0;
@@ -73,6 +72,8 @@ pub struct Figure {
     pub x_max: f64,
     /// Seconds between x ticks.
     pub x_step: f64,
+    /// Pixels of each panel's plot area.
+    pub plot_height: f64,
     /// Top to bottom.
     pub panels: Vec<Panel>,
 }
@@ -81,7 +82,7 @@ impl Figure {
     /// The figure as an SVG document.
     pub fn to_svg(&self) -> String {
         let header = TITLE_HEIGHT + SUBTITLE_LINE * self.subtitle.len() as f64 + 8.0;
-        let panel_height = LEGEND_HEIGHT + PLOT_HEIGHT + AXIS_HEIGHT;
+        let panel_height = LEGEND_HEIGHT + self.plot_height + AXIS_HEIGHT;
         let height = header + panel_height * self.panels.len() as f64;
         let mut svg = String::new();
         let _ = writeln!(
@@ -107,11 +108,11 @@ impl Figure {
 
     fn draw_panel(&self, svg: &mut String, panel: &Panel, index: usize, top: f64) {
         let plot_top = top + LEGEND_HEIGHT;
-        let plot_bottom = plot_top + PLOT_HEIGHT;
+        let plot_bottom = plot_top + self.plot_height;
         let right = WIDTH - RIGHT;
         let (y_step, y_max) = axis(panel.marks.iter().map(Mark::y_max).fold(0.0, f64::max));
         let x = |t: f64| LEFT + t / self.x_max * (right - LEFT);
-        let y = |v: f64| plot_bottom - v / y_max * PLOT_HEIGHT;
+        let y = |v: f64| plot_bottom - v / y_max * self.plot_height;
 
         self.draw_legend(svg, panel, top);
         // Grid and tick labels.
@@ -161,7 +162,7 @@ impl Figure {
             r#"<clipPath id="{clip}"><rect x="{LEFT}" y="{}" width="{}" height="{}"/></clipPath>"#,
             plot_top - 2.0,
             right - LEFT,
-            PLOT_HEIGHT + 4.0
+            self.plot_height + 4.0
         );
         let _ = writeln!(svg, r#"<g clip-path="url(#{clip})">"#);
         for mark in &panel.marks {
@@ -220,8 +221,9 @@ impl Figure {
         let _ = writeln!(svg, "</g>");
         let _ = writeln!(
             svg,
-            r##"<rect x="{LEFT}" y="{plot_top}" width="{}" height="{PLOT_HEIGHT}" fill="none" stroke="#888"/>"##,
-            right - LEFT
+            r##"<rect x="{LEFT}" y="{plot_top}" width="{}" height="{}" fill="none" stroke="#888"/>"##,
+            right - LEFT,
+            self.plot_height
         );
     }
 
