@@ -102,7 +102,7 @@ bench: deps-envoy deps-redis
 	$(MAKE) --no-print-directory quota-bench
 
 # The README's "Choosing an algorithm" pictures: one scripted traffic through
-# a real Envoy per algorithm (tests/src/bin/plots/), about 2 minutes.
+# a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.
 plots: deps-rust deps-envoy wasm
 	cargo run --quiet -p floodgate-e2e --bin plots -- docs/plots
 

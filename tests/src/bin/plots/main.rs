@@ -8,7 +8,7 @@
 //! cargo run -p floodgate-e2e --bin plots -- docs/plots
 //! ```
 //!
-//! About 25 s per figure. Adding an algorithm (or another configuration of
+//! About 20 s per figure. Adding an algorithm (or another configuration of
 //! one) is one entry in [`CASES`]; one the filter does not know yet is
 //! skipped, and the run says so.
 
