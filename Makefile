@@ -12,7 +12,7 @@ QUOTA_IMAGE ?= floodgate-quota:dev
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
 .PHONY: images image-wasm image-quota test-manifests test-deploy
 
 FUZZ_TARGETS := config descriptors state
@@ -28,6 +28,7 @@ help:
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service)"
 	@echo "make fuzz    fuzz each target for 5 minutes"
 	@echo "make images  build the wasm module's OCI image (for Istio) and the quota service's image"
+	@echo "make plots   draw each algorithm under the same traffic through a real Envoy (docs/plots/)"
 
 deps: deps-rust deps-envoy deps-redis deps-node
 
@@ -135,6 +136,11 @@ fuzz:
 bench: deps-envoy deps-redis
 	$(MAKE) --no-print-directory filter-bench
 	$(MAKE) --no-print-directory quota-bench
+
+# The README's "Choosing an algorithm" pictures: one scripted traffic through
+# a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.
+plots: deps-rust deps-envoy wasm
+	cargo run --quiet -p floodgate-e2e --bin plots -- docs/plots
 
 clean:
 	cargo clean
