@@ -4,12 +4,16 @@ SHELL := /bin/bash
 
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/floodgate.wasm
+# Tags of the images `make images` builds; push them where your cluster pulls from.
+WASM_IMAGE ?= floodgate-wasm:dev
+QUOTA_IMAGE ?= floodgate-quota:dev
 # pip puts `envoy` in the interpreter's scripts directory; use it directly so a
 # stale shim or an unrelated envoy on the PATH cannot stand in for it.
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
+.PHONY: images image-wasm image-quota test-manifests test-deploy
 
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
@@ -23,6 +27,8 @@ help:
 	@echo "make test    install what is needed and run every test"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service)"
 	@echo "make fuzz    fuzz each target for 5 minutes"
+	@echo "make images  build the wasm module's OCI image (for Istio) and the quota service's image"
+	@echo "make plots   draw each algorithm under the same traffic through a real Envoy (docs/plots/)"
 
 deps: deps-rust deps-envoy deps-redis deps-node
 
@@ -67,16 +73,47 @@ demo: deps-rust deps-envoy wasm
 test: deps wasm lint
 	cargo test --workspace
 	$(MAKE) --no-print-directory test-core-wasm
+	$(MAKE) --no-print-directory test-manifests
+	$(MAKE) --no-print-directory test-deploy
 	$(MAKE) --no-print-directory fuzz-quick
 
 # The core's unit tests on the target the filter ships for, under V8.
 test-core-wasm: deps-rust deps-node
 	cargo test -p floodgate-core --lib --target wasm32-wasip1
 
+# The wasm module as an image Istio pulls (`oci://`): FROM scratch, /plugin.wasm.
+image-wasm: wasm
+	@ctx=$$(mktemp -d) && trap 'rm -rf "$$ctx"' EXIT && cp $(WASM) "$$ctx/floodgate.wasm" && \
+	  docker build -q -t $(WASM_IMAGE) -f deploy/wasm/Dockerfile "$$ctx" >/dev/null && \
+	  echo "$(WASM_IMAGE): $(WASM) as /plugin.wasm"
+
+# The quota service: cargo builds it inside the image (needs the Rust and Debian base images).
+image-quota:
+	docker build -t $(QUOTA_IMAGE) -f quota/Dockerfile .
+
+images: image-wasm image-quota
+
+# deploy/istio against Istio's and Kubernetes' schemas, offline; the filter
+# parses every WasmPlugin's pluginConfig.
+test-manifests: deps-node
+	@command -v npm >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; }
+	@cd deploy/test && { [ node_modules/.package-lock.json -nt package-lock.json ] || \
+	  npm ci --no-audit --no-fund --loglevel=error; }
+	cd deploy/test && node validate-manifests.mjs ../istio/*.yaml
+	cd deploy/test && node validate-manifests.mjs --expect-invalid invalid-manifests/*.yaml
+	cargo test -p floodgate-e2e --test deploy_manifests
+
+# The compose demo brought up for real (installs and starts a container engine
+# when none runs; see deploy/test/README.md). The quota image holds this build.
+test-deploy: deps-envoy deps-redis wasm
+	cargo build -p floodgate-quota --bin floodgate-quota
+	deploy/test/compose-test.sh
+
 lint: deps-rust
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p floodgate-filter -p floodgate-core --target wasm32-wasip1 -- -D warnings
+	cargo clippy -p floodgate-filter -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 
 deps-fuzz:
 	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
@@ -99,6 +136,11 @@ fuzz:
 bench: deps-envoy deps-redis
 	$(MAKE) --no-print-directory filter-bench
 	$(MAKE) --no-print-directory quota-bench
+
+# The README's "Choosing an algorithm" pictures: one scripted traffic through
+# a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.
+plots: deps-rust deps-envoy wasm
+	cargo run --quiet -p floodgate-e2e --bin plots -- docs/plots
 
 clean:
 	cargo clean

@@ -11,6 +11,7 @@ pub mod descriptor;
 pub mod global;
 pub mod hash;
 pub mod headers;
+pub mod lease;
 pub mod limiter;
 pub mod store;
 pub mod table;

@@ -87,6 +87,11 @@ pub trait Counters<H> {
     fn rule(&mut self, rule: &CompiledRule<H>, event: RuleEvent);
     /// Counts `count` store occurrences.
     fn store(&mut self, event: StoreEvent, count: u64);
+    /// Adds `change` to the units `rule` holds in flight, summed over its
+    /// buckets and over every worker's writes (algorithms that hold units
+    /// until requests are done; holds that expired leave the sum when their
+    /// bucket is next written).
+    fn in_flight(&mut self, _rule: &CompiledRule<H>, _change: i64) {}
 }
 
 /// One rule, prepared once per configuration with everything a request needs:
@@ -612,7 +617,9 @@ impl<H> Limiter<H> {
                         table.release(group, held.fingerprint, now, held.grant, why)
                     })
                 });
-            self.count_loop(result.map(|r| Replaced { outcome: (), retries: r.retries }), counters);
+            if let Some(held_change) = self.count_loop(result, counters).filter(|change| *change != 0) {
+                counters.in_flight(compiled, held_change);
+            }
         }
     }
 
@@ -642,7 +649,7 @@ impl<H> Limiter<H> {
                     })
                 })
             });
-        self.slot_of(result, counters)
+        self.slot_of(compiled, result, counters)
     }
 
     /// Ends a refresh that got no answer, so the next request may claim again.
@@ -663,7 +670,7 @@ impl<H> Limiter<H> {
                     })
                 })
             });
-        let _ = self.slot_of(result, counters);
+        let _ = self.slot_of(compiled, result, counters);
     }
 
     /// Records the outcome of a callout for global rule `rule` in its shared
@@ -758,7 +765,7 @@ impl<H> Limiter<H> {
                 })
             })
         });
-        let Some((spend, claim)) = self.slot_of(result, counters) else { return Step::Decided(None, Bucket::Main) };
+        let Some((spend, claim)) = self.slot_of(compiled, result, counters) else { return Step::Decided(None, Bucket::Main) };
         if let Some(claim) = claim {
             if let Some(descriptor) = protocol_descriptor(&compiled.rule.descriptors, request) {
                 let lease = self.lease_id(&compiled.rule.name, fp, claim.started);
@@ -817,8 +824,8 @@ impl<H> Limiter<H> {
         });
         let outcome = self.count_loop(result, counters)?;
         match outcome {
-            TableOutcome::Decided { decision, reused_idle, was_corrupt } => {
-                self.count_slot(reused_idle, was_corrupt, counters);
+            TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change } => {
+                self.count_slot(compiled, reused_idle, was_corrupt, held_change, counters);
                 Some(decision)
             }
             TableOutcome::Full => {
@@ -832,12 +839,13 @@ impl<H> Limiter<H> {
     /// loop failed or the group was full, both counted).
     fn slot_of<T>(
         &self,
+        compiled: &CompiledRule<H>,
         result: Result<Replaced<Option<Slot<T>>>, LoopError>,
         counters: &mut dyn Counters<H>,
     ) -> Option<T> {
         match self.count_loop(result, counters)? {
-            Some(Slot { value, reused_idle, was_corrupt }) => {
-                self.count_slot(reused_idle, was_corrupt, counters);
+            Some(Slot { value, reused_idle, was_corrupt, held_change }) => {
+                self.count_slot(compiled, reused_idle, was_corrupt, held_change, counters);
                 Some(value)
             }
             None => {
@@ -847,7 +855,17 @@ impl<H> Limiter<H> {
         }
     }
 
-    fn count_slot(&self, reused_idle: bool, was_corrupt: bool, counters: &mut dyn Counters<H>) {
+    fn count_slot(
+        &self,
+        compiled: &CompiledRule<H>,
+        reused_idle: bool,
+        was_corrupt: bool,
+        held_change: i64,
+        counters: &mut dyn Counters<H>,
+    ) {
+        if held_change != 0 {
+            counters.in_flight(compiled, held_change);
+        }
         if reused_idle {
             counters.store(StoreEvent::SlotEvictions, 1);
         }
@@ -1002,6 +1020,7 @@ mod tests {
     struct Tally {
         rules: HashMap<(usize, &'static str), u64>,
         store: HashMap<&'static str, u64>,
+        in_flight: HashMap<usize, i64>,
     }
 
     /// Rules carry their index as host data, so counts are kept per index.
@@ -1018,6 +1037,9 @@ mod tests {
         }
         fn store(&mut self, event: StoreEvent, count: u64) {
             *self.store.entry(format!("{event:?}").leak()).or_default() += count;
+        }
+        fn in_flight(&mut self, rule: &CompiledRule<usize>, change: i64) {
+            *self.in_flight.entry(rule.host).or_default() += change;
         }
     }
 
@@ -1421,5 +1443,42 @@ mod tests {
         let (settled, _) = limiter.settle(&store, T0, verdict, Permit::default(), None, &mut tally);
         assert!(settled.allowed(), "no answer: the local fall-back decides");
         assert_eq!(tally.rules[&(0, "fallback")], 1);
+    }
+
+    #[test]
+    fn concurrency_holds_until_done_and_reports_what_is_in_flight() {
+        let json = r#"{"rules": [
+            {"name": "rate", "limit": 100, "period": "1h"},
+            {"name": "slots", "algorithm": "concurrency", "limit": 2, "slot_ttl": "30s"}],
+            "response": {"status": 503}}"#;
+        let store = MemoryStore::default();
+        let limiter = build(json, &store);
+        assert_eq!(limiter.response().status, 503);
+        let mut tally = Tally::default();
+        let check = |now: Nanos, tally: &mut Tally| limiter.check(&store, now, &mut request(&limiter, &[]), tally);
+        let (first, a) = check(T0, &mut tally);
+        let (_, b) = check(T0, &mut tally);
+        let (denied, empty) = check(T0, &mut tally);
+        assert!(first.allowed() && !denied.allowed() && empty.is_empty());
+        let report = denied.report.unwrap();
+        assert_eq!(report.rule, 1);
+        assert_eq!(report.decision.retry_after(), SECOND.times(40), "until the slots' epoch is reclaimed");
+        assert_eq!(tally.in_flight.get(&1), Some(&2));
+        assert_eq!(tally.in_flight.get(&0), None, "a token bucket holds nothing in flight");
+        // A request that ends frees its slot; the token bucket keeps its token.
+        limiter.release(&store, T0, a, Release::Done, &mut tally);
+        assert_eq!(tally.in_flight[&1], 1);
+        let (again, c) = check(T0 + SECOND, &mut tally);
+        assert!(again.allowed());
+        assert_eq!(again.report.unwrap().decision.remaining, 0);
+        // b and c are never released (their VM crashed): both are reclaimed
+        // 40 s after their epoch began, and leave the gauge then.
+        drop((b, c));
+        assert!(!check(T0 + SECOND.times(40) - Nanos(1), &mut tally).0.allowed());
+        let (reclaimed, _) = check(T0 + SECOND.times(40), &mut tally);
+        assert!(reclaimed.allowed());
+        assert_eq!(tally.in_flight[&1], 1, "two reclaimed, one taken");
+        assert_eq!(tally.rules[&(0, "allowed")], 4);
+        assert_eq!(tally.rules[&(1, "limited")], 2);
     }
 }

@@ -46,6 +46,8 @@ pub struct Slot<T> {
     pub reused_idle: bool,
     /// The stored group did not decode and was started afresh.
     pub was_corrupt: bool,
+    /// How the units the group holds in flight changed (see [`Table::held_in`]).
+    pub held_change: i64,
 }
 
 /// What happened in a group for one request.
@@ -59,6 +61,8 @@ pub enum TableOutcome {
         reused_idle: bool,
         /// The stored group did not decode and was started afresh.
         was_corrupt: bool,
+        /// How the units the group holds in flight changed (see [`Table::held_in`]).
+        held_change: i64,
     },
     /// The descriptor has no bucket and every entry of its group is live.
     Full,
@@ -137,6 +141,24 @@ impl Table {
         start..start + self.policy.state_len()
     }
 
+    /// Units the group's buckets record as held in flight (zero unless the
+    /// algorithm holds units until requests are done). The sum over every
+    /// group is what an in-flight gauge shows; comparing a group before and
+    /// after a write also counts holds dropped because they expired, or
+    /// because an idle bucket's entry was given to another descriptor.
+    fn held_in(&self, group: &[u8]) -> u64 {
+        if !self.policy.holds_until_done() {
+            return 0;
+        }
+        (0..self.entries(group)).filter_map(|i| group.get(self.state_range(i))).map(|s| self.policy.held(s)).sum()
+    }
+
+    /// `after - before`, of [`Table::held_in`].
+    fn held_change(&self, before: u64, after: &[u8]) -> i64 {
+        let change = i128::from(self.held_in(after)) - i128::from(before);
+        i64::try_from(change).unwrap_or(if change < 0 { i64::MIN } else { i64::MAX })
+    }
+
     fn find(&self, group: &[u8], fingerprint: u64) -> Option<usize> {
         (0..self.entries(group)).find(|&i| self.fingerprint_at(group, i) == Some(fingerprint))
     }
@@ -155,6 +177,7 @@ impl Table {
         op: impl FnOnce(&mut [u8]) -> (T, bool),
     ) -> Step<Option<Slot<T>>> {
         let (mut group, was_corrupt) = self.load(stored);
+        let held_before = self.held_in(&group);
         let (index, reused_idle) = match self.find(&group, fingerprint) {
             Some(index) => (index, false),
             None => {
@@ -180,11 +203,11 @@ impl Table {
             return Step::Keep(None);
         };
         let (value, changed) = op(state);
-        let slot = Some(Slot { value, reused_idle, was_corrupt });
         if changed {
-            Step::Write(group, slot)
+            let held_change = self.held_change(held_before, &group);
+            Step::Write(group, Some(Slot { value, reused_idle, was_corrupt, held_change }))
         } else {
-            Step::Keep(slot)
+            Step::Keep(Some(Slot { value, reused_idle, was_corrupt, held_change: 0 }))
         }
     }
 
@@ -197,8 +220,8 @@ impl Table {
             (decision, decision.allowed())
         });
         let outcome = |slot: Option<Slot<Decision>>| match slot {
-            Some(Slot { value: decision, reused_idle, was_corrupt }) => {
-                TableOutcome::Decided { decision, reused_idle, was_corrupt }
+            Some(Slot { value: decision, reused_idle, was_corrupt, held_change }) => {
+                TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change }
             }
             None => TableOutcome::Full,
         };
@@ -209,18 +232,21 @@ impl Table {
     }
 
     /// Gives a grant back to the descriptor's bucket, if it still has one;
-    /// writes only when the bucket changed.
-    pub fn release(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, grant: Grant, why: Release) -> Step<()> {
+    /// writes only when the bucket changed, and returns how the units held
+    /// in flight changed.
+    pub fn release(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, grant: Grant, why: Release) -> Step<i64> {
         let (mut group, _) = self.load(stored);
         let Some(index) = self.find(&group, fingerprint) else {
-            return Step::Keep(());
+            return Step::Keep(0);
         };
+        let held_before = self.held_in(&group);
         let changed =
             group.get_mut(self.state_range(index)).is_some_and(|state| self.policy.release(state, now, grant, why));
         if changed {
-            Step::Write(group, ())
+            let held_change = self.held_change(held_before, &group);
+            Step::Write(group, held_change)
         } else {
-            Step::Keep(())
+            Step::Keep(0)
         }
     }
 }
@@ -228,7 +254,7 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithm::{Gcra, TokenBucket};
+    use crate::algorithm::{Concurrency, Gcra, TokenBucket};
     use crate::time::SECOND;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
@@ -311,10 +337,41 @@ mod tests {
         let mut group = table.empty_group();
         apply(&mut group, |g| table.decide(g, 7, T0, 2));
         let grant = Grant { cost: 1, at: T0 };
-        assert!(matches!(table.release(group.clone(), 7, T0, grant, Release::Done), Step::Keep(())));
+        assert!(matches!(table.release(group.clone(), 7, T0, grant, Release::Done), Step::Keep(0)));
         apply(&mut group, |g| table.release(g, 7, T0, grant, Release::Undo));
         assert!(allowed(apply(&mut group, |g| table.decide(g, 7, T0, 1))));
-        assert!(matches!(table.release(group.clone(), 99, T0, grant, Release::Undo), Step::Keep(())));
+        assert!(matches!(table.release(group.clone(), 99, T0, grant, Release::Undo), Step::Keep(0)));
+    }
+
+    fn held_change(outcome: TableOutcome) -> i64 {
+        match outcome {
+            TableOutcome::Decided { held_change, .. } => held_change,
+            TableOutcome::Full => panic!("the group is full"),
+        }
+    }
+
+    #[test]
+    fn held_units_are_reported_as_they_change_even_when_an_entry_is_reused() {
+        // Slots held 30 to 40 s.
+        let table = Table::new(Arc::new(Concurrency::new(2, SECOND.times(30))), 8, 4);
+        let mut group = table.empty_group();
+        for fingerprint in 1..=4u64 {
+            assert_eq!(held_change(apply(&mut group, |g| table.decide(g, fingerprint, T0, 2))), 2);
+        }
+        assert_eq!(held_change(apply(&mut group, |g| table.decide(g, 1, T0, 1))), 0, "a denial holds nothing");
+        let grant = Grant { cost: 2, at: T0 };
+        assert_eq!(apply(&mut group, |g| table.release(g, 1, T0, grant, Release::Done)), -2);
+        // The other three releases are lost. A minute later a new descriptor
+        // takes an expired entry: its 2 stale slots leave the sum as 1 comes in.
+        let later = T0 + SECOND.times(60);
+        assert_eq!(held_change(apply(&mut group, |g| table.decide(g, 5, later, 1))), 1, "reuses 1's empty entry");
+        assert_eq!(held_change(apply(&mut group, |g| table.decide(g, 6, later, 1))), 1 - 2);
+        // A descriptor's own expired slots leave when it is next decided.
+        assert_eq!(held_change(apply(&mut group, |g| table.decide(g, 3, later, 1))), 1 - 2);
+        // And a late release of a reclaimed grant writes the reclaim, never twice.
+        assert_eq!(apply(&mut group, |g| table.release(g, 4, later, grant, Release::Done)), -2);
+        assert_eq!(apply(&mut group, |g| table.release(g, 4, later, grant, Release::Done)), 0);
+        assert_eq!(table.held_in(&group), 3);
     }
 
     #[test]

@@ -4,13 +4,17 @@
 //! late), an idle bucket decides like a fresh one, undoing a take is
 //! invisible, and the bounded table behaves exactly like one independent
 //! bucket per key. Algorithms are taken from the registry, so a new one is
-//! covered without touching this file.
+//! covered without touching this file. Some algorithms make promises of their
+//! own, checked at the end: the shaper paces, concurrency never exceeds its
+//! limit and never leaks a slot, warm-up never beats the plain token bucket.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use floodgate_core::algorithm::{Admission, Decision, Grant, Params, Policy, Registration, Release, ALGORITHMS};
+use floodgate_core::algorithm::{
+    Admission, Concurrency, Decision, Grant, Params, Policy, Registration, Release, TokenBucket, WarmUp, ALGORITHMS,
+};
 use floodgate_core::store::Step;
 use floodgate_core::table::{Table, TableOutcome, WAYS};
 use floodgate_core::time::{Nanos, SECOND};
@@ -262,5 +266,234 @@ proptest! {
                 prop_assert!(left <= burst + span.get() / interval, "{left} left within {span} of {start}");
             }
         }
+    }
+
+    /// Concurrency under random interleavings of acquires, releases (Done and
+    /// Undo), lost releases and time passing, against a model of the grants
+    /// still out: slots younger than `slot_ttl` are always counted (never
+    /// more than `limit` of them), a denial is always justified by slots that
+    /// may still be held (none older than the longest hold: no leak), and the
+    /// in-flight sum the table reports lies between the two.
+    #[test]
+    fn concurrency_never_exceeds_the_limit_and_never_leaks(
+        limit in 1u64..8,
+        slot_ttl_ms in 1u64..20_000,
+        ops in prop::collection::vec(
+            prop_oneof![
+                4 => (1u64..4).prop_map(Op::Acquire),
+                2 => any::<usize>().prop_map(Op::Done),
+                1 => any::<usize>().prop_map(Op::Undo),
+                1 => any::<usize>().prop_map(Op::Lose),
+                2 => (0u64..5_000).prop_map(Op::Wait),
+            ],
+            1..300,
+        ),
+    ) {
+        let slot_ttl = Nanos::from_millis(slot_ttl_ms);
+        let concurrency = Concurrency::new(limit, slot_ttl);
+        let longest = concurrency.longest_hold();
+        prop_assert!(longest > slot_ttl);
+        let tag = Registration::find("concurrency").unwrap().tag;
+        let table = Table::new(Arc::new(concurrency), tag, WAYS as u32);
+        let mut group = table.empty_group();
+        let fingerprint = 7;
+        let mut now = T0;
+        let mut gauge = 0i64;
+        // Grants not given back: (taken at, cost, release lost).
+        let mut out: Vec<(Nanos, u64, bool)> = Vec::new();
+        let sum = |out: &[(Nanos, u64, bool)], alive: &dyn Fn(Nanos) -> bool| -> u64 {
+            out.iter().filter(|(at, _, _)| alive(*at)).map(|(_, cost, _)| cost).sum()
+        };
+        let ops = ops.into_iter().chain([Op::Wait(longest.get() / 1_000_000 + 1), Op::Acquire(1)]);
+        for op in ops {
+            match op {
+                Op::Acquire(cost) => {
+                    let cost = cost.min(limit);
+                    let (outcome, write) = match table.decide(group.clone(), fingerprint, now, cost) {
+                        Step::Write(next, outcome) => (outcome, Some(next)),
+                        Step::Keep(outcome) => (outcome, None),
+                    };
+                    let TableOutcome::Decided { decision, held_change, .. } = outcome else {
+                        panic!("one key never fills a group")
+                    };
+                    gauge += held_change;
+                    if let Some(next) = write {
+                        group = next;
+                    }
+                    if decision.allowed() {
+                        out.push((now, cost, false));
+                    } else {
+                        let maybe_held = sum(&out, &|at| now < at + longest);
+                        prop_assert!(maybe_held + cost > limit, "denied with only {maybe_held} possibly held of {limit}");
+                    }
+                }
+                Op::Done(pick) | Op::Undo(pick) => {
+                    let releasable: Vec<usize> = (0..out.len()).filter(|&i| !out[i].2).collect();
+                    if let Some(&index) = releasable.get(pick % releasable.len().max(1)) {
+                        let (at, cost, _) = out.remove(index);
+                        let why = if matches!(op, Op::Done(_)) { Release::Done } else { Release::Undo };
+                        if let Step::Write(next, change) = table.release(group.clone(), fingerprint, now, Grant { cost, at }, why) {
+                            group = next;
+                            gauge += change;
+                        }
+                    }
+                }
+                Op::Lose(pick) => {
+                    let count = out.len();
+                    if count > 0 {
+                        out[pick % count].2 = true;
+                    }
+                }
+                Op::Wait(ms) => now = now + Nanos::from_millis(ms),
+            }
+            let surely_held = sum(&out, &|at| now < at + slot_ttl);
+            prop_assert!(surely_held <= limit, "{surely_held} slots younger than slot_ttl, limit {limit}");
+            prop_assert!(gauge >= 0 && (gauge as u64) <= sum(&out, &|_| true), "gauge {gauge}, out {out:?}");
+        }
+        // The last acquire came after every earlier slot expired: it is all
+        // that is held, and all the gauge shows.
+        prop_assert_eq!(out.iter().filter(|(at, _, _)| *at == now).count(), 1);
+        prop_assert_eq!(gauge, 1);
+    }
+
+    /// Warm-up never admits more than the plain token bucket with the same
+    /// limit, period and burst, on the same arrivals. With unit costs: at
+    /// every point it has admitted at most as many. With any costs a running
+    /// total cannot be compared (greedy admission is not monotone: a token
+    /// bucket with burst 7 can get ahead of one with burst 8 when the larger
+    /// one admits a big request early), so the promise is that what warm-up
+    /// admits, replayed alone through the plain token bucket, is all admitted:
+    /// it fits the token bucket's envelope.
+    #[test]
+    fn warm_up_never_admits_more_than_the_plain_token_bucket(
+        limit in 1u64..20,
+        burst in 1u64..30,
+        period in prop_oneof![Just(SECOND), Just(SECOND.times(7)), Just(SECOND.times(10))],
+        warmup_ms in 1u64..60_000,
+        cold_factor in 2u64..6,
+        arrivals in arrivals(SECOND.times(10), 30),
+    ) {
+        let warm = WarmUp::new(limit, period, burst, Nanos::from_millis(warmup_ms), cold_factor);
+        let plain = TokenBucket::new(limit, period, burst);
+        let units: Vec<(Nanos, u64)> = arrivals.iter().map(|&(gap, _)| (gap, 1)).collect();
+        let (mut warm_count, mut plain_count) = (0, 0);
+        for (w, p) in run(&warm, &units).into_iter().zip(run(&plain, &units)) {
+            warm_count += u64::from(w.2.allowed());
+            plain_count += u64::from(p.2.allowed());
+            prop_assert!(warm_count <= plain_count, "warm-up {warm_count} > token bucket {plain_count} at {}", w.0);
+        }
+        let costs: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, cost)| (gap, cost.min(burst))).collect();
+        let mut admitted = Vec::new();
+        let mut since_last = Nanos::ZERO;
+        for ((gap, _), (_, cost, decision)) in costs.iter().zip(run(&warm, &costs)) {
+            since_last = since_last + *gap;
+            if decision.allowed() {
+                admitted.push((since_last, cost));
+                since_last = Nanos::ZERO;
+            }
+        }
+        for (at, cost, decision) in run(&plain, &admitted) {
+            prop_assert!(decision.allowed(), "the token bucket refuses warm-up's admission of {cost} at {at}");
+        }
+    }
+}
+
+/// A step of the concurrency model.
+#[derive(Debug, Clone)]
+enum Op {
+    /// A request of this cost arrives.
+    Acquire(u64),
+    /// A request still out ends (the pick modulo those whose release is not lost).
+    Done(usize),
+    /// A request still out is not served after all.
+    Undo(usize),
+    /// A request's release will never come (a VM crash, a lost callback).
+    Lose(usize),
+    /// Milliseconds pass.
+    Wait(u64),
+}
+
+/// A registered algorithm by name, with these fields (JSON) and `limit`.
+fn build_named(name: &str, limit: u64, fields: &str) -> Arc<dyn Policy> {
+    Registration::find(name).unwrap().build(Params::new("rule", limit, serde_json::from_str(fields).unwrap())).unwrap()
+}
+
+/// The admitted requests among `decided`: (time, cost).
+fn admitted_of(decided: &[(Nanos, u64, Decision)]) -> Vec<(Nanos, u64)> {
+    decided.iter().filter(|(_, _, d)| d.allowed()).map(|&(t, c, _)| (t, c)).collect()
+}
+
+/// The most units admitted in any `[s, s + span]` (`closed`) or `[s, s + span)`.
+fn most_in_any(admitted: &[(Nanos, u64)], span: Nanos, closed: bool) -> u64 {
+    (0..admitted.len())
+        .map(|i| {
+            let end = admitted[i].0 + span;
+            admitted[i..].iter().take_while(|(t, _)| if closed { *t <= end } else { *t < end }).map(|(_, c)| c).sum()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The example builds the weighted sliding window; with `sub_windows`
+    /// it must keep the same promises: its stated bound, exact
+    /// `retry_after`, an idle bucket that decides like a fresh one — and
+    /// never more than `limit` in any interval of `period · (N − 1) / N`.
+    #[test]
+    fn sliding_sub_windows_keep_their_promises(
+        limit in 1u64..20,
+        sub_windows in 2u64..=60,
+        period in prop_oneof![Just("1s"), Just("10s"), Just("7s")],
+        arrivals in arrivals(SECOND.times(10), 3),
+        cost in 1u64..4,
+        later in 0u64..30 * SECOND.get(),
+    ) {
+        let policy = build_named("sliding_window", limit, &format!(r#"{{"period": "{period}", "sub_windows": {sub_windows}}}"#));
+        let period = span_of(policy.as_ref());
+        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (Nanos(gap.get() % (period.get() / 5)), c.min(limit))).collect();
+        let admitted = admitted_of(&run(policy.as_ref(), &arrivals));
+        let most = most_in_any(&admitted, Nanos(period.get() / sub_windows * (sub_windows - 1)), true);
+        prop_assert!(most <= limit, "{most} > {limit} within period·(N − 1)/N");
+        for span in [period - Nanos(1), period, Nanos(period.get() / 2), period.times(3)] {
+            let most = most_in_any(&admitted, span, true);
+            prop_assert!(most <= policy.admitted_bound(span), "{most} > {} in {span}", policy.admitted_bound(span));
+        }
+
+        let cost = cost.min(limit);
+        let mut slot = vec![0u8; policy.state_len()];
+        let mut now = T0;
+        policy.write_fresh(&mut slot, now);
+        for (gap, c) in arrivals {
+            now = now + gap;
+            policy.decide(&mut slot, now, c);
+            let decision = policy.decide(&mut slot.clone(), now, cost);
+            if !decision.allowed() {
+                let wait = decision.retry_after();
+                prop_assert!(!policy.decide(&mut slot.clone(), now + wait - Nanos(1), cost).allowed(), "admitted 1 ns early");
+                prop_assert!(policy.decide(&mut slot.clone(), now + wait, cost).allowed(), "denied at retry_after");
+            }
+        }
+        let at = now + Nanos(later);
+        if policy.is_idle(&slot, at) {
+            let mut fresh = vec![0u8; policy.state_len()];
+            policy.write_fresh(&mut fresh, at);
+            prop_assert_eq!(policy.decide(&mut slot, at, cost), policy.decide(&mut fresh, at, cost));
+        }
+    }
+
+    /// The sliding log is exact: no `[s, s + period)` admits more than `limit`.
+    #[test]
+    fn the_sliding_log_never_admits_more_than_limit_in_a_period(
+        limit in 1u64..20,
+        period in prop_oneof![Just("1s"), Just("10s"), Just("7s")],
+        arrivals in arrivals(SECOND, 3),
+    ) {
+        let policy = build_named("sliding_log", limit, &format!(r#"{{"period": "{period}"}}"#));
+        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (gap, c.min(limit))).collect();
+        let admitted = admitted_of(&run(policy.as_ref(), &arrivals));
+        let most = most_in_any(&admitted, span_of(policy.as_ref()), false);
+        prop_assert!(most <= limit, "{most} > {limit} in one period");
     }
 }

@@ -3,7 +3,8 @@
 //! In `/stats` a counter `floodgate.allowed` appears as
 //! `wasmcustom.floodgate.allowed`; in `/stats/prometheus` as
 //! `wasmcustom_floodgate_allowed` (or with a `rule` label for the per-rule
-//! counters, given the `stats_tags` in the shipped Envoy configs).
+//! counters, given the `stats_tags` in the shipped Envoy configs). Rules
+//! whose algorithm holds units in flight also get an `in_flight` gauge.
 
 use floodgate_core::config::Rule;
 use floodgate_core::global::calls::CallError;
@@ -38,6 +39,12 @@ fn counter(name: &str) -> Id {
     hostcalls::define_metric(MetricType::Counter, name).ok()
 }
 
+/// A gauge. Every worker's VM defines it under the same name, and Envoy keeps
+/// one gauge per name for the process, so each worker's changes add up.
+fn gauge(name: &str) -> Id {
+    hostcalls::define_metric(MetricType::Gauge, name).ok()
+}
+
 /// Adds `by` to counter `id`.
 pub fn increment(id: Id, by: u64) {
     if let (Some(id), Ok(by @ 1..)) = (id, i64::try_from(by)) {
@@ -51,18 +58,21 @@ pub struct RuleMetrics {
     events: [Id; RULE_EVENTS.len()],
     /// For a global rule: 1 while its fall-back is in force, else 0.
     fallback_active: Id,
+    /// Units in flight, for algorithms that hold units until requests end.
+    in_flight: Id,
 }
 
 impl RuleMetrics {
-    /// Defines `floodgate.rule.<name>.<event>` for every rule event, and a
-    /// global rule's `floodgate.rule.<name>.fallback_active` gauge.
+    /// Defines `floodgate.rule.<name>.<event>` for every rule event, the
+    /// gauge `floodgate.rule.<name>.in_flight` if the rule's algorithm holds
+    /// units while requests are in flight, and a global rule's
+    /// `floodgate.rule.<name>.fallback_active` gauge.
     pub fn define(rule: &Rule) -> Self {
+        let name = |metric: &str| format!("floodgate.rule.{}.{metric}", rule.name);
         Self {
-            events: RULE_EVENTS.map(|(_, event)| counter(&format!("floodgate.rule.{}.{event}", rule.name))),
-            fallback_active: rule.global.as_ref().and_then(|_| {
-                hostcalls::define_metric(MetricType::Gauge, &format!("floodgate.rule.{}.fallback_active", rule.name))
-                    .ok()
-            }),
+            events: RULE_EVENTS.map(|(_, event)| counter(&name(event))),
+            in_flight: if rule.policy().holds_until_done() { gauge(&name("in_flight")) } else { None },
+            fallback_active: rule.global.as_ref().and_then(|_| gauge(&name("fallback_active"))),
         }
     }
 }
@@ -173,6 +183,15 @@ impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
         let index = RULE_EVENTS.iter().position(|(e, _)| *e == event);
         increment(index.and_then(|i| rule.host.events.get(i).copied().flatten()), 1);
+    }
+
+    /// Moves the rule's in-flight gauge (Envoy adds a positive offset to a
+    /// gauge and subtracts a negative one).
+    fn in_flight(&mut self, rule: &CompiledRule<RuleMetrics>, change: i64) {
+        if let Some(id) = rule.host.in_flight {
+            // A failed update loses this change; nothing to do about it here.
+            let _ = hostcalls::increment_metric(id, change);
+        }
     }
 
     fn store(&mut self, event: StoreEvent, count: u64) {

@@ -14,11 +14,10 @@ use serde::Deserialize;
 
 use crate::clock::{Micros, SECOND_US};
 
-/// Largest `requests_per_unit` and `burst`: keeps the Redis scripts' double
-/// arithmetic exact (see `grant::grant_cap`).
+/// Largest `requests_per_unit` and `burst`.
 pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Longest domain name, key or value accepted, in bytes (also on the wire).
-pub const MAX_NAME_LEN: usize = 256;
+pub const MAX_NAME_LEN: usize = floodgate_protocol::MAX_ENTRY_LEN;
 
 /// The rate-limiting algorithm of a rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

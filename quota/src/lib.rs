@@ -5,10 +5,10 @@
 
 pub mod clock;
 pub mod config;
-pub mod grant;
 pub mod http;
 pub mod metrics;
-pub mod protocol;
+/// The wire types, shared with the filter: the `floodgate-protocol` crate.
+pub use floodgate_protocol as protocol;
 pub mod reload;
 pub mod server;
 pub mod service;

@@ -8,13 +8,12 @@ use std::time::Instant;
 
 use crate::clock::{ceil_ms, Micros};
 use crate::config::{Config, Domain, Limit, Rule};
-use crate::grant::lease_target;
 use crate::metrics::Metrics;
 use crate::protocol::{
-    check_descriptors, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest, LeaseResponse, Retry,
-    ReturnRequest, ReturnResponse, MAX_UNITS,
+    check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
+    LeaseResponse, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_UNITS,
 };
-use crate::store::{bucket_key, CheckItem, LeaseItem, ReturnItem, Store, StoreError, NEVER};
+use crate::store::{bucket_key, lease_key, CheckItem, LeaseItem, ReturnItem, Store, StoreError, NEVER};
 
 /// An error for the caller, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,7 +54,8 @@ pub struct Settings {
     pub lease_ttl: Micros,
 }
 
-/// The longest lease lifetime: keeps grant arithmetic exact in Lua.
+/// The longest lease lifetime: tokens should not outlive a proxy's view of
+/// the limit for long.
 pub const MAX_LEASE_TTL: Micros = 60 * crate::clock::SECOND_US;
 
 /// The service: current limits, a store, metrics.
@@ -199,12 +199,9 @@ impl Service {
             else {
                 return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())));
             };
-            let denied = !decision.allowed();
-            let retry = if decision.retry_after().get() == NEVER {
-                Retry::Never
-            } else {
-                Retry::After(ceil_ms(decision.retry_after().get()))
-            };
+            let denied = !decision.allowed;
+            let retry =
+                if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
             let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {
                 (false, _) => (Code::Ok, None, false),
                 (true, true) => (Code::Ok, None, true),
@@ -231,7 +228,7 @@ impl Service {
                 limit: Some(item.limit.limit),
                 window_ms: Some(ceil_ms(item.limit.period)),
                 remaining: Some(decision.remaining),
-                reset_ms: Some(ceil_ms(decision.reset.get())),
+                reset_ms: Some(ceil_ms(decision.reset)),
                 retry_after_ms,
                 shadow_over_limit,
             });
@@ -244,6 +241,10 @@ impl Service {
     pub async fn lease(&self, req: LeaseRequest) -> Result<LeaseResponse, ApiError> {
         check_descriptors("leases", req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
         for (i, lease) in req.leases.iter().enumerate() {
+            check_lease_id(&format!("leases[{i}].id"), &lease.id).map_err(bad)?;
+            if let Some(first) = req.leases[..i].iter().position(|l| l.id == lease.id) {
+                return Err(bad(format!("leases[{i}].id repeats leases[{first}].id: each lease needs its own id")));
+            }
             check_units(&format!("leases[{i}].wanted"), lease.wanted)?;
             if let Some(rate) = lease.rate {
                 if !rate.is_finite() || rate < 0.0 {
@@ -264,11 +265,12 @@ impl Service {
                 // Shadow rules lease like any other: the tokens a lease hands
                 // out must exist, or the total could pass the limit.
                 Some(Rule::Limited { limit, shadow }) => {
-                    let want = lease_target(lease.wanted, lease.rate, ttl, limit.capacity);
                     items.push(LeaseItem {
                         key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor),
                         limit: *limit,
-                        want,
+                        wanted: lease.wanted,
+                        rate: lease.rate,
+                        record: lease_key(&domain.name, &lease.id),
                     });
                     plan.push(Ok((items.len() - 1, *limit, *shadow)));
                 }
@@ -293,6 +295,7 @@ impl Service {
                         reset_ms: None,
                         window: None,
                         shadow: false,
+                        replayed: false,
                     });
                 }
                 Ok((at, limit, shadow)) => {
@@ -300,7 +303,9 @@ impl Service {
                         ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into()))
                     })?;
                     self.count(&domain.name, "lease", if grant.granted > 0 { "allowed" } else { "denied" });
-                    granted_total += grant.granted;
+                    if !grant.replayed {
+                        granted_total += grant.granted;
+                    }
                     leases.push(LeaseGrant {
                         code: Code::Ok,
                         granted: grant.granted,
@@ -313,6 +318,7 @@ impl Service {
                         reset_ms: Some(ceil_ms(grant.reset)),
                         window: Some(grant.window),
                         shadow,
+                        replayed: grant.replayed,
                     });
                 }
             }
@@ -321,34 +327,29 @@ impl Service {
         Ok(LeaseResponse { leases })
     }
 
-    /// `POST /v1/return`: take back unused leased tokens.
+    /// `POST /v1/return`: take back unused tokens of leases, named by id.
     pub async fn give_back(&self, req: ReturnRequest) -> Result<ReturnResponse, ApiError> {
-        check_descriptors("returns", req.returns.iter().map(|r| &r.descriptor)).map_err(bad)?;
+        if req.returns.is_empty() {
+            return Err(bad("returns must not be empty"));
+        }
+        if req.returns.len() > MAX_DESCRIPTORS {
+            return Err(bad(format!("returns has {} items; at most {MAX_DESCRIPTORS} are allowed", req.returns.len())));
+        }
         for (i, item) in req.returns.iter().enumerate() {
+            check_lease_id(&format!("returns[{i}].id"), &item.id).map_err(bad)?;
             check_units(&format!("returns[{i}].tokens"), item.tokens)?;
         }
         let config = self.config();
         let domain = self.domain(&config, &req.domain)?;
-        let mut items = Vec::new();
-        let mut plan = Vec::with_capacity(req.returns.len());
-        for r in &req.returns {
-            match domain.rule_for(&r.descriptor) {
-                Some(Rule::Limited { limit, .. }) if r.tokens > 0 => {
-                    items.push(ReturnItem {
-                        key: bucket_key(&domain.name, limit.algorithm, &r.descriptor),
-                        limit: *limit,
-                        tokens: r.tokens,
-                        window: r.window,
-                    });
-                    plan.push(Some(items.len() - 1));
-                }
-                _ => plan.push(None),
-            }
+        let items: Vec<ReturnItem> = req
+            .returns
+            .iter()
+            .map(|r| ReturnItem { record: lease_key(&domain.name, &r.id), tokens: r.tokens })
+            .collect();
+        let returned = self.timed("return", self.store.give_back(&items)).await?;
+        if returned.len() != items.len() {
+            return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer leases".into())));
         }
-        let taken =
-            if items.is_empty() { Vec::new() } else { self.timed("return", self.store.give_back(&items)).await? };
-        let returned: Vec<u64> =
-            plan.into_iter().map(|p| p.and_then(|at| taken.get(at).copied()).unwrap_or(0)).collect();
         self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
         Ok(ReturnResponse { returned })
     }

@@ -35,8 +35,19 @@ fn check(descriptors: Value, hits: u64) -> Value {
     json!({"domain": "test", "descriptors": descriptors, "hits": hits})
 }
 
+/// A lease with an id of its own.
 fn lease(key: &str, value: &str, wanted: u64, rate: f64) -> Value {
-    json!({"domain": "test", "leases": [{"descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = format!("lease-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    lease_as(&id, key, value, wanted, rate)
+}
+
+fn lease_as(id: &str, key: &str, value: &str, wanted: u64, rate: f64) -> Value {
+    json!({"domain": "test", "leases": [{"id": id, "descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+}
+
+fn give_back(id: &str, tokens: u64) -> Value {
+    json!({"domain": "test", "returns": [{"id": id, "tokens": tokens}]})
 }
 
 async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend: Backend) {
@@ -188,25 +199,61 @@ async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
     // A much faster caller gets more, but never more than half of what remains.
     let mut grants = Vec::new();
     let mut remaining = 950;
-    while remaining > 0 {
+    loop {
         let r = f.lease(lease("big", "a", 1_000, 100_000.0)).await;
         let granted = r["leases"][0]["granted"].as_u64().unwrap();
         assert!(granted <= (remaining as u64).div_ceil(2), "{granted} of {remaining}");
         remaining = r["leases"][0]["remaining"].as_i64().unwrap();
+        if granted == 0 {
+            break;
+        }
         grants.push(granted);
     }
     assert_eq!(grants[..3], [475, 238, 119], "halving while plenty is left");
     assert!(grants.windows(2).all(|w| w[1] <= w[0]), "grants never grow as quota runs low: {grants:?}");
-    // Below 10 % with an hour to go, each lease gets a single token: the tail
-    // of the window is paced, not grabbed.
-    let low: Vec<u64> = grants.iter().copied().skip_while(|g| *g > 1).collect();
-    assert!(low.len() >= 50, "{grants:?}");
-    assert_eq!(grants.iter().sum::<u64>() + 50, 1000, "everything was leased, nothing more");
-    // Empty: nothing granted, and the limit was never passed.
-    let r = f.lease(lease("big", "a", 10, 10.0)).await;
-    assert_eq!(r["leases"][0]["granted"], 0);
+    // Below 10 % with an hour to go, the rest is paced over the hour: one
+    // token now, then nothing more at this instant however often one asks.
+    assert!(remaining > 0 && remaining * 10 < 1000, "stopped below the low-water mark: {remaining} left");
+    assert_eq!(grants.last(), Some(&1), "{grants:?}");
+    for _ in 0..20 {
+        assert_eq!(f.lease(lease("big", "a", 10, 10.0)).await["leases"][0]["granted"], 0);
+    }
+    // Checks are not paced: they take what is left, never more.
+    let r = f.check(check(json!([[["big", "a"]]]), remaining as u64)).await;
+    assert_eq!(r["allowed"], true);
     let r = f.check(check(json!([[["big", "a"]]]), 1)).await;
-    assert_eq!(r["allowed"], false);
+    assert_eq!(r["allowed"], false, "everything was taken, nothing more");
+}
+
+/// Finding 5 of issue 10: below the low-water mark, a fast caller cannot
+/// take the rest of the window in a burst; over the tail of the window the
+/// grants follow time (at most one lease lifetime ahead of the even pace),
+/// whatever rate the caller reports.
+async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    // 1000 per hour (`big`), 95 left with 41 s of the window to go.
+    let start = T0 + 3_559 * SECOND_US;
+    f.clock.set(start);
+    assert_eq!(f.check(check(json!([[["big", "p"]]]), 905)).await["allowed"], true);
+    let mut taken = 0u64;
+    let mut burst = 0u64;
+    for step in 0..41 * 4 {
+        for _ in 0..10 {
+            let r = f.lease(lease("big", "p", 1_000, 5.0)).await;
+            taken += r["leases"][0]["granted"].as_u64().unwrap();
+        }
+        if step == 0 {
+            burst = taken;
+        }
+        // Never ahead of the even pace (95 over 41 s) by more than a lease
+        // lifetime (1 s), plus the one token a caught-up schedule allows.
+        let elapsed = step * 250 * MS;
+        let pace = ((elapsed + SECOND_US) * 95).div_ceil(41 * SECOND_US) + 1;
+        assert!(taken <= pace, "{taken} taken {elapsed} µs into the tail; the pace allows {pace}");
+        f.clock.advance(250 * MS);
+    }
+    assert!(burst <= 3, "the first burst of 10 leases took {burst} of the last 95");
+    assert!(taken >= 90, "the tail was handed out over the window: {taken} of 95");
 }
 
 async fn a_lease_never_outlives_its_window(backend: Backend) {
@@ -219,45 +266,85 @@ async fn a_lease_never_outlives_its_window(backend: Backend) {
 
 async fn returned_tokens_are_available_again(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    let r = f.lease(lease("big", "r", 1_000, 100_000.0)).await;
+    let r = f.lease(lease_as("r1", "big", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 500);
-    let window = r["leases"][0]["window"].as_u64().unwrap();
     let returned = f
-        .give_back(json!({"domain": "test", "returns": [
-            {"descriptor": [["big", "r"]], "tokens": 100, "window": window},
-            {"descriptor": [["big", "r"]], "tokens": 100, "window": window - 1},
-            {"descriptor": [["free", "r"]], "tokens": 100},
-        ]}))
+        .give_back(
+            json!({"domain": "test", "returns": [{"id": "r1", "tokens": 100}, {"id": "unknown", "tokens": 100}]}),
+        )
         .await;
-    assert_eq!(returned, json!({"returned": [100, 0, 0]}), "only the lease's own window takes tokens back");
+    assert_eq!(returned, json!({"returned": [100, 0]}), "an unknown lease gives back nothing");
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
-    // Never more than was used.
-    let returned = f
-        .give_back(
-            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 10000, "window": window}]}),
-        )
-        .await;
-    assert_eq!(returned["returned"][0], 400);
+    // A lease gives back once: a retried return is harmless.
+    let returned = f.give_back(give_back("r1", 100)).await;
+    assert_eq!(returned["returned"][0], 0, "a second return of a lease gives back nothing");
+    // Never more than the lease granted.
+    f.lease(lease_as("r3", "big", "r", 1_000, 100_000.0)).await;
+    let returned = f.give_back(give_back("r3", 10_000)).await;
+    assert_eq!(returned["returned"][0], 300);
+
     // After the window, returns are void: the new window never saw those tokens.
-    f.check(check(json!([[["big", "r"]]]), 5)).await;
-    f.clock.advance(3_600 * SECOND_US);
-    let returned = f
-        .give_back(
-            json!({"domain": "test", "returns": [{"descriptor": [["big", "r"]], "tokens": 5, "window": window}]}),
-        )
-        .await;
+    f.clock.set(T0 + 59 * SECOND_US);
+    let r = f.lease(lease_as("r2", "fw", "r", 3, 100.0)).await;
+    assert_eq!(r["leases"][0]["granted"], 2);
+    f.clock.advance(2 * SECOND_US);
+    f.check(check(json!([[["fw", "r"]]]), 2)).await;
+    let returned = f.give_back(give_back("r2", 2)).await;
     assert_eq!(returned["returned"][0], 0);
+    let r = f.check(check(json!([[["fw", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 1);
 
     // A token bucket takes back at most up to full.
-    let r = f.lease(lease("bucket", "r", 1_000, 100_000.0)).await;
+    let r = f.lease(lease_as("b1", "bucket", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 300);
     assert_eq!(r["leases"][0]["window"], 0);
-    let returned =
-        f.give_back(json!({"domain": "test", "returns": [{"descriptor": [["bucket", "r"]], "tokens": 1000}]})).await;
-    assert_eq!(returned["returned"][0], 300);
+    f.check(check(json!([[["bucket", "r"]]]), 100)).await;
+    f.clock.advance(20 * SECOND_US); // earns 200 of the 300 it lacks
+    let returned = f.give_back(give_back("b1", 1_000)).await;
+    assert_eq!(returned["returned"][0], 200, "the bucket had room for 200 only");
     let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
+}
+
+/// Finding 2 of issue 10: tokens that were never leased cannot be "given
+/// back". (The body also carries the old `descriptor` and `window` fields,
+/// which the service ignores, so the same request is a valid return for the
+/// old protocol, which accepted it.)
+async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.check(check(json!([[["big", "u"]]]), 1_000)).await;
+    assert_eq!(r["allowed"], true);
+    let window = T0 / (3_600 * SECOND_US);
+    let returned = f
+        .give_back(json!({"domain": "test", "returns": [
+            {"id": "never-leased", "descriptor": [["big", "u"]], "tokens": 1_000, "window": window}]}))
+        .await;
+    assert_eq!(returned["returned"][0], 0, "{returned}");
+    let r = f.check(check(json!([[["big", "u"]]]), 1)).await;
+    assert_eq!(r["allowed"], false, "the window's 1000 were all used: {r}");
+}
+
+/// A lease retried with its id (after a timeout, say) is answered from its
+/// record: the same grant, `replayed`, and nothing more taken.
+async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let first = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
+    assert_eq!(first["leases"][0]["granted"], 50);
+    assert_eq!(first["leases"][0].get("replayed"), None);
+    f.clock.advance(300 * MS);
+    let again = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
+    let mut expected = first["leases"][0].clone();
+    expected["replayed"] = json!(true);
+    expected["valid_ms"] = json!(700);
+    expected["reset_ms"] = json!(3_599_700);
+    assert_eq!(again["leases"][0], expected, "the same grant, with the time left");
+    let r = f.check(check(json!([[["big", "i"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 950, "taken once");
+    // Another id is another lease.
+    let other = f.lease(lease_as("other", "big", "i", 100, 50.0)).await;
+    assert_eq!(other["leases"][0]["remaining"], 900);
+    assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_granted_total{domain="test"} 100"#));
 }
 
 macro_rules! with_all_stores {
@@ -292,6 +379,9 @@ with_all_stores!(
     leases_follow_the_rate_and_shrink_as_quota_runs_low,
     a_lease_never_outlives_its_window,
     returned_tokens_are_available_again,
+    a_return_gives_back_only_what_a_lease_granted,
+    a_lease_retried_with_its_id_is_not_granted_twice,
+    the_tail_of_a_window_is_paced_per_time_not_per_call,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

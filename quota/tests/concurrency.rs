@@ -26,7 +26,7 @@ const CLIENTS: usize = 16;
 struct Taken {
     leased: u64,
     checked: u64,
-    grants: Vec<(u64, u64)>, // (granted, remaining after)
+    grants: Vec<(u64, u64, String)>, // (granted, remaining after, lease id)
 }
 
 async fn client(f: Arc<Fixture>, id: usize) -> Taken {
@@ -37,13 +37,14 @@ async fn client(f: Arc<Fixture>, id: usize) -> Taken {
     let mut empty_answers = 0;
     while empty_answers < 3 {
         if leasing {
+            let lease = format!("c{id}-{}", taken.grants.len());
             let r = f
-                .lease(json!({"domain": "fleet", "leases": [{"descriptor": [["api", "all"]], "wanted": 400, "rate": 200.0 + id as f64 * 50.0}]}))
+                .lease(json!({"domain": "fleet", "leases": [{"id": lease, "descriptor": [["api", "all"]], "wanted": 400, "rate": 200.0 + id as f64 * 50.0}]}))
                 .await;
             let granted = r["leases"][0]["granted"].as_u64().unwrap();
             let remaining = r["leases"][0]["remaining"].as_u64().unwrap();
             taken.leased += granted;
-            taken.grants.push((granted, remaining));
+            taken.grants.push((granted, remaining, lease));
             if granted == 0 {
                 empty_answers += 1;
             }
@@ -74,7 +75,7 @@ async fn many_clients_never_pass_the_limit(backend: Backend) {
     // Every grant was at most half of what remained before it, and once
     // below 10 % every grant was paced down to a handful.
     for t in &all {
-        for (granted, after) in &t.grants {
+        for (granted, after, _) in &t.grants {
             let before = granted + after;
             assert!(*granted <= before.div_ceil(2), "granted {granted} of {before}");
             if before * 10 < LIMIT {
@@ -84,17 +85,10 @@ async fn many_clients_never_pass_the_limit(backend: Backend) {
     }
 
     // Returned tokens are available again, to anyone.
-    let window = f.lease(json!({"domain": "fleet", "leases": [{"descriptor": [["api", "all"]], "wanted": 1}]})).await
-        ["leases"][0]["window"]
-        .as_u64()
-        .unwrap();
-    let r = f
-        .give_back(
-            json!({"domain": "fleet", "returns": [{"descriptor": [["api", "all"]], "tokens": 40, "window": window}]}),
-        )
-        .await;
+    let (_, _, big) = all.iter().flat_map(|t| &t.grants).find(|(granted, _, _)| *granted >= 40).unwrap();
+    let r = f.give_back(json!({"domain": "fleet", "returns": [{"id": big, "tokens": 40}]})).await;
     assert_eq!(r["returned"][0], 40);
-    let tasks: Vec<_> = (0..CLIENTS).map(|id| tokio::spawn(client(f.clone(), id))).collect();
+    let tasks: Vec<_> = (0..CLIENTS).map(|id| tokio::spawn(client(f.clone(), id + CLIENTS))).collect();
     let mut again = 0;
     for task in tasks {
         let t = task.await.unwrap();

@@ -13,6 +13,8 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
 use std::time::{Duration, Instant};
 
 /// The repository root.
@@ -61,7 +63,21 @@ pub struct Setup {
     pub use_remote_address: bool,
     /// Clusters the filter may call (name, loopback ports): e.g. the quota service.
     pub clusters: Vec<(String, Vec<u16>)>,
+    /// HTTP filters between Floodgate and the router, as YAML list items
+    /// indented for `http_filters` (e.g. [`FAULT_DELAY_FROM_HEADER`]).
+    pub extra_http_filters: String,
 }
+
+/// Envoy's fault filter, delaying each request by the milliseconds in its
+/// `x-envoy-fault-delay-request` header (none without it) before the router:
+/// with the harness's direct-response route, an upstream that takes that long.
+pub const FAULT_DELAY_FROM_HEADER: &str = r#"          - name: envoy.filters.http.fault
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
+              delay:
+                header_delay: {}
+                percentage: {numerator: 100, denominator: HUNDRED}
+"#;
 
 impl Setup {
     /// Envoy with `plugin_config` and default connection-manager settings.
@@ -70,6 +86,7 @@ impl Setup {
             plugin_config: plugin_config.to_string(),
             hcm_extra: String::new(),
             use_remote_address: true,
+            extra_http_filters: String::new(),
             clusters: Vec::new(),
         }
     }
@@ -146,11 +163,12 @@ impl Setup {
                 configuration:
                   "@type": type.googleapis.com/google.protobuf.StringValue
                   value: '{json}'
-          - name: envoy.filters.http.router
+{extra_http_filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
             hcm_extra = self.hcm_extra,
+            extra_http_filters = self.extra_http_filters,
             use_remote_address = self.use_remote_address,
             wasm = wasm.display(),
         )
@@ -523,5 +541,54 @@ impl QuotaService {
 impl Drop for QuotaService {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Sends `per_client` requests from each of `clients` concurrent keep-alive
+/// connections, started together; `key_of(client, i)` picks the x-api-key.
+/// Returns the number of 200s per key, and asserts every answer is 200 or 429.
+pub fn hammer(
+    envoy: &Envoy,
+    clients: usize,
+    per_client: usize,
+    key_of: fn(usize, usize) -> String,
+) -> HashMap<String, usize> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let port = envoy.port;
+    let handles: Vec<_> = (0..clients)
+        .map(|client| {
+            let barrier = Arc::clone(&barrier);
+            thread::spawn(move || {
+                let mut conn = Conn::open(port).unwrap();
+                barrier.wait();
+                let mut ok: HashMap<String, usize> = HashMap::new();
+                for i in 0..per_client {
+                    let key = key_of(client, i);
+                    let response = conn.get("/api/items", &[("x-api-key", key.as_bytes())]);
+                    match response.status {
+                        200 => *ok.entry(key).or_default() += 1,
+                        429 => {}
+                        other => panic!("unexpected status {other}"),
+                    }
+                }
+                ok
+            })
+        })
+        .collect();
+    let mut total: HashMap<String, usize> = HashMap::new();
+    for handle in handles {
+        for (key, n) in handle.join().unwrap() {
+            *total.entry(key).or_default() += n;
+        }
+    }
+    total
+}
+
+/// Asserts both of Envoy's workers accepted connections during the test.
+pub fn assert_both_workers_served(envoy: &Envoy) {
+    let stats = envoy.stats();
+    for worker in ["worker_0", "worker_1"] {
+        let name = format!("listener.127.0.0.1_{}.{worker}.downstream_cx_total", envoy.port);
+        assert!(stats.get(&name).copied().unwrap_or(0) > 0, "{name} is 0: the load did not reach both workers");
     }
 }

@@ -3,61 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::HashMap;
 use std::fs;
-use std::sync::{Arc, Barrier};
-use std::thread;
 
-use floodgate_e2e::{repo_root, validate, Envoy, Setup, Update};
-
-/// Sends `per_client` requests from each of `clients` concurrent keep-alive
-/// connections, started together; `key_of(client, i)` picks the x-api-key.
-/// Returns the number of 200s per key, and asserts every answer is 200 or 429.
-fn hammer(
-    envoy: &Envoy,
-    clients: usize,
-    per_client: usize,
-    key_of: fn(usize, usize) -> String,
-) -> HashMap<String, usize> {
-    let barrier = Arc::new(Barrier::new(clients));
-    let port = envoy.port;
-    let handles: Vec<_> = (0..clients)
-        .map(|client| {
-            let barrier = Arc::clone(&barrier);
-            thread::spawn(move || {
-                let mut conn = floodgate_e2e::Conn::open(port).unwrap();
-                barrier.wait();
-                let mut ok: HashMap<String, usize> = HashMap::new();
-                for i in 0..per_client {
-                    let key = key_of(client, i);
-                    let response = conn.get("/api/items", &[("x-api-key", key.as_bytes())]);
-                    match response.status {
-                        200 => *ok.entry(key).or_default() += 1,
-                        429 => {}
-                        other => panic!("unexpected status {other}"),
-                    }
-                }
-                ok
-            })
-        })
-        .collect();
-    let mut total: HashMap<String, usize> = HashMap::new();
-    for handle in handles {
-        for (key, n) in handle.join().unwrap() {
-            *total.entry(key).or_default() += n;
-        }
-    }
-    total
-}
-
-/// Asserts both of Envoy's workers accepted connections during the test.
-fn assert_both_workers_served(envoy: &Envoy) {
-    let stats = envoy.stats();
-    for worker in ["worker_0", "worker_1"] {
-        let name = format!("listener.127.0.0.1_{}.{worker}.downstream_cx_total", envoy.port);
-        assert!(stats.get(&name).copied().unwrap_or(0) > 0, "{name} is 0: the load did not reach both workers");
-    }
-}
+use floodgate_e2e::{assert_both_workers_served, hammer, repo_root, validate, Envoy, Setup, Update};
 
 const PER_KEY_TOKEN: &str = r#"{"rules": [{"name": "per-key", "match": {"path_prefix": "/api"},
     "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],

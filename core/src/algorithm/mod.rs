@@ -12,20 +12,26 @@
 //! byte table. Adding an algorithm is one new file that implements
 //! [`Algorithm`] and [`FromParams`], plus one line in [`ALGORITHMS`].
 
+mod concurrency;
 mod fixed_window;
 mod gcra;
 mod params;
 mod shaper;
+mod sliding_log;
+mod sliding_window;
 mod token_bucket;
+mod warm_up;
 
 use std::fmt;
 use std::sync::Arc;
 
+pub use concurrency::{Concurrency, SlotState};
 pub use fixed_window::{FixedWindow, WindowState};
 pub use gcra::Gcra;
 pub use params::Params;
 pub use shaper::Shaper;
 pub use token_bucket::{TokenBucket, TokenState};
+pub use warm_up::{WarmState, WarmUp};
 
 use crate::config::ConfigError;
 use crate::time::Nanos;
@@ -36,6 +42,10 @@ pub const ALGORITHMS: &[Registration] = &[
     registration::<Gcra>("leaky_bucket", 2, r#"{"period": "10s", "burst": 3}"#),
     registration::<FixedWindow>("fixed_window", 3, r#"{"period": "10s"}"#),
     registration::<Shaper>("shaper", 4, r#"{"period": "10s", "burst": 2, "max_delay": "5s"}"#),
+    registration::<sliding_window::SlidingWindow>("sliding_window", 5, r#"{"period": "10s"}"#),
+    registration::<sliding_log::SlidingLog>("sliding_log", 6, r#"{"period": "10s"}"#),
+    registration::<WarmUp>("warm_up", 7, r#"{"period": "10s", "burst": 6, "warmup": "20s"}"#),
+    registration::<Concurrency>("concurrency", 8, r#"{"slot_ttl": "10s"}"#),
 ];
 
 /// Whether and when a request may go on.
@@ -174,6 +184,13 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         false
     }
 
+    /// Units `state` records as held by requests in flight, including holds
+    /// past their deadline that no decision has dropped yet: what the
+    /// in-flight gauge adds up. Zero for algorithms that do not hold.
+    fn held(&self, _state: &Self::State) -> u64 {
+        0
+    }
+
     /// The most units any interval of length `span` can admit, whatever the
     /// arrivals: the guarantee the README states. Property tests hold every
     /// algorithm to it.
@@ -210,6 +227,8 @@ pub trait Policy: fmt::Debug + Send + Sync {
     fn is_idle(&self, slot: &[u8], now: Nanos) -> bool;
     /// See [`Algorithm::holds_until_done`].
     fn holds_until_done(&self) -> bool;
+    /// See [`Algorithm::held`]; zero for bytes that do not decode.
+    fn held(&self, slot: &[u8]) -> u64;
     /// See [`Algorithm::admitted_bound`].
     fn admitted_bound(&self, span: Nanos) -> u64;
 }
@@ -255,6 +274,10 @@ impl<A: Algorithm> Policy for A {
 
     fn holds_until_done(&self) -> bool {
         Algorithm::holds_until_done(self)
+    }
+
+    fn held(&self, slot: &[u8]) -> u64 {
+        self.decode(slot).map_or(0, |state| Algorithm::held(self, &state))
     }
 
     fn admitted_bound(&self, span: Nanos) -> u64 {

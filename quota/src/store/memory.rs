@@ -1,265 +1,236 @@
-//! The embedded store: buckets in a hash map behind one mutex, decided by
-//! `floodgate_core::algorithm` (the filter's own code) on microseconds.
+//! The embedded store: bytes under keys in sharded hash maps. Decisions are
+//! made by the caller's transaction (see [`super::Store`]) while the shards
+//! of its keys are locked, always in ascending shard order, so transactions
+//! over several keys are atomic and never deadlock, and requests for keys in
+//! other shards go on meanwhile.
 //!
-//! One mutex, not shards: a check over several buckets must be atomic, the
-//! critical section is a few hundred nanoseconds, and the service is I/O
-//! bound long before this lock is contended.
+//! Forgetting idle entries costs O(log n) per entry and never a scan: each
+//! shard keeps an expiry queue of (instant the entry may be idle, key),
+//! looked at only from its head. An entry found busier than queued is
+//! queued again at its new idle instant; one found idle is dropped.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::hash_map::RandomState;
+use std::collections::{BinaryHeap, HashMap};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use floodgate_core::algorithm::Algorithm as _;
-use floodgate_core::algorithm::{Decision, FixedWindow, Grant as Taken, Release, TokenBucket, TokenState, WindowState};
-use floodgate_core::time::Nanos;
+use super::decide::{nanos, Nanos};
+use super::{StoreError, Writes};
+use crate::clock::Clock;
 
-/// The core's algorithms count in any unit of time used consistently; this
-/// store gives them microseconds.
-fn t(us: Micros) -> Nanos {
-    Nanos(us)
+/// Shards: enough that unrelated keys rarely share a lock on two cores or
+/// twenty, few enough that a sweep visits them all in microseconds.
+const SHARDS: usize = 64;
+
+/// Most entries one sweep step drops while holding a shard's lock, so that
+/// even a mass expiry (a million windows ending together) never holds a
+/// shard for long.
+const SWEEP_STEP: usize = 1_024;
+
+#[derive(Debug)]
+struct Entry {
+    value: Vec<u8>,
+    idle_at: Nanos,
 }
 
-use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError};
-use crate::clock::{Clock, Micros};
-use crate::config::{Algorithm, Limit};
-use crate::grant::grant_cap;
-
-#[derive(Debug, Clone, Copy)]
-enum State {
-    Token(TokenState),
-    Window(WindowState),
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<String, Entry>,
+    /// One item per entry: (earliest instant it may be idle, key).
+    expiry: BinaryHeap<Reverse<(Nanos, String)>>,
 }
 
-#[derive(Debug, Clone, Copy)]
-struct Bucket {
-    /// The limit last applied, so the sweeper can tell an idle bucket.
-    limit: Limit,
-    state: State,
+impl Shard {
+    /// Drops idle entries at `now` from the head of the queue, looking at
+    /// up to `most`; returns how many it dropped and how many it looked at.
+    fn drop_idle(&mut self, now: Nanos, most: usize) -> (usize, usize) {
+        let mut dropped = 0;
+        let mut looked = 0;
+        while looked < most && self.expiry.peek().is_some_and(|Reverse((due, _))| *due <= now) {
+            looked += 1;
+            let Some(Reverse((_, key))) = self.expiry.pop() else { break };
+            match self.map.get(&key).map(|e| e.idle_at) {
+                Some(idle_at) if idle_at <= now => {
+                    self.map.remove(&key);
+                    dropped += 1;
+                }
+                // Written since it was queued: queue it at its new idle time.
+                Some(idle_at) => self.expiry.push(Reverse((idle_at, key))),
+                None => {}
+            }
+        }
+        (dropped, looked)
+    }
 }
 
 /// Counters in this process.
 #[derive(Debug)]
 pub struct MemoryStore {
     clock: Arc<dyn Clock>,
-    buckets: Mutex<HashMap<String, Bucket>>,
-    max_buckets: usize,
+    shards: Vec<Mutex<Shard>>,
+    hasher: RandomState,
+    /// Entries held, over all shards.
+    len: AtomicUsize,
+    max_entries: usize,
+    /// Entries looked at to drop idle ones, ever (see [`MemoryStore::examined`]).
+    examined: AtomicUsize,
 }
 
-fn token_bucket(limit: &Limit) -> TokenBucket {
-    TokenBucket::new(limit.limit, t(limit.period), limit.capacity)
-}
-
-fn fixed_window(limit: &Limit) -> FixedWindow {
-    FixedWindow::new(limit.limit, t(limit.period))
-}
-
-/// The bucket's state as `limit`'s algorithm reads it; a missing bucket, or
-/// one of another algorithm, is fresh.
-fn token_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> TokenState {
-    match bucket.map(|b| b.state) {
-        Some(State::Token(s)) => s,
-        _ => token_bucket(limit).fresh(t(now)),
-    }
-}
-
-fn window_state(limit: &Limit, bucket: Option<&Bucket>, now: Micros) -> WindowState {
-    let window = fixed_window(limit);
-    match bucket.map(|b| b.state) {
-        // The core decides which stored window still counts (as the Redis
-        // script does), so both stores agree even after a clock step back.
-        Some(State::Window(s)) => window.current(s, t(now)),
-        _ => window.fresh(t(now)),
-    }
-}
-
-fn decide(limit: &Limit, bucket: Option<&Bucket>, now: Micros, cost: u64) -> (Decision, State) {
-    match limit.algorithm {
-        Algorithm::TokenBucket => {
-            let (d, after) = token_bucket(limit).decide(token_state(limit, bucket, now), t(now), cost);
-            (d, State::Token(after))
-        }
-        Algorithm::FixedWindow => {
-            let (d, after) = fixed_window(limit).decide(window_state(limit, bucket, now), t(now), cost);
-            (d, State::Window(after))
-        }
-    }
-}
-
-/// Updates in place when the bucket exists: no key copy on the hot path.
-fn put(map: &mut HashMap<String, Bucket>, key: &str, bucket: Bucket) {
-    match map.get_mut(key) {
-        Some(slot) => *slot = bucket,
-        None => {
-            map.insert(key.to_string(), bucket);
-        }
-    }
-}
-
-fn is_idle(bucket: &Bucket, now: Micros) -> bool {
-    match bucket.state {
-        State::Token(s) => token_bucket(&bucket.limit).is_idle(s, t(now)),
-        State::Window(s) => fixed_window(&bucket.limit).is_idle(s, t(now)),
-    }
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave an entry half-written
+    // (each is replaced whole), so a poisoned shard is still consistent.
+    shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl MemoryStore {
-    /// A store reading time from `clock` and holding at most `max_buckets`
-    /// buckets (idle ones are evicted first; see [`MemoryStore::sweep`]).
-    pub fn new(clock: Arc<dyn Clock>, max_buckets: usize) -> Self {
-        Self { clock, buckets: Mutex::new(HashMap::new()), max_buckets: max_buckets.max(1) }
+    /// A store reading time from `clock` and holding at most `max_entries`
+    /// buckets and lease records (idle ones are dropped first; see
+    /// [`MemoryStore::sweep`]).
+    pub fn new(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        Self {
+            clock,
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            hasher: RandomState::new(),
+            len: AtomicUsize::new(0),
+            max_entries: max_entries.max(1),
+            examined: AtomicUsize::new(0),
+        }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Bucket>> {
-        // A panic while holding the lock cannot leave a bucket half-written
-        // (each is replaced whole), so a poisoned map is still consistent.
-        self.buckets.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Number of buckets held.
+    /// Number of buckets and lease records held.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.len.load(Ordering::Relaxed)
     }
 
-    /// True when no bucket is held.
+    /// True when nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every idle bucket (one indistinguishable from a fresh one, so
-    /// dropping it changes no decision). Returns how many were dropped.
-    pub fn sweep(&self) -> usize {
-        let now = self.clock.now_us();
-        let mut map = self.lock();
-        let before = map.len();
-        map.retain(|_, b| !is_idle(b, now));
-        before - map.len()
+    /// How many entries eviction and sweeping have looked at so far: they
+    /// look only at queued entries that may be idle, never scan the store.
+    pub fn examined(&self) -> usize {
+        self.examined.load(Ordering::Relaxed)
     }
 
-    fn make_room(map: &mut HashMap<String, Bucket>, keys: &[&str], max: usize, now: Micros) -> Result<(), StoreError> {
-        let new = keys.iter().filter(|k| !map.contains_key(**k)).count();
-        if map.len() + new <= max {
+    fn drop_idle(&self, shard: &mut Shard, now: Nanos, most: usize) -> usize {
+        let (dropped, looked) = shard.drop_idle(now, most);
+        self.examined.fetch_add(looked, Ordering::Relaxed);
+        self.len.fetch_sub(dropped, Ordering::Relaxed);
+        dropped
+    }
+
+    fn shard_of(&self, key: &str) -> usize {
+        // The modulo keeps the index below SHARDS whatever the hash.
+        (self.hasher.hash_one(key) % SHARDS as u64) as usize
+    }
+
+    /// Drops every entry idle now (a bucket indistinguishable from a fresh
+    /// one, an expired lease record), a bounded step per shard lock. Costs
+    /// what it drops, not what the store holds. Returns how many it dropped.
+    pub fn sweep(&self) -> usize {
+        let now = nanos(self.clock.now_us());
+        let mut total = 0;
+        for shard in &self.shards {
+            loop {
+                let dropped = self.drop_idle(&mut lock(shard), now, SWEEP_STEP);
+                total += dropped;
+                if dropped < SWEEP_STEP {
+                    break;
+                }
+            }
+        }
+        total
+    }
+
+    /// Room for `new` more entries: reserved from the count, dropping idle
+    /// entries first from the shards already locked, then from any shard
+    /// free right now (never waiting for one: that could deadlock).
+    fn reserve(&self, new: usize, held: &mut [(usize, MutexGuard<'_, Shard>)], now: Nanos) -> Result<(), StoreError> {
+        let fits = |len: usize| (len + new <= self.max_entries).then_some(len + new);
+        if self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok() {
             return Ok(());
         }
-        map.retain(|_, b| !is_idle(b, now));
-        if map.len() + new <= max {
-            Ok(())
-        } else {
-            Err(StoreError::Full)
+        let mut dropped: usize = held.iter_mut().map(|(_, shard)| self.drop_idle(shard, now, new + SWEEP_STEP)).sum();
+        if dropped < new {
+            for (index, shard) in self.shards.iter().enumerate() {
+                if held.iter().any(|(i, _)| *i == index) {
+                    continue;
+                }
+                if let Ok(mut shard) = shard.try_lock() {
+                    dropped += self.drop_idle(&mut shard, now, new + SWEEP_STEP);
+                }
+                if dropped >= new {
+                    break;
+                }
+            }
         }
+        self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreError::Full)
     }
 
-    /// See [`super::Store::check`].
-    pub fn check(&self, items: &[CheckItem]) -> Result<CheckOutcome, StoreError> {
-        let now = self.clock.now_us();
-        let mut map = self.lock();
-        let mut decisions = Vec::with_capacity(items.len());
-        let mut afters = Vec::with_capacity(items.len());
-        let mut committed = true;
-        for item in items {
-            let (d, after) = decide(&item.limit, map.get(&item.key), now, item.cost);
-            if !d.allowed() && !item.shadow {
-                committed = false;
-            }
-            decisions.push(d);
-            afters.push(after);
-        }
-        if committed {
-            let keys: Vec<&str> =
-                items.iter().zip(&decisions).filter(|(_, d)| d.allowed()).map(|(i, _)| i.key.as_str()).collect();
-            Self::make_room(&mut map, &keys, self.max_buckets, now)?;
-            for ((item, d), after) in items.iter().zip(&decisions).zip(afters) {
-                if d.allowed() {
-                    put(&mut map, &item.key, Bucket { limit: item.limit, state: after });
-                }
-            }
-        } else {
-            for (item, d) in items.iter().zip(decisions.iter_mut()) {
-                if d.allowed() {
-                    *d = decide(&item.limit, map.get(&item.key), now, 0).0;
-                }
-            }
-        }
-        Ok(CheckOutcome { committed, decisions })
-    }
+    /// See [`super::Store`]: runs `decide` on the values of `keys` (which
+    /// must be distinct) with their shards locked and applies its writes.
+    pub fn transact<A>(
+        &self,
+        keys: &[String],
+        mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
+    ) -> Result<A, StoreError> {
+        let shard_of: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
+        let mut order = shard_of.clone();
+        order.sort_unstable();
+        order.dedup();
+        // Ascending shard order: two transactions never wait for each other
+        // in a cycle.
+        let mut held: Vec<(usize, MutexGuard<'_, Shard>)> =
+            order.iter().filter_map(|i| self.shards.get(*i).map(|s| (*i, lock(s)))).collect();
+        let position = |shard: usize| order.binary_search(&shard).ok();
+        let now = nanos(self.clock.now_us());
 
-    /// See [`super::Store::lease`].
-    pub fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
-        let now = self.clock.now_us();
-        let mut map = self.lock();
-        let keys: Vec<&str> = items.iter().map(|i| i.key.as_str()).collect();
-        Self::make_room(&mut map, &keys, self.max_buckets, now)?;
-        let mut grants = Vec::with_capacity(items.len());
-        for item in items {
-            let limit = &item.limit;
-            let bucket = map.get(&item.key);
-            let (remaining, horizon, window, valid) = match limit.algorithm {
-                Algorithm::TokenBucket => {
-                    let s = token_bucket(limit).refill(token_state(limit, bucket, now), t(now));
-                    (s.tokens, limit.period, 0, ttl)
-                }
-                Algorithm::FixedWindow => {
-                    let s = window_state(limit, bucket, now);
-                    let horizon = s.window.saturating_add(1).saturating_mul(limit.period).saturating_sub(now);
-                    (limit.limit.saturating_sub(s.used), horizon, s.window, ttl.min(horizon))
-                }
-            };
-            let granted = item.want.min(grant_cap(remaining, limit.capacity, horizon, ttl));
-            let (d, after) = decide(limit, bucket, now, granted);
-            if granted > 0 {
-                put(&mut map, &item.key, Bucket { limit: *limit, state: after });
-            }
-            grants.push(Grant { granted, remaining: d.remaining, reset: d.reset.get(), window, valid });
-        }
-        Ok(grants)
-    }
+        let values: Vec<Option<Vec<u8>>> = keys
+            .iter()
+            .zip(&shard_of)
+            .map(|(key, shard)| {
+                let (_, guard) = held.get(position(*shard)?)?;
+                guard.map.get(key).map(|e| e.value.clone())
+            })
+            .collect();
+        let (answer, writes) = decide(&values, now);
 
-    /// See [`super::Store::give_back`].
-    pub fn give_back(&self, items: &[ReturnItem]) -> Result<Vec<u64>, StoreError> {
-        let now = self.clock.now_us();
-        let mut map = self.lock();
-        let mut taken = Vec::with_capacity(items.len());
-        for item in items {
-            let limit = &item.limit;
-            let Some(bucket) = map.get_mut(&item.key) else {
-                // No bucket: it is full (or its window unused); nothing to return into.
-                taken.push(0);
-                continue;
-            };
-            let back = match (limit.algorithm, bucket.state) {
-                (Algorithm::TokenBucket, State::Token(s)) => {
-                    let tb = token_bucket(limit);
-                    let before = tb.refill(s, t(now));
-                    let back = item.tokens.min(limit.capacity.saturating_sub(before.tokens));
-                    if back > 0 {
-                        bucket.state = State::Token(
-                            tb.release(s, t(now), Taken { cost: back, at: t(now) }, Release::Undo).unwrap_or(s),
-                        );
+        let new = writes.iter().zip(&values).filter(|(w, v)| w.is_some() && v.is_none()).count();
+        if new > 0 {
+            self.reserve(new, &mut held, now)?;
+        }
+        for (at_key, ((key, shard), write)) in keys.iter().zip(&shard_of).zip(writes).enumerate() {
+            let (Some(next), Some(at)) = (write, position(*shard)) else { continue };
+            let Some((_, guard)) = held.get_mut(at) else { continue };
+            match guard.map.get_mut(key) {
+                Some(entry) => {
+                    entry.value = next.bytes;
+                    entry.idle_at = next.idle_at;
+                }
+                None => {
+                    if values.get(at_key).is_some_and(Option::is_some) {
+                        // Read, then dropped as idle while making room: not
+                        // counted among the new entries reserved above.
+                        self.len.fetch_add(1, Ordering::Relaxed);
                     }
-                    back
+                    guard.expiry.push(Reverse((next.idle_at, key.clone())));
+                    guard.map.insert(key.clone(), Entry { value: next.bytes, idle_at: next.idle_at });
                 }
-                (Algorithm::FixedWindow, State::Window(s))
-                    if s.window == now / limit.period && s.window == item.window =>
-                {
-                    let back = item.tokens.min(s.used);
-                    if back > 0 {
-                        let grant = Taken { cost: back, at: t(now) };
-                        bucket.state =
-                            State::Window(fixed_window(limit).release(s, t(now), grant, Release::Undo).unwrap_or(s));
-                    }
-                    back
-                }
-                _ => 0,
-            };
-            bucket.limit = *limit;
-            taken.push(back);
+            }
         }
-        Ok(taken)
+        Ok(answer)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{ManualClock, SECOND_US};
+    use crate::clock::{ManualClock, Micros, SECOND_US};
+    use crate::config::{Algorithm, Limit};
+    use crate::store::{CheckItem, Store};
 
     const T0: Micros = 1_700_002_800 * SECOND_US;
 
@@ -271,43 +242,76 @@ mod tests {
         CheckItem { key: key.into(), limit: window(2), cost, shadow: false }
     }
 
-    #[test]
-    fn a_full_store_drops_idle_buckets_then_refuses() {
-        let clock = Arc::new(ManualClock::new(T0));
-        let store = MemoryStore::new(clock.clone(), 2);
-        assert!(store.check(&[item("a", 1)]).unwrap().committed);
-        assert!(store.check(&[item("b", 1)]).unwrap().committed);
-        assert_eq!(store.check(&[item("c", 1)]), Err(StoreError::Full));
-        // A denied check stores nothing, so it needs no room.
-        assert!(!store.check(&[item("c", 3)]).unwrap().committed);
-        // Next window: a and b are idle and make room.
-        clock.advance(SECOND_US);
-        assert!(store.check(&[item("c", 1)]).unwrap().committed);
-        assert_eq!(store.len(), 1);
+    fn store(clock: &Arc<ManualClock>, max: usize) -> Store {
+        Store::Memory(MemoryStore::new(clock.clone(), max))
     }
 
-    #[test]
-    fn a_clock_step_back_does_not_reopen_a_used_window() {
+    fn memory(store: &Store) -> &MemoryStore {
+        match store {
+            Store::Memory(m) => m,
+            Store::Redis(_) => unreachable!(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_store_drops_idle_buckets_then_refuses() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = store(&clock, 2);
+        assert!(store.check(&[item("a", 1)]).await.unwrap().committed);
+        assert!(store.check(&[item("b", 1)]).await.unwrap().committed);
+        assert_eq!(store.check(&[item("c", 1)]).await, Err(StoreError::Full));
+        // A denied check stores nothing, so it needs no room.
+        assert!(!store.check(&[item("c", 3)]).await.unwrap().committed);
+        // Existing buckets still decide.
+        assert!(store.check(&[item("a", 1)]).await.unwrap().committed);
+        // Next window: a and b are idle; as much as needed makes room.
+        clock.advance(SECOND_US);
+        assert!(store.check(&[item("c", 1)]).await.unwrap().committed);
+        assert!(memory(&store).sweep() <= 1);
+        assert_eq!(memory(&store).len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_clock_step_back_does_not_reopen_a_used_window() {
         let clock = Arc::new(ManualClock::new(T0 + SECOND_US));
-        let store = MemoryStore::new(clock.clone(), 100);
-        assert!(store.check(&[item("a", 2)]).unwrap().committed);
+        let store = store(&clock, 100);
+        assert!(store.check(&[item("a", 2)]).await.unwrap().committed);
         // The wall clock steps back into the previous window.
         clock.set(T0 + SECOND_US / 2);
-        assert!(!store.check(&[item("a", 1)]).unwrap().committed);
+        assert!(!store.check(&[item("a", 1)]).await.unwrap().committed);
     }
 
-    #[test]
-    fn sweep_drops_only_idle_buckets() {
+    #[tokio::test]
+    async fn sweep_drops_only_idle_buckets() {
         let clock = Arc::new(ManualClock::new(T0));
-        let store = MemoryStore::new(clock.clone(), 100);
+        let store = store(&clock, 100);
         let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 1, period: SECOND_US, capacity: 2 };
-        store.check(&[item("w", 1), CheckItem { key: "t".into(), limit: bucket, cost: 2, shadow: false }]).unwrap();
-        assert_eq!(store.sweep(), 0);
+        store
+            .check(&[item("w", 1), CheckItem { key: "t".into(), limit: bucket, cost: 2, shadow: false }])
+            .await
+            .unwrap();
+        assert_eq!(memory(&store).sweep(), 0);
         clock.advance(SECOND_US);
         // The window rolled over; the bucket has earned one of two tokens.
-        assert_eq!(store.sweep(), 1);
+        assert_eq!(memory(&store).sweep(), 1);
         clock.advance(SECOND_US);
-        assert_eq!(store.sweep(), 1);
-        assert!(store.is_empty());
+        assert_eq!(memory(&store).sweep(), 1);
+        assert!(memory(&store).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_bucket_used_again_is_queued_again_not_dropped() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let store = store(&clock, 100);
+        let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 1, period: SECOND_US, capacity: 2 };
+        let take = |cost| [CheckItem { key: "t".into(), limit: bucket, cost, shadow: false }];
+        store.check(&take(1)).await.unwrap(); // idle in 1 s
+        clock.advance(SECOND_US / 2);
+        store.check(&take(1)).await.unwrap(); // empty: now idle at T0 + 2 s
+        clock.advance(SECOND_US / 2);
+        assert_eq!(memory(&store).sweep(), 0, "busier than queued: kept");
+        assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
+        clock.advance(2 * SECOND_US);
+        assert_eq!(memory(&store).sweep(), 1);
     }
 }

@@ -1,26 +1,41 @@
-//! The Redis store: each operation is one Lua script (see the `.lua` files
-//! beside this one for KEYS and ARGV), so it is atomic across every bucket it
-//! touches and across every service instance sharing the Redis.
+//! The Redis store: Redis keeps versioned bytes, the service decides. A
+//! transaction reads its keys' values and versions (and Redis's clock) in
+//! one atomic round trip, decides in Rust (the same code as the memory
+//! store), and writes with one small script (`cas.lua`) that writes several
+//! keys only if none of their versions changed meanwhile; a lost race reads
+//! again, a bounded number of times within the store timeout. Keys share
+//! the domain's hash tag, so a transaction's keys sit in one Redis Cluster
+//! slot.
 //!
-//! Failure handling: every call is bounded by a timeout; the connection is
-//! made lazily and re-made by redis-rs's connection manager, so a service
-//! started before Redis, or outliving a Redis restart, serves again on its
-//! own as soon as Redis answers.
+//! Failure handling: every transaction is bounded by a timeout; the
+//! connection is made lazily and re-made by redis-rs's connection manager,
+//! so a service started before Redis, or outliving a Redis restart, serves
+//! again on its own as soon as Redis answers.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_core::algorithm::Decision;
-use floodgate_core::time::Nanos;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::Script;
+use redis::{Script, Value};
 use tokio::sync::Mutex;
 
-use super::{CheckItem, CheckOutcome, Grant, LeaseItem, ReturnItem, StoreError, NEVER};
-use crate::clock::{Clock, Micros};
-use crate::config::{Algorithm, Limit};
+use super::decide::{nanos, Nanos};
+use super::{StoreError, Writes};
+use crate::clock::Clock;
 
-const COMMON: &str = include_str!("common.lua");
+/// Most reads and writes one transaction makes before giving up on a key
+/// that keeps changing (each lost race means another writer won).
+const ATTEMPTS: usize = 64;
+
+/// Key stripes whose transactions take turns within this process.
+const STRIPES: usize = 256;
+
+/// Extra time to live on every key: a key outlives its idle instant a little,
+/// so instances with slightly different clocks never lose live state.
+const TTL_SLACK_MS: u64 = 1_000;
 
 /// How the Redis store is set up.
 #[derive(Debug, Clone)]
@@ -40,13 +55,20 @@ pub struct RedisStore {
     connection: std::sync::RwLock<Option<ConnectionManager>>,
     /// Held while connecting, so that one caller connects and the others wait.
     connecting: Mutex<()>,
+    /// When the last connection attempt failed: attempts are spaced so that a
+    /// dead Redis costs callers a refused connect, not a pile of them.
     /// When and how the last connection attempt failed: attempts are spaced
     /// so that a dead Redis costs callers a refused connect, not a pile of
     /// them, and the callers in between get the same error.
     last_failure: std::sync::Mutex<Option<(Instant, StoreError)>>,
-    check: Script,
-    lease: Script,
-    give_back: Script,
+    cas: Script,
+    /// Versions are `seed-counter`: unique to this process and write, so a
+    /// key deleted and written again never matches a stale read.
+    seed: u64,
+    writes: AtomicU64,
+    /// Turns per key stripe (see [`RedisStore::transact`]).
+    stripes: Vec<Mutex<()>>,
+    hasher: RandomState,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -55,20 +77,10 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
-fn algorithm_code(algorithm: Algorithm) -> u8 {
-    match algorithm {
-        Algorithm::TokenBucket => 1,
-        Algorithm::FixedWindow => 2,
-    }
-}
-
-fn limit_args(limit: &Limit) -> [u64; 4] {
-    [u64::from(algorithm_code(limit.algorithm)), limit.limit, limit.period, limit.capacity]
-}
-
 /// One kind per failure, whichever timer fired first: redis-rs's own
-/// response and connection timeouts are the same `--store-timeout` as ours.
-fn store_error(e: &redis::RedisError) -> StoreError {
+/// response and connection timeouts are the same `--store-timeout` as ours,
+/// so a frozen Redis is always a `timeout`.
+fn unavailable(e: redis::RedisError) -> StoreError {
     if e.is_timeout() {
         StoreError::Timeout
     } else {
@@ -77,20 +89,7 @@ fn store_error(e: &redis::RedisError) -> StoreError {
 }
 
 fn bad_reply(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("unexpected reply from the {what} script"))
-}
-
-fn micros(value: i64) -> Micros {
-    u64::try_from(value).unwrap_or(NEVER)
-}
-
-/// Retry-after from a script: -1 means never.
-fn retry(value: i64) -> Micros {
-    if value < 0 {
-        NEVER
-    } else {
-        micros(value)
-    }
+    StoreError::Unavailable(format!("unexpected reply to {what}"))
 }
 
 impl RedisStore {
@@ -98,21 +97,23 @@ impl RedisStore {
     /// first use, so a service may start before its Redis.
     pub fn new(url: &str, options: RedisOptions) -> Result<Self, String> {
         let client = redis::Client::open(url).map_err(|e| format!("invalid Redis URL {url:?}: {e}"))?;
-        let script = |body: &str| Script::new(&format!("{COMMON}\n{body}"));
         Ok(Self {
             client,
             options,
             connection: std::sync::RwLock::new(None),
             connecting: Mutex::new(()),
             last_failure: std::sync::Mutex::new(None),
-            check: script(include_str!("check.lua")),
-            lease: script(include_str!("lease.lua")),
-            give_back: script(include_str!("return.lua")),
+            cas: Script::new(include_str!("cas.lua")),
+            seed: RandomState::new().hash_one(Instant::now()),
+            writes: AtomicU64::new(0),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            hasher: RandomState::new(),
         })
     }
 
-    fn now_arg(&self) -> String {
-        self.options.clock.as_ref().map(|c| c.now_us().to_string()).unwrap_or_default()
+    fn stripe_of(&self, key: &str) -> usize {
+        // The modulo keeps the index below STRIPES whatever the hash.
+        (self.hasher.hash_one(key) % STRIPES as u64) as usize
     }
 
     fn current(&self) -> Option<ConnectionManager> {
@@ -153,7 +154,7 @@ impl RedisStore {
                 *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 Ok(conn)
             }
-            Ok(Err(e)) => Err(self.failed_to_connect(match store_error(&e) {
+            Ok(Err(e)) => Err(self.failed_to_connect(match unavailable(e) {
                 StoreError::Unavailable(why) => StoreError::Unavailable(format!("cannot connect to Redis: {why}")),
                 other => other,
             })),
@@ -166,103 +167,120 @@ impl RedisStore {
         error
     }
 
-    /// Runs a script; a call that found its connection dropped (a Redis
-    /// restarted while this instance was idle: the first write fails with a
-    /// broken pipe) is sent once more, on the connection the manager re-makes
-    /// at that error, within the same timeout. A script that ran but whose
-    /// reply was lost is then counted twice: over-counting is the safe side
-    /// for a limiter.
-    async fn run(&self, invocation: redis::ScriptInvocation<'_>) -> Result<Vec<i64>, StoreError> {
-        let call = async {
-            let mut conn = self.connection().await?;
-            match invocation.invoke_async::<Vec<i64>>(&mut conn).await {
-                Err(e) if e.is_connection_dropped() => {
-                    invocation.invoke_async::<Vec<i64>>(&mut conn).await.map_err(|e| store_error(&e))
+    /// See [`super::Store`]: reads, decides, writes if nothing changed, and
+    /// starts over when something did.
+    pub async fn transact<A>(
+        &self,
+        keys: &[String],
+        mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
+    ) -> Result<A, StoreError> {
+        let attempts = async {
+            // Transactions of this process on the same keys take turns, so
+            // races are lost only to other service instances.
+            let mut stripes: Vec<usize> = keys.iter().map(|k| self.stripe_of(k)).collect();
+            stripes.sort_unstable();
+            stripes.dedup();
+            let mut turns = Vec::with_capacity(stripes.len());
+            for stripe in stripes {
+                if let Some(lock) = self.stripes.get(stripe) {
+                    turns.push(lock.lock().await);
                 }
-                result => result.map_err(|e| store_error(&e)),
+            }
+            let mut conn = self.connection().await?;
+            for attempt in 0..ATTEMPTS {
+                let (now, values, versions) = self.read(&mut conn, keys).await?;
+                let (answer, writes) = decide(&values, now);
+                if writes.iter().all(Option::is_none) || self.write(&mut conn, keys, &versions, &writes, now).await? {
+                    return Ok(answer);
+                }
+                // Lost to another instance: back off a random while, longer
+                // after each loss, so that the racers spread out.
+                let most = 100u64 << attempt.min(6);
+                let wait = RandomState::new().hash_one(attempt) % most;
+                tokio::time::sleep(Duration::from_micros(wait)).await;
+            }
+            Err(StoreError::Contended)
+        };
+        tokio::time::timeout(self.options.timeout, attempts).await.map_err(|_| StoreError::Timeout)?
+    }
+
+    /// One atomic round trip: the clock (Redis's `TIME` unless a local clock
+    /// was given) and each key's value and version.
+    async fn read(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &[String],
+    ) -> Result<(Nanos, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>), StoreError> {
+        let local = self.options.clock.as_ref().map(|c| nanos(c.now_us()));
+        let mut pipe = redis::pipe();
+        pipe.atomic();
+        if local.is_none() {
+            pipe.cmd("TIME");
+        }
+        for key in keys {
+            pipe.cmd("HMGET").arg(key).arg("v").arg("n");
+        }
+        // A connection dropped while this instance was idle (a Redis
+        // restart) fails the first command with a broken pipe: it is sent
+        // once more, on the connection the manager re-makes at that error.
+        // The read changes nothing, so sending it twice is harmless.
+        let replies: Vec<Value> = match pipe.query_async(conn).await {
+            Err(e) if e.is_connection_dropped() => pipe.query_async(conn).await,
+            result => result,
+        }
+        .map_err(unavailable)?;
+        let (now, rest) = match local {
+            Some(now) => (now, replies.as_slice()),
+            None => {
+                let (time, rest) = replies.split_first().ok_or_else(|| bad_reply("TIME"))?;
+                let (secs, micros): (u64, u64) = redis::from_redis_value(time).map_err(unavailable)?;
+                (secs.saturating_mul(1_000_000_000).saturating_add(micros.saturating_mul(1_000)), rest)
             }
         };
-        tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?
+        if rest.len() != keys.len() {
+            return Err(bad_reply("HMGET"));
+        }
+        let mut values = Vec::with_capacity(keys.len());
+        let mut versions = Vec::with_capacity(keys.len());
+        for reply in rest {
+            let (value, version): (Option<Vec<u8>>, Option<Vec<u8>>) =
+                redis::from_redis_value(reply).map_err(unavailable)?;
+            // A value without a version is not ours (an older layout): absent.
+            values.push(value.filter(|_| version.is_some()));
+            versions.push(version);
+        }
+        Ok((now, values, versions))
     }
 
-    /// See [`super::Store::check`].
-    pub async fn check(&self, items: &[CheckItem]) -> Result<CheckOutcome, StoreError> {
-        let mut inv = self.check.prepare_invoke();
-        inv.arg(self.now_arg());
-        for item in items {
-            inv.key(&item.key);
-            for a in limit_args(&item.limit) {
-                inv.arg(a);
-            }
-            inv.arg(item.cost).arg(u8::from(item.shadow));
-        }
-        let reply = self.run(inv).await?;
-        let (head, rest) = reply.split_at_checked(2).ok_or_else(|| bad_reply("check"))?;
-        if rest.len() != items.len() * 4 {
-            return Err(bad_reply("check"));
-        }
-        let decisions = rest
-            .chunks_exact(4)
-            .map(|c| {
-                let (remaining, reset) = (micros(c[1]), Nanos(micros(c[2])));
-                if c[0] == 1 {
-                    Decision::admit(remaining, reset)
-                } else {
-                    Decision::deny(remaining, reset, Nanos(retry(c[3])))
+    /// Writes `writes` if no key's version changed since `versions` were
+    /// read; false when one did.
+    async fn write(
+        &self,
+        conn: &mut ConnectionManager,
+        keys: &[String],
+        versions: &[Option<Vec<u8>>],
+        writes: &Writes,
+        now: Nanos,
+    ) -> Result<bool, StoreError> {
+        let mut invocation = self.cas.prepare_invoke();
+        for ((key, version), write) in keys.iter().zip(versions).zip(writes) {
+            invocation.key(key).arg(version.as_deref().unwrap_or_default());
+            match write {
+                Some(next) => {
+                    let n = self.writes.fetch_add(1, Ordering::Relaxed);
+                    let ttl_ms = next.idle_at.saturating_sub(now).div_ceil(1_000_000).saturating_add(TTL_SLACK_MS);
+                    invocation.arg(format!("{:x}-{n:x}", self.seed)).arg(next.bytes.as_slice()).arg(ttl_ms);
                 }
-            })
-            .collect();
-        Ok(CheckOutcome { committed: head[1] == 1, decisions })
-    }
-
-    /// See [`super::Store::lease`].
-    pub async fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
-        let mut inv = self.lease.prepare_invoke();
-        inv.arg(self.now_arg()).arg(ttl);
-        for item in items {
-            inv.key(&item.key);
-            for a in limit_args(&item.limit) {
-                inv.arg(a);
+                None => {
+                    invocation.arg("").arg("").arg(0);
+                }
             }
-            inv.arg(item.want);
         }
-        let reply = self.run(inv).await?;
-        let rest = reply.get(1..).ok_or_else(|| bad_reply("lease"))?;
-        if rest.len() != items.len() * 5 {
-            return Err(bad_reply("lease"));
-        }
-        Ok(rest
-            .chunks_exact(5)
-            .map(|c| Grant {
-                granted: micros(c[0]),
-                remaining: micros(c[1]),
-                reset: micros(c[2]),
-                window: micros(c[3]),
-                valid: micros(c[4]),
-            })
-            .collect())
+        let written: i64 = invocation.invoke_async(conn).await.map_err(unavailable)?;
+        Ok(written == 1)
     }
 
-    /// See [`super::Store::give_back`].
-    pub async fn give_back(&self, items: &[ReturnItem]) -> Result<Vec<u64>, StoreError> {
-        let mut inv = self.give_back.prepare_invoke();
-        inv.arg(self.now_arg());
-        for item in items {
-            inv.key(&item.key);
-            for a in limit_args(&item.limit) {
-                inv.arg(a);
-            }
-            inv.arg(item.tokens).arg(item.window);
-        }
-        let reply = self.run(inv).await?;
-        let rest = reply.get(1..).ok_or_else(|| bad_reply("return"))?;
-        if rest.len() != items.len() {
-            return Err(bad_reply("return"));
-        }
-        Ok(rest.iter().map(|v| micros(*v)).collect())
-    }
-
-    /// Sends `PING`.
+    /// Sends `PING` (once more after a dropped connection, as [`Self::read`]).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let call = async {
             let mut conn = self.connection().await?;
@@ -271,7 +289,7 @@ impl RedisStore {
                 Err(e) if e.is_connection_dropped() => ping.query_async::<String>(&mut conn).await,
                 result => result,
             }
-            .map_err(|e| store_error(&e))
+            .map_err(unavailable)
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?.map(|_| ())
     }

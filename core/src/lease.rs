@@ -1,0 +1,178 @@
+//! How big a lease is: the one implementation of lease sizing, used by the
+//! quota service for both of its stores. Pure functions of plain integers;
+//! times are nanoseconds (`u64`), like the rest of the core.
+//!
+//! * [`lease_target`] (before the store is asked): what a caller should get
+//!   if quota were plentiful, from the rate it reports.
+//! * [`grant_cap`] and [`paced_until`] (inside the store's atomic step): the
+//!   most the store may hand out given what remains, so that no caller takes
+//!   more than half of it, and below the low-water mark the rest is handed
+//!   out no faster than evenly over the time left, across all callers. The
+//!   pace is kept per bucket as one instant, "paced until": how far the even
+//!   schedule of what remains has been handed out.
+
+/// Nanoseconds in a second.
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// Below `remaining * LOW_WATER_DIVISOR < capacity` (10 % left) grants are
+/// paced over the time left, not just halved.
+pub const LOW_WATER_DIVISOR: u64 = 10;
+
+/// Tokens a lease aims for: enough for the caller's observed `rate` (tokens
+/// per second) over one lease lifetime `ttl_ns`, at least 1 and at most what
+/// it asked for (`wanted`) and the rule's `capacity`. A caller that reports
+/// no rate starts with 1 % of the capacity.
+pub fn lease_target(wanted: u64, rate: Option<f64>, ttl_ns: u64, capacity: u64) -> u64 {
+    let ceiling = wanted.min(capacity);
+    if ceiling == 0 {
+        return 0;
+    }
+    let aim = match rate {
+        Some(rate) if rate.is_finite() && rate > 0.0 => {
+            // f64 -> u64 `as` saturates, so an absurd rate is just "a lot".
+            (rate * ttl_ns as f64 / SECOND_NS as f64).ceil() as u64
+        }
+        _ => capacity / 100,
+    };
+    aim.clamp(1, ceiling)
+}
+
+fn low_water(remaining: u64, capacity: u64) -> bool {
+    remaining.saturating_mul(LOW_WATER_DIVISOR) < capacity
+}
+
+/// The most a single lease may take at `now` when `remaining` tokens are
+/// left out of `capacity`, `horizon_ns` is the time over which what remains
+/// must last (the rest of a fixed window; a token bucket's period), leases
+/// live `ttl_ns`, and the bucket's pace schedule has been handed out up to
+/// `paced_until` (see [`paced_until`]).
+///
+/// * Never more than half of what remains (rounded up, so the last token can
+///   still be leased).
+/// * Below 10 % of the capacity, what remains is spread evenly over the
+///   horizon: a lease may take the share of the schedule that keeps it at
+///   most one lease lifetime ahead of now (at least 1 once the schedule has
+///   caught up with now, 0 while it is ahead). However often and fast
+///   callers come, the tail of a window follows time.
+///
+/// Exact integer arithmetic over the whole `u64` range (products in `u128`).
+pub fn grant_cap(remaining: u64, capacity: u64, horizon_ns: u64, ttl_ns: u64, paced_until: u64, now: u64) -> u64 {
+    if remaining == 0 {
+        return 0;
+    }
+    let half = remaining.div_ceil(2);
+    if !low_water(remaining, capacity) {
+        return half;
+    }
+    let start = paced_until.max(now);
+    let room = now.saturating_add(ttl_ns).saturating_sub(start);
+    let paced = u128::from(room) * u128::from(remaining) / u128::from(horizon_ns.max(1));
+    let paced = u64::try_from(paced).unwrap_or(u64::MAX);
+    let paced = if start == now { paced.max(1) } else { paced };
+    half.min(paced)
+}
+
+/// The bucket's "paced until" after `granted` tokens were leased at `now`
+/// out of `remaining` (see [`grant_cap`] for the other arguments): below the
+/// low-water mark the schedule advances by the time those tokens stand for
+/// at the even pace (`granted × horizon / remaining`, rounded up); above it
+/// nothing is paced and it stays as it was.
+pub fn paced_until(granted: u64, remaining: u64, capacity: u64, horizon_ns: u64, paced_until: u64, now: u64) -> u64 {
+    if granted == 0 || remaining == 0 || !low_water(remaining, capacity) {
+        return paced_until;
+    }
+    let span = (u128::from(granted) * u128::from(horizon_ns)).div_ceil(u128::from(remaining));
+    paced_until.max(now).saturating_add(u64::try_from(span).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = SECOND_NS;
+
+    #[test]
+    fn target_follows_the_observed_rate() {
+        // 200 tokens/s over a 1 s lease: 200.
+        assert_eq!(lease_target(1_000, Some(200.0), S, 10_000), 200);
+        // A faster caller gets more.
+        assert!(lease_target(1_000, Some(800.0), S, 10_000) > 200);
+        // Never above what was asked for, nor the capacity.
+        assert_eq!(lease_target(50, Some(800.0), S, 10_000), 50);
+        assert_eq!(lease_target(1_000, Some(800.0), S, 30), 30);
+        // A slow caller still gets one.
+        assert_eq!(lease_target(1_000, Some(0.01), S, 10_000), 1);
+    }
+
+    #[test]
+    fn target_without_a_rate_is_one_percent() {
+        assert_eq!(lease_target(1_000, None, S, 10_000), 100);
+        assert_eq!(lease_target(1_000, Some(f64::NAN), S, 10_000), 100);
+        assert_eq!(lease_target(1_000, None, S, 10), 1);
+        assert_eq!(lease_target(0, None, S, 10), 0);
+    }
+
+    #[test]
+    fn cap_is_half_of_what_remains_while_plenty_is_left() {
+        assert_eq!(grant_cap(1_000, 1_000, 60 * S, S, 0, T), 500);
+        assert_eq!(grant_cap(100, 1_000, 60 * S, S, 0, T), 50);
+        assert_eq!(grant_cap(0, 1_000, 60 * S, S, 0, T), 0);
+        // Above the low-water mark nothing is paced.
+        assert_eq!(paced_until(50, 100, 1_000, 60 * S, 7, T), 7);
+    }
+
+    const T: u64 = 1_700_000_000 * S;
+
+    #[test]
+    fn below_low_water_grants_follow_the_even_pace() {
+        // 90 of 1000 left with 30 s to go and 1 s leases: 3 per lease lifetime.
+        assert_eq!(grant_cap(90, 1_000, 30 * S, S, 0, T), 3);
+        let after = paced_until(3, 90, 1_000, 30 * S, 0, T);
+        assert_eq!(after, T + S);
+        // The schedule is a lease lifetime ahead: nothing more right now,
+        // however often a caller asks.
+        assert_eq!(grant_cap(87, 1_000, 30 * S, S, after, T), 0);
+        // Time passes: the pace hands out more.
+        assert_eq!(grant_cap(87, 1_000, 29 * S, S, after, T + S), 3);
+        // The last token is leasable once the schedule has caught up.
+        assert_eq!(grant_cap(1, 1_000, 30 * S, S, T, T), 1);
+        assert_eq!(grant_cap(1, 1_000, 30 * S, S, T + 1, T), 0);
+        // With 1 s to go, pacing allows all of it, halving still applies.
+        assert_eq!(grant_cap(90, 1_000, S, S, 0, T), 45);
+    }
+
+    #[test]
+    fn a_fast_caller_drains_the_tail_only_as_time_passes() {
+        let (capacity, window_end, ttl) = (1_000u64, T + 41 * S, S);
+        let mut remaining = 95u64;
+        let mut paced = 0;
+        let mut now = T;
+        let mut taken_by = Vec::new();
+        while now < window_end {
+            // A hundred calls at every millisecond-ish instant.
+            for _ in 0..100 {
+                let cap = grant_cap(remaining, capacity, window_end - now, ttl, paced, now);
+                paced = paced_until(cap, remaining, capacity, window_end - now, paced, now);
+                remaining -= cap;
+            }
+            taken_by.push((now - T, 95 - remaining));
+            now += S / 4;
+        }
+        for (elapsed, taken) in &taken_by {
+            // Never ahead of the even pace by more than one lease lifetime.
+            let allowed = (u128::from(*elapsed + ttl) * 95).div_ceil(u128::from(41 * S)) as u64 + 1;
+            assert!(*taken <= allowed, "{taken} taken after {elapsed} ns; the pace allows {allowed}");
+        }
+        assert!(remaining <= 3, "the tail was handed out over the window: {remaining} left");
+    }
+
+    #[test]
+    fn cap_is_exact_at_the_edges_of_the_range() {
+        // 10^9 per year, a year to go, 60 s leases: no overflow, exact.
+        let year = 365 * 24 * 3_600 * S;
+        assert_eq!(grant_cap(99_999_999, 1_000_000_000, year, 60 * S, 0, T), 190);
+        assert_eq!(grant_cap(u64::MAX, u64::MAX, u64::MAX, u64::MAX, 0, T), u64::MAX.div_ceil(2));
+        assert_eq!(grant_cap(1, u64::MAX, 0, u64::MAX, 0, T), 1);
+        assert_eq!(paced_until(u64::MAX, 1, u64::MAX, u64::MAX, u64::MAX, T), u64::MAX);
+    }
+}
