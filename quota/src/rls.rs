@@ -137,7 +137,7 @@ fn descriptor_hits(request_hits: u32, descriptor: &RateLimitDescriptor) -> u64 {
 /// descriptor at once with one cost, so descriptors whose `hits_addend`
 /// differ are refused rather than decided separately (which would give up
 /// all-or-nothing) or at a cost they did not ask for.
-pub fn to_check_request(request: RateLimitRequest) -> Result<CheckRequest, Status> {
+fn to_check_request(request: RateLimitRequest) -> Result<CheckRequest, Status> {
     let mut hits: Option<(usize, u64)> = None;
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (i, descriptor) in request.descriptors.into_iter().enumerate() {
@@ -216,7 +216,7 @@ fn to_status(result: &CheckStatus) -> DescriptorStatus {
 /// Maps a check's answer onto the RLS response; with `headers`, adds the
 /// `RateLimit-*` headers of the descriptor with the least remaining, as
 /// envoyproxy/ratelimit does.
-pub fn to_response(answer: &CheckResponse, headers: bool) -> RateLimitResponse {
+fn to_response(answer: &CheckResponse, headers: bool) -> RateLimitResponse {
     let statuses: Vec<DescriptorStatus> = answer.results.iter().map(to_status).collect();
     let tightest = statuses
         .iter()
