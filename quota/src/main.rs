@@ -203,14 +203,14 @@ async fn run(cli: Cli) -> Result<(), String> {
     tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
     let auth_token: Option<Arc<str>> = cli.auth_token.map(Arc::from);
 
-    // One signal stops both servers.
-    let (stop, stopped) = tokio::sync::watch::channel(false);
+    // One signal stops both servers; it carries when it came, for the deadline.
+    let (stop, stopped) = tokio::sync::watch::channel(None);
     tokio::spawn(async move {
         shutdown_signal().await;
-        let _ = stop.send(true);
+        let _ = stop.send(Some(tokio::time::Instant::now()));
     });
-    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|stop| *stop).await;
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>| async move {
+        let _ = rx.wait_for(Option::is_some).await;
     };
     let grpc = match cli.grpc.grpc_listen {
         Some(address) => {
@@ -232,11 +232,12 @@ async fn run(cli: Cli) -> Result<(), String> {
         max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
         shutdown_deadline: cli.shutdown_deadline,
     };
-    serve(listener, router(state), limits, until_stopped(stopped)).await;
+    serve(listener, router(state), limits, until_stopped(stopped.clone())).await;
     if let Some(grpc) = grpc {
         // gRPC calls in flight get the same deadline; past it the process
         // exits and their connections close.
-        match tokio::time::timeout(cli.shutdown_deadline, grpc).await {
+        let signalled = stopped.borrow().unwrap_or_else(tokio::time::Instant::now);
+        match tokio::time::timeout_at(signalled + cli.shutdown_deadline, grpc).await {
             Ok(joined) => joined.map_err(|e| format!("gRPC server failed: {e}"))??,
             Err(_) => tracing::warn!("shutdown deadline passed with gRPC calls in flight"),
         }

@@ -176,6 +176,7 @@ fn envoys_ratelimit_filter_uses_the_grpc_api() {
     assert!(exit.success(), "{exit:?}");
     let rest: Vec<String> = quota.logs.by_ref().map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l.contains("\"stopped\"")), "{rest:?}");
+    assert!(!rest.iter().any(|l| l.contains("shutdown deadline passed")), "drained, not cut off: {rest:?}");
     // ...and then Envoy's failure mode decides: open lets alice through,
     // deny answers 500.
     assert_eq!(get(&open, "/items", Some("alice")).status, 200, "{}", open.log_tail());
