@@ -9,7 +9,7 @@
 # BENCH_THREADS, BENCH_ACCURACY_SECS, BENCH_ACCURACY_CONNECTIONS,
 # BENCH_MEMORY_KEYS, BENCH_MEMORY_CONNECTIONS, BENCH_MEMORY_MAX_SECS,
 # BENCH_PARTS (throughput,accuracy,memory), BENCH_VARIANTS, BENCH_RESULTS_DIR;
-# ENVOY_BIN (else `envoy` on the PATH), WRK_BIN. See bench/README.md.
+# ENVOY_BIN (else `envoy` on the PATH), WRK_BIN, QUOTA_BIN. See bench/README.md.
 
 # The modules the harness loads are the ones built here: where cargo puts
 # them (target/, unless CARGO_TARGET_DIR says otherwise), as absolute paths.
@@ -20,6 +20,7 @@ BENCH_WASM_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))/wasm32-wasip1/rele
 BENCH_RUN := FLOODGATE_WASM=$(BENCH_WASM_DIR)/floodgate.wasm \
   NOOP_WASM=$(BENCH_WASM_DIR)/floodgate_bench_noop.wasm \
   PROBE_WASM=$(BENCH_WASM_DIR)/floodgate_bench_probe.wasm \
+  QUOTA_BIN=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/floodgate-quota \
   cargo run --quiet --release -p floodgate-bench
 
 .PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps
@@ -30,10 +31,11 @@ filter-bench-deps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 
 # The filters in the release profile the shipped module uses (Floodgate, the
-# no-op and the host-call probe of the opt-in diagnostics), and the harness.
+# no-op and the host-call probe of the opt-in diagnostics), the harness, and
+# floodgate-quota (variant r: Envoy's global filter asking it over gRPC).
 filter-bench-build: filter-bench-deps
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop -p floodgate-bench-probe
-	cargo build --release -p floodgate-bench
+	cargo build --release -p floodgate-bench -p floodgate-quota
 
 filter-bench: filter-bench-build
 	$(BENCH_RUN)

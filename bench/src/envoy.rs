@@ -22,6 +22,8 @@ pub struct Paths {
     pub noop_wasm: PathBuf,
     /// The host-call probe wasm module.
     pub probe_wasm: PathBuf,
+    /// The floodgate-quota binary (for the global-filter variant).
+    pub quota_bin: PathBuf,
     /// A scratch directory for bootstraps and logs.
     pub scratch: PathBuf,
 }
@@ -50,6 +52,21 @@ pub enum Filters {
     Floodgate(String),
     /// The host-call probe with this configuration (`<call>=<repeats>`).
     Probe(String),
+    /// No filter, but proxied to an upstream (another Envoy's
+    /// `direct_response`) on this loopback port: the ceiling of [`Filters::EnvoyGlobal`].
+    Routed {
+        /// The upstream's port.
+        upstream: u16,
+    },
+    /// Envoy's global `ratelimit` filter, one descriptor per `x-api-key`
+    /// value, asking floodgate-quota's gRPC API; proxied like [`Filters::Routed`]
+    /// because the filter only acts on routes with a route entry.
+    EnvoyGlobal {
+        /// The upstream's port.
+        upstream: u16,
+        /// floodgate-quota's `--grpc-listen` port.
+        grpc: u16,
+    },
 }
 
 impl Filters {
@@ -84,6 +101,20 @@ impl Filters {
 "#,
                 b.max_tokens, b.tokens_per_fill, b.fill_interval
             ),
+            Filters::Routed { .. } => String::new(),
+            // failure_mode_deny: an unanswered call shows as a 500 (a
+            // non-2xx in the table) rather than as a cheap pass.
+            Filters::EnvoyGlobal { .. } => r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: bench
+              timeout: 1s
+              failure_mode_deny: true
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {envoy_grpc: {cluster_name: floodgate_quota}}
+"#
+            .to_string(),
             Filters::Noop => wasm_filter("noop", &paths.noop_wasm, "{}"),
             Filters::Floodgate(config) => wasm_filter("floodgate", &paths.floodgate_wasm, config),
             Filters::Probe(config) => wasm_filter("probe", &paths.probe_wasm, config),
@@ -114,8 +145,9 @@ fn wasm_filter(name: &str, wasm: &Path, config: &str) -> String {
     )
 }
 
-/// Renders a complete bootstrap: the same listener, connection manager and
-/// `direct_response` route for every variant; only `filters` differ.
+/// Renders a complete bootstrap: the same listener and connection manager
+/// for every variant, a `direct_response` route unless the variant proxies
+/// to an upstream; only `filters` differ.
 pub fn bootstrap(filters: &Filters, paths: &Paths, port: u16, admin_port: u16) -> String {
     format!(
         r#"static_resources:
@@ -133,18 +165,77 @@ pub fn bootstrap(filters: &Filters, paths: &Paths, port: u16, admin_port: u16) -
             virtual_hosts:
             - name: all
               domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
+{routes}
           http_filters:
 {filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-admin:
+{clusters}admin:
   address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
 "#,
-        filters = filters.yaml(paths)
+        filters = filters.yaml(paths),
+        routes = routes(filters),
+        clusters = clusters(filters),
     )
+}
+
+/// The virtual host's routes: a `direct_response`, or a route to the
+/// upstream (with the per-key rate limit action for the global filter).
+fn routes(filters: &Filters) -> &'static str {
+    match filters {
+        Filters::Routed { .. } => {
+            r#"              routes:
+              - match: {prefix: "/"}
+                route: {cluster: upstream}"#
+        }
+        Filters::EnvoyGlobal { .. } => {
+            r#"              rate_limits:
+              - actions:
+                - request_headers: {header_name: x-api-key, descriptor_key: api_key}
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: upstream}"#
+        }
+        _ => {
+            r#"              routes:
+              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "upstream"}}"#
+        }
+    }
+}
+
+fn cluster(name: &str, port: u16, http2: bool) -> String {
+    let protocol = if http2 {
+        r#"    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {http2_protocol_options: {}}
+"#
+    } else {
+        ""
+    };
+    format!(
+        r#"  - name: {name}
+    type: STATIC
+    connect_timeout: 1s
+{protocol}    load_assignment:
+      cluster_name: {name}
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+"#
+    )
+}
+
+/// The clusters a variant needs, as YAML under `static_resources`.
+fn clusters(filters: &Filters) -> String {
+    match filters {
+        Filters::Routed { upstream } => format!("  clusters:\n{}", cluster("upstream", *upstream, false)),
+        Filters::EnvoyGlobal { upstream, grpc } => {
+            format!("  clusters:\n{}{}", cluster("upstream", *upstream, false), cluster("floodgate_quota", *grpc, true))
+        }
+        _ => String::new(),
+    }
 }
 
 /// A loopback port that was free a moment ago and that this process has not
@@ -322,10 +413,67 @@ impl Drop for Envoy {
     }
 }
 
-/// The Envoys this process started and has not stopped yet.
+/// floodgate-quota with the memory store and its gRPC API on, for the
+/// global-filter variant; killed on drop.
+pub struct QuotaService {
+    child: Child,
+    /// The `--grpc-listen` port.
+    pub grpc_port: u16,
+}
+
+impl QuotaService {
+    /// Starts the service with one never-limiting rule per `api_key` value
+    /// (domain `bench`) and waits until its gRPC port accepts connections.
+    pub fn start(paths: &Paths) -> QuotaService {
+        assert!(
+            paths.quota_bin.exists(),
+            "{} is missing: build it (make -f bench/bench.mk filter-bench builds it)",
+            paths.quota_bin.display()
+        );
+        let limits = paths.scratch.join("quota-limits.yaml");
+        fs::write(
+            &limits,
+            "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+        )
+        .unwrap();
+        let (http_port, grpc_port) = (free_port(), free_port());
+        let child = Command::new(&paths.quota_bin)
+            .arg("--config")
+            .arg(&limits)
+            .args(["--listen", &format!("127.0.0.1:{http_port}"), "--grpc-listen", &format!("127.0.0.1:{grpc_port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(fs::File::create(paths.scratch.join("quota.log")).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.quota_bin.display()));
+        RUNNING.lock().unwrap().push(child.id());
+        let mut quota = QuotaService { child, grpc_port };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
+            if let Ok(Some(status)) = quota.child.try_wait() {
+                let log = fs::read_to_string(paths.scratch.join("quota.log")).unwrap_or_default();
+                panic!("floodgate-quota exited with {status}:\n{log}");
+            }
+            assert!(Instant::now() < deadline, "floodgate-quota did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        quota
+    }
+}
+
+impl Drop for QuotaService {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let id = self.child.id();
+        RUNNING.lock().unwrap_or_else(|e| e.into_inner()).retain(|&pid| pid != id);
+    }
+}
+
+/// The processes (Envoys, floodgate-quota) this process started and has not stopped yet.
 static RUNNING: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
-/// Makes a panic stop the Envoys this process started. The workspace's
+/// Makes a panic stop the processes this process started. The workspace's
 /// release profile aborts on panic, so `Drop` never runs then; without this
 /// a failed run would leave its Envoys serving.
 pub fn stop_envoys_on_panic() {

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use envoy::{Envoy, EnvoyBucket, Filters, Paths};
+use envoy::{Envoy, EnvoyBucket, Filters, Paths, QuotaService};
 use load::{closed_loop, wrk, LoadResult, WrkResult, WrkSettings};
 use serde_json::{json, Value};
 
@@ -72,7 +72,7 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 impl Settings {
-    /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `WRK_BIN`,
+    /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `QUOTA_BIN`, `WRK_BIN`,
     /// `BENCH_ROUNDS` (5), `BENCH_DURATION` (5 s), `BENCH_WARMUP` (2 s),
     /// `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2), `BENCH_ACCURACY_SECS`
     /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
@@ -100,6 +100,7 @@ impl Settings {
                 floodgate_wasm: path("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm"),
                 noop_wasm: path("NOOP_WASM", "target/wasm32-wasip1/release/floodgate_bench_noop.wasm"),
                 probe_wasm: path("PROBE_WASM", "target/wasm32-wasip1/release/floodgate_bench_probe.wasm"),
+                quota_bin: path("QUOTA_BIN", "target/release/floodgate-quota"),
                 scratch,
             },
             wrk: WrkSettings {
@@ -168,13 +169,22 @@ fn never_limiting_rule(name: &str, descriptors: &str) -> String {
 /// Calls per request of each host-call probe variant.
 const PROBE_REPEATS: u32 = 10;
 
-/// The variants issue 4 asks for.
-const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f";
+/// The variants issue 4 asks for, and Envoy's global filter against the
+/// quota service with its ceiling (issue 10).
+const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f,u,r";
+
+/// Where the proxied variants send requests (an upstream Envoy) and
+/// floodgate-quota's gRPC port; both 0 when no such variant runs.
+#[derive(Clone, Copy, Debug, Default)]
+struct Global {
+    upstream: u16,
+    grpc: u16,
+}
 
 /// Every throughput variant, in the order they run each round: the issue's
 /// (a)–(f), then diagnostic ones that split Floodgate's cost (opt-in with
 /// `BENCH_VARIANTS`).
-fn variants() -> Vec<(&'static str, &'static str, Filters)> {
+fn variants(global: Global) -> Vec<(&'static str, &'static str, Filters)> {
     let per_key = never_limiting_rule("per-api-key", PER_KEY);
     let probe = |call: &str| Filters::Probe(format!("{call}={PROBE_REPEATS}"));
     vec![
@@ -210,6 +220,15 @@ fn variants() -> Vec<(&'static str, &'static str, Filters)> {
                 never_limiting_rule("per-key-and-path", PER_KEY_AND_PATH),
                 never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#),
             )),
+        ),
+        // Envoy's own global rate limit filter, a gRPC call to
+        // floodgate-quota (memory store) per request, and its ceiling: both
+        // proxy to an upstream Envoy, as the filter needs a route entry.
+        ("u", "no filter, proxied to an upstream Envoy", Filters::Routed { upstream: global.upstream }),
+        (
+            "r",
+            "Envoy global ratelimit → floodgate-quota gRPC, per key, never limits",
+            Filters::EnvoyGlobal { upstream: global.upstream, grpc: global.grpc },
         ),
         // Diagnostics. (g): the filter runs but no rule applies — no header
         // read, no hashing, no shared data, one counter: the fixed cost.
@@ -284,7 +303,14 @@ struct VariantResult {
 
 fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     load::check_script(&s.wrk.script);
-    let mut variants = variants();
+    // The upstream Envoy and the quota service run only for the variants
+    // that need them, and live until the end of the throughput part.
+    let proxied = s.variants.iter().any(|v| v == "u" || v == "r");
+    let upstream = proxied.then(|| Envoy::start("tp-upstream", &Filters::None, &s.paths));
+    let quota = s.variants.iter().any(|v| v == "r").then(|| QuotaService::start(&s.paths));
+    let global =
+        Global { upstream: upstream.as_ref().map_or(0, |e| e.port), grpc: quota.as_ref().map_or(0, |q| q.grpc_port) };
+    let mut variants = variants(global);
     variants.retain(|(id, _, _)| s.variants.iter().any(|v| v == id));
     assert!(!variants.is_empty(), "BENCH_VARIANTS selects no variant");
     eprintln!("throughput: starting {} Envoys", variants.len());
@@ -387,6 +413,20 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
         ratio(rps_of("d"), rps_of("c")),
         ratio(rps_of("d"), rps_b),
     );
+    if let Some(at) = variants.iter().position(|(id, _, _)| *id == "r") {
+        // The filter acts only when it calls the service: count the answers.
+        let calls = envoys[at].stats().get("cluster.upstream.ratelimit.ok").copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "\n(r)/(u) = {}: Envoy's global ratelimit filter with one gRPC call to floodgate-quota per request, \
+             against the same proxying without it ((u) is (r)'s ceiling; the quota service shares the two cores). \
+             (r) got {calls} OK answers from the service.",
+            ratio(rps_of("r"), rps_of("u")),
+        );
+        if calls == 0 {
+            let _ = writeln!(out, "\n**Warning:** (r) never got an answer from the quota service.");
+        }
+    }
     if let Some(share) = limited_share("e") {
         let _ = writeln!(out, "\nIn (e), {share:.1}% of requests were limited (the 429 path).");
     }

@@ -68,7 +68,7 @@ fn error(status: StatusCode, message: String) -> Response {
 
 /// Compares without an early exit, so response times do not reveal how much
 /// of a guessed token was right.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -77,7 +77,7 @@ type Refusal = (StatusCode, String);
 
 /// The token of a `Bearer` credential. The scheme is case-insensitive
 /// (RFC 9110 section 11.1), so `bearer x` and `BEARER x` are the same credential.
-fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+pub(crate) fn bearer_token(value: &[u8]) -> Option<&[u8]> {
     let (scheme, token) = value.split_at_checked(b"Bearer ".len())?;
     scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
 }

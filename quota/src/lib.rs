@@ -1,6 +1,7 @@
 //! Floodgate's central quota service: fleet-wide limits shared by many
 //! Envoys, decided one request at a time (`/v1/check`) or leased in batches
-//! (`/v1/lease`, `/v1/return`). See `docs/protocol.md` for the wire format
+//! (`/v1/lease`, `/v1/return`), and Envoy's own rate limit service API over
+//! gRPC ([`rls`]). See `docs/protocol.md` for the wire format
 //! and `quota/README.md` for running it.
 
 pub mod clock;
@@ -10,6 +11,7 @@ pub mod metrics;
 /// The wire types, shared with the filter: the `floodgate-protocol` crate.
 pub use floodgate_protocol as protocol;
 pub mod reload;
+pub mod rls;
 pub mod server;
 pub mod service;
 pub mod store;

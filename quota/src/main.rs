@@ -13,6 +13,7 @@ use floodgate_quota::config::Config;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::reload::spawn_reloader;
+use floodgate_quota::rls::{GrpcArgs, RlsOptions};
 use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
 use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
@@ -81,6 +82,9 @@ struct Cli {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+
+    #[command(flatten)]
+    grpc: GrpcArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -197,14 +201,47 @@ async fn run(cli: Cli) -> Result<(), String> {
         tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
-    let state = AppState { service, auth_token: cli.auth_token.map(Arc::from) };
+    let auth_token: Option<Arc<str>> = cli.auth_token.map(Arc::from);
+
+    // One signal stops both servers; it carries when it came, for the deadline.
+    let (stop, stopped) = tokio::sync::watch::channel(None);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(Some(tokio::time::Instant::now()));
+    });
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>| async move {
+        let _ = rx.wait_for(Option::is_some).await;
+    };
+    let grpc = match cli.grpc.grpc_listen {
+        Some(address) => {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen on {address} (--grpc-listen): {e}"))?;
+            tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC rate limit service listening");
+            let options =
+                RlsOptions { response_headers: cli.grpc.grpc_response_headers, auth_token: auth_token.clone() };
+            let shutdown = until_stopped(stopped.clone());
+            Some(tokio::spawn(floodgate_quota::rls::serve(listener, service.clone(), options, shutdown)))
+        }
+        None => None,
+    };
+    let state = AppState { service, auth_token };
     let limits = Limits {
         header_read_timeout: cli.header_read_timeout,
         body_read_timeout: cli.body_read_timeout,
         max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
         shutdown_deadline: cli.shutdown_deadline,
     };
-    serve(listener, router(state), limits, shutdown_signal()).await;
+    serve(listener, router(state), limits, until_stopped(stopped.clone())).await;
+    if let Some(grpc) = grpc {
+        // gRPC calls in flight get the same deadline; past it the process
+        // exits and their connections close.
+        let signalled = stopped.borrow().unwrap_or_else(tokio::time::Instant::now);
+        match tokio::time::timeout_at(signalled + cli.shutdown_deadline, grpc).await {
+            Ok(joined) => joined.map_err(|e| format!("gRPC server failed: {e}"))??,
+            Err(_) => tracing::warn!("shutdown deadline passed with gRPC calls in flight"),
+        }
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -242,6 +242,13 @@ impl Envoy {
         Self::spawn(dir, port, admin_port, bootstrap)
     }
 
+    /// Starts Envoy with a bootstrap of the caller's, rendered for the
+    /// listener and admin ports it is given, and waits until it is ready.
+    pub fn start_bootstrap(render: impl FnOnce(u16, u16) -> String) -> Envoy {
+        let (port, admin_port) = (free_port(), free_port());
+        Self::spawn(scratch_dir(), port, admin_port, render(port, admin_port))
+    }
+
     fn spawn(dir: PathBuf, port: u16, admin_port: u16, bootstrap: String) -> Envoy {
         let config = dir.join("envoy.yaml");
         fs::write(&config, bootstrap).unwrap();
