@@ -22,7 +22,7 @@
 
 use std::cell::Cell;
 
-use crate::algorithm::{Admission, Algorithm, Decision, Grant, Release};
+use crate::algorithm::{Admission, Algorithm, Decision, Grant, Quota, Release};
 use crate::config::{Config, Cost, FailureMode, Response, Rule};
 use crate::descriptor::{fingerprint, protocol_descriptor, Request};
 use crate::global::fallback::{Backoff, ModeState};
@@ -127,6 +127,9 @@ pub struct Report {
     pub rule: usize,
     /// Its decision.
     pub decision: Decision,
+    /// The limit as the quota service last stated it, for a global rule
+    /// (a local rule's is in its configuration).
+    pub quota: Option<Quota>,
 }
 
 /// The verdict on one request.
@@ -208,11 +211,12 @@ pub struct CheckItem {
 
 /// The quota service's answer about one check item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CheckAnswer {
-    /// Admitted (or over the limit in shadow mode), with the numbers to report.
-    Allowed(Decision),
-    /// Over the limit.
-    Denied(Decision),
+pub struct CheckAnswer {
+    /// Admitted (or over the limit in shadow mode) or denied, with the
+    /// numbers to report.
+    pub decision: Decision,
+    /// The limit the service applied, if it said.
+    pub quota: Option<Quota>,
 }
 
 /// Which of a rule's tables units came from.
@@ -401,8 +405,13 @@ impl<H> Limiter<H> {
 
     /// Writes the rate-limit headers `verdict` calls for into `out`.
     pub fn render_headers(&self, verdict: &Verdict, out: &mut HeaderBlock) {
-        let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report.decision)));
-        crate::headers::render(&self.response, verdict.allowed(), rule.map(|(r, d)| (&r.headers, d)), out);
+        let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report)));
+        crate::headers::render(
+            &self.response,
+            verdict.allowed(),
+            rule.map(|(r, report)| (&r.headers, report.decision, report.quota)),
+            out,
+        );
     }
 
     /// Decides on `request` at `now`. An admitted request's permit holds what
@@ -421,8 +430,8 @@ impl<H> Limiter<H> {
     }
 
     /// [`Limiter::check`] for a request that waited for a refresh as long as
-    /// it may (`waited_out`): an empty pool then follows the rule's fall-back
-    /// instead of pending again.
+    /// it may (`waited_out`): an empty pool then denies it (or, while the
+    /// service fails, follows the rule's fall-back) instead of pending again.
     pub fn check_waited(
         &self,
         store: &dyn Store,
@@ -446,6 +455,7 @@ impl<H> Limiter<H> {
             let cost = request_cost(rule, request);
             let group = rule.table.group_of(fp);
             let shadow = rule.shadow_mode || self.shadow_mode;
+            let mut pool_quota = None;
             let step = match &rule.global {
                 None => Step::Decided(
                     self.decide_on(store, compiled, Bucket::Main, &rule.table, group, fp, now, cost, counters),
@@ -461,10 +471,28 @@ impl<H> Limiter<H> {
                     Step::Skip
                 }
                 Some(global) => {
-                    match self.spend_pool(store, compiled, index, group, fp, now, cost, request, &mut verdict, counters)
-                    {
-                        Step::Pending if waited_out => {
+                    match self.spend_pool(
+                        store,
+                        compiled,
+                        index,
+                        group,
+                        fp,
+                        now,
+                        cost,
+                        request,
+                        &mut verdict,
+                        &mut pool_quota,
+                        counters,
+                    ) {
+                        // Waited as long as it may and still no tokens: while
+                        // the service answers, that is a denial (its grants are
+                        // what the fleet may admit); only a failing service
+                        // brings the fall-back in.
+                        Step::Pending if waited_out && compiled.in_fallback() => {
                             self.fall_back(store, compiled, &global.fallback, fp, now, cost, counters)
+                        }
+                        Step::Pending if waited_out => {
+                            Step::Decided(Some(Decision::deny(0, Nanos::ZERO, self.refill_retry())), Bucket::Main)
                         }
                         step => step,
                     }
@@ -498,7 +526,8 @@ impl<H> Limiter<H> {
                             verdict.admission = Admission::Delayed(decision.delay());
                         }
                     }
-                    verdict.report = Some(more_restrictive(verdict.report, Report { rule: index, decision }));
+                    verdict.report =
+                        Some(more_restrictive(verdict.report, Report { rule: index, decision, quota: pool_quota }));
                 }
                 Some(_) if shadow => {
                     verdict.shadow_limited = verdict.shadow_limited.or(Some(index));
@@ -509,7 +538,7 @@ impl<H> Limiter<H> {
                     counters.rule(compiled, RuleEvent::Limited);
                     self.count_shadowed(&shadowed, counters);
                     verdict.admission = Admission::Denied { retry_after: decision.retry_after() };
-                    verdict.report = Some(Report { rule: index, decision });
+                    verdict.report = Some(Report { rule: index, decision, quota: pool_quota });
                     verdict.checks.clear();
                     return (verdict, Permit::default());
                 }
@@ -555,9 +584,10 @@ impl<H> Limiter<H> {
         for (at, item) in checks.iter().enumerate() {
             let Some(compiled) = self.rules.get(item.rule) else { continue };
             let shadow = compiled.rule.shadow_mode || self.shadow_mode;
-            let step = match (answers.and_then(|a| a.get(at)), &compiled.rule.global) {
-                (Some(CheckAnswer::Allowed(decision)), _) => Step::Decided(Some(*decision), Bucket::Main),
-                (Some(CheckAnswer::Denied(decision)), _) => Step::Decided(Some(*decision), Bucket::Main),
+            let answer = answers.and_then(|a| a.get(at));
+            let quota = answer.and_then(|a| a.quota);
+            let step = match (answer, &compiled.rule.global) {
+                (Some(answer), _) => Step::Decided(Some(answer.decision), Bucket::Main),
                 (None, Some(global)) => {
                     self.fall_back(store, compiled, &global.fallback, item.fingerprint, now, item.hits, counters)
                 }
@@ -571,7 +601,8 @@ impl<H> Limiter<H> {
                         permit.held.push(Held { rule: item.rule, bucket, group, fingerprint: item.fingerprint, grant });
                     }
                     counters.rule(compiled, RuleEvent::Allowed);
-                    verdict.report = Some(more_restrictive(verdict.report, Report { rule: item.rule, decision }));
+                    verdict.report =
+                        Some(more_restrictive(verdict.report, Report { rule: item.rule, decision, quota }));
                 }
                 Step::Decided(Some(_), _) if shadow => {
                     counters.rule(compiled, RuleEvent::ShadowLimited);
@@ -581,7 +612,7 @@ impl<H> Limiter<H> {
                     self.release(store, now, permit, Release::Undo, counters);
                     counters.rule(compiled, RuleEvent::Limited);
                     verdict.admission = Admission::Denied { retry_after: decision.retry_after() };
-                    verdict.report = Some(Report { rule: item.rule, decision });
+                    verdict.report = Some(Report { rule: item.rule, decision, quota });
                     return (verdict, Permit::default());
                 }
                 Step::Decided(None, _) => {
@@ -731,6 +762,12 @@ impl<H> Limiter<H> {
         }
     }
 
+    /// What a request that waited out an empty pool is told: try again once
+    /// a refresh could have answered.
+    fn refill_retry(&self) -> Nanos {
+        self.service.as_ref().map_or(SECOND, |s| s.timeout.max(Nanos::from_millis(1)))
+    }
+
     /// The global rule at `rule` and its pools' arithmetic.
     fn pool_of(&self, rule: usize) -> Option<(&CompiledRule<H>, LeasePool)> {
         let compiled = self.rules.get(rule).filter(|c| c.rule.global.is_some())?;
@@ -750,6 +787,7 @@ impl<H> Limiter<H> {
         cost: u64,
         request: &mut dyn Request,
         verdict: &mut Verdict,
+        quota: &mut Option<Quota>,
         counters: &mut dyn Counters<H>,
     ) -> Step {
         let Some((_, pool)) = self.pool_of(index) else { return Step::Decided(None, Bucket::Main) };
@@ -761,17 +799,21 @@ impl<H> Limiter<H> {
                     let (spend, claim, after) = pool.spend(state, now, cost);
                     let changed = after != state;
                     pool.encode(&after, slot);
-                    ((spend, claim), changed)
+                    let quota = (after.limit > 0).then_some(Quota { limit: after.limit, window: Some(after.window) });
+                    ((spend, claim, quota), changed)
                 })
             })
         });
-        let Some((spend, claim)) = self.slot_of(compiled, result, counters) else { return Step::Decided(None, Bucket::Main) };
+        let Some((spend, claim, stated)) = self.slot_of(compiled, result, counters) else {
+            return Step::Decided(None, Bucket::Main);
+        };
         if let Some(claim) = claim {
             if let Some(descriptor) = protocol_descriptor(&compiled.rule.descriptors, request) {
                 let lease = self.lease_id(&compiled.rule.name, fp, claim.started);
                 verdict.refreshes.push(Refresh { rule: index, group, fingerprint: fp, claim, lease, descriptor });
             }
         }
+        *quota = stated;
         match spend {
             Spend::Taken(decision) | Spend::Denied(decision) => Step::Decided(Some(decision), Bucket::Main),
             Spend::Empty => Step::Pending,
@@ -1418,13 +1460,18 @@ mod tests {
     }
 
     #[test]
-    fn a_request_that_waited_out_its_refresh_follows_the_fallback() {
+    fn a_request_that_waited_out_its_refresh_is_denied_unless_the_service_fails() {
         let store = MemoryStore::default();
         let limiter = build(GLOBAL, &store);
         let mut tally = Tally::default();
-        let (verdict, _) =
-            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), true, &mut tally);
-        assert!(verdict.allowed(), "{verdict:?}");
+        let waited_out = |tally: &mut Tally| {
+            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), true, tally).0
+        };
+        let verdict = waited_out(&mut tally);
+        assert_eq!(verdict.admission, Admission::Denied { retry_after: Nanos::from_millis(300) });
+        limiter.record_callout(&store, T0, 0, false);
+        let verdict = waited_out(&mut tally);
+        assert!(verdict.allowed(), "the local fall-back decides: {verdict:?}");
         assert_eq!(tally.rules[&(0, "fallback")], 1);
     }
 
@@ -1437,7 +1484,7 @@ mod tests {
         let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
         assert_eq!(verdict.admission, Admission::Pending);
         assert_eq!(verdict.checks.len(), 1);
-        let denied = [CheckAnswer::Denied(Decision::deny(0, SECOND, SECOND.times(5)))];
+        let denied = [CheckAnswer { decision: Decision::deny(0, SECOND, SECOND.times(5)), quota: None }];
         let (settled, _) = limiter.settle(&store, T0, verdict.clone(), permit, Some(&denied), &mut tally);
         assert_eq!(settled.admission, Admission::Denied { retry_after: SECOND.times(5) });
         let (settled, _) = limiter.settle(&store, T0, verdict, Permit::default(), None, &mut tally);

@@ -341,14 +341,23 @@ impl RateLimitedLog {
 }
 
 impl Context for FloodgateRoot {
-    fn on_http_call_response(&mut self, token_id: u32, _num_headers: usize, body_size: usize, _num_trailers: usize) {
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         let Some(plugin) = self.plugin.clone() else { return };
-        let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-            .ok()
-            .flatten()
-            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()));
+        // A reset stream has no headers (and no body): the SDK's getters
+        // panic when asked for a map or buffer the host does not have, so
+        // they are asked only for what the host said is there.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+        };
         let body = if body_size > MAX_ANSWER_BYTES {
             Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
+        } else if body_size == 0 {
+            Ok(Vec::new())
         } else {
             Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
         };

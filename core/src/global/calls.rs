@@ -11,7 +11,7 @@ use floodgate_protocol::{
 
 use super::pool::LeaseGrant;
 use super::settings::QuotaService;
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Quota};
 use crate::limiter::{CheckAnswer, CheckItem, Refresh};
 use crate::time::Nanos;
 
@@ -171,17 +171,19 @@ pub fn read_checks(status: Option<u16>, body: &[u8], items: usize) -> Result<Vec
         .map(|result| {
             let remaining = result.remaining.unwrap_or(0);
             let reset = Nanos::from_millis(result.reset_ms.unwrap_or(0));
-            match (result.code, result.retry_after_ms) {
+            let quota = result.limit.map(|limit| Quota { limit, window: result.window_ms.map(Nanos::from_millis) });
+            let decision = match (result.code, result.retry_after_ms) {
                 (Code::OverLimit, retry) => {
                     let retry_after = match retry {
                         Some(floodgate_protocol::Retry::After(ms)) => Nanos::from_millis(ms),
                         Some(floodgate_protocol::Retry::Never) => Nanos::MAX,
                         None => reset,
                     };
-                    CheckAnswer::Denied(Decision::deny(remaining, reset, retry_after))
+                    Decision::deny(remaining, reset, retry_after)
                 }
-                _ => CheckAnswer::Allowed(Decision::admit(remaining, reset)),
-            }
+                _ => Decision::admit(remaining, reset),
+            };
+            CheckAnswer { decision, quota }
         })
         .collect())
 }
@@ -276,11 +278,10 @@ mod tests {
             {"code": "over_limit", "limit": 1, "window_ms": 1000, "remaining": 0, "reset_ms": 900, "retry_after_ms": 1500},
             {"code": "no_rule"}]}"#;
         let answers = read_checks(Some(200), body, 3).unwrap();
-        assert_eq!(answers[0], CheckAnswer::Allowed(Decision::admit(4, Nanos::from_millis(100))));
-        assert_eq!(
-            answers[1],
-            CheckAnswer::Denied(Decision::deny(0, Nanos::from_millis(900), Nanos::from_millis(1500)))
-        );
-        assert_eq!(answers[2], CheckAnswer::Allowed(Decision::admit(0, Nanos::ZERO)));
+        let minute = Some(Quota { limit: 5, window: Some(SECOND.times(60)) });
+        assert_eq!(answers[0], CheckAnswer { decision: Decision::admit(4, Nanos::from_millis(100)), quota: minute });
+        let denied = Decision::deny(0, Nanos::from_millis(900), Nanos::from_millis(1500));
+        assert_eq!(answers[1], CheckAnswer { decision: denied, quota: Some(Quota { limit: 1, window: Some(SECOND) }) });
+        assert_eq!(answers[2], CheckAnswer { decision: Decision::admit(0, Nanos::ZERO), quota: None });
     }
 }
