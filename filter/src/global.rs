@@ -35,6 +35,8 @@ pub enum Callout {
     Returns(u64),
     /// A probe of the service for global rule `rule`, in fall-back.
     Probe(usize),
+    /// A worker's first call: Envoy has the cluster (its answer is not needed).
+    Hello,
     /// Items `indices` of the check of request `context_id`.
     Check {
         /// The request.

@@ -45,7 +45,7 @@ use waiting::{Shared, Stage, Wait, Waiter, Waiting};
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-        Box::new(FloodgateRoot { context_id, plugin: None })
+        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false })
     });
 }}
 
@@ -59,6 +59,8 @@ const GLOBAL_TICK: Duration = Duration::from_millis(50);
 struct FloodgateRoot {
     context_id: u32,
     plugin: Option<Rc<Plugin>>,
+    /// Whether this VM has checked that Envoy has the quota service's cluster.
+    cluster_checked: bool,
 }
 
 /// What every request of a plugin on one worker shares: built once per
@@ -176,6 +178,27 @@ impl Plugin {
         true
     }
 
+    /// Probes the quota service once, first thing: Envoy refuses at once a
+    /// call to a cluster it does not have, and a misspelt `global.cluster`
+    /// must be said plainly, not only counted. (`envoy --mode validate`
+    /// refuses every call, so this cannot be a configuration check.)
+    fn check_cluster(&self, service: &floodgate_core::global::settings::QuotaService) {
+        match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+            Ok(token) => self.callouts.borrow_mut().sent(token, Callout::Hello),
+            Err(why) => {
+                log::error!(
+                    "floodgate: global.cluster {:?} cannot be called ({why}): is it a cluster of Envoy's configuration? Global rules use their fall-back",
+                    service.cluster
+                );
+                let now = host::now();
+                for rule in 0..self.limiter.rules().len() {
+                    self.limiter.record_callout(&SharedData, now, rule, false);
+                }
+                self.metrics.count_failed_callout(&CallError::NotSent(why));
+            }
+        }
+    }
+
     /// Sends everything queued for the quota service.
     fn flush(&self) {
         let Some(service) = self.limiter.quota_service() else { return };
@@ -210,7 +233,7 @@ impl Plugin {
         let now = host::now();
         let grants = body.and_then(|body| match &callout {
             Callout::Leases(refreshes) => calls::read_leases(status, &body, refreshes),
-            Callout::Returns(_) | Callout::Probe(_) | Callout::Check { .. } => {
+            Callout::Returns(_) | Callout::Probe(_) | Callout::Hello | Callout::Check { .. } => {
                 calls::read_probe(status).map(|()| Vec::new())
             }
         });
@@ -241,6 +264,7 @@ impl Plugin {
             }
             Callout::Returns(tokens) => increment(self.metrics.tokens_returned, tokens),
             Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
+            Callout::Hello => {}
             Callout::Check { context_id, indices } => self.settle(context_id, &indices, None, now),
         }
     }
@@ -292,7 +316,8 @@ impl Plugin {
                     self.limiter.record_callout(&SharedData, now, refresh.rule, false);
                 }
             }
-            Callout::Returns(_) => {}
+            // A failed first call says nothing the next calls will not.
+            Callout::Returns(_) | Callout::Hello => {}
             Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, false),
             Callout::Check { context_id, indices } => {
                 let rules: Vec<usize> = self
@@ -429,6 +454,10 @@ impl RootContext for FloodgateRoot {
         let Some(plugin) = self.plugin.clone() else { return };
         let now = host::now();
         if let Some(service) = plugin.limiter.quota_service() {
+            if !self.cluster_checked {
+                self.cluster_checked = true;
+                plugin.check_cluster(service);
+            }
             plugin.limiter.read_modes(&SharedData);
             plugin.metrics.set_modes(&plugin.limiter);
             for rule in plugin.limiter.due_probes(&SharedData, now) {
