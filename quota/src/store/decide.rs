@@ -372,4 +372,18 @@ mod tests {
         let (_, next) = check(&sliding, None, NOW + 5, 1);
         assert_eq!(next.idle_at, NOW + 120 * 1_000_000_000);
     }
+
+    #[test]
+    fn every_offered_algorithm_keeps_a_used_bucket_until_it_is_idle() {
+        let fields = [("token_bucket", "{}"), ("leaky_bucket", r#"{"burst":3}"#), ("warm_up", r#"{"warmup":"5s"}"#)];
+        for (name, _) in crate::config::ALGORITHMS {
+            let extra = fields.iter().find(|(n, _)| n == name).map_or("{}", |(_, f)| f);
+            let limit = limit(name, 5, 60 * SECOND_US, extra);
+            let (_, next) = check(&limit, None, NOW + 5, 1);
+            let state = &next.bytes[..limit.policy().state_len()];
+            assert!(next.idle_at > NOW + 5, "{name}");
+            assert!(!limit.policy().is_idle(state, CoreNanos(next.idle_at - 1)), "{name}");
+            assert!(limit.policy().is_idle(state, CoreNanos(next.idle_at)), "{name}");
+        }
+    }
 }
