@@ -144,6 +144,29 @@ proptest! {
         }
     }
 
+    /// `idle_at` is exactly when a bucket left alone becomes idle, and it
+    /// stays idle after: a store expiring keys then never forgets a count.
+    #[test]
+    fn idle_at_is_the_first_instant_a_bucket_is_idle_for_good(
+        ((registration, policy), arrivals) in policies_with_arrivals(),
+        later in 0u64..30 * SECOND.get(),
+    ) {
+        let mut slot = vec![0u8; policy.state_len()];
+        let mut now = T0;
+        policy.write_fresh(&mut slot, now);
+        for (gap, c) in arrivals {
+            now = now + gap;
+            policy.decide(&mut slot, now, c);
+            let idle_at = policy.idle_at(&slot, now);
+            prop_assert!(idle_at >= now, "{}", registration.name);
+            prop_assert!(policy.is_idle(&slot, idle_at), "{}: not idle at idle_at", registration.name);
+            prop_assert!(policy.is_idle(&slot, idle_at + Nanos(later)), "{}: busy again after idle_at", registration.name);
+            if idle_at > now {
+                prop_assert!(!policy.is_idle(&slot, idle_at - Nanos(1)), "{}: idle before idle_at", registration.name);
+            }
+        }
+    }
+
     /// One group of a table, keys from a pool larger than the group: every
     /// decision equals that of a private bucket per key, except when the
     /// group is full — and it is full only when all its entries are live.

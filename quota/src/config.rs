@@ -1,5 +1,6 @@
 //! The limits file: envoyproxy/ratelimit's YAML shape, so its users can bring
-//! their files, plus optional extensions (`algorithm`, `burst`).
+//! their files, plus optional extensions (`algorithm` and the algorithm's own
+//! fields: `burst`, `sub_windows`, `warmup`, `cold_factor`).
 //!
 //! Parsing happens in one pass with validation inside deserialization, so that
 //! every error, including semantic ones (a zero limit, an unknown unit, a
@@ -9,7 +10,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
+use floodgate_core::algorithm::{Params, Policy, Registration};
 use serde::Deserialize;
 
 use crate::clock::{Micros, SECOND_US};
@@ -19,36 +22,153 @@ pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Longest domain name, key or value accepted, in bytes (also on the wire).
 pub const MAX_NAME_LEN: usize = floodgate_protocol::MAX_ENTRY_LEN;
 
-/// The rate-limiting algorithm of a rule.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Epoch-aligned fixed windows, as envoyproxy/ratelimit counts (the default).
-    FixedWindow,
-    /// A token bucket earning `requests_per_unit` per unit, holding `burst`.
-    TokenBucket,
+/// The core's algorithms a limits file may name, each with the short tag its
+/// buckets' keys carry (so buckets of different algorithms never share a key;
+/// `fw` and `tb` are the tags of the first release, kept so their buckets
+/// survive an upgrade).
+pub const ALGORITHMS: &[(&str, &str)] = &[
+    ("fixed_window", "fw"),
+    ("token_bucket", "tb"),
+    ("leaky_bucket", "lb"),
+    ("sliding_window", "sw"),
+    ("sliding_log", "sl"),
+    ("warm_up", "wu"),
+];
+
+/// The algorithm of a rule without `algorithm`, as envoyproxy/ratelimit counts.
+pub const DEFAULT_ALGORITHM: &str = "fixed_window";
+
+/// The registry name and key tag of algorithm `name`, or why the service
+/// does not offer it.
+fn offered(name: &str) -> Result<(&'static str, &'static str), String> {
+    if let Some(&(name, tag)) = ALGORITHMS.iter().find(|(n, _)| *n == name) {
+        return Ok((name, tag));
+    }
+    Err(match name {
+        "shaper" => "algorithm \"shaper\" is not offered by the quota service: a shaper delays requests in the proxy, \
+            and a check or lease can only admit or deny; use leaky_bucket (the same schedule, denying instead of delaying)"
+            .to_string(),
+        "concurrency" => "algorithm \"concurrency\" is not offered by the quota service: it counts requests in flight \
+            and needs each request's end, which a check or lease cannot report; keep concurrency limits in the filter"
+            .to_string(),
+        _ => format!(
+            "unknown algorithm {name:?}: the quota service supports {} (the default), {}",
+            DEFAULT_ALGORITHM,
+            ALGORITHMS.iter().map(|(n, _)| *n).filter(|n| *n != DEFAULT_ALGORITHM).collect::<Vec<_>>().join(", ")
+        ),
+    })
 }
 
-impl Algorithm {
-    /// Short tag used in store keys and scripts.
-    pub fn tag(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fw",
-            Algorithm::TokenBucket => "tb",
+/// A validated limit (cheap to clone): one of the core's algorithms, built by the core from
+/// the rule (`requests_per_unit` is its `limit`, `unit` its `period`, the
+/// algorithm's own fields as written), and what is needed to build it again
+/// (lease records keep it, so a return is decided under the limit its lease
+/// was granted under).
+#[derive(Clone)]
+pub struct Limit {
+    algorithm: &'static str,
+    tag: &'static str,
+    limit: u64,
+    period: Micros,
+    /// The algorithm's own fields (`burst`, `sub_windows`…), as JSON.
+    fields: Arc<str>,
+    policy: Arc<dyn Policy>,
+}
+
+impl Limit {
+    /// Builds algorithm `algorithm` (a name of [`ALGORITHMS`]) admitting
+    /// `limit` units per `period` (whole milliseconds), with its own
+    /// `fields` (a JSON object, e.g. `{"burst": 5}`), validated by the core.
+    /// The error names the field as the limits file does.
+    pub fn new(algorithm: &str, limit: u64, period: Micros, fields: &str) -> Result<Self, String> {
+        let (algorithm, tag) = offered(algorithm)?;
+        let registration =
+            Registration::find(algorithm).ok_or_else(|| format!("algorithm {algorithm:?} is not in the core"))?;
+        let mut params: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(fields).map_err(|e| format!("algorithm fields {fields:?}: {e}"))?;
+        for field in params.keys() {
+            if !registration.fields.contains(&field.as_str()) {
+                let takes: Vec<&str> = registration.fields.iter().copied().filter(|f| *f != "period").collect();
+                let takes = if takes.is_empty() { "no other fields".to_string() } else { takes.join(", ") };
+                return Err(format!("{field} does not apply to algorithm {algorithm} (it takes {takes})"));
+            }
         }
+        let fields: Arc<str> = serde_json::Value::Object(params.clone()).to_string().into();
+        if period == 0 || period % 1_000 != 0 {
+            return Err(format!("the period must be a positive whole number of milliseconds, not {period} µs"));
+        }
+        params.insert("period".into(), format!("{}ms", period / 1_000).into());
+        let policy = registration.build(Params::new(RULE, limit, params)).map_err(|e| {
+            let field = e.field.strip_prefix(RULE).unwrap_or(&e.field).trim_start_matches('.');
+            match field {
+                "" => format!("{} (algorithm {algorithm})", e.message),
+                "limit" => format!("requests_per_unit: {}", e.message),
+                "period" => format!("unit: {}", e.message),
+                field => format!("{field}: {}", e.message),
+            }
+        })?;
+        Ok(Self { algorithm, tag, limit, period, fields, policy })
+    }
+
+    /// The algorithm's registry name.
+    pub fn algorithm(&self) -> &'static str {
+        self.algorithm
+    }
+
+    /// The short tag of the algorithm in store keys (see [`ALGORITHMS`]).
+    pub fn tag(&self) -> &'static str {
+        self.tag
+    }
+
+    /// Units per period (`requests_per_unit`).
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// The period (the `unit`) in microseconds.
+    pub fn period(&self) -> Micros {
+        self.period
+    }
+
+    /// The algorithm's own fields as JSON (`{}` when none).
+    pub fn fields(&self) -> &str {
+        &self.fields
+    }
+
+    /// The most units one decision can take (`burst` for the bucket
+    /// algorithms, `requests_per_unit` for the window and log algorithms).
+    pub fn capacity(&self) -> u64 {
+        self.policy.capacity()
+    }
+
+    /// The core's algorithm, ready to decide on stored bytes.
+    pub fn policy(&self) -> &dyn Policy {
+        self.policy.as_ref()
     }
 }
 
-/// A validated limit: what the stores need to decide.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limit {
-    /// The algorithm.
-    pub algorithm: Algorithm,
-    /// Units admitted per period (`requests_per_unit`).
-    pub limit: u64,
-    /// The period (the `unit`) in microseconds.
-    pub period: Micros,
-    /// Most units at once: `burst` for a token bucket, `limit` for a window.
-    pub capacity: u64,
+/// Where [`Limit::new`] says the core's errors are (stripped again).
+const RULE: &str = "rate_limit";
+
+impl PartialEq for Limit {
+    /// Same inputs, same algorithm.
+    fn eq(&self, other: &Self) -> bool {
+        (self.algorithm, self.limit, self.period, &*self.fields)
+            == (other.algorithm, other.limit, other.period, &*other.fields)
+    }
+}
+
+impl Eq for Limit {}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("algorithm", &self.algorithm)
+            .field("limit", &self.limit)
+            .field("period", &self.period)
+            .field("fields", &self.fields)
+            .finish()
+    }
 }
 
 /// What a matched descriptor is subject to.
@@ -368,7 +488,11 @@ struct RawRateLimit {
     #[allow(dead_code)]
     name: Option<String>,
     algorithm: Option<AlgorithmName>,
+    /// The algorithm's own fields, validated by the core.
     burst: Option<u64>,
+    sub_windows: Option<u64>,
+    warmup: Option<String>,
+    cold_factor: Option<u64>,
 }
 
 impl TryFrom<RawDescriptor> for FileDescriptor {
@@ -393,15 +517,28 @@ impl TryFrom<RawDescriptor> for FileDescriptor {
 }
 
 impl RawRateLimit {
+    /// The algorithm fields given, as the core's parameters.
+    fn algorithm_fields(&self) -> serde_json::Map<String, serde_json::Value> {
+        let mut fields = serde_json::Map::new();
+        let numbers = [("burst", self.burst), ("sub_windows", self.sub_windows), ("cold_factor", self.cold_factor)];
+        for (name, value) in numbers {
+            if let Some(value) = value {
+                fields.insert(name.into(), value.into());
+            }
+        }
+        if let Some(warmup) = &self.warmup {
+            fields.insert("warmup".into(), warmup.clone().into());
+        }
+        fields
+    }
+
     fn into_rule(self, key: &str, shadow: bool) -> Result<Rule, String> {
+        let fields = self.algorithm_fields();
         if self.unlimited {
-            if self.unit.is_some()
-                || self.requests_per_unit.is_some()
-                || self.algorithm.is_some()
-                || self.burst.is_some()
+            if self.unit.is_some() || self.requests_per_unit.is_some() || self.algorithm.is_some() || !fields.is_empty()
             {
                 return Err(format!(
-                    "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or burst"
+                    "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or burst (nor sub_windows, warmup, cold_factor)"
                 ));
             }
             return Ok(Rule::Unlimited);
@@ -416,21 +553,10 @@ impl RawRateLimit {
                 "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"
             ));
         }
-        let algorithm = self.algorithm.map_or(Algorithm::FixedWindow, |a| a.0);
-        let capacity = match (algorithm, self.burst) {
-            (Algorithm::FixedWindow, Some(_)) => {
-                return Err(format!(
-                    "descriptor {key:?}: burst applies only to algorithm: token_bucket (a fixed window admits requests_per_unit per window)"
-                ));
-            }
-            (Algorithm::FixedWindow, None) => limit,
-            (Algorithm::TokenBucket, None) => limit,
-            (Algorithm::TokenBucket, Some(burst)) if burst == 0 || burst > MAX_LIMIT => {
-                return Err(format!("descriptor {key:?}: burst must be between 1 and {MAX_LIMIT}, not {burst}"));
-            }
-            (Algorithm::TokenBucket, Some(burst)) => burst,
-        };
-        Ok(Rule::Limited { limit: Limit { algorithm, limit, period: unit.0, capacity }, shadow })
+        let algorithm = self.algorithm.map_or(DEFAULT_ALGORITHM, |a| a.0);
+        let fields = serde_json::Value::Object(fields).to_string();
+        let limit = Limit::new(algorithm, limit, unit.0, &fields).map_err(|e| format!("descriptor {key:?}: {e}"))?;
+        Ok(Rule::Limited { limit, shadow })
     }
 }
 
@@ -459,18 +585,14 @@ impl<'de> Deserialize<'de> for Unit {
     }
 }
 
-struct AlgorithmName(Algorithm);
+/// An offered algorithm's registry name; others are refused here, where the
+/// error points at the value.
+struct AlgorithmName(&'static str);
 
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        match text.as_str() {
-            "fixed_window" => Ok(AlgorithmName(Algorithm::FixedWindow)),
-            "token_bucket" => Ok(AlgorithmName(Algorithm::TokenBucket)),
-            _ => Err(serde::de::Error::custom(format!(
-                "unknown algorithm {text:?}: the quota service supports fixed_window (the default) and token_bucket"
-            ))),
-        }
+        offered(&text).map(|(name, _)| AlgorithmName(name)).map_err(serde::de::Error::custom)
     }
 }
 
@@ -536,13 +658,15 @@ descriptors:
         let domain = Config::parse_one("sample", SAMPLE).unwrap();
         assert_eq!(domain.name, "edge");
         let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("path", "/login")])) else { panic!() };
-        assert_eq!(*limit, Limit { algorithm: Algorithm::TokenBucket, limit: 5, period: 60 * SECOND_US, capacity: 2 });
+        assert_eq!(*limit, Limit::new("token_bucket", 5, 60 * SECOND_US, r#"{"burst":2}"#).unwrap());
+        assert_eq!(limit.capacity(), 2);
         assert!(!shadow);
         let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("remote_address", "10.0.0.1")])) else {
             panic!()
         };
-        assert_eq!(limit.algorithm, Algorithm::FixedWindow);
-        assert_eq!(limit.capacity, 10);
+        assert_eq!(limit.algorithm(), "fixed_window");
+        assert_eq!(limit.tag(), "fw");
+        assert_eq!(limit.capacity(), 10);
         assert!(!shadow);
         assert_eq!(domain.rule_for(&pairs(&[("internal", "x")])), Some(&Rule::Unlimited));
     }

@@ -162,9 +162,9 @@ impl Service {
                 None => slots.push(Err(Code::NoRule)),
                 Some(Rule::Unlimited) => slots.push(Err(Code::Unlimited)),
                 Some(Rule::Limited { limit, shadow }) => {
-                    let key = bucket_key(&domain.name, limit.algorithm, descriptor);
+                    let key = bucket_key(&domain.name, limit, descriptor);
                     let at = *index_of.entry(key.clone()).or_insert_with(|| {
-                        items.push(CheckItem { key, limit: *limit, cost: 0, shadow: *shadow });
+                        items.push(CheckItem { key, limit: limit.clone(), cost: 0, shadow: *shadow });
                         items.len() - 1
                     });
                     if let Some(item) = items.get_mut(at) {
@@ -225,8 +225,8 @@ impl Service {
             );
             results.push(CheckStatus {
                 code,
-                limit: Some(item.limit.limit),
-                window_ms: Some(ceil_ms(item.limit.period)),
+                limit: Some(item.limit.limit()),
+                window_ms: Some(ceil_ms(item.limit.period())),
                 remaining: Some(decision.remaining),
                 reset_ms: Some(ceil_ms(decision.reset)),
                 retry_after_ms,
@@ -266,13 +266,13 @@ impl Service {
                 // out must exist, or the total could pass the limit.
                 Some(Rule::Limited { limit, shadow }) => {
                     items.push(LeaseItem {
-                        key: bucket_key(&domain.name, limit.algorithm, &lease.descriptor),
-                        limit: *limit,
+                        key: bucket_key(&domain.name, limit, &lease.descriptor),
+                        limit: limit.clone(),
                         wanted: lease.wanted,
                         rate: lease.rate,
                         record: lease_key(&domain.name, &lease.id),
                     });
-                    plan.push(Ok((items.len() - 1, *limit, *shadow)));
+                    plan.push(Ok((items.len() - 1, limit.clone(), *shadow)));
                 }
             }
         }
@@ -312,8 +312,8 @@ impl Service {
                         // Rounded down: a caller must stop using tokens no later
                         // than the window they belong to ends.
                         valid_ms: grant.valid / 1_000,
-                        limit: Some(limit.limit),
-                        window_ms: Some(ceil_ms(limit.period)),
+                        limit: Some(limit.limit()),
+                        window_ms: Some(ceil_ms(limit.period())),
                         remaining: Some(grant.remaining),
                         reset_ms: Some(ceil_ms(grant.reset)),
                         window: Some(grant.window),

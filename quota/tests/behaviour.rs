@@ -7,8 +7,12 @@
 
 mod common;
 
+use std::sync::Arc;
+
 use common::{Backend, Fixture, T0};
-use floodgate_quota::clock::SECOND_US;
+use floodgate_core::algorithm::{Decision as CoreDecision, Grant, Params, Policy, Registration, Release};
+use floodgate_core::time::Nanos as CoreNanos;
+use floodgate_quota::clock::{Clock, SECOND_US};
 use serde_json::{json, Value};
 
 const LIMITS: &str = r#"
@@ -27,7 +31,71 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1}
   - key: free
     rate_limit: {unlimited: true}
+  - key: lb
+    rate_limit: {unit: second, requests_per_unit: 2, algorithm: leaky_bucket, burst: 3}
+  - key: sw
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: sliding_window}
+  - key: sws
+    rate_limit: {unit: minute, requests_per_unit: 4, algorithm: sliding_window, sub_windows: 6}
+  - key: sl
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+  - key: wu
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: warm_up, burst: 4, warmup: 10s, cold_factor: 2}
 "#;
+
+/// Every algorithm the limits file offers, as `LIMITS` configures it: the
+/// descriptor key, the core's name, `requests_per_unit`, the period (ms)
+/// and the algorithm's own fields.
+const ALGORITHMS: [(&str, &str, u64, u64, &str); 7] = [
+    ("fw", "fixed_window", 3, 60_000, "{}"),
+    ("tb", "token_bucket", 1, 1_000, r#"{"burst": 3}"#),
+    ("lb", "leaky_bucket", 2, 1_000, r#"{"burst": 3}"#),
+    ("sw", "sliding_window", 4, 60_000, "{}"),
+    ("sws", "sliding_window", 4, 60_000, r#"{"sub_windows": 6}"#),
+    ("sl", "sliding_log", 3, 60_000, "{}"),
+    ("wu", "warm_up", 4, 1_000, r#"{"burst": 4, "warmup": "10s", "cold_factor": 2}"#),
+];
+
+/// The filter's own algorithm for the same rule: the oracle.
+fn core_policy(name: &str, limit: u64, period_ms: u64, fields: &str) -> Arc<dyn Policy> {
+    let mut fields: serde_json::Map<String, Value> = serde_json::from_str(fields).unwrap();
+    fields.insert("period".into(), format!("{period_ms}ms").into());
+    Registration::find(name).unwrap().build(Params::new("rule", limit, fields)).unwrap()
+}
+
+/// One bucket decided by the core beside the service, on the service's clock.
+struct Oracle {
+    policy: Arc<dyn Policy>,
+    slot: Vec<u8>,
+}
+
+impl Oracle {
+    fn new(name: &str, limit: u64, period_ms: u64, fields: &str, now_us: u64) -> Self {
+        let policy = core_policy(name, limit, period_ms, fields);
+        let mut slot = vec![0; policy.state_len()];
+        policy.write_fresh(&mut slot, CoreNanos(now_us * 1_000));
+        Oracle { policy, slot }
+    }
+
+    fn decide(&mut self, now_us: u64, cost: u64) -> CoreDecision {
+        self.policy.decide(&mut self.slot, CoreNanos(now_us * 1_000), cost)
+    }
+
+    /// What a zero-cost check reports, without changing the bucket.
+    fn peek(&self, now_us: u64) -> CoreDecision {
+        let mut copy = self.slot.clone();
+        self.policy.decide(&mut copy, CoreNanos(now_us * 1_000), 0)
+    }
+}
+
+/// Nanoseconds as the service answers them: whole milliseconds, rounded up.
+fn ms_up(ns: CoreNanos) -> Value {
+    if ns.get() == u64::MAX {
+        Value::Null
+    } else {
+        json!(ns.get().div_ceil(1_000_000))
+    }
+}
 
 const MS: u64 = 1_000;
 
@@ -347,6 +415,122 @@ async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
     assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_granted_total{domain="test"} 100"#));
 }
 
+/// Every offered algorithm, through the service, answers exactly what the
+/// filter's core computes for the same rule, arrivals and clock: admissions
+/// and denials, `remaining`, `reset_ms` and `retry_after_ms` (`null` for a
+/// cost above what the algorithm ever admits at once).
+async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
+    // (ms to advance first, hits): bursts, denials, partial and full
+    // recoveries across window boundaries, costs above every capacity.
+    const STEPS: [(u64, u64); 18] = [
+        (0, 1),
+        (0, 2),
+        (0, 1),
+        (0, 1),
+        (250, 1),
+        (0, 3),
+        (1_000, 1),
+        (5_000, 2),
+        (0, 2),
+        (0, 1),
+        (9_999, 1),
+        (20_000, 4),
+        (0, 1),
+        (30_000, 1),
+        (0, 5),
+        (7_000, 2),
+        (61_000, 0),
+        (0, 3),
+    ];
+    let f = Fixture::new(backend, LIMITS).await;
+    let start = T0 + 7_500 * MS; // not on any window boundary
+    f.clock.set(start);
+    let mut oracles: Vec<Oracle> = ALGORITHMS
+        .iter()
+        .map(|(_, name, limit, period, fields)| Oracle::new(name, *limit, *period, fields, start))
+        .collect();
+    let mut outcomes = vec![(0, 0); ALGORITHMS.len()];
+    for (step, (advance, hits)) in STEPS.into_iter().enumerate() {
+        f.clock.advance(advance * MS);
+        let now = f.clock.now_us();
+        for (i, (key, name, limit, period, _)) in ALGORITHMS.iter().enumerate() {
+            let r = f.check(check(json!([[[key, "o"]]]), hits)).await;
+            let want = oracles[i].decide(now, hits);
+            let got = &r["results"][0];
+            let at = format!("{name} ({key}) step {step}: {r}");
+            assert_eq!(r["allowed"], want.allowed(), "{at}");
+            assert_eq!(got["code"], if want.allowed() { "ok" } else { "over_limit" }, "{at}");
+            assert_eq!(got["limit"], *limit, "{at}");
+            assert_eq!(got["window_ms"], *period, "{at}");
+            assert_eq!(got["remaining"], want.remaining, "{at}");
+            assert_eq!(got["reset_ms"], ms_up(want.reset), "{at}");
+            if want.allowed() {
+                assert_eq!(got.get("retry_after_ms"), None, "{at}");
+                outcomes[i].0 += 1;
+            } else {
+                assert_eq!(got["retry_after_ms"], ms_up(want.retry_after()), "{at}");
+                assert_eq!(r["retry_after_ms"], ms_up(want.retry_after()), "{at}");
+                outcomes[i].1 += 1;
+            }
+        }
+    }
+    for (i, (admitted, denied)) in outcomes.iter().enumerate() {
+        assert!(
+            *admitted >= 3 && *denied >= 2,
+            "{}: the steps exercise both outcomes: {admitted}/{denied}",
+            ALGORITHMS[i].0
+        );
+    }
+}
+
+/// Leases and returns of every offered algorithm follow the core too: a
+/// grant takes what the core takes for that cost, lasts the lease lifetime
+/// (to the window's end for a fixed window), and a return is the core's
+/// undo of that grant: what it frees, and only that, is available again.
+async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let start = T0 + 59_400 * MS; // 600 ms before a minute ends
+    f.clock.set(start);
+    for (i, (key, name, limit, period, fields)) in ALGORITHMS.iter().enumerate() {
+        let mut oracle = Oracle::new(name, *limit, *period, fields, start);
+        let id = format!("every-{i}");
+        let leased_at = f.clock.now_us();
+        // Something used first, so that the lease and the return are not
+        // into a full bucket.
+        f.check(check(json!([[[key, "l"]]]), 1)).await;
+        oracle.decide(leased_at, 1);
+        let r = f.lease(lease_as(&id, key, "l", 2, 1_000.0)).await;
+        let got = &r["leases"][0];
+        let granted = got["granted"].as_u64().unwrap();
+        assert!(granted > 0, "{name}: {r}");
+        let want = oracle.decide(leased_at, granted);
+        assert!(want.allowed(), "{name}: the core admits the grant");
+        assert_eq!(got["remaining"], want.remaining, "{name}: {r}");
+        assert_eq!(got["reset_ms"], ms_up(want.reset), "{name}: {r}");
+        // The fixed window (first) is leased 600 ms before its window ends.
+        let (valid, window) = if *name == "fixed_window" { (600, start / (60 * SECOND_US)) } else { (1_000, 0) };
+        assert_eq!(got["valid_ms"], valid, "{name}: {r}");
+        assert_eq!(got["window"], window, "{name}: {r}");
+
+        f.clock.advance(100 * MS);
+        let now = f.clock.now_us();
+        let before = oracle.peek(now).remaining;
+        oracle.policy.release(
+            &mut oracle.slot,
+            CoreNanos(now * 1_000),
+            Grant { cost: 1, at: CoreNanos(leased_at * 1_000) },
+            Release::Undo,
+        );
+        let freed = oracle.peek(now).remaining - before;
+        let returned = f.give_back(give_back(&id, 1)).await;
+        assert_eq!(returned["returned"][0], freed, "{name}: {returned}");
+        let r = f.check(check(json!([[[key, "l"]]]), 0)).await;
+        assert_eq!(r["results"][0]["remaining"], oracle.peek(now).remaining, "{name}: {r}");
+        assert_eq!(r["results"][0]["reset_ms"], ms_up(oracle.peek(now).reset), "{name}: {r}");
+        assert_eq!(f.give_back(give_back(&id, 1)).await["returned"][0], 0, "{name}: once");
+    }
+}
+
 macro_rules! with_all_stores {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -382,6 +566,8 @@ with_all_stores!(
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
     the_tail_of_a_window_is_paced_per_time_not_per_call,
+    every_algorithm_checks_exactly_as_the_core_decides,
+    every_algorithm_leases_and_takes_returns_as_the_core_does,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

@@ -173,6 +173,11 @@ async fn a_reload_changing_unit_or_algorithm(backend: Backend) {
 
     reload_to(&f, &path, &rule("day", "fixed_window"), 4).await;
     assert_eq!(take(&f, 0).await, 2, "back to the fixed window: its bucket of this day, 3 used, is still there");
+
+    reload_to(&f, &path, &rule("day", "sliding_window"), 5).await;
+    assert_eq!(take(&f, 1).await, 4, "a sliding window has buckets of its own: fresh");
+    reload_to(&f, &path, &rule("day", "leaky_bucket"), 6).await;
+    assert_eq!(take(&f, 0).await, 1, "a leaky bucket too (its burst is 1)");
     reloader.abort();
 }
 

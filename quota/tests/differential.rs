@@ -1,7 +1,8 @@
 //! The two stores are one implementation: a long pseudo-random sequence of
 //! checks, leases (some retried), returns and clock steps, over limits drawn
-//! from the whole configurable range (1 to 10⁹ units per second to per
-//! year, token bucket bursts up to 10⁹), is run against the memory store and
+//! from the whole configurable range (every offered algorithm, 1 to 10⁹
+//! units per second to per year, bursts up to 10⁹, any sub-windows,
+//! warm-ups and cold factors), is run against the memory store and
 //! a real redis-server driven by the same manual clock, and every answer
 //! must be identical to the microsecond.
 
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use common::{RedisServer, T0};
 use floodgate_quota::clock::{Clock, ManualClock, SECOND_US};
-use floodgate_quota::config::{Algorithm, Limit, MAX_LIMIT};
+use floodgate_quota::config::{Limit, MAX_LIMIT};
 use floodgate_quota::store::{CheckItem, LeaseItem, MemoryStore, RedisOptions, RedisStore, ReturnItem, Store};
 
 /// xorshift64*: deterministic, so a failure replays exactly.
@@ -42,14 +43,28 @@ impl Rng {
 const DAY: u64 = 86_400 * SECOND_US;
 const PERIODS: [u64; 7] = [SECOND_US, 60 * SECOND_US, 3_600 * SECOND_US, DAY, 7 * DAY, 30 * DAY, 365 * DAY];
 
+/// Any algorithm the limits file offers, with its own fields drawn too.
 fn random_limit(rng: &mut Rng) -> Limit {
     let limit = rng.magnitude(MAX_LIMIT);
     let period = PERIODS[rng.below(PERIODS.len() as u64) as usize];
-    if rng.below(2) == 0 {
-        Limit { algorithm: Algorithm::FixedWindow, limit, period, capacity: limit }
-    } else {
-        Limit { algorithm: Algorithm::TokenBucket, limit, period, capacity: rng.magnitude(MAX_LIMIT) }
-    }
+    let (algorithm, limit, fields) = match rng.below(6) {
+        0 => ("fixed_window", limit, String::from("{}")),
+        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
+        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
+        3 if rng.below(2) == 0 => ("sliding_window", limit, String::from("{}")),
+        3 => ("sliding_window", limit, format!(r#"{{"sub_windows":{}}}"#, 2 + rng.below(59))),
+        4 => ("sliding_log", 1 + rng.below(1_000), String::from("{}")),
+        _ => {
+            let warmup = ["1s", "30s", "10m", "7d"][rng.below(4) as usize];
+            let fields = format!(
+                r#"{{"burst":{},"warmup":"{warmup}","cold_factor":{}}}"#,
+                rng.magnitude(MAX_LIMIT),
+                2 + rng.below(99)
+            );
+            ("warm_up", limit, fields)
+        }
+    };
+    Limit::new(algorithm, limit, period, &fields).unwrap()
 }
 
 /// One of the last few leases (older ones have mostly expired).
@@ -82,20 +97,20 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     for step in 0..3_000 {
         let pick = |rng: &mut Rng| {
             let l = rng.below(limits.len() as u64) as usize;
-            (format!("fg:{{t}}:k{l}:v{}", rng.below(2)), limits[l])
+            (format!("fg:{{t}}:k{l}:v{}", rng.below(2)), limits[l].clone())
         };
         // Costs near the limit matter most: some tiny, some up to the whole capacity.
         let cost = |rng: &mut Rng, limit: &Limit| match rng.below(3) {
             0 => rng.below(5),
-            1 => rng.below(limit.capacity / 4 + 1),
-            _ => rng.below(limit.capacity + 2),
+            1 => rng.below(limit.capacity() / 4 + 1),
+            _ => rng.below(limit.capacity() + 2),
         };
         match rng.below(10) {
             0..=3 => {
                 let mut items: Vec<CheckItem> = (0..1 + rng.below(3))
                     .map(|_| {
                         let (key, limit) = pick(&mut rng);
-                        CheckItem { key, limit, cost: cost(&mut rng, &limit), shadow: rng.below(6) == 0 }
+                        CheckItem { cost: cost(&mut rng, &limit), key, limit, shadow: rng.below(6) == 0 }
                     })
                     .collect();
                 // The service merges duplicate buckets before a store sees them.
@@ -120,7 +135,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                             0 => None,
                             _ => Some(rng.magnitude(MAX_LIMIT) as f64 / 7.0),
                         };
-                        LeaseItem { key, limit, wanted: cost(&mut rng, &limit), rate, record }
+                        LeaseItem { wanted: cost(&mut rng, &limit), key, limit, rate, record }
                     })
                     .collect();
                 let a = memory.lease(&items, ttl).await.unwrap();
@@ -168,9 +183,8 @@ async fn a_huge_yearly_bucket_waits_exactly_as_long_in_both_stores() {
     let redis = RedisServer::start();
     let clock = Arc::new(ManualClock::new(T0));
     let (memory, remote) = stores(&redis, &clock);
-    let limit =
-        Limit { algorithm: Algorithm::TokenBucket, limit: 348_573_278, period: 365 * DAY, capacity: 348_573_278 };
-    let take = |cost| [CheckItem { key: "fg:{t}:huge".into(), limit, cost, shadow: false }];
+    let limit = Limit::new("token_bucket", 348_573_278, 365 * DAY, "{}").unwrap();
+    let take = |cost| [CheckItem { key: "fg:{t}:huge".into(), limit: limit.clone(), cost, shadow: false }];
     for store in [&memory, &remote] {
         assert!(store.check(&take(348_573_278)).await.unwrap().committed);
         let denied = store.check(&take(193_572_398)).await.unwrap();

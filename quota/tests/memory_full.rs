@@ -11,7 +11,7 @@ mod common;
 
 use common::{Backend, Fixture, Options};
 use floodgate_quota::clock::SECOND_US;
-use floodgate_quota::config::{Algorithm, Limit};
+use floodgate_quota::config::Limit;
 use floodgate_quota::store::{bucket_key, CheckItem, Store};
 use serde_json::json;
 
@@ -27,11 +27,13 @@ async fn a_full_store_serves_known_keys_and_refuses_new_ones_without_scanning() 
     let f = Fixture::with(Backend::Memory, LIMITS, Options { max_buckets: MAX, ..Options::default() }).await;
     let store = f.service.store();
     let Store::Memory(memory) = store else { panic!("memory store") };
-    let limit = Limit { algorithm: Algorithm::FixedWindow, limit: 10, period: 3_600 * SECOND_US, capacity: 10 };
+    let limit = Limit::new("fixed_window", 10, 3_600 * SECOND_US, "{}").unwrap();
     // Fill the store with buckets in use (none idle until the hour ends).
     for i in 0..MAX {
-        let key = bucket_key("test", Algorithm::FixedWindow, &[("k".to_string(), format!("u{i}"))]);
-        assert!(store.check(&[CheckItem { key, limit, cost: 1, shadow: false }]).await.unwrap().committed);
+        let key = bucket_key("test", &limit, &[("k".to_string(), format!("u{i}"))]);
+        assert!(
+            store.check(&[CheckItem { key, limit: limit.clone(), cost: 1, shadow: false }]).await.unwrap().committed
+        );
     }
     assert_eq!(memory.len(), MAX);
     let examined = memory.examined();

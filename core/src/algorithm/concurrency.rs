@@ -214,6 +214,15 @@ impl Algorithm for Concurrency {
         total(&self.advance(state, now)) == 0
     }
 
+    /// The deadline of the newest epoch still holding slots.
+    fn idle_at(&self, state: SlotState, now: Nanos) -> Nanos {
+        let state = self.advance(state, now);
+        match state.held.iter().position(|&n| n > 0) {
+            Some(j) => self.deadline(state.newest.saturating_sub(j as u64)).max(now),
+            None => now,
+        }
+    }
+
     fn holds_until_done(&self) -> bool {
         true
     }

@@ -120,6 +120,16 @@ impl Algorithm for FixedWindow {
         self.current(state, now).used == 0
     }
 
+    /// The end of the window the units were counted in.
+    fn idle_at(&self, state: WindowState, now: Nanos) -> Nanos {
+        let state = self.current(state, now);
+        if state.used == 0 {
+            now
+        } else {
+            self.period.times(state.window.saturating_add(1))
+        }
+    }
+
     /// An interval of up to one period overlaps two windows (a burst at the
     /// end of one and the start of the next); each further period adds one.
     fn admitted_bound(&self, span: Nanos) -> u64 {

@@ -126,6 +126,11 @@ impl Algorithm for Gcra {
         tat <= now
     }
 
+    /// When the backlog ends.
+    fn idle_at(&self, tat: Nanos, now: Nanos) -> Nanos {
+        tat.max(now)
+    }
+
     /// The burst, then one unit per interval of the span and of the wait.
     fn admitted_bound(&self, span: Nanos) -> u64 {
         self.burst.saturating_add(self.units_in(self.max_delay + span))

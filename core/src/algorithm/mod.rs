@@ -178,6 +178,13 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// True when the state is indistinguishable from [`Algorithm::fresh`] at `now`.
     fn is_idle(&self, state: Self::State, now: Nanos) -> bool;
 
+    /// The earliest instant at or after `now` from which `state`, left
+    /// alone, is idle: `now` if it is idle at `now`, else the first instant
+    /// [`Algorithm::is_idle`] holds, which it then holds at every later
+    /// instant. A store that expires keys may forget the bucket from then on
+    /// without losing a count (the quota service sets its Redis TTLs so).
+    fn idle_at(&self, state: Self::State, now: Nanos) -> Nanos;
+
     /// True when admitted requests hold their units until they finish, so
     /// their permits must be released with [`Release::Done`].
     fn holds_until_done(&self) -> bool {
@@ -225,6 +232,8 @@ pub trait Policy: fmt::Debug + Send + Sync {
     /// True when the bucket in `slot` is indistinguishable from a fresh one
     /// (or unreadable), so its slot may be given to another key.
     fn is_idle(&self, slot: &[u8], now: Nanos) -> bool;
+    /// See [`Algorithm::idle_at`]; `now` for bytes that do not decode.
+    fn idle_at(&self, slot: &[u8], now: Nanos) -> Nanos;
     /// See [`Algorithm::holds_until_done`].
     fn holds_until_done(&self) -> bool;
     /// See [`Algorithm::held`]; zero for bytes that do not decode.
@@ -270,6 +279,10 @@ impl<A: Algorithm> Policy for A {
 
     fn is_idle(&self, slot: &[u8], now: Nanos) -> bool {
         self.decode(slot).is_none_or(|state| Algorithm::is_idle(self, state, now))
+    }
+
+    fn idle_at(&self, slot: &[u8], now: Nanos) -> Nanos {
+        self.decode(slot).map_or(now, |state| Algorithm::idle_at(self, state, now))
     }
 
     fn holds_until_done(&self) -> bool {

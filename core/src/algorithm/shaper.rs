@@ -64,6 +64,10 @@ impl Algorithm for Shaper {
         self.0.is_idle(tat, now)
     }
 
+    fn idle_at(&self, tat: Nanos, now: Nanos) -> Nanos {
+        self.0.idle_at(tat, now)
+    }
+
     /// Admissions (not departures): the burst, the queue, then the rate.
     fn admitted_bound(&self, span: Nanos) -> u64 {
         self.0.admitted_bound(span)

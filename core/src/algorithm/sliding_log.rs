@@ -249,6 +249,14 @@ impl Algorithm for SlidingLog {
         self.view(log, now).0.len == 0
     }
 
+    /// When the newest entry leaves the period.
+    fn idle_at(&self, log: LogState, now: Nanos) -> Nanos {
+        match self.view(log, now).0.newest() {
+            Some(newest) => (Nanos(newest) + self.period).max(now),
+            None => now,
+        }
+    }
+
     /// `limit` per started period of the span.
     fn admitted_bound(&self, span: Nanos) -> u64 {
         (self.limit as u64).saturating_mul(span.0 / self.period.0 + 1)

@@ -308,6 +308,19 @@ impl Algorithm for SlidingWindow {
         self.is_empty(&self.view(state, now).0)
     }
 
+    /// When the newest counter holding units has rolled out of the last
+    /// `slots` (two whole periods after its start, weighted: the previous
+    /// window's count weighs until the current one ends).
+    fn idle_at(&self, state: SlidingState, now: Nanos) -> Nanos {
+        let (state, _) = self.view(state, now);
+        let last_used =
+            (0..self.slots).map(|back| state.newest.wrapping_sub(back)).find(|i| self.count(&state, *i) > 0);
+        match last_used {
+            Some(index) => nanos_u128(self.start_of(index.saturating_add(self.slots))).max(now),
+            None => now,
+        }
+    }
+
     /// See the module documentation for the proofs.
     fn admitted_bound(&self, span: Nanos) -> u64 {
         let limit = u128::from(self.limit);

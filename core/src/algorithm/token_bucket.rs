@@ -128,6 +128,16 @@ impl Algorithm for TokenBucket {
         self.refill(state, now).tokens >= self.capacity
     }
 
+    /// When the missing tokens are earned: `floor((t − c) · limit / period)`
+    /// reaches `m` exactly when `t − c ≥ ⌈m · period / limit⌉`.
+    fn idle_at(&self, state: TokenState, now: Nanos) -> Nanos {
+        if self.is_idle(state, now) {
+            return now;
+        }
+        let missing = self.capacity.saturating_sub(state.tokens);
+        (state.credited_until + self.time_to_earn(missing)).max(now)
+    }
+
     /// The burst, then what the rate earns.
     fn admitted_bound(&self, span: Nanos) -> u64 {
         let earned = u128::from(span.0) * u128::from(self.limit) / u128::from(self.period.0);

@@ -203,6 +203,11 @@ impl Algorithm for WarmUp {
         self.cold(&state, now)
     }
 
+    /// `warmup` after the backlog ends.
+    fn idle_at(&self, state: WarmState, now: Nanos) -> Nanos {
+        (state.tat + self.warmup).max(now)
+    }
+
     /// The leaky bucket's bound: the admission test is its test, and every
     /// admission pushes `tat` at least as far. Over the admissions in an
     /// interval, `tat` moves by at least `units × T` from the first (at or

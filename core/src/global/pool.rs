@@ -316,6 +316,12 @@ impl Algorithm for LeasePool {
         self.usable(&state, now) == 0 && now >= state.refresh_until && now >= state.denied_until
     }
 
+    /// When the tokens expire and any claim or denial has run out.
+    fn idle_at(&self, state: PoolState, now: Nanos) -> Nanos {
+        let tokens_until = if state.tokens > 0 { state.expires_at } else { now };
+        now.max(tokens_until).max(state.refresh_until).max(state.denied_until)
+    }
+
     /// Whatever the leases applied to it held: not bounded here.
     fn admitted_bound(&self, _span: Nanos) -> u64 {
         u64::MAX

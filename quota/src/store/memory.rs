@@ -229,13 +229,13 @@ impl MemoryStore {
 mod tests {
     use super::*;
     use crate::clock::{ManualClock, Micros, SECOND_US};
-    use crate::config::{Algorithm, Limit};
+    use crate::config::Limit;
     use crate::store::{CheckItem, Store};
 
     const T0: Micros = 1_700_002_800 * SECOND_US;
 
     fn window(limit: u64) -> Limit {
-        Limit { algorithm: Algorithm::FixedWindow, limit, period: SECOND_US, capacity: limit }
+        Limit::new("fixed_window", limit, SECOND_US, "{}").unwrap()
     }
 
     fn item(key: &str, cost: u64) -> CheckItem {
@@ -285,7 +285,7 @@ mod tests {
     async fn sweep_drops_only_idle_buckets() {
         let clock = Arc::new(ManualClock::new(T0));
         let store = store(&clock, 100);
-        let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 1, period: SECOND_US, capacity: 2 };
+        let bucket = Limit::new("token_bucket", 1, SECOND_US, r#"{"burst":2}"#).unwrap();
         store
             .check(&[item("w", 1), CheckItem { key: "t".into(), limit: bucket, cost: 2, shadow: false }])
             .await
@@ -303,8 +303,8 @@ mod tests {
     async fn a_bucket_used_again_is_queued_again_not_dropped() {
         let clock = Arc::new(ManualClock::new(T0));
         let store = store(&clock, 100);
-        let bucket = Limit { algorithm: Algorithm::TokenBucket, limit: 1, period: SECOND_US, capacity: 2 };
-        let take = |cost| [CheckItem { key: "t".into(), limit: bucket, cost, shadow: false }];
+        let bucket = Limit::new("token_bucket", 1, SECOND_US, r#"{"burst":2}"#).unwrap();
+        let take = |cost| [CheckItem { key: "t".into(), limit: bucket.clone(), cost, shadow: false }];
         store.check(&take(1)).await.unwrap(); // idle in 1 s
         clock.advance(SECOND_US / 2);
         store.check(&take(1)).await.unwrap(); // empty: now idle at T0 + 2 s

@@ -18,18 +18,19 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::clock::Micros;
-use crate::config::{Algorithm, Limit};
+use crate::config::Limit;
 
 /// A retry-after that never comes (a cost above the capacity).
 pub const NEVER: Micros = Micros::MAX;
 
 /// The store key of a bucket: the domain as a Redis Cluster hash tag (every
 /// bucket one call touches must sit in one slot for the script to be atomic),
-/// the algorithm (buckets of different algorithms hold different state), and
-/// the descriptor's entries as JSON (unambiguous whatever the values contain).
-pub fn bucket_key(domain: &str, algorithm: Algorithm, entries: &[(String, String)]) -> String {
+/// the algorithm's tag (buckets of different algorithms hold different
+/// state; see [`crate::config::ALGORITHMS`]), and the descriptor's entries as
+/// JSON (unambiguous whatever the values contain).
+pub fn bucket_key(domain: &str, limit: &Limit, entries: &[(String, String)]) -> String {
     let entries = serde_json::to_string(entries).unwrap_or_default();
-    format!("fg:{{{domain}}}:{}:{entries}", algorithm.tag())
+    format!("fg:{{{domain}}}:{}:{entries}", limit.tag())
 }
 
 /// How long a lease's record outlives the lease: a caller may retry an
@@ -81,8 +82,7 @@ pub struct Grant {
     pub remaining: u64,
     /// Time until more quota becomes available.
     pub reset: Micros,
-    /// The fixed window the tokens belong to (0 for a token bucket); a
-    /// return must name it.
+    /// The fixed window the tokens belong to (0 for the other algorithms).
     pub window: u64,
     /// How long the caller may use the tokens.
     pub valid: Micros,
@@ -343,9 +343,10 @@ fn lease(
             let valid_until = now.saturating_add(leased.valid);
             let done = LeaseRecord {
                 bucket: item.key.clone(),
-                limit: item.limit,
+                limit: item.limit.clone(),
                 window: leased.window,
                 granted: leased.granted,
+                granted_at: now,
                 returned: false,
                 valid_until,
                 expires_at: valid_until.saturating_add(decide::nanos(LEASE_RECORD_MARGIN)),
