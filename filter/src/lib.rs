@@ -142,7 +142,7 @@ impl Plugin {
         let limiter = &self.limiter;
         self.metrics.count_verdict(&verdict);
         if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
-            self.shadow_log.record(now, || {
+            self.shadow_log.record(now, log::Level::Info, || {
                 format!("shadow mode: rule {} would have limited a request; let through", rule.rule.name)
             });
         }
@@ -184,7 +184,10 @@ impl Plugin {
     /// refuses every call, so this cannot be a configuration check.)
     fn check_cluster(&self, service: &floodgate_core::global::settings::QuotaService) {
         match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
-            Ok(token) => self.callouts.borrow_mut().sent(token, Callout::Hello),
+            Ok(token) => {
+                increment(self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Hello);
+            }
             Err(why) => {
                 log::error!(
                     "floodgate: global.cluster {:?} cannot be called ({why}): is it a cluster of Envoy's configuration? Global rules use their fall-back",
@@ -307,7 +310,7 @@ impl Plugin {
     fn callout_failed(&self, callout: Callout, why: &CallError) {
         let now = host::now();
         self.metrics.count_failed_callout(why);
-        self.callout_log.record(now, || format!("quota service call failed, rules fall back: {why}"));
+        self.callout_log.record(now, log::Level::Warn, || format!("quota service call failed, rules fall back: {why}"));
         let counters = &mut self.metrics.counters();
         match callout {
             Callout::Leases(refreshes) => {
@@ -354,14 +357,14 @@ struct RateLimitedLog {
 }
 
 impl RateLimitedLog {
-    fn record(&self, now: Nanos, line: impl FnOnce() -> String) {
+    fn record(&self, now: Nanos, level: log::Level, line: impl FnOnce() -> String) {
         if now - self.last.get() < SECOND {
             self.suppressed.set(self.suppressed.get() + 1);
             return;
         }
         let suppressed = self.suppressed.replace(0);
         self.last.set(now);
-        log::info!("floodgate: {} ({suppressed} more since the last line)", line());
+        log::log!(level, "floodgate: {} ({suppressed} more since the last line)", line());
     }
 }
 
@@ -462,7 +465,10 @@ impl RootContext for FloodgateRoot {
             plugin.metrics.set_modes(&plugin.limiter);
             for rule in plugin.limiter.due_probes(&SharedData, now) {
                 match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
-                    Ok(token) => plugin.callouts.borrow_mut().sent(token, Callout::Probe(rule)),
+                    Ok(token) => {
+                        increment(plugin.metrics.callouts_sent, 1);
+                        plugin.callouts.borrow_mut().sent(token, Callout::Probe(rule));
+                    }
                     Err(why) => plugin.callout_failed(Callout::Probe(rule), &CallError::NotSent(why)),
                 }
             }
