@@ -683,6 +683,44 @@ impl<H> Limiter<H> {
         self.slot_of(compiled, result, counters)
     }
 
+    /// Takes the unspent tokens out of every lease pool of every global rule,
+    /// to give them back to the service: when this configuration goes away
+    /// (a rule removed or changed, or Envoy shutting down). Each pool is
+    /// emptied by compare-and-swap, so when every worker does this at once,
+    /// each lease's tokens are taken once. Returns `(lease, tokens)`.
+    pub fn take_unspent(&self, store: &dyn Store, now: Nanos) -> Vec<(u64, u64)> {
+        let mut taken = Vec::new();
+        let mut key = Key::default();
+        for (index, compiled) in self.rules.iter().enumerate() {
+            let Some((_, pool)) = self.pool_of(index) else { continue };
+            let table = &compiled.rule.table;
+            for group in 0..table.groups() {
+                if compiled.write_key(Bucket::Main, group, &mut key).is_err() {
+                    continue;
+                }
+                let mut here = Vec::new();
+                let result = measure_and_replace(store, key.as_str(), self.max_cas_retries, |stored| {
+                    // Decided again after a lost race: start the list over.
+                    here.clear();
+                    table.update_every(stored, |slot| {
+                        let Some(state) = pool.decode(slot) else { return false };
+                        let tokens = pool.usable(&state, now);
+                        if tokens == 0 {
+                            return false;
+                        }
+                        here.push((state.lease, tokens));
+                        pool.encode(&PoolState { tokens: 0, ..state }, slot);
+                        true
+                    })
+                });
+                if result.is_ok() {
+                    taken.append(&mut here);
+                }
+            }
+        }
+        taken
+    }
+
     /// Ends a refresh that got no answer, so the next request may claim again.
     pub fn abandon_lease(&self, store: &dyn Store, now: Nanos, refresh: &Refresh, counters: &mut dyn Counters<H>) {
         let Some((compiled, pool)) = self.pool_of(refresh.rule) else { return };
@@ -1527,5 +1565,24 @@ mod tests {
         assert_eq!(tally.in_flight[&1], 1, "two reclaimed, one taken");
         assert_eq!(tally.rules[&(0, "allowed")], 4);
         assert_eq!(tally.rules[&(1, "limited")], 2);
+    }
+
+    #[test]
+    fn unspent_tokens_are_taken_once_when_a_configuration_goes_away() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        for key in ["alice", "bob"] {
+            let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", key)]), &mut tally);
+            let refresh = &verdict.refreshes[0];
+            limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 10), &mut tally);
+        }
+        assert!(admitted(&limiter, &store, T0, &[("x-api-key", "alice")], &mut tally));
+        let mut unspent = limiter.take_unspent(&store, T0);
+        unspent.sort_by_key(|(_, tokens)| *tokens);
+        assert_eq!(unspent.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![9, 10]);
+        let other_worker = build(GLOBAL, &store);
+        assert!(other_worker.take_unspent(&store, T0).is_empty(), "taken once");
+        assert!(limiter.take_unspent(&store, T0 + SECOND.times(11)).is_empty());
     }
 }

@@ -74,6 +74,8 @@ struct Plugin {
     waiting: RefCell<Waiting>,
     /// This worker's calls to the quota service.
     callouts: RefCell<Callouts>,
+    /// While this configuration goes away: returns not answered yet.
+    closing: Cell<Option<usize>>,
 }
 
 impl Plugin {
@@ -202,6 +204,35 @@ impl Plugin {
         }
     }
 
+    /// Gives back every pool's unspent tokens as this configuration goes
+    /// away; the number of calls made.
+    fn give_back_all(&self) -> usize {
+        let Some(service) = self.limiter.quota_service() else { return 0 };
+        let unspent = self.limiter.take_unspent(&SharedData, host::now());
+        let mut sent = 0;
+        for chunk in unspent.chunks(calls::MAX_ITEMS) {
+            let tokens = chunk.iter().map(|(_, t)| t).sum();
+            if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
+                increment(self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Returns(tokens));
+                sent += 1;
+            }
+        }
+        sent
+    }
+
+    /// A return was answered (or failed): once the last of a closing
+    /// configuration's is, Envoy may tear the context down.
+    fn return_settled(&self) {
+        if let Some(left) = self.closing.get() {
+            let left = left.saturating_sub(1);
+            self.closing.set(Some(left));
+            if left == 0 {
+                let _ = hostcalls::done();
+            }
+        }
+    }
+
     /// Sends everything queued for the quota service.
     fn flush(&self) {
         let Some(service) = self.limiter.quota_service() else { return };
@@ -265,7 +296,10 @@ impl Plugin {
                     }
                 }
             }
-            Callout::Returns(tokens) => increment(self.metrics.tokens_returned, tokens),
+            Callout::Returns(tokens) => {
+                increment(self.metrics.tokens_returned, tokens);
+                self.return_settled();
+            }
             Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
             Callout::Hello => {}
             Callout::Check { context_id, indices } => self.settle(context_id, &indices, None, now),
@@ -319,8 +353,10 @@ impl Plugin {
                     self.limiter.record_callout(&SharedData, now, refresh.rule, false);
                 }
             }
+            // Tokens not given back are lost to this window: never more admitted.
+            Callout::Returns(_) => self.return_settled(),
             // A failed first call says nothing the next calls will not.
-            Callout::Returns(_) | Callout::Hello => {}
+            Callout::Hello => {}
             Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, false),
             Callout::Check { context_id, indices } => {
                 let rules: Vec<usize> = self
@@ -369,6 +405,20 @@ impl RateLimitedLog {
 }
 
 impl Context for FloodgateRoot {
+    /// The configuration goes away (a rule removed or changed, or Envoy
+    /// stopping): unspent leased tokens go back to the service, and the
+    /// context stays until the service has answered (as far as Envoy waits).
+    fn on_done(&mut self) -> bool {
+        let Some(plugin) = self.plugin.clone() else { return true };
+        match plugin.give_back_all() {
+            0 => true,
+            calls => {
+                plugin.closing.set(Some(calls));
+                false
+            }
+        }
+    }
+
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         let Some(plugin) = self.plugin.clone() else { return };
         // A reset stream has no headers (and no body): the SDK's getters
@@ -444,6 +494,7 @@ impl RootContext for FloodgateRoot {
             callout_log: RateLimitedLog::default(),
             waiting,
             callouts: RefCell::new(Callouts::default()),
+            closing: Cell::new(None),
         });
         schedule_ticks(&plugin, host::now());
         self.plugin = Some(plugin);

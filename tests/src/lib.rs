@@ -232,9 +232,12 @@ impl Envoy {
         let dir = scratch_dir();
         let (port, admin_port) = (free_port(), free_port());
         fs::write(dir.join("lds.yaml"), setup.lds_file(port)).unwrap();
+        let clusters = setup.clusters_yaml();
+        let static_resources =
+            if clusters.is_empty() { String::new() } else { format!("static_resources:\n{clusters}") };
         let bootstrap = format!(
             "node: {{id: e2e, cluster: e2e}}\ndynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    \
-             path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{admin}",
+             path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{static_resources}{admin}",
             lds = dir.join("lds.yaml").display(),
             dir = dir.display(),
             admin = admin(admin_port),
@@ -255,7 +258,7 @@ impl Envoy {
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_bin())
             // No hot restart: several test Envoys run side by side.
-            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "-c"])
+            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1", "-c"])
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -487,6 +490,15 @@ impl QuotaService {
     /// Starts the service with the limits in `limits` (YAML) and `--store store`.
     pub fn start(limits: &str, store: &str) -> QuotaService {
         Self::start_on(free_port(), limits, store)
+    }
+
+    /// Starts the service with these extra command-line arguments.
+    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaService {
+        let mut service = Self::start(limits, store);
+        service.kill();
+        service.args.extend(extra.iter().map(|a| a.to_string()));
+        service.restart();
+        service
     }
 
     /// Starts the service on `port`.

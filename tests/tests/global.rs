@@ -11,12 +11,13 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Conn, Envoy, QuotaService, RedisServer, Setup};
+use floodgate_e2e::{Conn, Envoy, QuotaService, RedisServer, Setup, Update};
 
 /// Limits of the domain `edge`:
 /// - `route=api`: 30 per hour, a token bucket holding 30 (no refill within a test);
 /// - `route=fleet`: a token bucket of 100 at once and 20 per second;
 /// - `api_key=*`: 20 per hour per key;
+/// - `route=stock`: 100,000 a day, hardly refilling within a test;
 /// - `route=hot`: plenty (a hot key for single-flight counting).
 const LIMITS: &str = "domain: edge
 descriptors:
@@ -26,6 +27,9 @@ descriptors:
   - key: route
     value: fleet
     rate_limit: {unit: second, requests_per_unit: 20, algorithm: token_bucket, burst: 100}
+  - key: route
+    value: stock
+    rate_limit: {unit: day, requests_per_unit: 100000, algorithm: token_bucket}
   - key: route
     value: hot
     rate_limit: {unit: second, requests_per_unit: 1000000, algorithm: token_bucket}
@@ -311,4 +315,31 @@ fn a_service_answering_garbage_means_fallback_never_a_panic() {
         assert!(failed > 0, "{what}: failures counted");
         assert!(!envoy.log_tail().contains("panicked"), "{what}: {}", envoy.log_tail());
     }
+}
+
+#[test]
+fn removing_a_global_rule_gives_its_unspent_tokens_back() {
+    // Leases long enough to outlive the listener's drain.
+    let service = QuotaService::start_with(LIMITS, "memory", &["--lease-ttl", "20s"]);
+    let global =
+        Setup::new(&plugin(Some("stock"), "lease", r#""deny""#)).with_cluster("floodgate-quota", &[service.port]);
+    let envoy = Envoy::start_dynamic(&global);
+    // Light traffic on a generous limit: the pool holds tokens to spare.
+    let seen = load(&[&envoy], 1, Duration::from_millis(300), |_, _| String::new());
+    assert!(seen.admitted > 0 && seen.limited == 0, "{seen:?}");
+    let before = service.metric("floodgate_quota_tokens_returned_total", &[]);
+    let local = Setup::new(r#"{"rules": [{"name": "local", "limit": 5, "period": "1s"}]}"#)
+        .with_cluster("floodgate-quota", &[service.port]);
+    assert_eq!(envoy.update_listener(&local), Update::Accepted);
+    assert!(
+        eventually(Duration::from_secs(5), || service.metric("floodgate_quota_tokens_returned_total", &[]) > before),
+        "no tokens came back when the rule went away; return calls: {}\n{}",
+        service.metric("floodgate_quota_requests_total", &[r#"endpoint="return""#]),
+        envoy
+            .log_tail()
+            .lines()
+            .filter(|l| l.contains("wasm") || l.contains("lds") || l.contains("listener"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
