@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use crate::algorithm::{Params, Policy, Quota, Registration, ALGORITHMS};
 use crate::descriptor::{DescriptorEntry, HeaderId, HeaderMatcher, PathMatch, RequestMatch, StringMatch};
+use crate::global::settings::{global_rule, GlobalRule, QuotaService, RawService, GLOBAL};
 use crate::table::Table;
 use crate::time::{Nanos, SECOND};
 
@@ -67,6 +68,7 @@ struct RawConfig {
     failure_mode: FailureMode,
     max_cas_retries: Option<u32>,
     max_delayed_per_worker: Option<u32>,
+    global: Option<RawService>,
 }
 
 /// A rule as written. Fields not named here belong to the rule's algorithm,
@@ -80,7 +82,7 @@ struct RawRule {
     #[serde(default)]
     descriptors: Vec<RawDescriptor>,
     algorithm: Option<String>,
-    limit: u64,
+    limit: Option<u64>,
     cost: Option<u64>,
     cost_from_header: Option<RawCostHeader>,
     #[serde(default)]
@@ -99,7 +101,7 @@ pub enum Scope {
     /// In this Envoy's shared data, exact across its workers.
     #[default]
     Local,
-    /// In the central quota service (not available in this version).
+    /// In the central quota service, for the whole fleet (see [`crate::global`]).
     Global,
 }
 
@@ -314,8 +316,11 @@ pub struct Rule {
     pub cost: Cost,
     /// Count and log, but do not enforce.
     pub shadow_mode: bool,
-    /// The rule's bucket table, decided by its algorithm.
+    /// The rule's bucket table, decided by its algorithm (for a global
+    /// rule: its lease pools).
     pub table: Table,
+    /// For a global rule, how it asks the quota service and falls back.
+    pub global: Option<GlobalRule>,
 }
 
 impl Rule {
@@ -345,6 +350,8 @@ pub struct Config {
     pub max_cas_retries: u32,
     /// Most requests one worker keeps waiting (delayed by a shaper) at once.
     pub max_delayed_per_worker: u32,
+    /// The quota service global rules ask (the `global` section).
+    pub global: Option<QuotaService>,
     /// The request headers rules read, indexed by [`HeaderId`]; lower case.
     pub header_names: Vec<String>,
 }
@@ -407,11 +414,12 @@ impl Config {
             None => DEFAULT_MAX_DELAYED,
             Some(n) => check_range("max_delayed_per_worker", u64::from(n), 0, 100_000)? as u32,
         };
+        let global = raw.global.map(RawService::validate).transpose()?;
         let mut headers = Headers::default();
         let mut rules: Vec<Rule> = Vec::with_capacity(raw.rules.len());
         for (index, rule) in raw.rules.into_iter().enumerate() {
             let at = format!("rules[{index}]");
-            let rule = validate_rule(&at, rule, default_max_keys, &mut headers)?;
+            let rule = validate_rule(&at, rule, default_max_keys, global.as_ref(), &mut headers)?;
             if rules.iter().any(|r| r.name == rule.name) {
                 return Err(error(
                     format!("{at}.name"),
@@ -427,6 +435,7 @@ impl Config {
             failure_mode: raw.failure_mode,
             max_cas_retries,
             max_delayed_per_worker,
+            global,
             header_names: headers.names,
         })
     }
@@ -453,7 +462,13 @@ fn validate_response(raw: RawResponse) -> Result<Response, ConfigError> {
     })
 }
 
-fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut Headers) -> Result<Rule, ConfigError> {
+fn validate_rule(
+    at: &str,
+    raw: RawRule,
+    default_max_keys: u64,
+    service: Option<&QuotaService>,
+    headers: &mut Headers,
+) -> Result<Rule, ConfigError> {
     let name = raw.name;
     let name_ok = !name.is_empty()
         && name.len() <= 64
@@ -464,38 +479,6 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
             format!("{name:?} is not a rule name: use 1 to 64 letters, digits, '_' or '-'"),
         ));
     }
-    if raw.scope == Scope::Global {
-        return Err(error(
-            format!("{at}.scope"),
-            "\"global\" needs the central quota service, which this version of the filter does not call yet; use \"local\"",
-        ));
-    }
-    let limit = check_range(&format!("{at}.limit"), raw.limit, 1, MAX_AMOUNT)?;
-    let name_of_algorithm = raw.algorithm.as_deref().unwrap_or("token_bucket");
-    let Some(algorithm) = Registration::find(name_of_algorithm) else {
-        let known: Vec<&str> = ALGORITHMS.iter().map(|a| a.name).collect();
-        return Err(error(
-            format!("{at}.algorithm"),
-            format!("unknown algorithm {name_of_algorithm:?}: use one of {}", known.join(", ")),
-        ));
-    };
-    let policy = algorithm.build(Params::new(at, limit, raw.params))?;
-    let capacity = policy.capacity();
-    let fixed_cost = check_range(&format!("{at}.cost"), raw.cost.unwrap_or(1), 1, capacity)?;
-    let cost = match raw.cost_from_header {
-        None => Cost::Fixed(fixed_cost),
-        Some(from) => {
-            let header = headers.id(&format!("{at}.cost_from_header.header_name"), &from.header_name)?;
-            let max = check_range(&format!("{at}.cost_from_header.max"), from.max, 1, capacity)?;
-            if fixed_cost > max {
-                return Err(error(
-                    format!("{at}.cost"),
-                    format!("the default cost {fixed_cost} exceeds cost_from_header.max {max}"),
-                ));
-            }
-            Cost::FromHeader { header, default: fixed_cost, max }
-        }
-    };
     let request_match = validate_match(&format!("{at}.match"), raw.request_match, headers)?;
     if raw.descriptors.len() > MAX_DESCRIPTORS {
         return Err(error(
@@ -515,15 +498,45 @@ fn validate_rule(at: &str, raw: RawRule, default_max_keys: u64, headers: &mut He
     };
     // A rule whose descriptor is all constants has exactly one bucket.
     let max_keys = if crate::descriptor::is_constant(&descriptors) { 1 } else { max_keys as u32 };
-    Ok(Rule {
-        table: Table::new(policy, algorithm.tag, max_keys),
-        name,
-        request_match,
-        descriptors,
-        algorithm,
-        cost,
-        shadow_mode: raw.shadow_mode,
-    })
+    let (algorithm, table, global) = if raw.scope == Scope::Global {
+        let (table, global) = global_rule(at, service, raw.limit, raw.algorithm, raw.params, max_keys)?;
+        (&GLOBAL, table, Some(global))
+    } else {
+        for only_global in ["mode", "fallback"] {
+            if raw.params.contains_key(only_global) {
+                return Err(error(format!("{at}.{only_global}"), "applies only to a rule with \"scope\": \"global\""));
+            }
+        }
+        let Some(limit) = raw.limit else { return Err(error(at, "missing field `limit`")) };
+        let limit = check_range(&format!("{at}.limit"), limit, 1, MAX_AMOUNT)?;
+        let name_of_algorithm = raw.algorithm.as_deref().unwrap_or("token_bucket");
+        let Some(algorithm) = Registration::find(name_of_algorithm) else {
+            let known: Vec<&str> = ALGORITHMS.iter().map(|a| a.name).collect();
+            return Err(error(
+                format!("{at}.algorithm"),
+                format!("unknown algorithm {name_of_algorithm:?}: use one of {}", known.join(", ")),
+            ));
+        };
+        let policy = algorithm.build(Params::new(at, limit, raw.params))?;
+        (algorithm, Table::new(policy, algorithm.tag, max_keys), None)
+    };
+    let capacity = table.policy().capacity();
+    let fixed_cost = check_range(&format!("{at}.cost"), raw.cost.unwrap_or(1), 1, capacity)?;
+    let cost = match raw.cost_from_header {
+        None => Cost::Fixed(fixed_cost),
+        Some(from) => {
+            let header = headers.id(&format!("{at}.cost_from_header.header_name"), &from.header_name)?;
+            let max = check_range(&format!("{at}.cost_from_header.max"), from.max, 1, capacity)?;
+            if fixed_cost > max {
+                return Err(error(
+                    format!("{at}.cost"),
+                    format!("the default cost {fixed_cost} exceeds cost_from_header.max {max}"),
+                ));
+            }
+            Cost::FromHeader { header, default: fixed_cost, max }
+        }
+    };
+    Ok(Rule { table, name, request_match, descriptors, algorithm, cost, shadow_mode: raw.shadow_mode, global })
 }
 
 fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<RequestMatch, ConfigError> {

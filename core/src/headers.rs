@@ -15,7 +15,7 @@
 //! policy field, the limit) is rendered once per configuration, and the
 //! numbers are written into one buffer without the formatting machinery.
 
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Quota};
 use crate::config::{HeaderStyle, Response, Rule};
 use crate::text::InlineText;
 
@@ -63,6 +63,9 @@ pub struct RuleHeaders {
     /// `"<name>";q=<limit>;w=<seconds>` (ietf; no `w` without a window) or
     /// `<limit>` (x-ratelimit).
     policy: String,
+    /// `"<name>";q=` (ietf): a global rule's policy is rendered per response
+    /// from what the quota service last said.
+    policy_prefix: String,
     /// `"<name>";r=` (ietf).
     prefix: String,
 }
@@ -76,11 +79,12 @@ impl RuleHeaders {
                 let window = quota.window.map(|w| format!(";w={}", w.ceil_seconds())).unwrap_or_default();
                 Self {
                     policy: format!("\"{}\";q={}{window}", rule.name, quota.limit),
+                    policy_prefix: format!("\"{}\";q=", rule.name),
                     prefix: format!("\"{}\";r=", rule.name),
                 }
             }
             HeaderStyle::XRateLimit | HeaderStyle::None => {
-                Self { policy: quota.limit.to_string(), prefix: String::new() }
+                Self { policy: quota.limit.to_string(), policy_prefix: String::new(), prefix: String::new() }
             }
         }
     }
@@ -88,29 +92,45 @@ impl RuleHeaders {
 
 /// Writes into `out` the headers of a response: for a limited one (`allowed`
 /// false), or an allowed one when `response.headers_on_allowed`. `report` is
-/// the rule whose numbers to show, if any rule decided.
-pub fn render(response: &Response, allowed: bool, report: Option<(&RuleHeaders, Decision)>, out: &mut HeaderBlock) {
+/// the rule whose numbers to show, if any rule decided, with the limit the
+/// quota service stated for a global rule.
+pub fn render(
+    response: &Response,
+    allowed: bool,
+    report: Option<(&RuleHeaders, Decision, Option<Quota>)>,
+    out: &mut HeaderBlock,
+) {
     out.text.clear();
     out.len = 0;
     if !allowed {
-        if let Some((_, decision)) = report {
+        if let Some((_, decision, _)) = report {
             out.push("retry-after", |s| s.push_u64(decision.retry_after().ceil_seconds().max(1)));
         }
         out.push("x-envoy-ratelimited", |s| s.push_str("true"));
     } else if !response.headers_on_allowed {
         return;
     }
-    let Some((rule, decision)) = report else { return };
+    let Some((rule, decision, stated)) = report else { return };
     let (remaining, reset) = (decision.remaining, decision.reset.ceil_seconds());
     match response.headers {
         HeaderStyle::Ietf => {
-            out.push("ratelimit-policy", |s| s.push_str(&rule.policy));
+            out.push("ratelimit-policy", |s| match stated {
+                None => s.push_str(&rule.policy),
+                Some(Quota { limit, window }) => {
+                    s.push_str(&rule.policy_prefix)
+                        && s.push_u64(limit)
+                        && window.is_none_or(|w| s.push_str(";w=") && s.push_u64(w.ceil_seconds()))
+                }
+            });
             out.push("ratelimit", |s| {
                 s.push_str(&rule.prefix) && s.push_u64(remaining) && s.push_str(";t=") && s.push_u64(reset)
             });
         }
         HeaderStyle::XRateLimit => {
-            out.push("x-ratelimit-limit", |s| s.push_str(&rule.policy));
+            out.push("x-ratelimit-limit", |s| match stated {
+                None => s.push_str(&rule.policy),
+                Some(quota) => s.push_u64(quota.limit),
+            });
             out.push("x-ratelimit-remaining", |s| s.push_u64(remaining));
             out.push("x-ratelimit-reset", |s| s.push_u64(reset));
         }
@@ -141,7 +161,7 @@ mod tests {
     fn headers(config: &Config, allowed: bool, decision: Decision) -> Vec<(&'static str, String)> {
         let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
         let mut out = HeaderBlock::default();
-        render(&config.response, allowed, Some((&rule, decision)), &mut out);
+        render(&config.response, allowed, Some((&rule, decision, None)), &mut out);
         out.iter().map(|(n, v)| (n, v.to_string())).collect()
     }
 
@@ -198,9 +218,9 @@ mod tests {
         let config = config("{}");
         let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
         let mut block = HeaderBlock::default();
-        render(&config.response, false, Some((&rule, decision(false, 0, SECOND.0, SECOND.0))), &mut block);
+        render(&config.response, false, Some((&rule, decision(false, 0, SECOND.0, SECOND.0), None)), &mut block);
         assert_eq!(block.iter().count(), 4);
-        render(&config.response, true, Some((&rule, decision(true, 5, 0, 0))), &mut block);
+        render(&config.response, true, Some((&rule, decision(true, 5, 0, 0), None)), &mut block);
         let fields: Vec<_> = block.iter().collect();
         assert_eq!(fields, vec![("ratelimit-policy", "\"per-key\";q=100;w=60"), ("ratelimit", "\"per-key\";r=5;t=0")]);
     }

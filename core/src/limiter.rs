@@ -11,15 +11,29 @@
 //! it back through [`Limiter::release`] — with [`Release::Done`] when the
 //! request ends (concurrency limits free their slots), or [`Release::Undo`]
 //! when the request is not served after all (it could not wait).
+//!
+//! A global rule (see [`crate::global`]) spends its pool of leased tokens
+//! like a local bucket. When the pool is empty the verdict is
+//! [`Admission::Pending`]: the host asks again once the refresh this request
+//! may have claimed ([`Verdict::refreshes`]) has answered. A check-mode rule
+//! is decided by the service: the verdict lists what to ask
+//! ([`Verdict::checks`]) and [`Limiter::settle`] finishes the request with
+//! the answer.
 
-use crate::algorithm::{Admission, Decision, Grant, Release};
+use std::cell::Cell;
+
+use crate::algorithm::{Admission, Algorithm, Decision, Grant, Quota, Release};
 use crate::config::{Config, Cost, FailureMode, Response, Rule};
-use crate::descriptor::{fingerprint, Request};
+use crate::descriptor::{fingerprint, protocol_descriptor, Request};
+use crate::global::fallback::{Backoff, ModeState};
+use crate::global::pool::{Applied, Claim, LeaseGrant, LeasePool, PoolState, Spend};
+use crate::global::settings::{Fallback, GlobalMode, QuotaService};
+use crate::hash::SipHasher;
 use crate::headers::{HeaderBlock, RuleHeaders};
-use crate::store::{measure_and_replace, LoopError, Replaced, Store, StoreError};
-use crate::table::TableOutcome;
+use crate::store::{self, measure_and_replace, LoopError, Replaced, Store, StoreError};
+use crate::table::{Slot, Table, TableOutcome};
 use crate::text::InlineText;
-use crate::time::Nanos;
+use crate::time::{Nanos, SECOND};
 
 /// Shared-data key holding the per-VM secret that keys descriptor hashing.
 pub const SEED_KEY: &str = "fg:seed";
@@ -44,6 +58,8 @@ pub enum RuleEvent {
     Limited,
     /// The rule would have denied, but is in shadow mode.
     ShadowLimited,
+    /// A global rule decided by its fall-back: the quota service was failing.
+    Fallback,
 }
 
 /// A store-level occurrence worth counting.
@@ -91,6 +107,16 @@ pub struct CompiledRule<H> {
     key_prefix: String,
     /// The constant parts of the rule's response headers.
     pub(crate) headers: RuleHeaders,
+    /// A global rule's fall-back is in force, as this worker last saw the
+    /// rule's mode in shared data.
+    in_fallback: Cell<bool>,
+}
+
+impl<H> CompiledRule<H> {
+    /// True while this global rule uses its fall-back (as this worker knows).
+    pub fn in_fallback(&self) -> bool {
+        self.in_fallback.get()
+    }
 }
 
 /// The rule whose numbers a response reports: the one that denied, or else
@@ -101,12 +127,16 @@ pub struct Report {
     pub rule: usize,
     /// Its decision.
     pub decision: Decision,
+    /// The limit as the quota service last stated it, for a global rule
+    /// (a local rule's is in its configuration).
+    pub quota: Option<Quota>,
 }
 
 /// The verdict on one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
-    /// Go on now, after a delay (the longest any rule asked for), or deny.
+    /// Go on now, after a delay (the longest any rule asked for), deny, or
+    /// pending an answer from the quota service.
     pub admission: Admission,
     /// The first rule in shadow mode that would have denied it, if any.
     pub shadow_limited: Option<usize>,
@@ -114,27 +144,95 @@ pub struct Verdict {
     pub failed: bool,
     /// The numbers for the rate-limit headers, if any rule decided.
     pub report: Option<Report>,
+    /// Refreshes of lease pools this request claimed: the host asks the
+    /// quota service for each, whatever the verdict.
+    pub refreshes: Vec<Refresh>,
+    /// Check-mode rules to ask the quota service about (admission pending).
+    pub checks: Vec<CheckItem>,
 }
 
 impl Verdict {
-    /// True unless denied.
+    fn new() -> Self {
+        Verdict {
+            admission: Admission::Now,
+            shadow_limited: None,
+            failed: false,
+            report: None,
+            refreshes: Vec::new(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// True when admitted, at once or after a delay.
     pub fn allowed(&self) -> bool {
-        !matches!(self.admission, Admission::Denied { .. })
+        matches!(self.admission, Admission::Now | Admission::Delayed(_))
     }
 
     /// The wait before the request goes on: zero unless delayed.
     pub fn delay(&self) -> Nanos {
         match self.admission {
             Admission::Delayed(delay) => delay,
-            Admission::Now | Admission::Denied { .. } => Nanos::ZERO,
+            Admission::Now | Admission::Denied { .. } | Admission::Pending => Nanos::ZERO,
         }
     }
+}
+
+/// A refresh of one lease pool, claimed by a request: what to ask the quota
+/// service for, and where the answer goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refresh {
+    /// Index of the global rule in [`Limiter::rules`].
+    pub rule: usize,
+    /// The pool's group and descriptor fingerprint.
+    pub group: u32,
+    /// The descriptor's fingerprint.
+    pub fingerprint: u64,
+    /// The claim (when, how much, at what rate).
+    pub claim: Claim,
+    /// The id to lease with (unique per claim; the service deduplicates by it).
+    pub lease: u64,
+    /// The descriptor's `[key, value]` pairs.
+    pub descriptor: Vec<(String, String)>,
+}
+
+/// A check-mode rule's question for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckItem {
+    /// Index of the global rule in [`Limiter::rules`].
+    pub rule: usize,
+    /// The descriptor's `[key, value]` pairs.
+    pub descriptor: Vec<(String, String)>,
+    /// Units the request costs.
+    pub hits: u64,
+    /// Where its local fall-back bucket is, should the service fail.
+    group: u32,
+    fingerprint: u64,
+}
+
+/// The quota service's answer about one check item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckAnswer {
+    /// Admitted (or over the limit in shadow mode) or denied, with the
+    /// numbers to report.
+    pub decision: Decision,
+    /// The limit the service applied, if it said.
+    pub quota: Option<Quota>,
+}
+
+/// Which of a rule's tables units came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Bucket {
+    /// The rule's own table (a global rule's: its lease pools).
+    Main,
+    /// A global rule's local fall-back table.
+    Fallback,
 }
 
 /// What one rule took for an admitted request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Held {
     rule: usize,
+    bucket: Bucket,
     group: u32,
     fingerprint: u64,
     grant: Grant,
@@ -155,6 +253,12 @@ impl Permit {
     }
 }
 
+/// Backoff between probes of a failing quota service: the first after 100 ms,
+/// doubling to at most 2 s, so global mode is back within about 2 s of the
+/// service's return.
+const PROBE_BACKOFF: Backoff =
+    Backoff { first: Nanos(100_000_000), max: Nanos(2 * SECOND.0), probe_ttl: Nanos(SECOND.0) };
+
 /// A configured limiter: built once per configuration, asked once per request.
 #[derive(Debug)]
 pub struct Limiter<H = ()> {
@@ -166,6 +270,17 @@ pub struct Limiter<H = ()> {
     max_delayed_per_worker: u32,
     header_names: Vec<String>,
     hash_key: (u64, u64),
+    service: Option<QuotaService>,
+}
+
+/// How one rule decided.
+enum Step {
+    /// It decided (`None`: it could not, and the failure mode applies).
+    Decided(Option<Decision>, Bucket),
+    /// Its pool is empty: ask again after the refresh.
+    Pending,
+    /// It does not count for this request.
+    Skip,
 }
 
 impl<H> Limiter<H> {
@@ -193,6 +308,7 @@ impl<H> Limiter<H> {
             failure_mode,
             max_cas_retries,
             max_delayed_per_worker,
+            global: service,
             header_names,
         } = config;
         let rules = rules
@@ -201,6 +317,7 @@ impl<H> Limiter<H> {
                 host: host_data(&rule),
                 key_prefix: format!("fg:{}:", rule.name),
                 headers: RuleHeaders::new(response.headers, &rule),
+                in_fallback: Cell::new(false),
                 rule,
             })
             .collect();
@@ -213,21 +330,32 @@ impl<H> Limiter<H> {
             max_delayed_per_worker,
             header_names,
             hash_key: (word(0), word(8)),
+            service,
         };
         let mut key = Key::default();
         for compiled in &limiter.rules {
-            let groups = compiled.rule.table.groups();
-            // Groups are created in order, so the last one existing means all do.
-            compiled.write_key(groups - 1, &mut key)?;
-            if store.get(key.as_str())?.is_some() {
-                continue;
+            let mut tables = vec![(Bucket::Main, &compiled.rule.table)];
+            if let Some(Fallback::Local(table)) = compiled.rule.global.as_ref().map(|g| &g.fallback) {
+                tables.push((Bucket::Fallback, table));
             }
-            let empty = compiled.rule.table.empty_group();
-            for group in 0..groups {
-                compiled.write_key(group, &mut key)?;
-                store.create_if_absent(key.as_str(), &empty)?;
+            for (bucket, table) in tables {
+                // Groups are created in order, so the last one existing means all do.
+                compiled.write_key(bucket, table.groups() - 1, &mut key)?;
+                if store.get(key.as_str())?.is_some() {
+                    continue;
+                }
+                let empty = table.empty_group();
+                for group in 0..table.groups() {
+                    compiled.write_key(bucket, group, &mut key)?;
+                    store.create_if_absent(key.as_str(), &empty)?;
+                }
+            }
+            if compiled.rule.global.is_some() {
+                compiled.write_mode_key(&mut key)?;
+                store.create_if_absent(key.as_str(), &ModeState::default().encode())?;
             }
         }
+        limiter.read_modes(store);
         Ok(limiter)
     }
 
@@ -239,6 +367,11 @@ impl<H> Limiter<H> {
     /// The limited response.
     pub fn response(&self) -> &Response {
         &self.response
+    }
+
+    /// The quota service global rules ask, if any rule is global.
+    pub fn quota_service(&self) -> Option<&QuotaService> {
+        self.service.as_ref()
     }
 
     /// Most requests one worker keeps waiting for a shaper at once.
@@ -255,22 +388,37 @@ impl<H> Limiter<H> {
     /// The most host memory a rule's buckets can take, in bytes.
     pub fn shared_data_bytes(&self, rule: usize) -> u64 {
         let Some(compiled) = self.rules.get(rule) else { return 0 };
-        let table = &compiled.rule.table;
-        // The longest key is the last group's.
+        let mut tables = vec![(Bucket::Main, &compiled.rule.table)];
+        if let Some(Fallback::Local(table)) = compiled.rule.global.as_ref().map(|g| &g.fallback) {
+            tables.push((Bucket::Fallback, table));
+        }
         let mut key = Key::default();
-        let key_len = compiled.write_key(table.groups() - 1, &mut key).map_or(0, |()| key.len()) as u64;
-        u64::from(table.groups()) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + table.max_group_len() as u64)
+        tables
+            .into_iter()
+            .map(|(bucket, table)| {
+                // The longest key is the last group's.
+                let key_len = compiled.write_key(bucket, table.groups() - 1, &mut key).map_or(0, |()| key.len()) as u64;
+                u64::from(table.groups()) * (SHARED_DATA_ENTRY_OVERHEAD + key_len + table.max_group_len() as u64)
+            })
+            .sum()
     }
 
     /// Writes the rate-limit headers `verdict` calls for into `out`.
     pub fn render_headers(&self, verdict: &Verdict, out: &mut HeaderBlock) {
-        let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report.decision)));
-        crate::headers::render(&self.response, verdict.allowed(), rule.map(|(r, d)| (&r.headers, d)), out);
+        let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report)));
+        crate::headers::render(
+            &self.response,
+            verdict.allowed(),
+            rule.map(|(r, report)| (&r.headers, report.decision, report.quota)),
+            out,
+        );
     }
 
     /// Decides on `request` at `now`. An admitted request's permit holds what
-    /// each rule took; a denied request's permit is empty (its units were
-    /// already given back).
+    /// each rule took; a denied or pending request's permit is empty (its
+    /// units were already given back), except when check-mode rules are to
+    /// be asked: then the permit holds the other rules' units until
+    /// [`Limiter::settle`].
     pub fn check(
         &self,
         store: &dyn Store,
@@ -278,9 +426,22 @@ impl<H> Limiter<H> {
         request: &mut dyn Request,
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
+        self.check_waited(store, now, request, false, counters)
+    }
+
+    /// [`Limiter::check`] for a request that waited for a refresh as long as
+    /// it may (`waited_out`): an empty pool then denies it (or, while the
+    /// service fails, follows the rule's fall-back) instead of pending again.
+    pub fn check_waited(
+        &self,
+        store: &dyn Store,
+        now: Nanos,
+        request: &mut dyn Request,
+        waited_out: bool,
+        counters: &mut dyn Counters<H>,
+    ) -> (Verdict, Permit) {
         let mut permit = Permit::default();
-        let mut key = Key::default();
-        let mut verdict = Verdict { admission: Admission::Now, shadow_limited: None, failed: false, report: None };
+        let mut verdict = Verdict::new();
         let mut shadowed: Vec<usize> = Vec::new();
         let mut delayed: Vec<usize> = Vec::new();
         for (index, compiled) in self.rules.iter().enumerate() {
@@ -294,55 +455,79 @@ impl<H> Limiter<H> {
             let cost = request_cost(rule, request);
             let group = rule.table.group_of(fp);
             let shadow = rule.shadow_mode || self.shadow_mode;
-            let result = compiled.write_key(group, &mut key).map_err(LoopError::Store).and_then(|()| {
-                measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
-                    rule.table.decide(group, fp, now, cost)
-                })
-            });
-            let decided = match result {
-                Ok(Replaced { outcome, retries }) => {
-                    if retries > 0 {
-                        counters.store(StoreEvent::CasRetries, u64::from(retries));
+            let mut pool_quota = None;
+            let step = match &rule.global {
+                None => Step::Decided(
+                    self.decide_on(store, compiled, Bucket::Main, &rule.table, group, fp, now, cost, counters),
+                    Bucket::Main,
+                ),
+                Some(global) if compiled.in_fallback() => {
+                    self.fall_back(store, compiled, &global.fallback, fp, now, cost, counters)
+                }
+                Some(global) if global.mode == GlobalMode::Check => {
+                    if let Some(descriptor) = protocol_descriptor(&rule.descriptors, request) {
+                        verdict.checks.push(CheckItem { rule: index, descriptor, hits: cost, group, fingerprint: fp });
                     }
-                    match outcome {
-                        TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change } => {
-                            if held_change != 0 {
-                                counters.in_flight(compiled, held_change);
-                            }
-                            if reused_idle {
-                                counters.store(StoreEvent::SlotEvictions, 1);
-                            }
-                            if was_corrupt {
-                                counters.store(StoreEvent::CorruptState, 1);
-                            }
-                            Some(decision)
+                    Step::Skip
+                }
+                Some(global) => {
+                    match self.spend_pool(
+                        store,
+                        compiled,
+                        index,
+                        group,
+                        fp,
+                        now,
+                        cost,
+                        request,
+                        &mut verdict,
+                        &mut pool_quota,
+                        counters,
+                    ) {
+                        // Waited as long as it may and still no tokens: while
+                        // the service answers, that is a denial (its grants are
+                        // what the fleet may admit); only a failing service
+                        // brings the fall-back in.
+                        Step::Pending if waited_out && compiled.in_fallback() => {
+                            self.fall_back(store, compiled, &global.fallback, fp, now, cost, counters)
                         }
-                        TableOutcome::Full => {
-                            counters.store(StoreEvent::TableFull, 1);
-                            None
+                        Step::Pending if waited_out => {
+                            Step::Decided(Some(Decision::deny(0, Nanos::ZERO, self.refill_retry())), Bucket::Main)
                         }
+                        step => step,
                     }
                 }
-                Err(LoopError::RetriesExhausted) => {
-                    self.count_exhausted(counters);
-                    None
+            };
+            let (decided, bucket) = match step {
+                Step::Skip => continue,
+                // A shadow rule never holds a request back.
+                Step::Pending if shadow => continue,
+                Step::Pending => {
+                    self.release(store, now, permit, Release::Undo, counters);
+                    self.count_shadowed(&shadowed, counters);
+                    verdict.admission = Admission::Pending;
+                    verdict.checks.clear();
+                    return (verdict, Permit::default());
                 }
-                Err(LoopError::Store(_)) => {
-                    counters.store(StoreEvent::StoreErrors, 1);
-                    None
-                }
+                Step::Decided(decided, bucket) => (decided, bucket),
             };
             match decided {
                 Some(decision) if decision.allowed() => {
-                    permit.held.push(Held { rule: index, group, fingerprint: fp, grant: Grant { cost, at: now } });
-                    // A shadow rule never holds a request back.
+                    permit.held.push(Held {
+                        rule: index,
+                        bucket,
+                        group: self.group_in(compiled, bucket, fp),
+                        fingerprint: fp,
+                        grant: Grant { cost, at: now },
+                    });
                     if !shadow && decision.delay() > Nanos::ZERO {
                         delayed.push(index);
                         if decision.delay() > verdict.delay() {
                             verdict.admission = Admission::Delayed(decision.delay());
                         }
                     }
-                    verdict.report = Some(more_restrictive(verdict.report, Report { rule: index, decision }));
+                    verdict.report =
+                        Some(more_restrictive(verdict.report, Report { rule: index, decision, quota: pool_quota }));
                 }
                 Some(_) if shadow => {
                     verdict.shadow_limited = verdict.shadow_limited.or(Some(index));
@@ -352,28 +537,97 @@ impl<H> Limiter<H> {
                     self.release(store, now, permit, Release::Undo, counters);
                     counters.rule(compiled, RuleEvent::Limited);
                     self.count_shadowed(&shadowed, counters);
-                    let admission = Admission::Denied { retry_after: decision.retry_after() };
-                    let report = Some(Report { rule: index, decision });
-                    return (Verdict { admission, report, ..verdict }, Permit::default());
+                    verdict.admission = Admission::Denied { retry_after: decision.retry_after() };
+                    verdict.report = Some(Report { rule: index, decision, quota: pool_quota });
+                    verdict.checks.clear();
+                    return (verdict, Permit::default());
                 }
                 None => {
                     verdict.failed = true;
                     if self.failure_mode == FailureMode::Deny && !shadow {
                         self.release(store, now, permit, Release::Undo, counters);
                         self.count_shadowed(&shadowed, counters);
-                        let admission = Admission::Denied { retry_after: Nanos::ZERO };
-                        return (Verdict { admission, report: None, ..verdict }, Permit::default());
+                        verdict.admission = Admission::Denied { retry_after: Nanos::ZERO };
+                        verdict.report = None;
+                        verdict.checks.clear();
+                        return (verdict, Permit::default());
                     }
                 }
             }
         }
-        for compiled in permit.held.iter().filter_map(|held| self.rules.get(held.rule)) {
-            counters.rule(compiled, RuleEvent::Allowed);
+        if !verdict.checks.is_empty() {
+            // Counted once the service has answered, in `settle`.
+            verdict.admission = Admission::Pending;
+            return (verdict, permit);
         }
-        for compiled in delayed.iter().filter_map(|&i| self.rules.get(i)) {
-            counters.rule(compiled, RuleEvent::Delayed);
-        }
+        self.count_admitted(&permit, &delayed, counters);
         self.count_shadowed(&shadowed, counters);
+        (verdict, permit)
+    }
+
+    /// Finishes a request whose check-mode rules were asked: `answers` holds
+    /// one answer per item of `verdict.checks`, or `None` when the call
+    /// failed (then each rule follows its fall-back). Returns the final
+    /// verdict and permit.
+    pub fn settle(
+        &self,
+        store: &dyn Store,
+        now: Nanos,
+        mut verdict: Verdict,
+        mut permit: Permit,
+        answers: Option<&[CheckAnswer]>,
+        counters: &mut dyn Counters<H>,
+    ) -> (Verdict, Permit) {
+        let checks = std::mem::take(&mut verdict.checks);
+        verdict.admission =
+            if verdict.delay() > Nanos::ZERO { Admission::Delayed(verdict.delay()) } else { Admission::Now };
+        for (at, item) in checks.iter().enumerate() {
+            let Some(compiled) = self.rules.get(item.rule) else { continue };
+            let shadow = compiled.rule.shadow_mode || self.shadow_mode;
+            let answer = answers.and_then(|a| a.get(at));
+            let quota = answer.and_then(|a| a.quota);
+            let step = match (answer, &compiled.rule.global) {
+                (Some(answer), _) => Step::Decided(Some(answer.decision), Bucket::Main),
+                (None, Some(global)) => {
+                    self.fall_back(store, compiled, &global.fallback, item.fingerprint, now, item.hits, counters)
+                }
+                (None, None) => Step::Skip,
+            };
+            match step {
+                Step::Decided(Some(decision), bucket) if decision.allowed() => {
+                    if bucket == Bucket::Fallback {
+                        let group = self.group_in(compiled, bucket, item.fingerprint);
+                        let grant = Grant { cost: item.hits, at: now };
+                        permit.held.push(Held { rule: item.rule, bucket, group, fingerprint: item.fingerprint, grant });
+                    }
+                    counters.rule(compiled, RuleEvent::Allowed);
+                    verdict.report =
+                        Some(more_restrictive(verdict.report, Report { rule: item.rule, decision, quota }));
+                }
+                Step::Decided(Some(_), _) if shadow => {
+                    counters.rule(compiled, RuleEvent::ShadowLimited);
+                    verdict.shadow_limited = verdict.shadow_limited.or(Some(item.rule));
+                }
+                Step::Decided(Some(decision), _) => {
+                    self.release(store, now, permit, Release::Undo, counters);
+                    counters.rule(compiled, RuleEvent::Limited);
+                    verdict.admission = Admission::Denied { retry_after: decision.retry_after() };
+                    verdict.report = Some(Report { rule: item.rule, decision, quota });
+                    return (verdict, Permit::default());
+                }
+                Step::Decided(None, _) => {
+                    verdict.failed = true;
+                    if self.failure_mode == FailureMode::Deny && !shadow {
+                        self.release(store, now, permit, Release::Undo, counters);
+                        verdict.admission = Admission::Denied { retry_after: Nanos::ZERO };
+                        verdict.report = None;
+                        return (verdict, Permit::default());
+                    }
+                }
+                Step::Pending | Step::Skip => {}
+            }
+        }
+        self.count_admitted(&permit, &[], counters);
         (verdict, permit)
     }
 
@@ -384,27 +638,372 @@ impl<H> Limiter<H> {
         let mut key = Key::default();
         for held in permit.held.iter().rev() {
             let Some(compiled) = self.rules.get(held.rule) else { continue };
-            let table = &compiled.rule.table;
+            let Some(table) = compiled.table(held.bucket) else { continue };
             if why == Release::Done && !table.policy().holds_until_done() {
                 continue;
             }
-            let result = compiled.write_key(held.group, &mut key).map_err(LoopError::Store).and_then(|()| {
+            let result =
+                compiled.write_key(held.bucket, held.group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                    measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
+                        table.release(group, held.fingerprint, now, held.grant, why)
+                    })
+                });
+            if let Some(held_change) = self.count_loop(result, counters).filter(|change| *change != 0) {
+                counters.in_flight(compiled, held_change);
+            }
+        }
+    }
+
+    /// Applies the quota service's answer to a refresh: the grant becomes the
+    /// pool's lease unless a newer one is in place. Returns what happened
+    /// (the caller returns leftover or stale tokens to the service), or
+    /// `None` when the pool could not be updated.
+    pub fn apply_lease(
+        &self,
+        store: &dyn Store,
+        now: Nanos,
+        refresh: &Refresh,
+        grant: &LeaseGrant,
+        counters: &mut dyn Counters<H>,
+    ) -> Option<Applied> {
+        let (compiled, pool) = self.pool_of(refresh.rule)?;
+        let mut key = Key::default();
+        let result =
+            compiled.write_key(Bucket::Main, refresh.group, &mut key).map_err(LoopError::Store).and_then(|()| {
                 measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
-                    table.release(group, held.fingerprint, now, held.grant, why)
+                    compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
+                        let state = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
+                        let (applied, after) = pool.apply(state, now, refresh.claim.started, grant);
+                        let changed = after != state;
+                        pool.encode(&after, slot);
+                        (applied, changed)
+                    })
                 })
             });
-            match result {
-                Ok(Replaced { outcome: held_change, retries }) => {
-                    if retries > 0 {
-                        counters.store(StoreEvent::CasRetries, u64::from(retries));
-                    }
-                    if held_change != 0 {
-                        counters.in_flight(compiled, held_change);
-                    }
+        self.slot_of(compiled, result, counters)
+    }
+
+    /// Takes the unspent tokens out of every lease pool of every global rule,
+    /// to give them back to the service: when this configuration goes away
+    /// (a rule removed or changed, or Envoy shutting down). Each pool is
+    /// emptied by compare-and-swap, so when every worker does this at once,
+    /// each lease's tokens are taken once. Returns `(lease, tokens)`.
+    pub fn take_unspent(&self, store: &dyn Store, now: Nanos) -> Vec<(u64, u64)> {
+        let mut taken = Vec::new();
+        let mut key = Key::default();
+        for (index, compiled) in self.rules.iter().enumerate() {
+            let Some((_, pool)) = self.pool_of(index) else { continue };
+            let table = &compiled.rule.table;
+            for group in 0..table.groups() {
+                if compiled.write_key(Bucket::Main, group, &mut key).is_err() {
+                    continue;
                 }
-                Err(LoopError::RetriesExhausted) => self.count_exhausted(counters),
-                Err(LoopError::Store(_)) => counters.store(StoreEvent::StoreErrors, 1),
+                let mut here = Vec::new();
+                let result = measure_and_replace(store, key.as_str(), self.max_cas_retries, |stored| {
+                    // Decided again after a lost race: start the list over.
+                    here.clear();
+                    table.update_every(stored, |slot| {
+                        let Some(state) = pool.decode(slot) else { return false };
+                        let tokens = pool.usable(&state, now);
+                        if tokens == 0 {
+                            return false;
+                        }
+                        here.push((state.lease, tokens));
+                        pool.encode(&PoolState { tokens: 0, ..state }, slot);
+                        true
+                    })
+                });
+                if result.is_ok() {
+                    taken.append(&mut here);
+                }
             }
+        }
+        taken
+    }
+
+    /// Ends a refresh that got no answer, so the next request may claim again.
+    pub fn abandon_lease(&self, store: &dyn Store, now: Nanos, refresh: &Refresh, counters: &mut dyn Counters<H>) {
+        let Some((compiled, pool)) = self.pool_of(refresh.rule) else { return };
+        let mut key = Key::default();
+        let result =
+            compiled.write_key(Bucket::Main, refresh.group, &mut key).map_err(LoopError::Store).and_then(|()| {
+                measure_and_replace(store, key.as_str(), self.max_cas_retries, |group| {
+                    compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
+                        let Some(after) =
+                            pool.decode(slot).and_then(|state| pool.abandon(state, refresh.claim.started))
+                        else {
+                            return ((), false);
+                        };
+                        pool.encode(&after, slot);
+                        ((), true)
+                    })
+                })
+            });
+        let _ = self.slot_of(compiled, result, counters);
+    }
+
+    /// Records the outcome of a callout for global rule `rule` in its shared
+    /// mode: a failure switches it to its fall-back (every worker follows at
+    /// its next [`Limiter::read_modes`]), a success back to global mode.
+    pub fn record_callout(&self, store: &dyn Store, now: Nanos, rule: usize, succeeded: bool) {
+        self.update_mode(store, rule, |mode| {
+            let next = if succeeded { mode.succeeded() } else { mode.failed(now, &PROBE_BACKOFF) };
+            (next != mode).then_some(next)
+        });
+    }
+
+    /// Claims the probes due at `now`: the global rules in fall-back whose
+    /// next probe may start, one worker at a time. The host probes the
+    /// service for each and reports with [`Limiter::record_callout`].
+    pub fn due_probes(&self, store: &dyn Store, now: Nanos) -> Vec<usize> {
+        (0..self.rules.len())
+            .filter(|&rule| {
+                self.rules.get(rule).is_some_and(CompiledRule::in_fallback)
+                    && self.update_mode(store, rule, |mode| mode.claim_probe(now, &PROBE_BACKOFF))
+            })
+            .collect()
+    }
+
+    /// Reads every global rule's mode from shared data into this worker's
+    /// view (the host calls it on its tick).
+    pub fn read_modes(&self, store: &dyn Store) {
+        let mut key = Key::default();
+        for compiled in self.rules.iter().filter(|c| c.rule.global.is_some()) {
+            if compiled.write_mode_key(&mut key).is_ok() {
+                if let Ok(Some((bytes, _))) = store.get(key.as_str()) {
+                    compiled.in_fallback.set(ModeState::decode(&bytes).in_fallback());
+                }
+            }
+        }
+    }
+
+    /// Compare-and-swaps rule `rule`'s mode with `change`; true when written.
+    fn update_mode(&self, store: &dyn Store, rule: usize, change: impl Fn(ModeState) -> Option<ModeState>) -> bool {
+        let Some(compiled) = self.rules.get(rule).filter(|c| c.rule.global.is_some()) else { return false };
+        let mut key = Key::default();
+        if compiled.write_mode_key(&mut key).is_err() {
+            return false;
+        }
+        let result = measure_and_replace(store, key.as_str(), self.max_cas_retries, |bytes| {
+            let mode = ModeState::decode(&bytes);
+            match change(mode) {
+                Some(next) => store::Step::Write(next.encode().to_vec(), Some(next)),
+                None => store::Step::Keep(None),
+            }
+        });
+        match result {
+            Ok(Replaced { outcome: Some(next), .. }) => {
+                compiled.in_fallback.set(next.in_fallback());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What a request that waited out an empty pool is told: try again once
+    /// a refresh could have answered.
+    fn refill_retry(&self) -> Nanos {
+        self.service.as_ref().map_or(SECOND, |s| s.timeout.max(Nanos::from_millis(1)))
+    }
+
+    /// The global rule at `rule` and its pools' arithmetic.
+    fn pool_of(&self, rule: usize) -> Option<(&CompiledRule<H>, LeasePool)> {
+        let compiled = self.rules.get(rule).filter(|c| c.rule.global.is_some())?;
+        Some((compiled, self.service.as_ref()?.pool()))
+    }
+
+    /// Spends from the request's pool, claiming a refresh if one is due.
+    #[allow(clippy::too_many_arguments)]
+    fn spend_pool(
+        &self,
+        store: &dyn Store,
+        compiled: &CompiledRule<H>,
+        index: usize,
+        group: u32,
+        fp: u64,
+        now: Nanos,
+        cost: u64,
+        request: &mut dyn Request,
+        verdict: &mut Verdict,
+        quota: &mut Option<Quota>,
+        counters: &mut dyn Counters<H>,
+    ) -> Step {
+        let Some((_, pool)) = self.pool_of(index) else { return Step::Decided(None, Bucket::Main) };
+        let mut key = Key::default();
+        let result = compiled.write_key(Bucket::Main, group, &mut key).map_err(LoopError::Store).and_then(|()| {
+            measure_and_replace(store, key.as_str(), self.max_cas_retries, |stored| {
+                compiled.rule.table.update(stored, fp, now, |slot| {
+                    let state: PoolState = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
+                    let (spend, claim, after) = pool.spend(state, now, cost);
+                    let changed = after != state;
+                    pool.encode(&after, slot);
+                    let quota = (after.limit > 0).then_some(Quota { limit: after.limit, window: Some(after.window) });
+                    ((spend, claim, quota), changed)
+                })
+            })
+        });
+        let Some((spend, claim, stated)) = self.slot_of(compiled, result, counters) else {
+            return Step::Decided(None, Bucket::Main);
+        };
+        if let Some(claim) = claim {
+            if let Some(descriptor) = protocol_descriptor(&compiled.rule.descriptors, request) {
+                let lease = self.lease_id(&compiled.rule.name, fp, claim.started);
+                verdict.refreshes.push(Refresh { rule: index, group, fingerprint: fp, claim, lease, descriptor });
+            }
+        }
+        *quota = stated;
+        match spend {
+            Spend::Taken(decision) | Spend::Denied(decision) => Step::Decided(Some(decision), Bucket::Main),
+            Spend::Empty => Step::Pending,
+        }
+    }
+
+    /// Decides by a global rule's fall-back while the service fails.
+    #[allow(clippy::too_many_arguments)]
+    fn fall_back(
+        &self,
+        store: &dyn Store,
+        compiled: &CompiledRule<H>,
+        fallback: &Fallback,
+        fp: u64,
+        now: Nanos,
+        cost: u64,
+        counters: &mut dyn Counters<H>,
+    ) -> Step {
+        counters.rule(compiled, RuleEvent::Fallback);
+        match fallback {
+            Fallback::Allow => Step::Skip,
+            Fallback::Deny => Step::Decided(Some(Decision::deny(0, Nanos::ZERO, Nanos::ZERO)), Bucket::Fallback),
+            Fallback::Local(table) => {
+                let group = table.group_of(fp);
+                Step::Decided(
+                    self.decide_on(store, compiled, Bucket::Fallback, table, group, fp, now, cost, counters),
+                    Bucket::Fallback,
+                )
+            }
+        }
+    }
+
+    /// Decides `cost` on the descriptor's bucket in one of a rule's tables.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_on(
+        &self,
+        store: &dyn Store,
+        compiled: &CompiledRule<H>,
+        bucket: Bucket,
+        table: &Table,
+        group: u32,
+        fp: u64,
+        now: Nanos,
+        cost: u64,
+        counters: &mut dyn Counters<H>,
+    ) -> Option<Decision> {
+        let mut key = Key::default();
+        let result = compiled.write_key(bucket, group, &mut key).map_err(LoopError::Store).and_then(|()| {
+            measure_and_replace(store, key.as_str(), self.max_cas_retries, |stored| table.decide(stored, fp, now, cost))
+        });
+        let outcome = self.count_loop(result, counters)?;
+        match outcome {
+            TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change } => {
+                self.count_slot(compiled, reused_idle, was_corrupt, held_change, counters);
+                Some(decision)
+            }
+            TableOutcome::Full => {
+                counters.store(StoreEvent::TableFull, 1);
+                None
+            }
+        }
+    }
+
+    /// Counts a table operation's slot and unwraps its value (`None`: the
+    /// loop failed or the group was full, both counted).
+    fn slot_of<T>(
+        &self,
+        compiled: &CompiledRule<H>,
+        result: Result<Replaced<Option<Slot<T>>>, LoopError>,
+        counters: &mut dyn Counters<H>,
+    ) -> Option<T> {
+        match self.count_loop(result, counters)? {
+            Some(Slot { value, reused_idle, was_corrupt, held_change }) => {
+                self.count_slot(compiled, reused_idle, was_corrupt, held_change, counters);
+                Some(value)
+            }
+            None => {
+                counters.store(StoreEvent::TableFull, 1);
+                None
+            }
+        }
+    }
+
+    fn count_slot(
+        &self,
+        compiled: &CompiledRule<H>,
+        reused_idle: bool,
+        was_corrupt: bool,
+        held_change: i64,
+        counters: &mut dyn Counters<H>,
+    ) {
+        if held_change != 0 {
+            counters.in_flight(compiled, held_change);
+        }
+        if reused_idle {
+            counters.store(StoreEvent::SlotEvictions, 1);
+        }
+        if was_corrupt {
+            counters.store(StoreEvent::CorruptState, 1);
+        }
+    }
+
+    /// Counts how a measure-and-replace loop went; its outcome if it succeeded.
+    fn count_loop<T>(&self, result: Result<Replaced<T>, LoopError>, counters: &mut dyn Counters<H>) -> Option<T> {
+        match result {
+            Ok(Replaced { outcome, retries }) => {
+                if retries > 0 {
+                    counters.store(StoreEvent::CasRetries, u64::from(retries));
+                }
+                Some(outcome)
+            }
+            Err(LoopError::RetriesExhausted) => {
+                if self.max_cas_retries > 0 {
+                    counters.store(StoreEvent::CasRetries, u64::from(self.max_cas_retries));
+                }
+                counters.store(StoreEvent::RetriesExhausted, 1);
+                None
+            }
+            Err(LoopError::Store(_)) => {
+                counters.store(StoreEvent::StoreErrors, 1);
+                None
+            }
+        }
+    }
+
+    /// The group of descriptor `fp` in one of a rule's tables.
+    fn group_in(&self, compiled: &CompiledRule<H>, bucket: Bucket, fp: u64) -> u32 {
+        compiled.table(bucket).map_or(0, |table| table.group_of(fp))
+    }
+
+    /// A lease id unique to this claim: the pool, the claim's instant, keyed
+    /// by this Envoy's secret (so two Envoys never pick the same id). Never 0.
+    fn lease_id(&self, rule: &str, fp: u64, started: Nanos) -> u64 {
+        let mut hasher = SipHasher::new(self.hash_key.0 ^ 0x6c65_6173_6521, self.hash_key.1);
+        hasher.write_field(rule.as_bytes());
+        hasher.write(&fp.to_le_bytes());
+        hasher.write(&started.get().to_le_bytes());
+        hasher.finish().max(1)
+    }
+
+    fn count_admitted(&self, permit: &Permit, delayed: &[usize], counters: &mut dyn Counters<H>) {
+        let mut counted: Vec<usize> = Vec::new();
+        for held in &permit.held {
+            if !counted.contains(&held.rule) {
+                counted.push(held.rule);
+                if let Some(compiled) = self.rules.get(held.rule) {
+                    counters.rule(compiled, RuleEvent::Allowed);
+                }
+            }
+        }
+        for compiled in delayed.iter().filter_map(|&i| self.rules.get(i)) {
+            counters.rule(compiled, RuleEvent::Delayed);
         }
     }
 
@@ -413,22 +1012,38 @@ impl<H> Limiter<H> {
             counters.rule(compiled, RuleEvent::ShadowLimited);
         }
     }
-
-    fn count_exhausted(&self, counters: &mut dyn Counters<H>) {
-        if self.max_cas_retries > 0 {
-            counters.store(StoreEvent::CasRetries, u64::from(self.max_cas_retries));
-        }
-        counters.store(StoreEvent::RetriesExhausted, 1);
-    }
 }
 
 impl<H> CompiledRule<H> {
-    /// Writes the shared-data key of the rule's bucket group into `key`. It
-    /// always fits (see [`Key`]); if it did not, that would be a store error
-    /// rather than a wrong key.
-    fn write_key(&self, group: u32, key: &mut Key) -> Result<(), StoreError> {
+    /// One of the rule's tables.
+    fn table(&self, bucket: Bucket) -> Option<&Table> {
+        match bucket {
+            Bucket::Main => Some(&self.rule.table),
+            Bucket::Fallback => match self.rule.global.as_ref().map(|g| &g.fallback) {
+                Some(Fallback::Local(table)) => Some(table),
+                _ => None,
+            },
+        }
+    }
+
+    /// Writes the shared-data key of a bucket group into `key`:
+    /// `fg:<rule>:<group>`, or `fg:<rule>:fb:<group>` for a global rule's
+    /// local fall-back. It always fits (see [`Key`]); if it did not, that
+    /// would be a store error rather than a wrong key.
+    fn write_key(&self, bucket: Bucket, group: u32, key: &mut Key) -> Result<(), StoreError> {
         key.clear();
-        if key.push_str(&self.key_prefix) && key.push_u64(u64::from(group)) {
+        let kind = if bucket == Bucket::Fallback { "fb:" } else { "" };
+        if key.push_str(&self.key_prefix) && key.push_str(kind) && key.push_u64(u64::from(group)) {
+            Ok(())
+        } else {
+            Err(StoreError::Host)
+        }
+    }
+
+    /// Writes the key of a global rule's mode, `fg:<rule>:mode`.
+    fn write_mode_key(&self, key: &mut Key) -> Result<(), StoreError> {
+        key.clear();
+        if key.push_str(&self.key_prefix) && key.push_str("mode") {
             Ok(())
         } else {
             Err(StoreError::Host)
@@ -496,6 +1111,7 @@ mod tests {
                 RuleEvent::Delayed => "delayed",
                 RuleEvent::Limited => "limited",
                 RuleEvent::ShadowLimited => "shadow_limited",
+                RuleEvent::Fallback => "fallback",
             };
             *self.rules.entry((rule.host, name)).or_default() += 1;
         }
@@ -578,7 +1194,7 @@ mod tests {
         let limiter = build(&json, &store);
         let mut key = Key::default();
         let most_groups = (crate::config::MAX_MAX_KEYS / 4 - 1) as u32;
-        assert_eq!(limiter.rules()[0].write_key(most_groups, &mut key), Ok(()));
+        assert_eq!(limiter.rules()[0].write_key(Bucket::Main, most_groups, &mut key), Ok(()));
         assert_eq!(key.as_str(), format!("fg:{name}:{most_groups}"));
     }
 
@@ -818,6 +1434,102 @@ mod tests {
         assert_eq!(ok, 2, "3 per hour: one kept by the ended request, one given back by the undo");
     }
 
+    const GLOBAL: &str = r#"{"rules": [{"name": "fleet", "scope": "global",
+        "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],
+        "fallback": {"limit": 2, "period": "1h"}}],
+        "global": {"cluster": "quota", "domain": "edge"}, "max_keys": 64}"#;
+
+    fn lease(id: u64, granted: u64) -> LeaseGrant {
+        LeaseGrant {
+            lease: id,
+            granted,
+            valid: SECOND.times(10),
+            limit: 100,
+            window: SECOND.times(60),
+            unleased: 50,
+            reset: SECOND.times(30),
+        }
+    }
+
+    #[test]
+    fn an_empty_pool_is_pending_and_claims_one_refresh_then_spends_the_grant() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        let alice = &[("x-api-key", "alice")];
+        let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, alice), &mut tally);
+        assert_eq!(verdict.admission, Admission::Pending);
+        assert!(permit.is_empty());
+        let [refresh] = verdict.refreshes.as_slice() else { panic!("one claim: {:?}", verdict.refreshes) };
+        assert_eq!(refresh.descriptor, vec![("api_key".to_string(), "alice".to_string())]);
+        // A second request before the answer waits too, without a second claim.
+        let (again, _) = limiter.check(&store, T0 + Nanos(1), &mut request(&limiter, alice), &mut tally);
+        assert_eq!((again.admission, again.refreshes.len()), (Admission::Pending, 0));
+        assert_eq!(
+            limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 3), &mut tally),
+            Some(Applied::Replaced(None))
+        );
+        let ok = (0..5).filter(|_| admitted(&limiter, &store, T0 + Nanos(2), alice, &mut tally)).count();
+        assert_eq!(ok, 3, "exactly the granted tokens, then pending again");
+        assert_eq!(tally.rules[&(0, "allowed")], 3);
+    }
+
+    #[test]
+    fn a_failing_service_switches_the_rule_to_its_local_fallback_and_back() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        let alice = &[("x-api-key", "alice")];
+        limiter.record_callout(&store, T0, 0, false);
+        assert!(limiter.rules()[0].in_fallback());
+        // Another worker's limiter learns it from shared data.
+        let other = build(GLOBAL, &store);
+        assert!(other.rules()[0].in_fallback());
+        let ok = (0..5).filter(|_| admitted(&other, &store, T0, alice, &mut tally)).count();
+        assert_eq!(ok, 2, "the local fall-back limit");
+        assert_eq!(tally.rules[&(0, "fallback")], 5);
+        // One worker probes after the backoff; a success returns to global mode.
+        assert!(limiter.due_probes(&store, T0).is_empty());
+        assert_eq!(limiter.due_probes(&store, T0 + SECOND), vec![0]);
+        assert!(other.due_probes(&store, T0 + SECOND).is_empty(), "one probe at a time");
+        limiter.record_callout(&store, T0 + SECOND, 0, true);
+        other.read_modes(&store);
+        assert!(!other.rules()[0].in_fallback());
+    }
+
+    #[test]
+    fn a_request_that_waited_out_its_refresh_is_denied_unless_the_service_fails() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        let waited_out = |tally: &mut Tally| {
+            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), true, tally).0
+        };
+        let verdict = waited_out(&mut tally);
+        assert_eq!(verdict.admission, Admission::Denied { retry_after: Nanos::from_millis(300) });
+        limiter.record_callout(&store, T0, 0, false);
+        let verdict = waited_out(&mut tally);
+        assert!(verdict.allowed(), "the local fall-back decides: {verdict:?}");
+        assert_eq!(tally.rules[&(0, "fallback")], 1);
+    }
+
+    #[test]
+    fn check_mode_asks_once_for_every_descriptor_and_settles_on_the_answer() {
+        let json = GLOBAL.replace(r#""scope": "global","#, r#""scope": "global", "mode": "check","#);
+        let store = MemoryStore::default();
+        let limiter = build(&json, &store);
+        let mut tally = Tally::default();
+        let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        assert_eq!(verdict.admission, Admission::Pending);
+        assert_eq!(verdict.checks.len(), 1);
+        let denied = [CheckAnswer { decision: Decision::deny(0, SECOND, SECOND.times(5)), quota: None }];
+        let (settled, _) = limiter.settle(&store, T0, verdict.clone(), permit, Some(&denied), &mut tally);
+        assert_eq!(settled.admission, Admission::Denied { retry_after: SECOND.times(5) });
+        let (settled, _) = limiter.settle(&store, T0, verdict, Permit::default(), None, &mut tally);
+        assert!(settled.allowed(), "no answer: the local fall-back decides");
+        assert_eq!(tally.rules[&(0, "fallback")], 1);
+    }
+
     #[test]
     fn concurrency_holds_until_done_and_reports_what_is_in_flight() {
         let json = r#"{"rules": [
@@ -853,5 +1565,24 @@ mod tests {
         assert_eq!(tally.in_flight[&1], 1, "two reclaimed, one taken");
         assert_eq!(tally.rules[&(0, "allowed")], 4);
         assert_eq!(tally.rules[&(1, "limited")], 2);
+    }
+
+    #[test]
+    fn unspent_tokens_are_taken_once_when_a_configuration_goes_away() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        for key in ["alice", "bob"] {
+            let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", key)]), &mut tally);
+            let refresh = &verdict.refreshes[0];
+            limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 10), &mut tally);
+        }
+        assert!(admitted(&limiter, &store, T0, &[("x-api-key", "alice")], &mut tally));
+        let mut unspent = limiter.take_unspent(&store, T0);
+        unspent.sort_by_key(|(_, tokens)| *tokens);
+        assert_eq!(unspent.iter().map(|(_, t)| *t).collect::<Vec<_>>(), vec![9, 10]);
+        let other_worker = build(GLOBAL, &store);
+        assert!(other_worker.take_unspent(&store, T0).is_empty(), "taken once");
+        assert!(limiter.take_unspent(&store, T0 + SECOND.times(11)).is_empty());
     }
 }

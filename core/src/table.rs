@@ -211,6 +211,25 @@ impl Table {
         }
     }
 
+    /// Runs `op` on every bucket of the stored group (none if the group does
+    /// not decode); asks for a write when any changed.
+    pub fn update_every(&self, stored: Vec<u8>, mut op: impl FnMut(&mut [u8]) -> bool) -> Step<()> {
+        let (mut group, was_corrupt) = self.load(stored);
+        let mut changed = false;
+        if !was_corrupt {
+            for index in 0..self.entries(&group) {
+                if let Some(state) = group.get_mut(self.state_range(index)) {
+                    changed |= op(state);
+                }
+            }
+        }
+        if changed {
+            Step::Write(group, ())
+        } else {
+            Step::Keep(())
+        }
+    }
+
     /// Decides a request of `cost` for the descriptor `fingerprint` on the
     /// stored group value. Asks for a write only when state changed: a denial
     /// is read-only.

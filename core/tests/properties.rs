@@ -279,7 +279,7 @@ proptest! {
                     prop_assert!(delay <= Nanos::from_millis(max_delay_ms));
                     departures.push(now + delay);
                 }
-                Admission::Denied { .. } => {}
+                Admission::Denied { .. } | Admission::Pending => {}
             }
         }
         departures.sort();

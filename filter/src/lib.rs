@@ -4,45 +4,63 @@
 //! configuration, adapts Envoy's shared data, headers, clock and metrics to
 //! the traits of `floodgate-core`, and turns verdicts into responses. Every
 //! decision is made in the core; here a verdict becomes "go on", "answer
-//! limited", or "pause, and resume from this worker's tick when the delay is
-//! over", and a request's permit is given back when its stream ends.
+//! limited", or "pause" — until a shaper's delay is over, a lease pool is
+//! refilled, or the quota service answers a check — and a request's permit
+//! is given back when its stream ends.
+//!
+//! Each worker's root context finishes the requests it paused (Envoy lets
+//! only that worker resume them) and makes every call to the quota service,
+//! batched on its tick, so answers arrive at the root whatever becomes of
+//! the request that caused them.
 //!
 //! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
 //! rather than the SDK's trait helpers, several of which unwrap; header values
 //! are read as bytes only, because the SDK's `String` getters panic on
 //! non-UTF-8 input.
 
+mod global;
 mod host;
 mod metrics;
 mod waiting;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::Duration;
 
 use floodgate_core::algorithm::{Admission, Release};
 use floodgate_core::config::Config;
-use floodgate_core::headers::HeaderBlock;
-use floodgate_core::limiter::{Limiter, Permit, Verdict};
+use floodgate_core::global::calls::{self, Call, CallError, MAX_ANSWER_BYTES};
+use floodgate_core::global::pool::Applied;
+use floodgate_core::limiter::{CheckAnswer, Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 
+use global::{Callout, Callouts, Outgoing};
 use host::{HostRequest, SharedData};
 use metrics::{increment, Metrics, RuleMetrics};
-use waiting::Waiting;
+use waiting::{Shared, Stage, Wait, Waiter, Waiting};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(FloodgateRoot::default()) });
+    proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
+        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false })
+    });
 }}
+
+/// How often a worker with global rules looks at their mode and probes a
+/// failing service, when nothing else needs a tick.
+const GLOBAL_TICK: Duration = Duration::from_millis(50);
 
 /// One plugin configuration on one VM (Envoy's main thread or a worker).
 /// Per-plugin state lives here, not in statics: plugins with the same code
 /// and `vm_id` share a VM.
-#[derive(Default)]
 struct FloodgateRoot {
+    context_id: u32,
     plugin: Option<Rc<Plugin>>,
+    /// Whether this VM has checked that Envoy has the quota service's cluster.
+    cluster_checked: bool,
 }
 
 /// What every request of a plugin on one worker shares: built once per
@@ -50,9 +68,14 @@ struct FloodgateRoot {
 struct Plugin {
     limiter: Limiter<RuleMetrics>,
     metrics: Metrics,
-    shadow_log: ShadowLog,
-    /// Requests of this worker paused by a shaper, resumed from its tick.
+    shadow_log: RateLimitedLog,
+    callout_log: RateLimitedLog,
+    /// Requests this worker paused.
     waiting: RefCell<Waiting>,
+    /// This worker's calls to the quota service.
+    callouts: RefCell<Callouts>,
+    /// While this configuration goes away: returns not answered yet.
+    closing: Cell<Option<usize>>,
 }
 
 impl Plugin {
@@ -62,30 +85,371 @@ impl Plugin {
             self.limiter.release(&SharedData, host::now(), permit, why, &mut self.metrics.counters());
         }
     }
+
+    /// Decides `request` and acts on the verdict. Called by the request's own
+    /// handler (`waited` zero), and by the worker's tick for a request that
+    /// waits for a refill (with the effective context set to it).
+    fn decide(&self, context_id: u32, state: &Shared, since: Nanos, waited_out: bool) -> Action {
+        let limiter = &self.limiter;
+        let now = host::now();
+        let mut request = HostRequest::new(limiter.header_names());
+        let (mut verdict, permit) =
+            limiter.check_waited(&SharedData, now, &mut request, waited_out, &mut self.metrics.counters());
+        if !verdict.refreshes.is_empty() {
+            increment(self.metrics.refreshes, verdict.refreshes.len() as u64);
+            self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes));
+        }
+        let wait = match verdict.admission {
+            Admission::Delayed(delay) => Some(Wait::Delay { resume_at: now + delay }),
+            Admission::Pending if !verdict.checks.is_empty() => Some(Wait::Answer),
+            Admission::Pending => {
+                Some(Wait::Refill { deadline: since + limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait) })
+            }
+            Admission::Now | Admission::Denied { .. } => None,
+        };
+        if let Some(wait) = wait {
+            let waiter = Waiter { context_id, since, wait, request: Rc::clone(state) };
+            if self.waiting.borrow_mut().add(waiter).is_err() {
+                // This worker has as many waiting as allowed: the request
+                // cannot wait here, so it is not served and takes nothing.
+                increment(self.metrics.delay_queue_full, 1);
+                self.release(permit, Release::Undo);
+                let retry_after = match wait {
+                    Wait::Delay { resume_at } => resume_at - now,
+                    Wait::Refill { .. } | Wait::Answer => SECOND,
+                };
+                verdict.admission = Admission::Denied { retry_after };
+                return self.finish(state, verdict, Permit::default(), now);
+            }
+            if let Wait::Answer = wait {
+                self.callouts.borrow_mut().check(context_id, verdict, permit);
+                state.borrow_mut().stage = Stage::Waiting;
+                return Action::Pause;
+            }
+            if let Admission::Delayed(_) = verdict.admission {
+                self.metrics.count_verdict(&verdict);
+                limiter.render_headers(&verdict, &mut state.borrow_mut().headers);
+            }
+            let mut state = state.borrow_mut();
+            state.permit = permit;
+            state.stage = Stage::Waiting;
+            return Action::Pause;
+        }
+        self.finish(state, verdict, permit, now)
+    }
+
+    /// Acts on a final verdict for a request: lets it through or answers it
+    /// as limited. Returns what its handler returns to Envoy.
+    fn finish(&self, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) -> Action {
+        let limiter = &self.limiter;
+        self.metrics.count_verdict(&verdict);
+        if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
+            self.shadow_log.record(now, log::Level::Info, || {
+                format!("shadow mode: rule {} would have limited a request; let through", rule.rule.name)
+            });
+        }
+        let mut state = state.borrow_mut();
+        limiter.render_headers(&verdict, &mut state.headers);
+        state.permit = permit;
+        if verdict.allowed() {
+            state.stage = Stage::Passed;
+            return Action::Continue;
+        }
+        state.stage = Stage::Limited;
+        let response = limiter.response();
+        let pairs: Vec<(&str, &str)> = state.headers.iter().collect();
+        if let Err(status) = hostcalls::send_http_response(response.status, pairs, Some(response.body.as_bytes())) {
+            log::warn!("floodgate: could not send the limited response: {status:?}");
+        }
+        Action::Pause
+    }
+
+    /// Finishes a paused request from the root context: switches to it and
+    /// resumes it or answers it as limited; false when it is gone.
+    fn finish_paused(&self, context_id: u32, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) -> bool {
+        if hostcalls::set_effective_context(context_id).is_err() {
+            // The client left; on_done gives back what it held.
+            self.release(permit, Release::Undo);
+            return false;
+        }
+        if let Action::Continue = self.finish(state, verdict, permit, now) {
+            if let Err(status) = hostcalls::resume_http_request() {
+                log::warn!("floodgate: could not resume a request: {status:?}");
+            }
+        }
+        true
+    }
+
+    /// Probes the quota service once, first thing: Envoy refuses at once a
+    /// call to a cluster it does not have, and a misspelt `global.cluster`
+    /// must be said plainly, not only counted. (`envoy --mode validate`
+    /// refuses every call, so this cannot be a configuration check.)
+    fn check_cluster(&self, service: &floodgate_core::global::settings::QuotaService) {
+        match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+            Ok(token) => {
+                increment(self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Hello);
+            }
+            Err(why) => {
+                log::error!(
+                    "floodgate: global.cluster {:?} cannot be called ({why}): is it a cluster of Envoy's configuration? Global rules use their fall-back",
+                    service.cluster
+                );
+                let now = host::now();
+                for rule in 0..self.limiter.rules().len() {
+                    self.limiter.record_callout(&SharedData, now, rule, false);
+                }
+                self.metrics.count_failed_callout(&CallError::NotSent(why));
+            }
+        }
+    }
+
+    /// Gives back every pool's unspent tokens as this configuration goes
+    /// away; the number of calls made.
+    fn give_back_all(&self) -> usize {
+        let Some(service) = self.limiter.quota_service() else { return 0 };
+        let unspent = self.limiter.take_unspent(&SharedData, host::now());
+        let mut sent = 0;
+        for chunk in unspent.chunks(calls::MAX_ITEMS) {
+            let tokens = chunk.iter().map(|(_, t)| t).sum();
+            if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
+                increment(self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Returns(tokens));
+                sent += 1;
+            }
+        }
+        sent
+    }
+
+    /// A return was answered (or failed): once the last of a closing
+    /// configuration's is, Envoy may tear the context down.
+    fn return_settled(&self) {
+        if let Some(left) = self.closing.get() {
+            let left = left.saturating_sub(1);
+            self.closing.set(Some(left));
+            if left == 0 {
+                let _ = hostcalls::done();
+            }
+        }
+    }
+
+    /// Sends everything queued for the quota service.
+    fn flush(&self) {
+        let Some(service) = self.limiter.quota_service() else { return };
+        let outgoing = self.callouts.borrow_mut().take_outgoing();
+        for call in outgoing {
+            let (request, callout) = match call {
+                Outgoing::Leases(refreshes) => (service.lease_call(&refreshes), Callout::Leases(refreshes)),
+                Outgoing::Returns(returns) => {
+                    let tokens = returns.iter().map(|(_, t)| t).sum();
+                    (service.return_call(&returns), Callout::Returns(tokens))
+                }
+                Outgoing::Check { context_id, indices, hits } => {
+                    let callouts = self.callouts.borrow();
+                    let Some(job) = callouts.job(context_id) else { continue };
+                    let items: Vec<_> = indices.iter().filter_map(|&i| job.verdict.checks.get(i)).collect();
+                    (service.check_call(&items, hits), Callout::Check { context_id, indices })
+                }
+            };
+            match dispatch(&service.cluster, &request, service.timeout) {
+                Ok(token) => {
+                    increment(self.metrics.callouts_sent, 1);
+                    self.callouts.borrow_mut().sent(token, callout);
+                }
+                Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
+            }
+        }
+    }
+
+    /// Handles the answer to one of this worker's calls (checks excepted:
+    /// see [`Plugin::check_answered`]).
+    fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
+        let now = host::now();
+        let grants = body.and_then(|body| match &callout {
+            Callout::Leases(refreshes) => calls::read_leases(status, &body, refreshes),
+            Callout::Returns(_) | Callout::Probe(_) | Callout::Hello | Callout::Check { .. } => {
+                calls::read_probe(status).map(|()| Vec::new())
+            }
+        });
+        let grants = match grants {
+            Ok(grants) => grants,
+            Err(why) => return self.callout_failed(callout, &why),
+        };
+        increment(self.metrics.callouts_ok, 1);
+        let counters = &mut self.metrics.counters();
+        match callout {
+            Callout::Leases(refreshes) => {
+                for (refresh, grant) in refreshes.iter().zip(grants) {
+                    self.limiter.record_callout(&SharedData, now, refresh.rule, true);
+                    increment(self.metrics.tokens_leased, grant.granted);
+                    let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
+                    let mut callouts = self.callouts.borrow_mut();
+                    match applied {
+                        Some(Applied::Replaced(Some(left))) if left.expired => {
+                            increment(self.metrics.tokens_expired, left.tokens)
+                        }
+                        Some(Applied::Replaced(Some(left))) => callouts.give_back(left.lease, left.tokens),
+                        // A newer lease is in place, or the pool could not
+                        // take it: the grant goes back whole.
+                        Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted),
+                        Some(Applied::Replaced(None) | Applied::Duplicate) => {}
+                    }
+                }
+            }
+            Callout::Returns(tokens) => {
+                increment(self.metrics.tokens_returned, tokens);
+                self.return_settled();
+            }
+            Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
+            Callout::Hello => {}
+            Callout::Check { context_id, indices } => self.settle(context_id, &indices, None, now),
+        }
+    }
+
+    /// Handles the answer to a check call: items `indices` of request `context_id`.
+    fn check_answered(
+        &self,
+        context_id: u32,
+        indices: Vec<usize>,
+        status: Option<u16>,
+        body: Result<Vec<u8>, CallError>,
+    ) {
+        match body.and_then(|body| calls::read_checks(status, &body, indices.len())) {
+            Ok(answers) => {
+                increment(self.metrics.callouts_ok, 1);
+                self.settle(context_id, &indices, Some(answers), host::now());
+            }
+            Err(why) => self.callout_failed(Callout::Check { context_id, indices }, &why),
+        }
+    }
+
+    /// Records a check call's answers and finishes the request once all its
+    /// calls have answered.
+    fn settle(&self, context_id: u32, indices: &[usize], answers: Option<Vec<CheckAnswer>>, now: Nanos) {
+        let done = self.callouts.borrow_mut().record_check(context_id, indices, answers);
+        let Some((job, answers)) = done else { return };
+        let (context_id, verdict, permit) = job.into_parts();
+        let counters = &mut self.metrics.counters();
+        let (verdict, permit) = self.limiter.settle(&SharedData, now, verdict, permit, answers.as_deref(), counters);
+        let waiter = self.waiting.borrow_mut().remove(context_id);
+        match waiter {
+            Some(waiter) => {
+                self.finish_paused(context_id, &waiter.request, verdict, permit, now);
+            }
+            None => self.release(permit, Release::Undo),
+        }
+    }
+
+    /// A call got no usable answer: pools' claims end, rules fall back.
+    fn callout_failed(&self, callout: Callout, why: &CallError) {
+        let now = host::now();
+        self.metrics.count_failed_callout(why);
+        self.callout_log.record(now, log::Level::Warn, || format!("quota service call failed, rules fall back: {why}"));
+        let counters = &mut self.metrics.counters();
+        match callout {
+            Callout::Leases(refreshes) => {
+                for refresh in &refreshes {
+                    self.limiter.abandon_lease(&SharedData, now, refresh, counters);
+                    self.limiter.record_callout(&SharedData, now, refresh.rule, false);
+                }
+            }
+            // Tokens not given back are lost to this window: never more admitted.
+            Callout::Returns(_) => self.return_settled(),
+            // A failed first call says nothing the next calls will not.
+            Callout::Hello => {}
+            Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, false),
+            Callout::Check { context_id, indices } => {
+                let rules: Vec<usize> = self
+                    .callouts
+                    .borrow()
+                    .job(context_id)
+                    .map(|job| indices.iter().filter_map(|&i| job.verdict.checks.get(i).map(|c| c.rule)).collect())
+                    .unwrap_or_default();
+                for rule in rules {
+                    self.limiter.record_callout(&SharedData, now, rule, false);
+                }
+                self.settle(context_id, &indices, None, now);
+            }
+        }
+    }
 }
 
-/// Logs shadow-mode denials at most once a second per VM: on a busy listener
-/// one line per request would flood Envoy's log, and the counters have the
-/// totals.
+/// Dispatches `call` to `cluster` from the current (root) context.
+fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
+    let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let body = (!call.body.is_empty()).then_some(call.body.as_slice());
+    let timeout = Duration::from_nanos(timeout.get()).max(Duration::from_millis(1));
+    hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout)
+        .map_err(|status| format!("Envoy refused the call to cluster {cluster:?} ({status:?})"))
+}
+
+/// Logs a kind of event at most once a second per VM, with the number of
+/// events left out since the previous line: on a busy listener one line per
+/// request would flood Envoy's log, and the counters have the totals.
 #[derive(Default)]
-struct ShadowLog {
+struct RateLimitedLog {
     last: Cell<Nanos>,
     suppressed: Cell<u64>,
 }
 
-impl ShadowLog {
-    fn record(&self, rule: &str, now: Nanos) {
+impl RateLimitedLog {
+    fn record(&self, now: Nanos, level: log::Level, line: impl FnOnce() -> String) {
         if now - self.last.get() < SECOND {
             self.suppressed.set(self.suppressed.get() + 1);
             return;
         }
         let suppressed = self.suppressed.replace(0);
         self.last.set(now);
-        log::info!("floodgate: shadow mode: rule {rule} would have limited a request; let through ({suppressed} more since the last line)");
+        log::log!(level, "floodgate: {} ({suppressed} more since the last line)", line());
     }
 }
 
-impl Context for FloodgateRoot {}
+impl Context for FloodgateRoot {
+    /// The configuration goes away (a rule removed or changed, or Envoy
+    /// stopping): unspent leased tokens go back to the service, and the
+    /// context stays until the service has answered (as far as Envoy waits).
+    fn on_done(&mut self) -> bool {
+        let Some(plugin) = self.plugin.clone() else { return true };
+        match plugin.give_back_all() {
+            0 => true,
+            calls => {
+                plugin.closing.set(Some(calls));
+                false
+            }
+        }
+    }
+
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let Some(plugin) = self.plugin.clone() else { return };
+        // A reset stream has no headers (and no body): the SDK's getters
+        // panic when asked for a map or buffer the host does not have, so
+        // they are asked only for what the host said is there.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+        };
+        let body = if body_size > MAX_ANSWER_BYTES {
+            Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
+        } else if body_size == 0 {
+            Ok(Vec::new())
+        } else {
+            Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
+        };
+        let callout = plugin.callouts.borrow_mut().answered(token_id);
+        match callout {
+            Some(Callout::Check { context_id, indices }) => plugin.check_answered(context_id, indices, status, body),
+            Some(callout) => plugin.answered(callout, status, body),
+            None => return,
+        }
+        let _ = hostcalls::set_effective_context(self.context_id);
+        plugin.flush();
+        schedule_ticks(&plugin, host::now());
+    }
+}
 
 impl RootContext for FloodgateRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
@@ -123,43 +487,90 @@ impl RootContext for FloodgateRoot {
             );
         }
         let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
-        self.plugin =
-            Some(Rc::new(Plugin { limiter, metrics: Metrics::define(), shadow_log: ShadowLog::default(), waiting }));
+        let plugin = Rc::new(Plugin {
+            limiter,
+            metrics: Metrics::define(),
+            shadow_log: RateLimitedLog::default(),
+            callout_log: RateLimitedLog::default(),
+            waiting,
+            callouts: RefCell::new(Callouts::default()),
+            closing: Cell::new(None),
+        });
+        schedule_ticks(&plugin, host::now());
+        self.plugin = Some(plugin);
         true
     }
 
-    /// Resumes this worker's delayed requests whose time has come. Ticks run
-    /// only while some request waits (see [`Waiting::next_tick`]).
+    /// Sends what is queued for the quota service, probes it for rules in
+    /// fall-back, refreshes this worker's view of their modes, and finishes
+    /// the paused requests whose time has come.
     fn on_tick(&mut self) {
-        let Some(plugin) = &self.plugin else { return };
+        let Some(plugin) = self.plugin.clone() else { return };
         let now = host::now();
+        if let Some(service) = plugin.limiter.quota_service() {
+            if !self.cluster_checked {
+                self.cluster_checked = true;
+                plugin.check_cluster(service);
+            }
+            plugin.limiter.read_modes(&SharedData);
+            plugin.metrics.set_modes(&plugin.limiter);
+            for rule in plugin.limiter.due_probes(&SharedData, now) {
+                match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+                    Ok(token) => {
+                        increment(plugin.metrics.callouts_sent, 1);
+                        plugin.callouts.borrow_mut().sent(token, Callout::Probe(rule));
+                    }
+                    Err(why) => plugin.callout_failed(Callout::Probe(rule), &CallError::NotSent(why)),
+                }
+            }
+            plugin.flush();
+        }
         let due = plugin.waiting.borrow_mut().take_due(now);
         for waiter in due {
-            // Only this worker can resume its own requests; a client that has
-            // gone makes this fail, and its units were given back in on_done.
-            let resumed = hostcalls::set_effective_context(waiter.context_id)
-                .and_then(|()| hostcalls::resume_http_request())
-                .is_ok();
-            if resumed {
-                increment(plugin.metrics.delayed, 1);
-                increment(plugin.metrics.delay_requested_ms, (waiter.resume_at - waiter.since).ceil_millis());
-                increment(plugin.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
-            } else {
-                increment(plugin.metrics.delay_abandoned, 1);
+            match waiter.wait {
+                Wait::Delay { resume_at } => {
+                    // Only this worker can resume its own requests; a client
+                    // that has gone makes this fail, and its units were given
+                    // back in on_done.
+                    let resumed = hostcalls::set_effective_context(waiter.context_id)
+                        .and_then(|()| hostcalls::resume_http_request())
+                        .is_ok();
+                    if resumed {
+                        waiter.request.borrow_mut().stage = Stage::Passed;
+                        increment(plugin.metrics.delayed, 1);
+                        increment(plugin.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
+                        increment(plugin.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
+                    } else {
+                        increment(plugin.metrics.delay_abandoned, 1);
+                    }
+                }
+                Wait::Refill { deadline } => {
+                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
+                        continue;
+                    }
+                    let waited_out = now >= deadline;
+                    let action = plugin.decide(waiter.context_id, &waiter.request, waiter.since, waited_out);
+                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
+                        increment(plugin.metrics.refill_waits, 1);
+                        increment(plugin.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
+                        if let Action::Continue = action {
+                            if let Err(status) = hostcalls::resume_http_request() {
+                                log::warn!("floodgate: could not resume a request: {status:?}");
+                            }
+                        }
+                    }
+                }
+                Wait::Answer => {}
             }
         }
-        schedule_ticks(&plugin.waiting.borrow(), now);
+        let _ = hostcalls::set_effective_context(self.context_id);
+        plugin.flush();
+        schedule_ticks(&plugin, now);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(match &self.plugin {
-            Some(plugin) => Box::new(FloodgateHttp {
-                plugin: Rc::clone(plugin),
-                context_id,
-                stage: Stage::Deciding,
-                permit: Permit::default(),
-                response_headers: HeaderBlock::default(),
-            }),
+            Some(plugin) => Box::new(FloodgateHttp { plugin: Rc::clone(plugin), context_id, state: Shared::default() }),
             // Unreachable in Envoy, which refuses a configuration that
             // on_configure rejected; but the SDK panics on `None`, so a
             // request would rather pass unlimited.
@@ -172,12 +583,21 @@ impl RootContext for FloodgateRoot {
     }
 }
 
-/// Sets this worker's tick to fire when the next waiting request is due
-/// (at most every 10 ms, so the period stays coarse-grained), or stops it.
-fn schedule_ticks(waiting: &Waiting, now: Nanos) {
-    let period = waiting.next_tick(now);
+/// Sets this worker's tick: soon when calls are queued or a paused request
+/// is due, every [`GLOBAL_TICK`] while global rules exist, else not at all.
+fn schedule_ticks(plugin: &Plugin, now: Nanos) {
+    let period = if plugin.callouts.borrow().has_outgoing() {
+        Some(Duration::from_millis(1))
+    } else {
+        plugin.waiting.borrow().next_tick(now)
+    };
+    let period = match (period, plugin.limiter.quota_service()) {
+        (Some(period), _) => period,
+        (None, Some(_)) => GLOBAL_TICK,
+        (None, None) => Duration::ZERO,
+    };
     if let Err(status) = hostcalls::set_tick_period(period) {
-        log::warn!("floodgate: cannot schedule the tick that resumes delayed requests: {status:?}");
+        log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");
     }
 }
 
@@ -188,42 +608,11 @@ impl Context for PassThrough {}
 
 impl HttpContext for PassThrough {}
 
-/// Where a request is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Not decided yet.
-    Deciding,
-    /// Let through (at once, or after waiting).
-    Passed,
-    /// Paused by a shaper until this worker's tick resumes it.
-    Waiting,
-    /// Answered as limited.
-    Limited,
-}
-
 /// One request.
 struct FloodgateHttp {
     plugin: Rc<Plugin>,
     context_id: u32,
-    stage: Stage,
-    /// What the request took from each rule, given back when it ends.
-    permit: Permit,
-    /// Rate-limit headers: added to the upstream's response, or sent with the limited one.
-    response_headers: HeaderBlock,
-}
-
-impl FloodgateHttp {
-    fn send_limited(&mut self, verdict: &Verdict) -> Action {
-        let plugin = Rc::clone(&self.plugin);
-        plugin.limiter.render_headers(verdict, &mut self.response_headers);
-        let response = plugin.limiter.response();
-        let pairs: Vec<(&str, &str)> = self.response_headers.iter().collect();
-        if let Err(status) = hostcalls::send_http_response(response.status, pairs, Some(response.body.as_bytes())) {
-            log::warn!("floodgate: could not send the limited response: {status:?}");
-        }
-        self.stage = Stage::Limited;
-        Action::Pause
-    }
+    state: Shared,
 }
 
 impl Context for FloodgateHttp {
@@ -232,9 +621,13 @@ impl Context for FloodgateHttp {
     /// undone; a served one releases what it held while in flight.
     fn on_done(&mut self) -> bool {
         let plugin = Rc::clone(&self.plugin);
-        let permit = std::mem::take(&mut self.permit);
-        if self.stage == Stage::Waiting && plugin.waiting.borrow_mut().remove(self.context_id) {
+        let waiting = self.state.borrow().stage == Stage::Waiting;
+        let permit = std::mem::take(&mut self.state.borrow_mut().permit);
+        if waiting && plugin.waiting.borrow_mut().remove(self.context_id).is_some() {
             increment(plugin.metrics.delay_abandoned, 1);
+            if let Some(checked) = plugin.callouts.borrow_mut().forget(self.context_id) {
+                plugin.release(checked, Release::Undo);
+            }
             plugin.release(permit, Release::Undo);
         } else {
             plugin.release(permit, Release::Done);
@@ -245,52 +638,23 @@ impl Context for FloodgateHttp {
 
 impl HttpContext for FloodgateHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.stage != Stage::Deciding {
+        if self.state.borrow().stage != Stage::Deciding {
             return Action::Continue;
         }
         let plugin = Rc::clone(&self.plugin);
-        let limiter = &plugin.limiter;
-        let mut request = HostRequest::new(limiter.header_names());
-        let now = host::now();
-        let (mut verdict, permit) = limiter.check(&SharedData, now, &mut request, &mut plugin.metrics.counters());
-        if let Admission::Delayed(delay) = verdict.admission {
-            if !plugin.waiting.borrow_mut().add(self.context_id, now, now + delay) {
-                // This worker has as many waiting as allowed: the request
-                // cannot wait here, so it is not served and takes nothing.
-                increment(plugin.metrics.delay_queue_full, 1);
-                plugin.release(permit, Release::Undo);
-                verdict.admission = Admission::Denied { retry_after: delay };
-                plugin.metrics.count_verdict(&verdict);
-                return self.send_limited(&verdict);
-            }
+        let action = plugin.decide(self.context_id, &self.state, host::now(), false);
+        if plugin.callouts.borrow().has_outgoing() || self.state.borrow().stage == Stage::Waiting {
+            schedule_ticks(&plugin, host::now());
         }
-        plugin.metrics.count_verdict(&verdict);
-        if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
-            plugin.shadow_log.record(&rule.rule.name, now);
-        }
-        match verdict.admission {
-            Admission::Denied { .. } => self.send_limited(&verdict),
-            Admission::Now => {
-                limiter.render_headers(&verdict, &mut self.response_headers);
-                self.permit = permit;
-                self.stage = Stage::Passed;
-                Action::Continue
-            }
-            Admission::Delayed(_) => {
-                limiter.render_headers(&verdict, &mut self.response_headers);
-                self.permit = permit;
-                self.stage = Stage::Waiting;
-                schedule_ticks(&plugin.waiting.borrow(), now);
-                Action::Pause
-            }
-        }
+        action
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         // A limited request's local reply passes here too: its headers were
         // sent with it, so only a served request's are added.
-        if self.stage != Stage::Limited {
-            for (name, value) in self.response_headers.iter() {
+        let state = self.state.borrow();
+        if state.stage != Stage::Limited {
+            for (name, value) in state.headers.iter() {
                 if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
                     log::warn!("floodgate: could not add response header {name}: {status:?}");
                 }

@@ -1,25 +1,81 @@
-//! The requests one worker keeps paused for a shaper, and when to wake up.
+//! The requests one worker keeps paused, and when to wake up.
 //!
-//! Envoy lets only the worker that paused a request resume it, so every
-//! worker (every VM) keeps its own list and resumes from its own tick. The
-//! list is bounded; ticks run only while something waits.
+//! A request waits for a shaper's delay, for its lease pool to be refilled,
+//! or for the quota service's answer to a check. Envoy lets only the worker
+//! that paused a request resume it, so every worker (every VM) keeps its own
+//! list, finishes its own requests from its own root context, and ticks only
+//! while something needs it. The list is bounded.
 
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::time::Duration;
 
+use floodgate_core::headers::HeaderBlock;
+use floodgate_core::limiter::Permit;
 use floodgate_core::time::Nanos;
 
-/// The longest tick period while requests wait: a resume is never later than this.
+/// The longest tick period while requests wait for a delay: a resume is never later than this.
 const MAX_TICK: Duration = Duration::from_millis(10);
+/// How often a request waiting for a refill looks at its pool again.
+const REFILL_TICK: Duration = Duration::from_millis(2);
+
+/// Where a request is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Stage {
+    /// Not decided yet.
+    #[default]
+    Deciding,
+    /// Let through (at once, or after waiting).
+    Passed,
+    /// Paused: in this worker's waiting list.
+    Waiting,
+    /// Answered as limited.
+    Limited,
+}
+
+/// What a request's handlers share with its worker's root context, which
+/// finishes a paused request: where it is, what it holds, its headers.
+#[derive(Debug, Default)]
+pub struct RequestState {
+    /// Where the request is.
+    pub stage: Stage,
+    /// What it took from each rule, given back when it ends.
+    pub permit: Permit,
+    /// Rate-limit headers: added to the upstream's response, or sent with the limited one.
+    pub headers: HeaderBlock,
+}
+
+/// A request's shared state.
+pub type Shared = Rc<RefCell<RequestState>>;
+
+/// What a paused request waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// A shaper's delay, until `resume_at`.
+    Delay {
+        /// When it may go on.
+        resume_at: Nanos,
+    },
+    /// Tokens in its lease pool; after `deadline` it is decided without them.
+    Refill {
+        /// The end of its wait.
+        deadline: Nanos,
+    },
+    /// The quota service's answer to its check (bounded by the callout timeout).
+    Answer,
+}
 
 /// A paused request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Waiter {
     /// Envoy's id of the request's context.
     pub context_id: u32,
     /// When it was paused.
     pub since: Nanos,
-    /// When it may go on.
-    pub resume_at: Nanos,
+    /// What for.
+    pub wait: Wait,
+    /// Its state.
+    pub request: Shared,
 }
 
 /// This worker's paused requests.
@@ -35,38 +91,58 @@ impl Waiting {
         Self { waiters: Vec::new(), capacity: capacity as usize }
     }
 
-    /// Adds a request; false when the list is full.
-    pub fn add(&mut self, context_id: u32, since: Nanos, resume_at: Nanos) -> bool {
-        if self.waiters.len() >= self.capacity {
-            return false;
+    /// True when another request cannot wait.
+    pub fn is_full(&self) -> bool {
+        self.waiters.len() >= self.capacity
+    }
+
+    /// Adds a request; gives it back when the list is full.
+    pub fn add(&mut self, waiter: Waiter) -> Result<(), Waiter> {
+        if self.is_full() {
+            return Err(waiter);
         }
-        self.waiters.push(Waiter { context_id, since, resume_at });
-        true
+        self.waiters.push(waiter);
+        Ok(())
     }
 
-    /// Removes a request (its client left); false when it was not waiting.
-    pub fn remove(&mut self, context_id: u32) -> bool {
-        let before = self.waiters.len();
-        self.waiters.retain(|w| w.context_id != context_id);
-        self.waiters.len() != before
+    /// Removes a request (its client left, or it was finished); `None` when
+    /// it was not waiting.
+    pub fn remove(&mut self, context_id: u32) -> Option<Waiter> {
+        let at = self.waiters.iter().position(|w| w.context_id == context_id)?;
+        Some(self.waiters.swap_remove(at))
     }
 
-    /// Takes every request due at `now`, earliest first.
+    /// Takes every request a tick at `now` must look at: delays that are
+    /// over, earliest first, then every request waiting for a refill.
     pub fn take_due(&mut self, now: Nanos) -> Vec<Waiter> {
-        let (mut due, waiting): (Vec<Waiter>, Vec<Waiter>) = self.waiters.drain(..).partition(|w| w.resume_at <= now);
-        self.waiters = waiting;
-        due.sort_by_key(|w| w.resume_at);
-        due
+        let due = |w: &Waiter| match w.wait {
+            Wait::Delay { resume_at } => resume_at <= now,
+            Wait::Refill { .. } => true,
+            Wait::Answer => false,
+        };
+        let (mut taken, kept): (Vec<Waiter>, Vec<Waiter>) = self.waiters.drain(..).partition(due);
+        self.waiters = kept;
+        taken.sort_by_key(|w| match w.wait {
+            Wait::Delay { resume_at } => resume_at,
+            Wait::Refill { .. } | Wait::Answer => Nanos::MAX,
+        });
+        taken
     }
 
-    /// The tick period that wakes this worker when the next request is due
-    /// (whole milliseconds, rounded up, at most [`MAX_TICK`]); zero (no
-    /// ticks) when nothing waits.
-    pub fn next_tick(&self, now: Nanos) -> Duration {
-        match self.waiters.iter().map(|w| w.resume_at).min() {
-            None => Duration::ZERO,
-            Some(next) => Duration::from_millis((next - now).ceil_millis().max(1)).min(MAX_TICK),
-        }
+    /// The tick period that wakes this worker in time for the next waiting
+    /// request (whole milliseconds, rounded up); `None` when no waiting
+    /// request needs a tick.
+    pub fn next_tick(&self, now: Nanos) -> Option<Duration> {
+        self.waiters
+            .iter()
+            .filter_map(|w| match w.wait {
+                Wait::Delay { resume_at } => {
+                    Some(Duration::from_millis((resume_at - now).ceil_millis().max(1)).min(MAX_TICK))
+                }
+                Wait::Refill { .. } => Some(REFILL_TICK),
+                Wait::Answer => None,
+            })
+            .min()
     }
 }
 
@@ -76,27 +152,43 @@ mod tests {
 
     const MS: Nanos = Nanos(1_000_000);
 
+    fn waiter(context_id: u32, wait: Wait) -> Waiter {
+        Waiter { context_id, since: Nanos::ZERO, wait, request: Shared::default() }
+    }
+
     #[test]
     fn bounded_and_resumed_in_order() {
         let mut waiting = Waiting::new(2);
-        assert!(waiting.add(1, Nanos::ZERO, MS.times(30)));
-        assert!(waiting.add(2, Nanos::ZERO, MS.times(5)));
-        assert!(!waiting.add(3, Nanos::ZERO, MS), "full");
-        assert_eq!(waiting.next_tick(Nanos::ZERO), Duration::from_millis(5));
+        assert!(waiting.add(waiter(1, Wait::Delay { resume_at: MS.times(30) })).is_ok());
+        assert!(waiting.add(waiter(2, Wait::Delay { resume_at: MS.times(5) })).is_ok());
+        assert!(waiting.add(waiter(3, Wait::Answer)).is_err(), "full");
+        assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(5)));
         assert!(waiting.take_due(MS.times(4)).is_empty());
         let due: Vec<u32> = waiting.take_due(MS.times(40)).iter().map(|w| w.context_id).collect();
         assert_eq!(due, vec![2, 1]);
-        assert_eq!(waiting.next_tick(MS.times(40)), Duration::ZERO, "nothing waits: no ticks");
+        assert_eq!(waiting.next_tick(MS.times(40)), None, "nothing waits: no ticks");
+    }
+
+    #[test]
+    fn refills_are_looked_at_every_tick_and_answers_need_none() {
+        let mut waiting = Waiting::new(4);
+        assert!(waiting.add(waiter(1, Wait::Answer)).is_ok());
+        assert_eq!(waiting.next_tick(Nanos::ZERO), None, "the callout's answer wakes it");
+        assert!(waiting.add(waiter(2, Wait::Refill { deadline: MS.times(200) })).is_ok());
+        assert_eq!(waiting.next_tick(Nanos::ZERO), Some(REFILL_TICK));
+        let due: Vec<u32> = waiting.take_due(Nanos::ZERO).iter().map(|w| w.context_id).collect();
+        assert_eq!(due, vec![2]);
+        assert_eq!(waiting.remove(1).map(|w| w.context_id), Some(1));
+        assert!(waiting.remove(1).is_none());
     }
 
     #[test]
     fn a_client_that_leaves_frees_its_place_and_ticks_stay_coarse() {
         let mut waiting = Waiting::new(1);
-        assert!(waiting.add(7, Nanos::ZERO, MS.times(500)));
-        assert_eq!(waiting.next_tick(Nanos::ZERO), MAX_TICK);
-        assert!(waiting.remove(7));
-        assert!(!waiting.remove(7));
-        assert!(waiting.add(8, Nanos::ZERO, Nanos(1)));
-        assert_eq!(waiting.next_tick(Nanos::ZERO), Duration::from_millis(1));
+        assert!(waiting.add(waiter(7, Wait::Delay { resume_at: MS.times(500) })).is_ok());
+        assert_eq!(waiting.next_tick(Nanos::ZERO), Some(MAX_TICK));
+        assert!(waiting.remove(7).is_some());
+        assert!(waiting.add(waiter(8, Wait::Delay { resume_at: Nanos(1) })).is_ok());
+        assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(1)));
     }
 }

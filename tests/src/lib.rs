@@ -61,6 +61,8 @@ pub struct Setup {
     /// The connection manager's `use_remote_address`: whether the client is
     /// the connection's peer (true) or taken from `x-forwarded-for`.
     pub use_remote_address: bool,
+    /// Clusters the filter may call (name, loopback ports): e.g. the quota service.
+    pub clusters: Vec<(String, Vec<u16>)>,
     /// HTTP filters between Floodgate and the router, as YAML list items
     /// indented for `http_filters` (e.g. [`FAULT_DELAY_FROM_HEADER`]).
     pub extra_http_filters: String,
@@ -85,12 +87,44 @@ impl Setup {
             hcm_extra: String::new(),
             use_remote_address: true,
             extra_http_filters: String::new(),
+            clusters: Vec::new(),
         }
+    }
+
+    /// The same, with a cluster `name` of loopback `ports` for the filter's callouts.
+    pub fn with_cluster(mut self, name: &str, ports: &[u16]) -> Self {
+        self.clusters.push((name.to_string(), ports.to_vec()));
+        self
+    }
+
+    /// The static clusters, as YAML under `static_resources`.
+    fn clusters_yaml(&self) -> String {
+        if self.clusters.is_empty() {
+            return String::new();
+        }
+        let mut yaml = "  clusters:\n".to_string();
+        for (name, ports) in &self.clusters {
+            let endpoints: String = ports
+                .iter()
+                .map(|port| {
+                    format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n")
+                })
+                .collect();
+            yaml.push_str(&format!(
+                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
+            ));
+        }
+        yaml
     }
 
     /// Renders the bootstrap YAML for the given ports.
     pub fn bootstrap(&self, port: u16, admin_port: u16) -> String {
-        format!("static_resources:\n  listeners:\n  - name: main\n{}{}", self.listener_fields(port), admin(admin_port))
+        format!(
+            "static_resources:\n  listeners:\n  - name: main\n{}{}{}",
+            self.listener_fields(port),
+            self.clusters_yaml(),
+            admin(admin_port)
+        )
     }
 
     /// The listener's fields (address, filter chains), indented for an item of a list.
@@ -198,9 +232,12 @@ impl Envoy {
         let dir = scratch_dir();
         let (port, admin_port) = (free_port(), free_port());
         fs::write(dir.join("lds.yaml"), setup.lds_file(port)).unwrap();
+        let clusters = setup.clusters_yaml();
+        let static_resources =
+            if clusters.is_empty() { String::new() } else { format!("static_resources:\n{clusters}") };
         let bootstrap = format!(
             "node: {{id: e2e, cluster: e2e}}\ndynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    \
-             path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{admin}",
+             path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{static_resources}{admin}",
             lds = dir.join("lds.yaml").display(),
             dir = dir.display(),
             admin = admin(admin_port),
@@ -221,7 +258,7 @@ impl Envoy {
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_bin())
             // No hot restart: several test Envoys run side by side.
-            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "-c"])
+            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1", "-c"])
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -430,6 +467,102 @@ impl Conn {
     }
 }
 
+/// The quota service binary, as `cargo build` (and `cargo test --workspace`) leaves it.
+pub fn quota_bin() -> PathBuf {
+    let path = std::env::var("FLOODGATE_QUOTA_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("target/debug/floodgate-quota"));
+    assert!(path.exists(), "{} is missing: build it with `cargo build -p floodgate-quota`", path.display());
+    path
+}
+
+/// A running `floodgate-quota` on a loopback port; killed on drop, and can be
+/// stopped and started again on the same port.
+pub struct QuotaService {
+    child: Option<Child>,
+    /// Its HTTP port.
+    pub port: u16,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl QuotaService {
+    /// Starts the service with the limits in `limits` (YAML) and `--store store`.
+    pub fn start(limits: &str, store: &str) -> QuotaService {
+        Self::start_on(free_port(), limits, store)
+    }
+
+    /// Starts the service with these extra command-line arguments.
+    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaService {
+        let mut service = Self::start(limits, store);
+        service.kill();
+        service.args.extend(extra.iter().map(|a| a.to_string()));
+        service.restart();
+        service
+    }
+
+    /// Starts the service on `port`.
+    pub fn start_on(port: u16, limits: &str, store: &str) -> QuotaService {
+        let dir = scratch_dir();
+        let file = dir.join("limits.yaml");
+        fs::write(&file, limits).unwrap();
+        let args = vec![
+            "--config".to_string(),
+            file.display().to_string(),
+            "--listen".to_string(),
+            format!("127.0.0.1:{port}"),
+            "--store".to_string(),
+            store.to_string(),
+        ];
+        let mut service = QuotaService { child: None, port, args, log: dir.join("quota.log") };
+        service.restart();
+        service
+    }
+
+    /// Starts it again (after [`QuotaService::kill`]) and waits until it answers.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "already running");
+        let log = fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let child = Command::new(quota_bin()).args(&self.args).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(mut conn) = Conn::open(self.port) {
+                if conn.try_request("GET", "/healthz", &[]).is_ok_and(|r| r.status == 200) {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the quota service did not answer within 30 s:\n{}", fs::read_to_string(&self.log).unwrap_or_default());
+    }
+
+    /// Kills the process (SIGKILL): a crash, as the filter sees it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A counter of its `/metrics` (summed over label sets whose labels
+    /// contain every one of `labels`), 0 if absent.
+    pub fn metric(&self, name: &str, labels: &[&str]) -> f64 {
+        let body = Conn::open(self.port).unwrap().get("/metrics", &[]).body;
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|line| line.starts_with(name) && labels.iter().all(|l| line.contains(l)))
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+impl Drop for QuotaService {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// Sends `per_client` requests from each of `clients` concurrent keep-alive
 /// connections, started together; `key_of(client, i)` picks the x-api-key.
 /// Returns the number of 200s per key, and asserts every answer is 200 or 429.
@@ -476,5 +609,59 @@ pub fn assert_both_workers_served(envoy: &Envoy) {
     for worker in ["worker_0", "worker_1"] {
         let name = format!("listener.127.0.0.1_{}.{worker}.downstream_cx_total", envoy.port);
         assert!(stats.get(&name).copied().unwrap_or(0) > 0, "{name} is 0: the load did not reach both workers");
+    }
+}
+
+/// A `redis-server` of the test's own on a free loopback port; killed on drop.
+pub struct RedisServer {
+    child: Child,
+    /// Its port.
+    pub port: u16,
+}
+
+impl RedisServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> RedisServer {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH (make deps-redis)");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not listen within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        RedisServer { child, port }
+    }
+
+    /// Its URL for `--store`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Freezes it (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws it (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill").arg(signal).arg(self.child.id().to_string()).status().unwrap();
+        assert!(status.success());
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.resume();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -61,6 +61,10 @@ pub enum Admission {
         /// When the same request would be admitted.
         retry_after: Nanos,
     },
+    /// Not decided yet: the answer depends on the quota service (a global
+    /// rule's pool is being refilled, or a check-mode rule asks). Never
+    /// returned by a local algorithm.
+    Pending,
 }
 
 /// What an algorithm decided for one request.
@@ -86,16 +90,16 @@ impl Decision {
         Self { admission: Admission::Denied { retry_after }, remaining, reset }
     }
 
-    /// True unless denied (a delayed request is admitted).
+    /// True when admitted, at once or after a delay.
     pub fn allowed(&self) -> bool {
-        !matches!(self.admission, Admission::Denied { .. })
+        matches!(self.admission, Admission::Now | Admission::Delayed(_))
     }
 
     /// The wait before the request would be admitted: zero when admitted.
     pub fn retry_after(&self) -> Nanos {
         match self.admission {
             Admission::Denied { retry_after } => retry_after,
-            Admission::Now | Admission::Delayed(_) => Nanos::ZERO,
+            Admission::Now | Admission::Delayed(_) | Admission::Pending => Nanos::ZERO,
         }
     }
 
@@ -103,7 +107,7 @@ impl Decision {
     pub fn delay(&self) -> Nanos {
         match self.admission {
             Admission::Delayed(delay) => delay,
-            Admission::Now | Admission::Denied { .. } => Nanos::ZERO,
+            Admission::Now | Admission::Denied { .. } | Admission::Pending => Nanos::ZERO,
         }
     }
 }
@@ -322,6 +326,17 @@ const fn registration<A: FromParams>(name: &'static str, tag: u8, example: &'sta
 
 fn build<A: FromParams>(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigError> {
     Ok(Arc::new(A::from_params(params)?))
+}
+
+/// A registration outside [`ALGORITHMS`], for buckets no rule names by
+/// algorithm (a global rule's lease pools): it tags stored groups but
+/// cannot be built from a rule's fields.
+pub(crate) const fn unlisted(name: &'static str, tag: u8) -> Registration {
+    Registration { name, tag, fields: &[], example: "{}", build: not_buildable }
+}
+
+fn not_buildable(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigError> {
+    Err(params.error("algorithm", "is not an algorithm a rule can name"))
 }
 
 impl Registration {

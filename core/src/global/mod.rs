@@ -15,6 +15,8 @@
 //! Everything here is pure: time comes in as an argument, and the host layer
 //! only dispatches callouts and applies their answers.
 
+pub mod calls;
 pub mod fallback;
 pub mod pool;
 pub mod refresh;
+pub mod settings;

@@ -15,7 +15,7 @@ use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Rele
 use crate::time::Nanos;
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 12 * 8;
+pub const STATE_LEN: usize = 13 * 8;
 
 /// One pool: the current lease and what the service said with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,6 +44,8 @@ pub struct PoolState {
     pub reset_at: Nanos,
     /// The service had nothing to grant: deny here until then, without asking.
     pub denied_until: Nanos,
+    /// How long the last refresh took, claim to answer.
+    pub latency: Nanos,
 }
 
 /// What the service granted for one pool.
@@ -157,7 +159,8 @@ impl LeasePool {
             return None;
         }
         let rate = self.refresh.rate(state.spent, state.rate_since, now);
-        if !self.refresh.due(self.usable(state, now), state.expires_at, rate, now) {
+        let usable = self.usable(state, now);
+        if !self.refresh.due(usable, state.leased_at, state.expires_at, rate, state.latency, now) {
             return None;
         }
         state.refresh_until = now + self.claim_ttl;
@@ -184,19 +187,21 @@ impl LeasePool {
             expired: now >= state.expires_at,
         });
         let denied_until = if grant.granted == 0 { now + grant.reset.max(self.refresh.lead) } else { Nanos::ZERO };
+        let (spent, rate_since) = self.refresh.carry(state.spent, state.rate_since, now);
         let after = PoolState {
             lease: grant.lease,
             tokens: grant.granted,
             leased_at: now,
             expires_at: now + grant.valid,
             refresh_until: Nanos::ZERO,
-            spent: 0,
-            rate_since: now,
+            spent,
+            rate_since,
             limit: grant.limit,
             window: grant.window,
             unleased: grant.unleased,
             reset_at: now + grant.reset,
             denied_until,
+            latency: now - claim_started,
         };
         (Applied::Replaced(leftover), after)
     }
@@ -242,6 +247,7 @@ impl Algorithm for LeasePool {
             unleased: word(9)?,
             reset_at: Nanos(word(10)?),
             denied_until: Nanos(word(11)?),
+            latency: Nanos(word(12)?),
         })
     }
 
@@ -259,6 +265,7 @@ impl Algorithm for LeasePool {
             s.unleased,
             s.reset_at.get(),
             s.denied_until.get(),
+            s.latency.get(),
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -407,13 +414,15 @@ mod tests {
     fn a_new_lease_replaces_the_old_one_and_hands_back_its_tokens() {
         let p = pool();
         let state = leased(100);
-        let (_, claim, claimed) = p.spend(PoolState { tokens: 40, ..state }, T0 + MS.times(500), 1);
+        // In the lease's last quarter: due although 39 tokens remain.
+        let (_, claim, claimed) = p.spend(PoolState { tokens: 40, ..state }, T0 + MS.times(800), 1);
         let claim = claim.unwrap();
-        let (applied, after) = p.apply(claimed, T0 + MS.times(520), claim.started, &grant(2, 80));
+        let (applied, after) = p.apply(claimed, T0 + MS.times(820), claim.started, &grant(2, 80));
         assert_eq!(applied, Applied::Replaced(Some(Leftover { lease: 1, tokens: 39, expired: false })));
         assert_eq!((after.lease, after.tokens, after.refresh_until), (2, 80, Nanos::ZERO));
         // The same answer again (a replay) changes nothing and returns nothing.
-        assert_eq!(p.apply(after, T0 + MS.times(530), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+        assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
+        assert_eq!(p.apply(after, T0 + MS.times(830), claim.started, &grant(2, 80)).0, Applied::Duplicate);
     }
 
     #[test]

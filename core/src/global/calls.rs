@@ -1,0 +1,287 @@
+//! The quota service's calls as global mode makes them: request bodies built
+//! from claims and check items, answers read back into the pool's and the
+//! limiter's terms. Any answer that is not exactly what was asked for — a
+//! body that does not parse, a wrong number of items, a grant for another
+//! lease — is a failed callout, never a panic.
+
+use floodgate_protocol::{
+    CheckRequest, CheckResponse, Code, LeaseRequest, LeaseResponse, LeaseWant, ReturnRequest, ReturnTokens,
+    MAX_DESCRIPTORS,
+};
+
+use super::pool::LeaseGrant;
+use super::settings::QuotaService;
+use crate::algorithm::{Decision, Quota};
+use crate::limiter::{CheckAnswer, CheckItem, Refresh};
+use crate::time::Nanos;
+
+/// Most items one call carries (the protocol's limit).
+pub const MAX_ITEMS: usize = MAX_DESCRIPTORS;
+
+/// Largest answer body read; a larger one is a failure.
+pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+/// One HTTP call to the quota service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    /// Request headers, pseudo-headers first.
+    pub headers: Vec<(&'static str, String)>,
+    /// The JSON body (empty for a GET).
+    pub body: Vec<u8>,
+}
+
+/// Why a callout's answer is not usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// Envoy refused to send it (e.g. no such cluster).
+    NotSent(String),
+    /// Not a 2xx (Envoy reports a refused connection as 503, a timeout as
+    /// 504, a reset stream as no status at all).
+    Status(Option<u16>),
+    /// The body is not the expected JSON (named in the message).
+    Body(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NotSent(why) => write!(f, "the call was not sent: {why}"),
+            CallError::Status(Some(status)) => write!(f, "the quota service answered {status}"),
+            CallError::Status(None) => write!(f, "the quota service's stream was reset"),
+            CallError::Body(why) => write!(f, "the quota service's answer is not usable: {why}"),
+        }
+    }
+}
+
+impl QuotaService {
+    fn call(&self, method: &'static str, path: &'static str, body: Vec<u8>) -> Call {
+        let mut headers =
+            vec![(":method", method.to_string()), (":path", path.to_string()), (":authority", self.authority.clone())];
+        if !body.is_empty() {
+            headers.push(("content-type", "application/json".to_string()));
+        }
+        if let Some(token) = &self.token {
+            headers.push(("authorization", format!("Bearer {token}")));
+        }
+        Call { headers, body }
+    }
+
+    /// `POST /v1/lease` for up to [`MAX_ITEMS`] refreshes.
+    pub fn lease_call(&self, refreshes: &[Refresh]) -> Call {
+        let request = LeaseRequest {
+            domain: self.domain.clone(),
+            leases: refreshes
+                .iter()
+                .map(|r| LeaseWant {
+                    id: lease_text(r.lease),
+                    descriptor: r.descriptor.clone(),
+                    wanted: r.claim.wanted,
+                    rate: Some(r.claim.rate),
+                })
+                .collect(),
+        };
+        self.call("POST", "/v1/lease", serde_json::to_vec(&request).unwrap_or_default())
+    }
+
+    /// `POST /v1/return` of unspent tokens, by lease.
+    pub fn return_call(&self, returns: &[(u64, u64)]) -> Call {
+        let request = ReturnRequest {
+            domain: self.domain.clone(),
+            returns: returns.iter().map(|&(lease, tokens)| ReturnTokens { id: lease_text(lease), tokens }).collect(),
+        };
+        self.call("POST", "/v1/return", serde_json::to_vec(&request).unwrap_or_default())
+    }
+
+    /// `POST /v1/check` of check items that cost the same `hits`.
+    pub fn check_call(&self, items: &[&CheckItem], hits: u64) -> Call {
+        let request = CheckRequest {
+            domain: self.domain.clone(),
+            descriptors: items.iter().map(|item| item.descriptor.clone()).collect(),
+            hits,
+        };
+        self.call("POST", "/v1/check", serde_json::to_vec(&request).unwrap_or_default())
+    }
+
+    /// `GET /readyz`: is the service there, with its store?
+    pub fn probe_call(&self) -> Call {
+        self.call("GET", "/readyz", Vec::new())
+    }
+}
+
+/// A lease id as the protocol carries it: 16 hex digits.
+pub fn lease_text(lease: u64) -> String {
+    format!("{lease:016x}")
+}
+
+fn usable_status(status: Option<u16>) -> Result<(), CallError> {
+    match status {
+        Some(200..=299) => Ok(()),
+        other => Err(CallError::Status(other)),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CallError> {
+    if body.len() > MAX_ANSWER_BYTES {
+        return Err(CallError::Body(format!("{} bytes is more than {MAX_ANSWER_BYTES}", body.len())));
+    }
+    serde_json::from_slice(body).map_err(|e| CallError::Body(e.to_string()))
+}
+
+/// Reads a lease answer for `refreshes` (in order): one grant each.
+pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<Vec<LeaseGrant>, CallError> {
+    usable_status(status)?;
+    let answer: LeaseResponse = parse(body)?;
+    if answer.leases.len() != refreshes.len() {
+        return Err(CallError::Body(format!("{} leases for {} asked", answer.leases.len(), refreshes.len())));
+    }
+    Ok(answer
+        .leases
+        .iter()
+        .zip(refreshes)
+        .map(|(grant, refresh)| {
+            let window = Nanos::from_millis(grant.window_ms.unwrap_or(0));
+            let (granted, unleased) = match grant.code {
+                // Not limited: as much as was asked, for as long as granted.
+                Code::Unlimited | Code::NoRule => (refresh.claim.wanted, 0),
+                Code::Ok | Code::OverLimit => (grant.granted, grant.remaining.unwrap_or(0)),
+            };
+            LeaseGrant {
+                lease: refresh.lease,
+                granted,
+                valid: Nanos::from_millis(grant.valid_ms),
+                limit: grant.limit.unwrap_or(0),
+                window,
+                unleased,
+                reset: Nanos::from_millis(grant.reset_ms.unwrap_or(0)),
+            }
+        })
+        .collect())
+}
+
+/// Reads a check answer for `items` (in order).
+pub fn read_checks(status: Option<u16>, body: &[u8], items: usize) -> Result<Vec<CheckAnswer>, CallError> {
+    usable_status(status)?;
+    let answer: CheckResponse = parse(body)?;
+    if answer.results.len() != items {
+        return Err(CallError::Body(format!("{} results for {items} descriptors", answer.results.len())));
+    }
+    Ok(answer
+        .results
+        .iter()
+        .map(|result| {
+            let remaining = result.remaining.unwrap_or(0);
+            let reset = Nanos::from_millis(result.reset_ms.unwrap_or(0));
+            let quota = result.limit.map(|limit| Quota { limit, window: result.window_ms.map(Nanos::from_millis) });
+            let decision = match (result.code, result.retry_after_ms) {
+                (Code::OverLimit, retry) => {
+                    let retry_after = match retry {
+                        Some(floodgate_protocol::Retry::After(ms)) => Nanos::from_millis(ms),
+                        Some(floodgate_protocol::Retry::Never) => Nanos::MAX,
+                        None => reset,
+                    };
+                    Decision::deny(remaining, reset, retry_after)
+                }
+                _ => Decision::admit(remaining, reset),
+            };
+            CheckAnswer { decision, quota }
+        })
+        .collect())
+}
+
+/// Reads a probe's answer: any 2xx means the service is back.
+pub fn read_probe(status: Option<u16>) -> Result<(), CallError> {
+    usable_status(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::global::pool::Claim;
+    use crate::time::SECOND;
+
+    fn service() -> QuotaService {
+        QuotaService {
+            cluster: "quota".into(),
+            authority: "quota.local".into(),
+            domain: "edge".into(),
+            timeout: Nanos::from_millis(300),
+            token: Some("s3cret".into()),
+            max_wait: Nanos::from_millis(200),
+            lease_horizon: SECOND,
+        }
+    }
+
+    fn refresh(lease: u64) -> Refresh {
+        Refresh {
+            rule: 0,
+            group: 0,
+            fingerprint: 7,
+            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0 },
+            lease,
+            descriptor: vec![("api_key".into(), "alice".into())],
+        }
+    }
+
+    #[test]
+    fn a_lease_call_says_who_asks_for_what() {
+        let call = service().lease_call(&[refresh(0xab)]);
+        assert_eq!(call.headers[0], (":method", "POST".to_string()));
+        assert_eq!(call.headers[1], (":path", "/v1/lease".to_string()));
+        assert_eq!(call.headers[2], (":authority", "quota.local".to_string()));
+        assert!(call.headers.contains(&("authorization", "Bearer s3cret".to_string())));
+        let body: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"domain": "edge", "leases": [{"id": "00000000000000ab",
+                "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0}]})
+        );
+    }
+
+    #[test]
+    fn a_grant_is_read_into_the_pools_terms() {
+        let body = br#"{"leases": [{"code": "ok", "granted": 30, "valid_ms": 1000, "limit": 100,
+            "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3}]}"#;
+        let grants = read_leases(Some(200), body, &[refresh(9)]).unwrap();
+        assert_eq!(
+            grants,
+            vec![LeaseGrant {
+                lease: 9,
+                granted: 30,
+                valid: SECOND,
+                limit: 100,
+                window: SECOND.times(60),
+                unleased: 20,
+                reset: SECOND.times(5)
+            }]
+        );
+    }
+
+    #[test]
+    fn anything_but_the_expected_answer_is_a_failure_not_a_panic() {
+        let one = [refresh(1)];
+        assert_eq!(read_leases(Some(503), b"", &one), Err(CallError::Status(Some(503))));
+        assert_eq!(read_leases(Some(504), b"", &one), Err(CallError::Status(Some(504))));
+        assert_eq!(read_leases(None, b"", &one), Err(CallError::Status(None)));
+        assert!(matches!(read_leases(Some(200), b"not json", &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(Some(200), br#"{"leases": []}"#, &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(Some(200), br#"{"leases": [{"granted": 3}]}"#, &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(Some(200), br#"{"wrong": 1}"#, &one), Err(CallError::Body(_))));
+        let huge = vec![b' '; MAX_ANSWER_BYTES + 1];
+        assert!(matches!(read_leases(Some(200), &huge, &one), Err(CallError::Body(_))));
+        assert!(matches!(read_checks(Some(200), br#"{"allowed": true, "results": []}"#, 1), Err(CallError::Body(_))));
+    }
+
+    #[test]
+    fn check_answers_carry_the_services_numbers() {
+        let body = br#"{"allowed": false, "retry_after_ms": 1500, "results": [
+            {"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 100},
+            {"code": "over_limit", "limit": 1, "window_ms": 1000, "remaining": 0, "reset_ms": 900, "retry_after_ms": 1500},
+            {"code": "no_rule"}]}"#;
+        let answers = read_checks(Some(200), body, 3).unwrap();
+        let minute = Some(Quota { limit: 5, window: Some(SECOND.times(60)) });
+        assert_eq!(answers[0], CheckAnswer { decision: Decision::admit(4, Nanos::from_millis(100)), quota: minute });
+        let denied = Decision::deny(0, Nanos::from_millis(900), Nanos::from_millis(1500));
+        assert_eq!(answers[1], CheckAnswer { decision: denied, quota: Some(Quota { limit: 1, window: Some(SECOND) }) });
+        assert_eq!(answers[2], CheckAnswer { decision: Decision::admit(0, Nanos::ZERO), quota: None });
+    }
+}

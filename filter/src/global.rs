@@ -1,0 +1,219 @@
+//! Global mode's host side: what this worker has to send to the quota
+//! service, and what it is waiting to hear back. Every decision about the
+//! calls (when to refresh, how much, what an answer means) is in
+//! `floodgate_core::global`; here calls are queued, batched and matched with
+//! their answers.
+
+use std::collections::HashMap;
+
+use floodgate_core::global::calls::MAX_ITEMS;
+use floodgate_core::limiter::{CheckAnswer, Permit, Refresh, Verdict};
+
+/// A request whose check-mode rules are being asked about.
+#[derive(Debug)]
+pub struct CheckJob {
+    /// The request's context.
+    pub context_id: u32,
+    /// Its verdict so far (with the items to ask about).
+    pub verdict: Verdict,
+    /// What its other rules took.
+    pub permit: Permit,
+    /// One answer per item, as they arrive.
+    answers: Vec<Option<CheckAnswer>>,
+    /// Calls not answered yet.
+    outstanding: usize,
+    /// Some call failed: the fall-back decides.
+    failed: bool,
+}
+
+/// A call this worker has made and not heard back from.
+#[derive(Debug)]
+pub enum Callout {
+    /// Refreshes of lease pools, in the order asked.
+    Leases(Vec<Refresh>),
+    /// Unspent tokens given back.
+    Returns(u64),
+    /// A probe of the service for global rule `rule`, in fall-back.
+    Probe(usize),
+    /// A worker's first call: Envoy has the cluster (its answer is not needed).
+    Hello,
+    /// Items `indices` of the check of request `context_id`.
+    Check {
+        /// The request.
+        context_id: u32,
+        /// Which of its check items this call asked about.
+        indices: Vec<usize>,
+    },
+}
+
+/// This worker's traffic with the quota service.
+#[derive(Debug, Default)]
+pub struct Callouts {
+    refreshes: Vec<Refresh>,
+    returns: Vec<(u64, u64)>,
+    checks: Vec<u32>,
+    jobs: HashMap<u32, CheckJob>,
+    in_flight: HashMap<u32, Callout>,
+}
+
+/// A call to dispatch, and what to remember about it.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// Ask for these leases.
+    Leases(Vec<Refresh>),
+    /// Give back `(lease, tokens)`.
+    Returns(Vec<(u64, u64)>),
+    /// Ask about items `indices` of request `context_id`'s check, all of `hits` units.
+    Check {
+        /// The request.
+        context_id: u32,
+        /// Which of its items.
+        indices: Vec<usize>,
+        /// Units each costs.
+        hits: u64,
+    },
+}
+
+impl Callouts {
+    /// True when something waits to be sent.
+    pub fn has_outgoing(&self) -> bool {
+        !self.refreshes.is_empty() || !self.returns.is_empty() || !self.checks.is_empty()
+    }
+
+    /// Queues the refreshes a request claimed.
+    pub fn refresh(&mut self, refreshes: impl IntoIterator<Item = Refresh>) {
+        self.refreshes.extend(refreshes);
+    }
+
+    /// Queues unspent tokens to give back.
+    pub fn give_back(&mut self, lease: u64, tokens: u64) {
+        if tokens > 0 {
+            self.returns.push((lease, tokens));
+        }
+    }
+
+    /// Queues a request's check.
+    pub fn check(&mut self, context_id: u32, verdict: Verdict, permit: Permit) {
+        let items = verdict.checks.len();
+        let job = CheckJob { context_id, verdict, permit, answers: vec![None; items], outstanding: 0, failed: false };
+        self.jobs.insert(context_id, job);
+        self.checks.push(context_id);
+    }
+
+    /// Takes everything queued as calls: at most [`MAX_ITEMS`] items each;
+    /// a check's items that cost the same go in one call.
+    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        let refreshes = std::mem::take(&mut self.refreshes);
+        let mut chunks = refreshes.into_iter().peekable();
+        while chunks.peek().is_some() {
+            out.push(Outgoing::Leases(chunks.by_ref().take(MAX_ITEMS).collect()));
+        }
+        for chunk in std::mem::take(&mut self.returns).chunks(MAX_ITEMS) {
+            out.push(Outgoing::Returns(chunk.to_vec()));
+        }
+        for context_id in std::mem::take(&mut self.checks) {
+            let Some(job) = self.jobs.get_mut(&context_id) else { continue };
+            let mut by_hits: Vec<(u64, Vec<usize>)> = Vec::new();
+            for (index, item) in job.verdict.checks.iter().enumerate() {
+                match by_hits.iter_mut().find(|(hits, indices)| *hits == item.hits && indices.len() < MAX_ITEMS) {
+                    Some((_, indices)) => indices.push(index),
+                    None => by_hits.push((item.hits, vec![index])),
+                }
+            }
+            job.outstanding = by_hits.len();
+            out.extend(by_hits.into_iter().map(|(hits, indices)| Outgoing::Check { context_id, indices, hits }));
+        }
+        out
+    }
+
+    /// Remembers a dispatched call under its token.
+    pub fn sent(&mut self, token: u32, callout: Callout) {
+        self.in_flight.insert(token, callout);
+    }
+
+    /// The call a token belongs to.
+    pub fn answered(&mut self, token: u32) -> Option<Callout> {
+        self.in_flight.remove(&token)
+    }
+
+    /// A check job, to read its items.
+    pub fn job(&self, context_id: u32) -> Option<&CheckJob> {
+        self.jobs.get(&context_id)
+    }
+
+    /// Records answers (`None`: the call failed) for items `indices` of a
+    /// request's check; the job, once every call has answered.
+    pub fn record_check(
+        &mut self,
+        context_id: u32,
+        indices: &[usize],
+        answers: Option<Vec<CheckAnswer>>,
+    ) -> Option<(CheckJob, Option<Vec<CheckAnswer>>)> {
+        let job = self.jobs.get_mut(&context_id)?;
+        match answers {
+            Some(answers) => {
+                for (index, answer) in indices.iter().zip(answers) {
+                    if let Some(slot) = job.answers.get_mut(*index) {
+                        *slot = Some(answer);
+                    }
+                }
+            }
+            None => job.failed = true,
+        }
+        job.outstanding = job.outstanding.saturating_sub(1);
+        if job.outstanding > 0 {
+            return None;
+        }
+        let job = self.jobs.remove(&context_id)?;
+        let answers = if job.failed { None } else { job.answers.iter().copied().collect::<Option<Vec<_>>>() };
+        Some((job, answers))
+    }
+
+    /// Forgets a request's check (its client left); its permit, to release.
+    pub fn forget(&mut self, context_id: u32) -> Option<Permit> {
+        self.checks.retain(|c| *c != context_id);
+        self.jobs.remove(&context_id).map(|job| job.permit)
+    }
+}
+
+impl CheckJob {
+    /// Takes the job apart.
+    pub fn into_parts(self) -> (u32, Verdict, Permit) {
+        (self.context_id, self.verdict, self.permit)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn returns_are_batched_and_nothing_is_sent_twice() {
+        let mut callouts = Callouts::default();
+        for lease in 0..(MAX_ITEMS as u64 + 3) {
+            callouts.give_back(lease + 1, 5);
+        }
+        callouts.give_back(99, 0);
+        assert!(callouts.has_outgoing());
+        let out = callouts.take_outgoing();
+        let sizes: Vec<usize> = out
+            .iter()
+            .map(|o| match o {
+                Outgoing::Returns(r) => r.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sizes, vec![MAX_ITEMS, 3]);
+        assert!(!callouts.has_outgoing());
+        assert!(callouts.take_outgoing().is_empty());
+    }
+
+    #[test]
+    fn an_answer_is_matched_by_its_token_once() {
+        let mut callouts = Callouts::default();
+        callouts.sent(7, Callout::Probe(2));
+        assert!(matches!(callouts.answered(7), Some(Callout::Probe(2))));
+        assert!(callouts.answered(7).is_none());
+    }
+}
