@@ -63,6 +63,18 @@ fn policies_with_arrivals() -> impl Strategy<Value = (Case, Vec<(Nanos, u64)>)> 
     })
 }
 
+/// A fresh bucket after every arrival was decided on it, and the time of the last.
+fn settle(policy: &dyn Policy, arrivals: &[(Nanos, u64)]) -> (Vec<u8>, Nanos) {
+    let mut slot = vec![0u8; policy.state_len()];
+    let mut now = T0;
+    policy.write_fresh(&mut slot, now);
+    for &(gap, cost) in arrivals {
+        now = now + gap;
+        policy.decide(&mut slot, now, cost);
+    }
+    (slot, now)
+}
+
 /// Decides every arrival on one bucket: (time, cost, decision).
 fn run(policy: &dyn Policy, arrivals: &[(Nanos, u64)]) -> Vec<(Nanos, u64, Decision)> {
     let mut slot = vec![0u8; policy.state_len()];
@@ -129,13 +141,7 @@ proptest! {
         cost in 1u64..4,
     ) {
         let cost = cost.min(policy.capacity());
-        let mut slot = vec![0u8; policy.state_len()];
-        let mut now = T0;
-        policy.write_fresh(&mut slot, now);
-        for (gap, c) in arrivals {
-            now = now + gap;
-            policy.decide(&mut slot, now, c);
-        }
+        let (mut slot, now) = settle(policy.as_ref(), &arrivals);
         let at = now + Nanos(later);
         if policy.is_idle(&slot, at) {
             let mut fresh = vec![0u8; policy.state_len()];
@@ -225,13 +231,7 @@ proptest! {
         probe_cost in 1u64..20,
     ) {
         let (cost, probe_cost) = (cost.min(policy.capacity()), probe_cost.min(policy.capacity()));
-        let mut slot = vec![0u8; policy.state_len()];
-        let mut now = T0;
-        policy.write_fresh(&mut slot, now);
-        for (gap, c) in arrivals {
-            now = now + gap;
-            policy.decide(&mut slot, now, c);
-        }
+        let (slot, now) = settle(policy.as_ref(), &arrivals);
         let mut taken = slot.clone();
         if policy.decide(&mut taken, now, cost).allowed() {
             policy.release(&mut taken, now, Grant { cost, at: now }, Release::Undo);
