@@ -189,11 +189,13 @@ compose up --detach --wait --wait-timeout 120 --no-build --pull never >"$WORK/up
   { cat "$WORK/up.log" >&2; fail "docker compose up --wait"; }
 log "docker compose up --wait: every service healthy in $((SECONDS - t0)) s"
 
-# Prints the status codes of COUNT requests to PORT with x-api-key KEY, spaced.
+# Prints the status codes of COUNT requests with x-api-key KEY to PATH (default
+# /api/items), spaced; PORTS (space-separated) take turns.
 statuses() {
-  local port=$1 key=$2 count=$3 out="" i
-  for i in $(seq "$count"); do
-    out+="$(curl -s -o /dev/null --max-time 5 -w '%{http_code}' -H "x-api-key: $key" "http://127.0.0.1:$port/api/items") "
+  local ports=($1) key=$2 count=$3 path=${4:-/api/items} out="" i
+  for i in $(seq 0 $((count - 1))); do
+    out+="$(curl -s -o /dev/null --max-time 5 -w '%{http_code}' -H "x-api-key: $key" \
+      "http://127.0.0.1:${ports[i % ${#ports[@]}]}$path") "
   done
   echo "${out% }"
 }
@@ -203,10 +205,11 @@ expect_eq() { [ "$2" = "$3" ] || fail "$1: expected '$3', got '$2'"; }
 expect_eq "sidecar 1 body" "$(curl -s --max-time 5 http://127.0.0.1:10001/api/items)" "hello from app-1"
 expect_eq "sidecar 2 body" "$(curl -s --max-time 5 http://127.0.0.1:10002/api/items)" "hello from app-2"
 
-# The per-client limit (5 a minute per x-api-key) holds on each sidecar; today
-# each sidecar keeps its own buckets (local mode).
+# The per-client limit (5 a minute per x-api-key on /api) holds on each
+# sidecar, in buckets of its own (a local rule; the fleet-wide rule's 10 a
+# minute per key leaves room for it).
 expect_eq "alice on sidecar 1" "$(statuses 10001 alice 7)" "200 200 200 200 200 429 429"
-expect_eq "alice on sidecar 2" "$(statuses 10002 alice 7)" "200 200 200 200 200 429 429"
+expect_eq "heidi on sidecar 2" "$(statuses 10002 heidi 7)" "200 200 200 200 200 429 429"
 headers=$(curl -si --max-time 5 -H 'x-api-key: alice' http://127.0.0.1:10001/api/items | tr -d '\r')
 grep -qx 'HTTP/1.1 429 Too Many Requests' <<<"$headers" || fail "alice's 8th request is not a 429: $headers"
 grep -qx 'ratelimit-policy: "per-api-key";q=5;w=60' <<<"$headers" || fail "no RateLimit-Policy of per-api-key: $headers"
@@ -220,6 +223,36 @@ rule_limited() {
 }
 expect_eq "sidecar 1's floodgate_rule_limited{rule=per-api-key}" "$(rule_limited 9901 per-api-key)" 3
 log "per-client limit: 5 of 7 on each sidecar, IETF headers, metrics"
+
+# Prints a sidecar's stat NAME (wasmcustom.floodgate.NAME) from its admin's /stats.
+stat() {
+  curl -s --max-time 5 "http://127.0.0.1:$1/stats" |
+    awk -v name="wasmcustom.floodgate.$2:" '$1 == name { print $2 }'
+}
+# Fails unless KEY, alternating over both sidecars (on /, where only the
+# fleet-wide rule limits a key), gets exactly the quota service's 10 a
+# minute: 20 requests in well under the 6 s the bucket takes to refill one.
+expect_fleet_limit() {
+  local key=$1 codes
+  codes=$(statuses "10001 10002" "$key" 20 /)
+  [ "$(tr ' ' '\n' <<<"$codes" | grep -cv '^\(200\|429\)$')" = 0 ] || fail "$key over both sidecars: $codes"
+  [ "$(tr ' ' '\n' <<<"$codes" | grep -c '^200$')" = 10 ] ||
+    fail "$key over both sidecars: expected 10 of 20 to pass fleet-wide, got $codes" \
+      "(tokens leased $(stat 9901 global.tokens_leased) + $(stat 9902 global.tokens_leased)," \
+      "expired $(stat 9901 global.tokens_expired) + $(stat 9902 global.tokens_expired))"
+}
+
+# The fleet-wide limit: one bucket per key in the quota service (Redis), that
+# both sidecars lease from; its 429 names the global rule and its limit.
+expect_fleet_limit erin
+erin=$(curl -si --max-time 5 -H 'x-api-key: erin' http://127.0.0.1:10002/ | tr -d '\r')
+grep -qx 'ratelimit-policy: "fleet-api-key";q=10;w=60' <<<"$erin" || fail "no RateLimit-Policy of fleet-api-key: $erin"
+grep -qx 'fg:{demo}:tb:\[\["api_key","erin"\]\]' <<<"$(compose exec -T redis redis-cli --scan --pattern 'fg:{demo}:*')" ||
+  fail "no fleet-wide bucket for erin in Redis"
+for admin in 9901 9902; do
+  expect_eq "fallback_active on $admin, quota up" "$(stat "$admin" rule.fleet-api-key.fallback_active)" 0
+done
+log "fleet-wide limit: 10 of 20 requests alternating over both sidecars, bucket in Redis"
 
 # The quota service answers on its published port and keeps counters in Redis.
 check() {
@@ -235,14 +268,20 @@ keys=$(compose exec -T redis redis-cli --scan --pattern 'fg:{demo}:*')
 grep -q 'carol' <<<"$keys" || fail "no counter for carol in Redis: '$keys'"
 log "quota service: /v1/check on 127.0.0.1:8081, 10 of 11 allowed, counter in Redis"
 
-# Quota service stopped: the sidecars keep serving their local limits.
+# Quota service stopped: no request fails; the global rule falls back to its
+# local limit, 5 a minute per key in each sidecar, and says so in its gauge.
 compose stop quota >/dev/null 2>&1 || fail "docker compose stop quota"
 curl -s --max-time 2 http://127.0.0.1:8081/healthz >/dev/null && fail "the quota service still answers after stop"
-expect_eq "dave on sidecar 1, quota stopped" "$(statuses 10001 dave 7)" "200 200 200 200 200 429 429"
-expect_eq "dave on sidecar 2, quota stopped" "$(statuses 10002 dave 7)" "200 200 200 200 200 429 429"
-log "quota stopped: both sidecars still limit locally"
+expect_eq "dave on sidecar 1, quota stopped" "$(statuses 10001 dave 7 /)" "200 200 200 200 200 429 429"
+expect_eq "dave on sidecar 2, quota stopped" "$(statuses 10002 dave 7 /)" "200 200 200 200 200 429 429"
+for admin in 9901 9902; do
+  expect_eq "fallback_active on $admin, quota stopped" "$(stat "$admin" rule.fleet-api-key.fallback_active)" 1
+  [ "$(stat "$admin" rule.fleet-api-key.fallback)" -gt 0 ] || fail "no fall-back decision counted on $admin"
+done
+log "quota stopped: fall-back to 5 a minute per key in each sidecar, fallback_active 1"
 
 # Started again, it finds carol's bucket in Redis: a fresh one would leave 9.
+started=$SECONDS
 compose start quota >/dev/null 2>&1 || fail "docker compose start quota"
 for _ in $(seq 60); do
   [ "$(docker inspect -f '{{.State.Health.Status}}' "$(compose ps -q quota)")" = healthy ] && break
@@ -253,6 +292,18 @@ remaining=$(python3 -c 'import json, sys; print(json.load(sys.stdin)["results"][
   fail "check after restart: $again"
 [ "$remaining" -lt 5 ] || fail "carol's bucket did not survive a quota restart: $again"
 log "quota restarted: carol's bucket kept in Redis (remaining $remaining)"
+
+# Both sidecars go back to global mode by themselves (a probe with backoff of
+# at most 2 s, and Envoy's DNS refresh of 5 s should the address change).
+for _ in $(seq 60); do
+  [ "$(stat 9901 rule.fleet-api-key.fallback_active)$(stat 9902 rule.fleet-api-key.fallback_active)" = 00 ] && break
+  sleep 0.5
+done
+for admin in 9901 9902; do
+  expect_eq "fallback_active on $admin, 30 s after quota started" "$(stat "$admin" rule.fleet-api-key.fallback_active)" 0
+done
+expect_fleet_limit frank
+log "global mode back within $((SECONDS - started)) s of docker compose start quota: 10 of 20 fleet-wide again"
 
 # The whole-sidecar limit (50 per 10 s, one more every 200 ms, whoever asks):
 # 150 requests in a row without an API key run into it.

@@ -92,6 +92,33 @@ fn every_shipped_wasm_plugin_config_is_accepted_by_the_filter() {
     assert!(accepted >= 1, "no WasmPlugin found in deploy/istio");
 }
 
+/// A global rule's callouts go to the cluster its `global` section names;
+/// in a sidecar that is Istio's outbound cluster of the quota Service's port
+/// (`outbound|<port>||<service>.<namespace>.svc.cluster.local`), and a name
+/// that matches no Service fails every callout into the fall-back.
+#[test]
+fn every_shipped_global_section_names_the_quota_service_of_quota_yaml() {
+    let docs = documents(&repo_root().join("deploy/istio/quota.yaml"));
+    let service = docs
+        .iter()
+        .find(|doc| doc["kind"] == "Service" && doc["metadata"]["name"] == "floodgate-quota")
+        .expect("quota.yaml has no Service floodgate-quota");
+    let namespace = service["metadata"]["namespace"].as_str().unwrap();
+    let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
+    let host = format!("floodgate-quota.{namespace}.svc.cluster.local");
+    let mut checked = 0;
+    for path in yaml_files("deploy/istio") {
+        for (name, parsed) in parse_wasm_plugins(&path) {
+            let Some(global) = parsed.unwrap().global else { continue };
+            let at = format!("{}: WasmPlugin {name}", path.display());
+            assert_eq!(global.cluster, format!("outbound|{port}||{host}"), "{at}: global.cluster");
+            assert_eq!(global.authority, format!("{host}:{port}"), "{at}: global.authority");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 1, "no WasmPlugin in deploy/istio has a global section");
+}
+
 #[test]
 fn istio_json_writes_whole_numbers_as_integers_as_go_does() {
     let yaml: Yaml = serde_norway::from_str("{limit: 100, period: 1m, ratio: 0.5, big: 1.0e21}").unwrap();
