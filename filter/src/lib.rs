@@ -86,9 +86,10 @@ impl Plugin {
         }
     }
 
-    /// Decides `request` and acts on the verdict. Called by the request's own
-    /// handler (`waited` zero), and by the worker's tick for a request that
-    /// waits for a refill (with the effective context set to it).
+    /// Decides the request of context `context_id` and acts on the verdict.
+    /// Called by the request's own handler, and by the worker's tick for a
+    /// request that waits for a refill (with the effective context set to
+    /// it; `waited_out` once its wait is over).
     fn decide(&self, context_id: u32, state: &Shared, since: Nanos, waited_out: bool) -> Action {
         let limiter = &self.limiter;
         let now = host::now();
@@ -165,19 +166,18 @@ impl Plugin {
     }
 
     /// Finishes a paused request from the root context: switches to it and
-    /// resumes it or answers it as limited; false when it is gone.
-    fn finish_paused(&self, context_id: u32, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) -> bool {
+    /// resumes it or answers it as limited.
+    fn finish_paused(&self, context_id: u32, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) {
         if hostcalls::set_effective_context(context_id).is_err() {
-            // The client left; on_done gives back what it held.
+            // The client left: what it took goes back.
             self.release(permit, Release::Undo);
-            return false;
+            return;
         }
         if let Action::Continue = self.finish(state, verdict, permit, now) {
             if let Err(status) = hostcalls::resume_http_request() {
                 log::warn!("floodgate: could not resume a request: {status:?}");
             }
         }
-        true
     }
 
     /// Probes the quota service once, first thing: Envoy refuses at once a
@@ -333,9 +333,7 @@ impl Plugin {
         let (verdict, permit) = self.limiter.settle(&SharedData, now, verdict, permit, answers.as_deref(), counters);
         let waiter = self.waiting.borrow_mut().remove(context_id);
         match waiter {
-            Some(waiter) => {
-                self.finish_paused(context_id, &waiter.request, verdict, permit, now);
-            }
+            Some(waiter) => self.finish_paused(context_id, &waiter.request, verdict, permit, now),
             None => self.release(permit, Release::Undo),
         }
     }
