@@ -1,7 +1,7 @@
 # The benchmark of issue 4. The root Makefile includes this file; it also runs
 # on its own from the repository root:
 #
-#   make -f bench/bench.mk filter-bench         # the full run (about 4-5 minutes on 2 cores)
+#   make -f bench/bench.mk filter-bench         # the full run (about 8-9 minutes on 2 cores)
 #   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
 #
 # Paths are relative to the repository root. Tunables (environment or make
@@ -32,7 +32,8 @@ filter-bench-deps:
 
 # The filters in the release profile the shipped module uses (Floodgate, the
 # no-op and the host-call probe of the opt-in diagnostics), the harness, and
-# floodgate-quota (variant r: Envoy's global filter asking it over gRPC).
+# floodgate-quota (variant r: Envoy's global filter asking it over gRPC; the
+# global-mode variants: Floodgate asking it over HTTP).
 filter-bench-build: filter-bench-deps
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop -p floodgate-bench-probe
 	cargo build --release -p floodgate-bench -p floodgate-quota

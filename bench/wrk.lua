@@ -1,12 +1,14 @@
 -- The one wrk script every throughput variant runs, so its cost is the same
--- for all of them. Requests cycle through a small set of API keys (one bucket
--- each in the limiting variants); they are formatted once in init(), so the
+-- for all of them. Requests cycle through a set of API keys (one bucket each
+-- in the limiting variants): 16, or as many as the script's first argument
+-- says (`wrk ... URL -- 1000`). They are formatted once in init(), so the
 -- per-request Lua work is an index and a table lookup.
 local key_count = 16
 local prepared = {}
 local next_index = 0
 
 function init(args)
+  key_count = tonumber(args[1]) or key_count
   for i = 1, key_count do
     prepared[i] = wrk.format("GET", nil, {["x-api-key"] = string.format("key-%02d", i - 1)})
   end

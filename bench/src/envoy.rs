@@ -22,7 +22,7 @@ pub struct Paths {
     pub noop_wasm: PathBuf,
     /// The host-call probe wasm module.
     pub probe_wasm: PathBuf,
-    /// The floodgate-quota binary (for the global-filter variant).
+    /// The floodgate-quota binary (for the global-filter and global-mode variants).
     pub quota_bin: PathBuf,
     /// A scratch directory for bootstraps and logs.
     pub scratch: PathBuf,
@@ -50,6 +50,15 @@ pub enum Filters {
     Noop,
     /// Floodgate with this plugin configuration (JSON).
     Floodgate(String),
+    /// Floodgate in global mode: this plugin configuration (JSON), and the
+    /// cluster `floodgate-quota` its callouts go to, floodgate-quota's HTTP
+    /// API on this loopback port.
+    FloodgateGlobal {
+        /// The plugin configuration.
+        config: String,
+        /// floodgate-quota's `--listen` port.
+        quota: u16,
+    },
     /// The host-call probe with this configuration (`<call>=<repeats>`).
     Probe(String),
     /// No filter, but proxied to an upstream (another Envoy's
@@ -116,7 +125,9 @@ impl Filters {
 "#
             .to_string(),
             Filters::Noop => wasm_filter("noop", &paths.noop_wasm, "{}"),
-            Filters::Floodgate(config) => wasm_filter("floodgate", &paths.floodgate_wasm, config),
+            Filters::Floodgate(config) | Filters::FloodgateGlobal { config, .. } => {
+                wasm_filter("floodgate", &paths.floodgate_wasm, config)
+            }
             Filters::Probe(config) => wasm_filter("probe", &paths.probe_wasm, config),
         }
     }
@@ -234,6 +245,8 @@ fn clusters(filters: &Filters) -> String {
         Filters::EnvoyGlobal { upstream, grpc } => {
             format!("  clusters:\n{}{}", cluster("upstream", *upstream, false), cluster("floodgate_quota", *grpc, true))
         }
+        // The filter's callouts are HTTP/1.1, as in the end-to-end tests.
+        Filters::FloodgateGlobal { quota, .. } => format!("  clusters:\n{}", cluster("floodgate-quota", *quota, false)),
         _ => String::new(),
     }
 }
@@ -414,26 +427,34 @@ impl Drop for Envoy {
 }
 
 /// floodgate-quota with the memory store and its gRPC API on, for the
-/// global-filter variant; killed on drop.
+/// global-filter variant and Floodgate's global mode; killed on drop.
 pub struct QuotaService {
     child: Child,
+    /// The `--listen` port (the HTTP API Floodgate's global mode calls, and `/metrics`).
+    pub http_port: u16,
     /// The `--grpc-listen` port.
     pub grpc_port: u16,
 }
 
 impl QuotaService {
-    /// Starts the service with one never-limiting rule per `api_key` value
-    /// (domain `bench`) and waits until its gRPC port accepts connections.
-    pub fn start(paths: &Paths) -> QuotaService {
+    /// Starts the service (domain `bench`) with never-limiting rules: one per
+    /// `api_key` value, and [`HOT_KEY`] for a single hot key; waits until its
+    /// HTTP and gRPC ports accept connections. `extra` goes on its command
+    /// line (e.g. `--lease-ttl 10s`); `name` tells its files from others'.
+    pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaService {
         assert!(
             paths.quota_bin.exists(),
             "{} is missing: build it (make -f bench/bench.mk filter-bench builds it)",
             paths.quota_bin.display()
         );
-        let limits = paths.scratch.join("quota-limits.yaml");
+        let limits = paths.scratch.join(format!("{name}-limits.yaml"));
         fs::write(
             &limits,
-            "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n",
+            format!(
+                "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: second, requests_per_unit: 1000000000}}\n  \
+                 - key: {}\n    value: {}\n    rate_limit: {{unit: second, requests_per_unit: 1000000000}}\n",
+                HOT_KEY.0, HOT_KEY.1
+            ),
         )
         .unwrap();
         let (http_port, grpc_port) = (free_port(), free_port());
@@ -441,17 +462,20 @@ impl QuotaService {
             .arg("--config")
             .arg(&limits)
             .args(["--listen", &format!("127.0.0.1:{http_port}"), "--grpc-listen", &format!("127.0.0.1:{grpc_port}")])
+            .args(["--store", "memory"])
+            .args(extra)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(fs::File::create(paths.scratch.join("quota.log")).unwrap())
+            .stderr(fs::File::create(paths.scratch.join(format!("{name}.log"))).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.quota_bin.display()));
         RUNNING.lock().unwrap().push(child.id());
-        let mut quota = QuotaService { child, grpc_port };
+        let mut quota = QuotaService { child, http_port, grpc_port };
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
+        let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+        while !(listening(http_port) && listening(grpc_port)) {
             if let Ok(Some(status)) = quota.child.try_wait() {
-                let log = fs::read_to_string(paths.scratch.join("quota.log")).unwrap_or_default();
+                let log = fs::read_to_string(paths.scratch.join(format!("{name}.log"))).unwrap_or_default();
                 panic!("floodgate-quota exited with {status}:\n{log}");
             }
             assert!(Instant::now() < deadline, "floodgate-quota did not listen within 30 s");
@@ -459,7 +483,27 @@ impl QuotaService {
         }
         quota
     }
+
+    /// The calls the service has answered on one endpoint (`lease`, `check`,
+    /// `return`, `rls`), whatever their status: `floodgate_quota_requests_total`
+    /// summed over its `status` label.
+    pub fn requests(&self, endpoint: &str) -> u64 {
+        let body = Conn::open(self.http_port)
+            .ok()
+            .and_then(|mut c| c.try_request("GET", "/metrics", &[]).ok())
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+            .unwrap_or_default();
+        let label = format!("endpoint=\"{endpoint}\"");
+        body.lines()
+            .filter(|line| line.starts_with("floodgate_quota_requests_total{") && line.contains(&label))
+            .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
 }
+
+/// The descriptor entry (key, value) of the hot-key limit in the service's
+/// limits file, which Floodgate's hot-key global rules send.
+pub const HOT_KEY: (&str, &str) = ("route", "hot");
 
 impl Drop for QuotaService {
     fn drop(&mut self) {

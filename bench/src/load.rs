@@ -58,9 +58,9 @@ impl WrkResult {
     }
 }
 
-/// Runs wrk against `port` for `seconds` and parses the line the script's
-/// `done()` prints.
-pub fn wrk(settings: &WrkSettings, port: u16, seconds: u64) -> WrkResult {
+/// Runs wrk against `port` for `seconds`, cycling through `keys` API keys,
+/// and parses the line the script's `done()` prints.
+pub fn wrk(settings: &WrkSettings, port: u16, seconds: u64, keys: u32) -> WrkResult {
     let output = Command::new(&settings.bin)
         .arg(format!("-t{}", settings.threads))
         .arg(format!("-c{}", settings.connections))
@@ -69,6 +69,7 @@ pub fn wrk(settings: &WrkSettings, port: u16, seconds: u64) -> WrkResult {
         // stuck Envoy from stalling the run.
         .args(["--timeout", "5s", "--latency", "-s", &settings.script])
         .arg(format!("http://127.0.0.1:{port}/api/items"))
+        .args(["--", &keys.to_string()])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", settings.bin));
     let stdout = String::from_utf8_lossy(&output.stdout);

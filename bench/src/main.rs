@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use envoy::{Envoy, EnvoyBucket, Filters, Paths, QuotaService};
+use envoy::{Envoy, EnvoyBucket, Filters, Paths, QuotaService, HOT_KEY};
 use load::{closed_loop, wrk, LoadResult, WrkResult, WrkSettings};
 use serde_json::{json, Value};
 
@@ -78,7 +78,7 @@ impl Settings {
     /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
     /// (1,000,000), `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS`
     /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`), `BENCH_VARIANTS`
-    /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h`, `i` and the
+    /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h`, `gkt` and the
     /// host-call probes `pt`, `ph`, `pm`, `pg`, `ps`, `pr` are opt-in) and
     /// `BENCH_RESULTS_DIR` (`bench/results`). Relative paths are taken from
     /// the repository root.
@@ -169,16 +169,55 @@ fn never_limiting_rule(name: &str, descriptors: &str) -> String {
 /// Calls per request of each host-call probe variant.
 const PROBE_REPEATS: u32 = 10;
 
-/// The variants issue 4 asks for, and Envoy's global filter against the
-/// quota service with its ceiling (issue 10).
-const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f,u,r";
+/// The variants issue 4 asks for, Envoy's global filter against the quota
+/// service with its ceiling (issue 10), and Floodgate's global mode with its
+/// local references (issue 7).
+const DEFAULT_VARIANTS: &str = "a,b,c,d,d2,e,f,u,r,dk,gk,i,gl,gc";
 
-/// Where the proxied variants send requests (an upstream Envoy) and
-/// floodgate-quota's gRPC port; both 0 when no such variant runs.
+/// The API keys wrk cycles through, and how many the many-keys variants use.
+const KEYS: u32 = 16;
+const MANY_KEYS: u32 = 1000;
+
+/// The API keys wrk cycles through for variant `id`.
+fn keys_of(id: &str) -> u32 {
+    if matches!(id, "dk" | "gk" | "gkt") {
+        MANY_KEYS
+    } else {
+        KEYS
+    }
+}
+
+/// The Floodgate global-mode variants (floodgate-quota must run for them).
+const GLOBAL_MODE: [&str; 4] = ["gk", "gkt", "gl", "gc"];
+
+/// The lease lifetime of the opt-in variant (gkt): the service's
+/// `--lease-ttl` and the rule's `lease_horizon`.
+const LONG_LEASE: &str = "10s";
+
+/// Where the proxied variants send requests (an upstream Envoy), and
+/// floodgate-quota's gRPC and HTTP ports (and the HTTP port of the instance
+/// with [`LONG_LEASE`] leases); 0 when no variant needs them.
 #[derive(Clone, Copy, Debug, Default)]
 struct Global {
     upstream: u16,
     grpc: u16,
+    quota_http: u16,
+    long_lease_http: u16,
+}
+
+/// A Floodgate global rule named `name` in `mode`, asking floodgate-quota on
+/// `quota` (domain `bench`, default timeouts, plus `global_extra` fields of
+/// the `global` section). Its limit is the service's; with fallback `deny`,
+/// a decision the service could not make shows as a 429.
+fn global_rule(quota: u16, name: &str, mode: &str, descriptors: &str, global_extra: &str) -> Filters {
+    Filters::FloodgateGlobal {
+        config: format!(
+            r#"{{"rules": [{{"name": "{name}", "scope": "global", "mode": "{mode}", "fallback": "deny",
+                 "descriptors": {descriptors}}}],
+               "global": {{"cluster": "floodgate-quota", "domain": "bench"{global_extra}}}}}"#
+        ),
+        quota,
+    }
 }
 
 /// Every throughput variant, in the order they run each round: the issue's
@@ -187,6 +226,8 @@ struct Global {
 fn variants(global: Global) -> Vec<(&'static str, &'static str, Filters)> {
     let per_key = never_limiting_rule("per-api-key", PER_KEY);
     let probe = |call: &str| Filters::Probe(format!("{call}={PROBE_REPEATS}"));
+    let hot_key =
+        format!(r#"[{{"generic_key": {{"descriptor_key": "{}", "descriptor_value": "{}"}}}}]"#, HOT_KEY.0, HOT_KEY.1);
     vec![
         ("a", "no rate-limit filter", Filters::None),
         (
@@ -230,6 +271,36 @@ fn variants(global: Global) -> Vec<(&'static str, &'static str, Filters)> {
             "Envoy global ratelimit → floodgate-quota gRPC, per key, never limits",
             Filters::EnvoyGlobal { upstream: global.upstream, grpc: global.grpc },
         ),
+        // Floodgate's global mode (issue 7) against floodgate-quota's HTTP
+        // API (the process of (r)), the limit in the service's limits file
+        // far above the load: the cost of global decisions, not of limiting.
+        // Each beside its local reference: (dk) for (gk), (i) for (gl), (gc).
+        ("dk", "Floodgate local as (d), 1000 keys", Filters::Floodgate(format!(r#"{{"rules": [{per_key}]}}"#))),
+        (
+            "gk",
+            "Floodgate global, lease, per key (1000 keys)",
+            global_rule(global.quota_http, "per-api-key", "lease", PER_KEY, ""),
+        ),
+        // (i): one bucket for everything: both workers on one shared-data
+        // key (host mutex, compare-and-swap conflicts).
+        (
+            "i",
+            "Floodgate, one global bucket (hot key)",
+            Filters::Floodgate(format!(
+                r#"{{"rules": [{}]}}"#,
+                never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#)
+            )),
+        ),
+        (
+            "gl",
+            "Floodgate global, lease, one hot key",
+            global_rule(global.quota_http, "whole-site", "lease", &hot_key, ""),
+        ),
+        (
+            "gc",
+            "Floodgate global, check mode, one hot key",
+            global_rule(global.quota_http, "whole-site", "check", &hot_key, ""),
+        ),
         // Diagnostics. (g): the filter runs but no rule applies — no header
         // read, no hashing, no shared data, one counter: the fixed cost.
         (
@@ -254,15 +325,18 @@ fn variants(global: Global) -> Vec<(&'static str, &'static str, Filters)> {
         ("pg", "probe: 10 × get_shared_data", probe("shared_get")),
         ("ps", "probe: 10 × get_shared_data + set_shared_data (cas)", probe("shared_cas")),
         ("pr", "probe: 10 × set response header", probe("response_header")),
-        // (i): one bucket for everything: both workers on one shared-data
-        // key (host mutex, compare-and-swap conflicts).
+        // (gkt): as (gk) with leases living 10 s instead of 1 s (a second
+        // service instance): how much of (gk)'s callouts the lifetime causes.
         (
-            "i",
-            "Floodgate, one global bucket (hot key)",
-            Filters::Floodgate(format!(
-                r#"{{"rules": [{}]}}"#,
-                never_limiting_rule("whole-site", r#"[{"generic_key": {"descriptor_value": "all"}}]"#)
-            )),
+            "gkt",
+            "Floodgate global as (gk), leases of 10 s",
+            global_rule(
+                global.long_lease_http,
+                "per-api-key",
+                "lease",
+                PER_KEY,
+                &format!(r#", "lease_horizon": "{LONG_LEASE}""#),
+            ),
         ),
     ]
 }
@@ -299,6 +373,110 @@ struct VariantResult {
     id: &'static str,
     label: &'static str,
     rounds: Vec<WrkResult>,
+    /// Global-mode variants only: the callouts of each round, and of its
+    /// second half (the pools' rate estimates have caught up with the load
+    /// by then: steady load).
+    callouts: Vec<Callouts>,
+    callouts_second_half: Vec<Callouts>,
+}
+
+/// What a global-mode variant asked the quota service for: the filter's own
+/// counters (`wasmcustom.floodgate.global.*`, and the rules' `fallback`
+/// decisions), the service's `floodgate_quota_requests_total`, and the
+/// requests Envoy received. Read before, in the middle of and after each
+/// round; the service's counts include anything idle Envoys of other
+/// variants on the same instance sent meanwhile.
+#[derive(Clone, Copy, Debug, Default)]
+struct Callouts {
+    requests: u64,
+    sent: u64,
+    ok: u64,
+    /// Requests that found their pool empty and waited for a refresh, and
+    /// how long they waited in all.
+    waits: u64,
+    wait_ms: u64,
+    fallback: u64,
+    service_lease: u64,
+    service_check: u64,
+    service_return: u64,
+}
+
+impl Callouts {
+    fn read(envoy: &Envoy, quota: &QuotaService) -> Callouts {
+        let stats = envoy.stats();
+        let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.global.{name}")).copied().unwrap_or(0);
+        let fallback = stats
+            .iter()
+            .filter(|(name, _)| name.starts_with("wasmcustom.floodgate.rule.") && name.ends_with(".fallback"))
+            .map(|(_, v)| v)
+            .sum();
+        Callouts {
+            requests: stats.get("http.bench.downstream_rq_total").copied().unwrap_or(0),
+            sent: stat("callouts_sent"),
+            ok: stat("callouts_ok"),
+            waits: stat("refill_waits"),
+            wait_ms: stat("refill_wait_ms"),
+            fallback,
+            service_lease: quota.requests("lease"),
+            service_check: quota.requests("check"),
+            service_return: quota.requests("return"),
+        }
+    }
+
+    /// The counts from `before` to `self`.
+    fn since(self, before: Callouts) -> Callouts {
+        Callouts {
+            requests: self.requests.saturating_sub(before.requests),
+            sent: self.sent.saturating_sub(before.sent),
+            ok: self.ok.saturating_sub(before.ok),
+            waits: self.waits.saturating_sub(before.waits),
+            wait_ms: self.wait_ms.saturating_sub(before.wait_ms),
+            fallback: self.fallback.saturating_sub(before.fallback),
+            service_lease: self.service_lease.saturating_sub(before.service_lease),
+            service_check: self.service_check.saturating_sub(before.service_check),
+            service_return: self.service_return.saturating_sub(before.service_return),
+        }
+    }
+
+    fn service(&self) -> u64 {
+        self.service_lease + self.service_check + self.service_return
+    }
+
+    fn add(self, other: Callouts) -> Callouts {
+        Callouts {
+            requests: self.requests + other.requests,
+            sent: self.sent + other.sent,
+            ok: self.ok + other.ok,
+            waits: self.waits + other.waits,
+            wait_ms: self.wait_ms + other.wait_ms,
+            fallback: self.fallback + other.fallback,
+            service_lease: self.service_lease + other.service_lease,
+            service_check: self.service_check + other.service_check,
+            service_return: self.service_return + other.service_return,
+        }
+    }
+
+    /// Callouts the filter sent per request Envoy received.
+    fn per_request(&self) -> f64 {
+        self.sent as f64 / self.requests.max(1) as f64
+    }
+
+    fn to_json(self) -> Value {
+        json!({
+            "requests": self.requests, "callouts_sent": self.sent, "callouts_ok": self.ok,
+            "refill_waits": self.waits, "refill_wait_ms": self.wait_ms, "fallback_decisions": self.fallback,
+            "service_lease_calls": self.service_lease, "service_check_calls": self.service_check,
+            "service_return_calls": self.service_return,
+        })
+    }
+}
+
+/// The one-minute load average now.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or(f64::NAN)
 }
 
 fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
@@ -307,9 +485,19 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
     // that need them, and live until the end of the throughput part.
     let proxied = s.variants.iter().any(|v| v == "u" || v == "r");
     let upstream = proxied.then(|| Envoy::start("tp-upstream", &Filters::None, &s.paths));
-    let quota = s.variants.iter().any(|v| v == "r").then(|| QuotaService::start(&s.paths));
-    let global =
-        Global { upstream: upstream.as_ref().map_or(0, |e| e.port), grpc: quota.as_ref().map_or(0, |q| q.grpc_port) };
+    let asks_quota = |v: &String| v == "r" || (v != "gkt" && GLOBAL_MODE.contains(&v.as_str()));
+    let quota = s.variants.iter().any(asks_quota).then(|| QuotaService::start(&s.paths, "quota", &[]));
+    let long_lease = s
+        .variants
+        .iter()
+        .any(|v| v == "gkt")
+        .then(|| QuotaService::start(&s.paths, "quota-long-lease", &["--lease-ttl", LONG_LEASE]));
+    let global = Global {
+        upstream: upstream.as_ref().map_or(0, |e| e.port),
+        grpc: quota.as_ref().map_or(0, |q| q.grpc_port),
+        quota_http: quota.as_ref().map_or(0, |q| q.http_port),
+        long_lease_http: long_lease.as_ref().map_or(0, |q| q.http_port),
+    };
     let mut variants = variants(global);
     variants.retain(|(id, _, _)| s.variants.iter().any(|v| v == id));
     assert!(!variants.is_empty(), "BENCH_VARIANTS selects no variant");
@@ -324,14 +512,40 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
     for (envoy, (id, _, _)) in envoys.iter().zip(&variants) {
         eprintln!("throughput: warm-up {id} ({} s)", s.warmup);
         if s.warmup > 0 {
-            wrk(&s.wrk, envoy.port, s.warmup);
+            wrk(&s.wrk, envoy.port, s.warmup, keys_of(id));
         }
     }
-    let mut results: Vec<VariantResult> =
-        variants.iter().map(|(id, label, _)| VariantResult { id, label, rounds: Vec::new() }).collect();
+    let mut results: Vec<VariantResult> = variants
+        .iter()
+        .map(|(id, label, _)| VariantResult {
+            id,
+            label,
+            rounds: Vec::new(),
+            callouts: Vec::new(),
+            callouts_second_half: Vec::new(),
+        })
+        .collect();
+    let mut load_averages = vec![load_average()];
     for round in 1..=s.rounds {
         for (envoy, result) in envoys.iter().zip(&mut results) {
-            let r = wrk(&s.wrk, envoy.port, s.duration);
+            let service = if result.id == "gkt" { long_lease.as_ref() } else { quota.as_ref() };
+            let counting = service.filter(|_| GLOBAL_MODE.contains(&result.id));
+            let before = counting.map(|q| Callouts::read(envoy, q));
+            let (r, middle) = std::thread::scope(|scope| {
+                let middle = counting.map(|q| {
+                    scope.spawn(move || {
+                        std::thread::sleep(Duration::from_secs(s.duration) / 2);
+                        Callouts::read(envoy, q)
+                    })
+                });
+                let r = wrk(&s.wrk, envoy.port, s.duration, keys_of(result.id));
+                (r, middle.map(|m| m.join().unwrap()))
+            });
+            if let (Some(q), Some(before), Some(middle)) = (counting, before, middle) {
+                let after = Callouts::read(envoy, q);
+                result.callouts.push(after.since(before));
+                result.callouts_second_half.push(after.since(middle));
+            }
             eprintln!(
                 "throughput: round {round}/{} {:>2}: {:>9.0} req/s  p50 {} ms  p99 {} ms  non-2xx {}  errors {}",
                 s.rounds,
@@ -344,17 +558,21 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
             );
             result.rounds.push(r);
         }
+        load_averages.push(load_average());
     }
     let med = |r: &VariantResult, f: &dyn Fn(&WrkResult) -> f64| median(&r.rounds.iter().map(f).collect::<Vec<_>>());
     let rps: Vec<f64> = results.iter().map(|r| med(r, &WrkResult::rps)).collect();
     // Ratios need (a) and (b) in the run; without them they show as NaN.
     let rps_of = |id: &str| results.iter().zip(&rps).find(|(r, _)| r.id == id).map_or(f64::NAN, |(_, v)| *v);
     let (rps_a, rps_b) = (rps_of("a"), rps_of("b"));
+    let (load_min, load_max) =
+        load_averages.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &l| (lo.min(l), hi.max(l)));
     let _ = writeln!(
         out,
-        "\n## Throughput\n\nwrk, {} connections, {} threads, HTTP/1.1 keep-alive on loopback, {} keys; \
-         {} round(s) of {} s per variant, alternating; medians over rounds.\n",
-        s.wrk.connections, s.wrk.threads, 16, s.rounds, s.duration
+        "\n## Throughput\n\nwrk, {} connections, {} threads, HTTP/1.1 keep-alive on loopback, {KEYS} keys \
+         ({MANY_KEYS} for (dk), (gk) and (gkt)); {} round(s) of {} s per variant, alternating; medians over rounds. \
+         One-minute load average at the start and after each round: {load_min:.1}–{load_max:.1}.\n",
+        s.wrk.connections, s.wrk.threads, s.rounds, s.duration
     );
     let _ = writeln!(out, "| variant | req/s | p50 ms | p99 ms | ratio to (a) | ratio to (b) | non-2xx per round |");
     let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|");
@@ -379,6 +597,8 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
             "id": r.id, "label": r.label,
             "median": {"rps": rps, "p50_us": p50, "p99_us": p99, "ratio_a": rps / rps_a, "ratio_b": rps / rps_b},
             "rounds": r.rounds.iter().map(WrkResult::to_json).collect::<Vec<_>>(),
+            "callouts": r.callouts.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
+            "callouts_second_half": r.callouts_second_half.iter().map(|c| c.to_json()).collect::<Vec<_>>(),
         }));
     }
     // Sanity of the set-up, reported rather than asserted.
@@ -427,6 +647,7 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
             let _ = writeln!(out, "\n**Warning:** (r) never got an answer from the quota service.");
         }
     }
+    let global_mode = global_mode_report(out, &results, &rps_of);
     if let Some(share) = limited_share("e") {
         let _ = writeln!(out, "\nIn (e), {share:.1}% of requests were limited (the 429 path).");
     }
@@ -449,8 +670,110 @@ fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
         json!({
             "connections": s.wrk.connections, "threads": s.wrk.threads, "rounds": s.rounds,
             "duration_s": s.duration, "warmup_s": s.warmup, "variants": json_variants,
+            "load_averages": load_averages, "global_mode": global_mode,
         }),
     );
+}
+
+/// Each global-mode variant and the local variant it is measured against:
+/// the same keys, the same rule shape, only the scope differs.
+const GLOBAL_REFERENCES: [(&str, &str); 4] = [("gk", "dk"), ("gkt", "dk"), ("gl", "i"), ("gc", "i")];
+
+/// The targets of issue 7 for lease mode: throughput against local mode,
+/// and callouts per request at steady load.
+const LEASE_THROUGHPUT_TARGET: f64 = 0.95;
+const LEASE_CALLOUTS_TARGET: f64 = 0.02;
+
+/// The global-mode table (issue 7): each global variant beside its local
+/// reference, with callouts per request; then the targets. Returns the
+/// summary for the JSON file (null when no global variant ran).
+fn global_mode_report(out: &mut String, results: &[VariantResult], rps_of: &dyn Fn(&str) -> f64) -> Value {
+    let find = |id: &str| results.iter().find(|r| r.id == id);
+    if !GLOBAL_MODE.iter().any(|id| find(id).is_some()) {
+        return Value::Null;
+    }
+    // Ratios within each round (both ran in it, a minute apart at most):
+    // less exposed to drift in a noisy machine than the ratio of medians.
+    let paired = |x: &VariantResult, y: &VariantResult| {
+        median(&x.rounds.iter().zip(&y.rounds).map(|(a, b)| a.rps() / b.rps()).collect::<Vec<_>>())
+    };
+    let _ = writeln!(
+        out,
+        "\n### Global mode\n\nFloodgate's global rules asking floodgate-quota (memory store, HTTP API, the limit in its \
+         limits file far above the load, fallback `deny`). Callouts per request: the filter's `global.callouts_sent` \
+         ÷ Envoy's `downstream_rq_total`, over whole rounds and over the second half of each round (steady load: \
+         each Envoy idles while the others are loaded, so its pools start every round cold); service calls: \
+         `floodgate_quota_requests_total` for `lease` + `check` + `return` ÷ the same requests, whole rounds; waits: the \
+         filter's `global.refill_waits` and `refill_wait_ms`.\n"
+    );
+    let _ = writeln!(
+        out,
+        "| variant | req/s | p50 ms | p99 ms | ÷ (a) | ÷ (d) | ÷ local reference (per-round median) | \
+         callouts / request | callouts / request, second halves | service calls / request | requests that waited \
+         for a refresh (mean wait ms) | fallback decisions | non-2xx |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut summary = Vec::new();
+    for (id, reference) in GLOBAL_REFERENCES {
+        let Some(r) = find(id) else { continue };
+        let med = |f: &dyn Fn(&WrkResult) -> f64| median(&r.rounds.iter().map(f).collect::<Vec<_>>());
+        let requests: u64 = r.rounds.iter().map(|w| w.requests).sum();
+        let total = r.callouts.iter().fold(Callouts::default(), |a, &c| a.add(c));
+        let steady = r.callouts_second_half.iter().fold(Callouts::default(), |a, &c| a.add(c));
+        let service_per_request = total.service() as f64 / total.requests.max(1) as f64;
+        let against_reference = find(reference).map_or(f64::NAN, |l| paired(r, l));
+        let rps = rps_of(id);
+        let non_2xx: u64 = r.rounds.iter().map(|w| w.non_2xx).sum();
+        let _ = writeln!(
+            out,
+            "| ({id}) {} | {rps:.0} | {} | {} | {} | {} | ({reference}) {} | {:.5} | {:.5} | {service_per_request:.5} | \
+             {:.2}% ({:.1}) | {} | {non_2xx} |",
+            r.label,
+            ms(med(&|w| w.p50_us as f64)),
+            ms(med(&|w| w.p99_us as f64)),
+            ratio(rps, rps_of("a")),
+            ratio(rps, rps_of("d")),
+            ratio(against_reference, 1.0),
+            total.per_request(),
+            steady.per_request(),
+            100.0 * total.waits as f64 / total.requests.max(1) as f64,
+            total.wait_ms as f64 / total.waits.max(1) as f64,
+            total.fallback,
+        );
+        summary.push(json!({
+            "id": id, "reference": reference, "requests": requests, "ratio_reference_paired": against_reference,
+            "ratio_reference_medians": rps / rps_of(reference), "ratio_d": rps / rps_of("d"),
+            "callouts_per_request": total.per_request(), "callouts_per_request_second_halves": steady.per_request(),
+            "service_calls_per_request": service_per_request,
+            "totals": total.to_json(), "second_halves": steady.to_json(), "non_2xx": non_2xx,
+        }));
+    }
+    let verdict = |met: bool| if met { "met" } else { "**not met**" };
+    for item in summary.iter().filter(|v| v["id"] != "gc") {
+        let id = item["id"].as_str().unwrap_or("");
+        let throughput = item["ratio_reference_paired"].as_f64().unwrap_or(f64::NAN);
+        let callouts = item["callouts_per_request_second_halves"].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            out,
+            "\nLease mode ({id}): throughput {} of its local reference ({}) — target ≥ {LEASE_THROUGHPUT_TARGET}: {}; \
+             {callouts:.5} callouts per request at steady load (second halves) — target ≤ \
+             {LEASE_CALLOUTS_TARGET}: {}.",
+            ratio(throughput, 1.0),
+            item["reference"].as_str().unwrap_or(""),
+            verdict(throughput >= LEASE_THROUGHPUT_TARGET),
+            verdict(callouts <= LEASE_CALLOUTS_TARGET),
+        );
+    }
+    for item in &summary {
+        if item["totals"]["fallback_decisions"].as_u64().unwrap_or(0) > 0 {
+            let _ = writeln!(
+                out,
+                "\n**Warning:** ({}) decided with its fallback: the service did not answer every callout.",
+                item["id"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Value::Array(summary)
 }
 
 // ---------------------------------------------------------------- accuracy
