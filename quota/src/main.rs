@@ -16,7 +16,7 @@ use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::rls::{GrpcArgs, RlsOptions};
 use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
-use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
+use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store, CLUSTER_SCHEME};
 
 /// Floodgate's central quota service: fleet-wide rate limits for many Envoys.
 #[derive(Debug, Parser)]
@@ -31,8 +31,9 @@ struct Cli {
     #[arg(long, default_value = "127.0.0.1:8081", value_name = "ADDR")]
     listen: SocketAddr,
 
-    /// Where counters live: `memory`, or a Redis URL (`redis://host:port/db`).
-    #[arg(long, default_value = "memory", value_name = "memory|redis://…")]
+    /// Where counters live: `memory`, a Redis URL (`redis://host:port/db`),
+    /// or a Redis Cluster's seed nodes (`redis+cluster://host:port,host:port…`).
+    #[arg(long, default_value = "memory", value_name = "memory|redis://…|redis+cluster://…")]
     store: String,
 
     /// Require `Authorization: Bearer TOKEN` on API calls.
@@ -166,6 +167,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     } else if cli.store.starts_with("redis://")
         || cli.store.starts_with("rediss://")
         || cli.store.starts_with("redis+unix://")
+        || cli.store.starts_with(CLUSTER_SCHEME)
     {
         let options = RedisOptions {
             timeout: cli.store_timeout,
@@ -173,7 +175,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         };
         Store::Redis(Box::new(RedisStore::new(&cli.store, options)?))
     } else {
-        return Err(format!("--store must be `memory` or a redis:// URL, not {:?}", cli.store));
+        return Err(format!(
+            "--store must be `memory`, a redis:// URL or {CLUSTER_SCHEME}host:port[,host:port…], not {:?}",
+            cli.store
+        ));
     };
     let metrics = Metrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
     let service = Arc::new(Service::new(config, store, metrics, Settings { lease_ttl }));

@@ -1,5 +1,6 @@
 //! One behaviour suite, run against every store (as limitador's
-//! `test_with_all_storage_impls`): the memory store and a real redis-server.
+//! `test_with_all_storage_impls`): the memory store, a real redis-server and
+//! a real three-master Redis Cluster.
 //! A manual clock drives both (the Redis scripts then take the service's
 //! time as an argument), so retry-after and reset values are asserted exactly.
 
@@ -546,6 +547,14 @@ macro_rules! with_all_stores {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case(super::Backend::Redis).await;
+                }
+            )*
+        }
+        mod redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::Backend::RedisCluster).await;
                 }
             )*
         }

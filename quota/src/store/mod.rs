@@ -12,7 +12,7 @@ mod redis;
 use self::decide::LeaseRecord;
 pub use self::decide::{Nanos, Next};
 pub use self::memory::MemoryStore;
-pub use self::redis::{RedisOptions, RedisStore};
+pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
 use std::collections::HashMap;
 use std::fmt;

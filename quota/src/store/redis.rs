@@ -11,6 +11,12 @@
 //! connection is made lazily and re-made by redis-rs's connection manager,
 //! so a service started before Redis, or outliving a Redis restart, serves
 //! again on its own as soon as Redis answers.
+//!
+//! Redis Cluster (`redis+cluster://host:port,host:port…`) runs the same
+//! transactions through redis-rs's cluster client: the read (a `MULTI`
+//! pipeline) and the script are routed by their keys, so both, `TIME`
+//! included, run on the master owning the domain's slot, and `MOVED`/`ASK`
+//! redirections and topology changes are followed by the client.
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -19,7 +25,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, Value};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::sync::Mutex;
 
 use super::decide::{nanos, Nanos};
@@ -47,12 +55,111 @@ pub struct RedisOptions {
     pub clock: Option<Arc<dyn Clock>>,
 }
 
+/// The scheme of a Redis Cluster address: `redis+cluster://` followed by
+/// one or more seed nodes, `host:port` separated by commas.
+pub const CLUSTER_SCHEME: &str = "redis+cluster://";
+
+/// Where the counters are: one Redis, or a Redis Cluster known by its seeds.
+enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+/// A live connection of either kind; both multiplex, so clones share it.
+#[derive(Clone)]
+enum Connection {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Single(c) => c.req_packed_command(cmd),
+            Connection::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Single(c) => c.get_db(),
+            Connection::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// The seed nodes of a `redis+cluster://[user:password@]host:port,host:port…`
+/// address, as `redis://` URLs (credentials apply to every node).
+fn cluster_seeds(url: &str) -> Result<Vec<String>, String> {
+    let rest =
+        url.strip_prefix(CLUSTER_SCHEME).ok_or_else(|| format!("{url:?} does not start with {CLUSTER_SCHEME}"))?;
+    let (credentials, nodes) = match rest.rsplit_once('@') {
+        Some((credentials, nodes)) => (format!("{credentials}@"), nodes),
+        None => (String::new(), rest),
+    };
+    let nodes = nodes.strip_suffix('/').unwrap_or(nodes);
+    if nodes.contains('/') {
+        return Err(format!(
+            "invalid Redis Cluster address {url:?}: a cluster has only database 0, so no /db may follow the nodes"
+        ));
+    }
+    nodes
+        .split(',')
+        .map(|node| {
+            if node.is_empty() || node.contains(['?', '#']) {
+                Err(format!("invalid Redis Cluster address {url:?}: expected host:port[,host:port…], found {node:?}"))
+            } else {
+                Ok(format!("redis://{credentials}{node}"))
+            }
+        })
+        .collect()
+}
+
+/// The part of `key` Redis Cluster hashes: what is between the first `{`
+/// and the next `}`, if not empty; otherwise the whole key.
+fn hash_tag(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
+}
+
+/// Every key of one transaction must be in one cluster slot (the read and
+/// the script are atomic only there): by construction they share the
+/// domain's hash tag, but a domain starting with `}` leaves its keys with an
+/// empty tag, so each would be hashed whole. Refused by name rather than
+/// with Redis's bare `CROSSSLOT`.
+fn same_slot(keys: &[String]) -> Result<(), StoreError> {
+    let Some((first, rest)) = keys.split_first() else { return Ok(()) };
+    let tag = hash_tag(first);
+    match rest.iter().find(|k| hash_tag(k) != tag) {
+        None => Ok(()),
+        Some(other) => Err(StoreError::Unavailable(format!(
+            "keys {first:?} and {other:?} have different Redis Cluster hash tags, so they may sit in different \
+             slots and cannot be read and written atomically; a domain must not start with '}}'"
+        ))),
+    }
+}
+
 /// Counters in Redis.
 pub struct RedisStore {
-    client: redis::Client,
+    client: Client,
     options: RedisOptions,
     /// The live connection (cloned per call: it multiplexes).
-    connection: std::sync::RwLock<Option<ConnectionManager>>,
+    connection: std::sync::RwLock<Option<Connection>>,
     /// Held while connecting, so that one caller connects and the others wait.
     connecting: Mutex<()>,
     /// When the last connection attempt failed: attempts are spaced so that a
@@ -93,10 +200,28 @@ fn bad_reply(what: &str) -> StoreError {
 }
 
 impl RedisStore {
-    /// A store for the Redis at `url` (`redis://host:port/db`). Connects on
-    /// first use, so a service may start before its Redis.
+    /// A store for the Redis at `url` (`redis://host:port/db`), or for the
+    /// Redis Cluster whose seed nodes `url` lists
+    /// (`redis+cluster://host:port,host:port…`). Connects on first use, so a
+    /// service may start before its Redis.
     pub fn new(url: &str, options: RedisOptions) -> Result<Self, String> {
-        let client = redis::Client::open(url).map_err(|e| format!("invalid Redis URL {url:?}: {e}"))?;
+        let client = if url.starts_with(CLUSTER_SCHEME) {
+            let client = ClusterClient::builder(cluster_seeds(url)?)
+                .connection_timeout(options.timeout)
+                .response_timeout(options.timeout)
+                // The client's own retries (after a redirection, a reconnect,
+                // `TRYAGAIN` during a slot migration) must fit well within one
+                // store timeout, so that a master that refuses connections is
+                // reported as such and not as a timeout; ours bounds the total.
+                .retries(3)
+                .min_retry_wait(5)
+                .max_retry_wait(50)
+                .build()
+                .map_err(|e| format!("invalid Redis Cluster address {url:?}: {e}"))?;
+            Client::Cluster(client)
+        } else {
+            Client::Single(redis::Client::open(url).map_err(|e| format!("invalid Redis URL {url:?}: {e}"))?)
+        };
         Ok(Self {
             client,
             options,
@@ -116,11 +241,11 @@ impl RedisStore {
         (self.hasher.hash_one(key) % STRIPES as u64) as usize
     }
 
-    fn current(&self) -> Option<ConnectionManager> {
+    fn current(&self) -> Option<Connection> {
         self.connection.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    async fn connection(&self) -> Result<ConnectionManager, StoreError> {
+    async fn connection(&self) -> Result<Connection, StoreError> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
@@ -136,20 +261,23 @@ impl RedisStore {
                 }
             }
         }
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(self.options.timeout)
-            .set_response_timeout(self.options.timeout)
-            // Reconnect quickly and keep trying: a restarted Redis is picked
-            // up within about a second.
-            .set_number_of_retries(2)
-            .set_factor(50)
-            .set_max_delay(1_000);
-        match tokio::time::timeout(
-            self.options.timeout,
-            ConnectionManager::new_with_config(self.client.clone(), config),
-        )
-        .await
-        {
+        let connect = async {
+            match &self.client {
+                Client::Single(client) => {
+                    let config = ConnectionManagerConfig::new()
+                        .set_connection_timeout(self.options.timeout)
+                        .set_response_timeout(self.options.timeout)
+                        // Reconnect quickly and keep trying: a restarted Redis is picked
+                        // up within about a second.
+                        .set_number_of_retries(2)
+                        .set_factor(50)
+                        .set_max_delay(1_000);
+                    ConnectionManager::new_with_config(client.clone(), config).await.map(Connection::Single)
+                }
+                Client::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
+            }
+        };
+        match tokio::time::timeout(self.options.timeout, connect).await {
             Ok(Ok(conn)) => {
                 *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
                 Ok(conn)
@@ -174,6 +302,9 @@ impl RedisStore {
         keys: &[String],
         mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
     ) -> Result<A, StoreError> {
+        if matches!(self.client, Client::Cluster(_)) {
+            same_slot(keys)?;
+        }
         let attempts = async {
             // Transactions of this process on the same keys take turns, so
             // races are lost only to other service instances.
@@ -208,7 +339,7 @@ impl RedisStore {
     /// was given) and each key's value and version.
     async fn read(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Connection,
         keys: &[String],
     ) -> Result<(Nanos, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>), StoreError> {
         let local = self.options.clock.as_ref().map(|c| nanos(c.now_us()));
@@ -256,7 +387,7 @@ impl RedisStore {
     /// read; false when one did.
     async fn write(
         &self,
-        conn: &mut ConnectionManager,
+        conn: &mut Connection,
         keys: &[String],
         versions: &[Option<Vec<u8>>],
         writes: &Writes,
@@ -292,5 +423,51 @@ impl RedisStore {
             .map_err(unavailable)
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::store::lease_key;
+
+    #[test]
+    fn cluster_addresses_list_their_seeds() {
+        assert_eq!(
+            cluster_seeds("redis+cluster://10.0.0.1:7000,10.0.0.2:7001").unwrap(),
+            ["redis://10.0.0.1:7000", "redis://10.0.0.2:7001"]
+        );
+        assert_eq!(
+            cluster_seeds("redis+cluster://u:p%40ss@h:1,k:2/").unwrap(),
+            ["redis://u:p%40ss@h:1", "redis://u:p%40ss@k:2"]
+        );
+        let no_db = cluster_seeds("redis+cluster://h:1/0").unwrap_err();
+        assert!(no_db.contains("only database 0"), "{no_db}");
+        let empty = cluster_seeds("redis+cluster://h:1,,k:2").unwrap_err();
+        assert!(empty.contains(r#"found """#), "{empty}");
+        assert!(
+            RedisStore::new("redis+cluster://", RedisOptions { timeout: Duration::from_secs(1), clock: None }).is_err()
+        );
+    }
+
+    #[test]
+    fn keys_of_one_domain_share_one_hash_tag() {
+        // A bucket key as `bucket_key` writes it, with braces in a value.
+        let bucket = r#"fg:{edge}:fw:[["path","/{x}"]]"#.to_string();
+        let lease = lease_key("edge", "id-1");
+        assert_eq!(hash_tag(&bucket), "edge");
+        assert_eq!(hash_tag(&lease), "edge");
+        assert!(same_slot(&[bucket, lease]).is_ok());
+        assert_eq!(hash_tag("fg:{a{b}:x"), "a{b");
+        assert_eq!(hash_tag("no tag"), "no tag");
+    }
+
+    #[test]
+    fn a_domain_that_empties_the_hash_tag_is_refused_by_name() {
+        let keys = [lease_key("}odd", "a"), lease_key("}odd", "b")];
+        let Err(StoreError::Unavailable(why)) = same_slot(&keys) else { panic!("accepted") };
+        assert!(why.contains("must not start with '}'"), "{why}");
+        assert!(same_slot(&keys[..1]).is_ok(), "one key is always in one slot");
     }
 }

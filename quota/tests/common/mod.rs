@@ -1,6 +1,7 @@
 //! Test harness shared by the integration suites: a real `redis-server` on a
-//! free loopback port (started and killed here), and the service's router
-//! served in-process on another free loopback port.
+//! free loopback port, or a real three-master Redis Cluster (started and
+//! killed here), and the service's router served in-process on another free
+//! loopback port.
 
 #![allow(dead_code)] // each suite uses a different part of the harness
 
@@ -131,10 +132,265 @@ impl Drop for RedisServer {
     }
 }
 
+/// A Redis Cluster of our own: three masters, no replicas, on free loopback
+/// ports (client and bus), each with its node file in a temporary
+/// directory, so a stopped node started again rejoins as itself. Every node
+/// is killed (by PID) when dropped.
+pub struct RedisCluster {
+    nodes: Vec<ClusterNode>,
+    dir: tempfile::TempDir,
+}
+
+struct ClusterNode {
+    port: u16,
+    bus_port: u16,
+    child: Option<Child>,
+}
+
+/// First slot, last slot, owner's port.
+type SlotRange = (u16, u16, u16);
+
+/// Redis Cluster marks an unreachable node failed after this long (ms).
+pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 2_000;
+
+/// A bound for waits on the cluster's own convergence (not a speed target).
+const CLUSTER_WAIT: Duration = Duration::from_secs(30);
+
+impl RedisCluster {
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a cluster directory");
+        let nodes = (0..3).map(|_| ClusterNode { port: free_port(), bus_port: free_port(), child: None }).collect();
+        let mut cluster = RedisCluster { nodes, dir };
+        for node in 0..3 {
+            cluster.start_node(node);
+        }
+        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let output = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli must be on PATH (apt-get install redis-tools)");
+        assert!(output.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&output.stdout));
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// `redis+cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    pub fn port(&self, node: usize) -> u16 {
+        self.nodes[node].port
+    }
+
+    /// (Re)starts node `node` on its ports and waits until it answers PING.
+    pub fn start_node(&mut self, node: usize) {
+        let config = self.dir.path().join(format!("nodes-{node}.conf"));
+        let n = &mut self.nodes[node];
+        assert!(n.child.is_none(), "node {node} already running");
+        let child = Command::new("redis-server")
+            .args(["--port", &n.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--cluster-enabled", "yes", "--cluster-port", &n.bus_port.to_string()])
+            .arg("--cluster-config-file")
+            .arg(&config)
+            .args(["--cluster-node-timeout", &CLUSTER_NODE_TIMEOUT_MS.to_string()])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH (apt-get install redis-server)");
+        n.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.try_connection(node).and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok()).is_none() {
+            assert!(Instant::now() < deadline, "redis-server did not come up on port {}", self.nodes[node].port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills node `node` (SIGKILL, as in a crash).
+    pub fn stop_node(&mut self, node: usize) {
+        if let Some(mut child) = self.nodes[node].child.take() {
+            let _ = Command::new("kill").arg("-CONT").arg(child.id().to_string()).status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Freezes node `node` (SIGSTOP) or thaws it (SIGCONT).
+    pub fn freeze_node(&self, node: usize, frozen: bool) {
+        let child = self.nodes[node].child.as_ref().expect("running");
+        let signal = if frozen { "-STOP" } else { "-CONT" };
+        assert!(Command::new("kill").arg(signal).arg(child.id().to_string()).status().expect("kill").success());
+    }
+
+    fn try_connection(&self, node: usize) -> Option<redis::Connection> {
+        let url = format!("redis://127.0.0.1:{}/", self.nodes[node].port);
+        redis::Client::open(url).ok()?.get_connection_with_timeout(Duration::from_secs(1)).ok()
+    }
+
+    /// A direct (non-cluster) connection to one node.
+    pub fn connection(&self, node: usize) -> redis::Connection {
+        self.try_connection(node).expect("connect to a cluster node")
+    }
+
+    /// Waits until every running node says the cluster is ok and agrees on
+    /// who owns every slot.
+    pub fn wait_until_ok(&self) {
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        loop {
+            let running: Vec<usize> = (0..self.nodes.len()).filter(|n| self.nodes[*n].child.is_some()).collect();
+            let views: Vec<Option<(String, Vec<SlotRange>)>> = running
+                .iter()
+                .map(|n| {
+                    let mut c = self.try_connection(*n)?;
+                    let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut c).ok()?;
+                    Some((info, self.slot_ranges_seen_by(&mut c)?))
+                })
+                .collect();
+            let ok = views.iter().all(|v| v.as_ref().is_some_and(|(info, _)| info.contains("cluster_state:ok")));
+            let agree = views.windows(2).all(|w| w[0].as_ref().map(|v| &v.1) == w[1].as_ref().map(|v| &v.1));
+            if ok && agree {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not converge: {views:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// (first slot, last slot, owner's port) for every range, from
+    /// `CLUSTER NODES` as one node sees it.
+    fn slot_ranges_seen_by(&self, conn: &mut redis::Connection) -> Option<Vec<SlotRange>> {
+        let text: String = redis::cmd("CLUSTER").arg("NODES").query(conn).ok()?;
+        let mut ranges = Vec::new();
+        for line in text.lines() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            if fields.len() < 8 || !fields[2].contains("master") {
+                continue;
+            }
+            let port: u16 = fields[1].split(['@', ',']).next()?.rsplit(':').next()?.parse().ok()?;
+            for range in &fields[8..] {
+                // Migration markers ("[slot->-id]") are not ownership.
+                if range.starts_with('[') {
+                    continue;
+                }
+                let (first, last) = range.split_once('-').unwrap_or((range, range));
+                ranges.push((first.parse().ok()?, last.parse().ok()?, port));
+            }
+        }
+        ranges.sort_unstable();
+        Some(ranges)
+    }
+
+    /// The slot of `key`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        redis::cmd("CLUSTER").arg("KEYSLOT").arg(key).query(&mut self.any_connection()).expect("CLUSTER KEYSLOT")
+    }
+
+    fn any_connection(&self) -> redis::Connection {
+        (0..self.nodes.len())
+            .filter(|n| self.nodes[*n].child.is_some())
+            .find_map(|n| self.try_connection(n))
+            .expect("a running cluster node")
+    }
+
+    /// The node (index) owning `slot`, as a running node sees it.
+    pub fn owner_of_slot(&self, slot: u16) -> usize {
+        let ranges = self.slot_ranges_seen_by(&mut self.any_connection()).expect("CLUSTER NODES");
+        let (_, _, port) = ranges.iter().find(|(first, last, _)| (*first..=*last).contains(&slot)).expect("slot owned");
+        self.nodes.iter().position(|n| n.port == *port).expect("owner is one of ours")
+    }
+
+    /// The node (index) owning `key`.
+    pub fn owner_of(&self, key: &str) -> usize {
+        self.owner_of_slot(self.slot_of(key))
+    }
+
+    /// How many times node `node` ran `command` (from `INFO commandstats`).
+    pub fn calls(&self, node: usize, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut self.connection(node)).expect("INFO");
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .map(|rest| rest.split(',').next().expect("calls").parse().expect("a count"))
+            .unwrap_or(0)
+    }
+
+    /// How many errors of `kind` (e.g. `MOVED`) node `node` replied (from
+    /// `INFO errorstats`).
+    pub fn errors(&self, node: usize, kind: &str) -> u64 {
+        let info: String = redis::cmd("INFO").arg("errorstats").query(&mut self.connection(node)).expect("INFO");
+        let prefix = format!("errorstat_{kind}:count=");
+        info.lines().find_map(|l| l.strip_prefix(&prefix)).map_or(0, |n| n.trim().parse().expect("a count"))
+    }
+
+    /// Moves `slot`, with its keys, to node `to`, the way `redis-cli
+    /// --cluster reshard` does: importing/migrating, `MIGRATE` of every key,
+    /// then `SETSLOT … NODE` on every node. Clients holding the old map get
+    /// `MOVED` afterwards.
+    pub fn move_slot(&self, slot: u16, to: usize) {
+        let from = self.owner_of_slot(slot);
+        assert_ne!(from, to, "slot {slot} is already on node {to}");
+        let id = |node: usize| -> String {
+            redis::cmd("CLUSTER").arg("MYID").query(&mut self.connection(node)).expect("CLUSTER MYID")
+        };
+        let (from_id, to_id) = (id(from), id(to));
+        let mut source = self.connection(from);
+        let mut target = self.connection(to);
+        let _: () = redis::cmd("CLUSTER")
+            .arg(&["SETSLOT", &slot.to_string(), "IMPORTING", &from_id])
+            .query(&mut target)
+            .expect("IMPORTING");
+        let _: () = redis::cmd("CLUSTER")
+            .arg(&["SETSLOT", &slot.to_string(), "MIGRATING", &to_id])
+            .query(&mut source)
+            .expect("MIGRATING");
+        loop {
+            let keys: Vec<String> = redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut source)
+                .expect("GETKEYSINSLOT");
+            if keys.is_empty() {
+                break;
+            }
+            let _: () = redis::cmd("MIGRATE")
+                .arg(&["127.0.0.1", &self.nodes[to].port.to_string(), "", "0", "5000", "KEYS"])
+                .arg(&keys)
+                .query(&mut source)
+                .expect("MIGRATE");
+        }
+        // The new owner first, then the old one, then the rest.
+        for node in [to, from, 3 - from - to] {
+            let _: () = redis::cmd("CLUSTER")
+                .arg(&["SETSLOT", &slot.to_string(), "NODE", &to_id])
+                .query(&mut self.connection(node))
+                .expect("SETSLOT NODE");
+        }
+        self.wait_until_ok();
+        assert_eq!(self.owner_of_slot(slot), to);
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for node in 0..self.nodes.len() {
+            self.stop_node(node);
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
     Memory,
     Redis,
+    /// A three-master Redis Cluster of its own.
+    RedisCluster,
 }
 
 /// A service served on loopback, with its clock and (for Redis) its server.
@@ -143,6 +399,7 @@ pub struct Fixture {
     pub clock: Arc<ManualClock>,
     pub service: Arc<Service>,
     pub redis: Option<RedisServer>,
+    pub cluster: Option<RedisCluster>,
     pub client: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
 }
@@ -153,8 +410,9 @@ impl Drop for Fixture {
     }
 }
 
+/// One domain per YAML document (documents separated by `---` lines).
 pub fn config(yaml: &str) -> Config {
-    Config::from_domains([Config::parse_one("test", yaml).expect("test config parses")])
+    Config::from_domains(yaml.split("\n---\n").map(|doc| Config::parse_one("test", doc).expect("test config parses")))
 }
 
 pub struct Options {
@@ -187,6 +445,12 @@ impl Fixture {
     }
 
     pub async fn with(backend: Backend, yaml: &str, options: Options) -> Fixture {
+        if backend == Backend::RedisCluster {
+            let cluster = tokio::task::spawn_blocking(RedisCluster::start).await.expect("cluster started");
+            let mut fixture = Self::serve(Some(cluster.url()), None, yaml, options).await;
+            fixture.cluster = Some(cluster);
+            return fixture;
+        }
         let redis = (backend == Backend::Redis).then(RedisServer::start);
         let url = redis.as_ref().map(|r| r.url());
         Self::serve(url, redis, yaml, options).await
@@ -219,7 +483,7 @@ impl Fixture {
             .no_proxy()
             .build()
             .expect("client");
-        Fixture { base, clock, service, redis, client, server }
+        Fixture { base, clock, service, redis, cluster: None, client, server }
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
