@@ -149,6 +149,9 @@ pub struct Verdict {
     pub refreshes: Vec<Refresh>,
     /// Check-mode rules to ask the quota service about (admission pending).
     pub checks: Vec<CheckItem>,
+    /// While checks are pending: the delay the other rules asked for, and
+    /// the rules that asked, for [`Limiter::settle`] to restore and count.
+    deferred: (Nanos, Vec<usize>),
 }
 
 impl Verdict {
@@ -160,6 +163,7 @@ impl Verdict {
             report: None,
             refreshes: Vec::new(),
             checks: Vec::new(),
+            deferred: (Nanos::ZERO, Vec::new()),
         }
     }
 
@@ -555,13 +559,15 @@ impl<H> Limiter<H> {
                 }
             }
         }
+        self.count_shadowed(&shadowed, counters);
         if !verdict.checks.is_empty() {
-            // Counted once the service has answered, in `settle`.
+            // Admissions are counted, and the delay applied, once the
+            // service has answered, in `settle`.
+            verdict.deferred = (verdict.delay(), delayed);
             verdict.admission = Admission::Pending;
             return (verdict, permit);
         }
         self.count_admitted(&permit, &delayed, counters);
-        self.count_shadowed(&shadowed, counters);
         (verdict, permit)
     }
 
@@ -579,8 +585,8 @@ impl<H> Limiter<H> {
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
         let checks = std::mem::take(&mut verdict.checks);
-        verdict.admission =
-            if verdict.delay() > Nanos::ZERO { Admission::Delayed(verdict.delay()) } else { Admission::Now };
+        let (delay, delayed) = std::mem::take(&mut verdict.deferred);
+        verdict.admission = if delay > Nanos::ZERO { Admission::Delayed(delay) } else { Admission::Now };
         for (at, item) in checks.iter().enumerate() {
             let Some(compiled) = self.rules.get(item.rule) else { continue };
             let shadow = compiled.rule.shadow_mode || self.shadow_mode;
@@ -596,11 +602,13 @@ impl<H> Limiter<H> {
             match step {
                 Step::Decided(Some(decision), bucket) if decision.allowed() => {
                     if bucket == Bucket::Fallback {
+                        // Held, so counted with the permit below.
                         let group = self.group_in(compiled, bucket, item.fingerprint);
                         let grant = Grant { cost: item.hits, at: now };
                         permit.held.push(Held { rule: item.rule, bucket, group, fingerprint: item.fingerprint, grant });
+                    } else {
+                        counters.rule(compiled, RuleEvent::Allowed);
                     }
-                    counters.rule(compiled, RuleEvent::Allowed);
                     verdict.report =
                         Some(more_restrictive(verdict.report, Report { rule: item.rule, decision, quota }));
                 }
@@ -627,7 +635,7 @@ impl<H> Limiter<H> {
                 Step::Pending | Step::Skip => {}
             }
         }
-        self.count_admitted(&permit, &[], counters);
+        self.count_admitted(&permit, &delayed, counters);
         (verdict, permit)
     }
 
@@ -992,15 +1000,12 @@ impl<H> Limiter<H> {
         hasher.finish().max(1)
     }
 
+    /// Counts what an admitted request's rules did. A rule holds at most one
+    /// entry of a permit: `check` decides each rule once, and `settle` adds
+    /// only check-mode rules, which `check` left to it.
     fn count_admitted(&self, permit: &Permit, delayed: &[usize], counters: &mut dyn Counters<H>) {
-        let mut counted: Vec<usize> = Vec::new();
-        for held in &permit.held {
-            if !counted.contains(&held.rule) {
-                counted.push(held.rule);
-                if let Some(compiled) = self.rules.get(held.rule) {
-                    counters.rule(compiled, RuleEvent::Allowed);
-                }
-            }
+        for compiled in permit.held.iter().filter_map(|held| self.rules.get(held.rule)) {
+            counters.rule(compiled, RuleEvent::Allowed);
         }
         for compiled in delayed.iter().filter_map(|&i| self.rules.get(i)) {
             counters.rule(compiled, RuleEvent::Delayed);
@@ -1584,5 +1589,35 @@ mod tests {
         let other_worker = build(GLOBAL, &store);
         assert!(other_worker.take_unspent(&store, T0).is_empty(), "taken once");
         assert!(limiter.take_unspent(&store, T0 + SECOND.times(11)).is_empty());
+    }
+
+    /// A shaper's delay and a check-mode rule on one request: the delay
+    /// survives the wait for the service's answer, and every rule is counted
+    /// once.
+    #[test]
+    fn a_delay_and_a_check_on_one_request_settle_into_a_delay() {
+        let json = r#"{"rules": [
+            {"name": "paced", "algorithm": "shaper", "limit": 1, "period": "1s", "max_delay": "2s"},
+            {"name": "fleet", "scope": "global", "mode": "check",
+             "descriptors": [{"generic_key": {"descriptor_value": "all"}}],
+             "fallback": {"limit": 5, "period": "1h"}}],
+            "global": {"cluster": "quota", "domain": "edge"}}"#;
+        let store = MemoryStore::default();
+        let limiter = build(json, &store);
+        let mut tally = Tally::default();
+        let allowed = [CheckAnswer { decision: Decision::admit(9, Nanos::ZERO), quota: None }];
+        let ask = |tally: &mut Tally, answers: Option<&[CheckAnswer]>| {
+            let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[]), tally);
+            assert_eq!(verdict.admission, Admission::Pending);
+            limiter.settle(&store, T0, verdict, permit, answers, tally).0.admission
+        };
+        assert_eq!(ask(&mut tally, Some(&allowed)), Admission::Now);
+        assert_eq!(ask(&mut tally, Some(&allowed)), Admission::Delayed(SECOND));
+        // No answer: the local fall-back decides, and is counted once.
+        assert_eq!(ask(&mut tally, None), Admission::Delayed(SECOND.times(2)));
+        assert_eq!(tally.rules[&(0, "allowed")], 3);
+        assert_eq!(tally.rules[&(0, "delayed")], 2);
+        assert_eq!(tally.rules[&(1, "allowed")], 3);
+        assert_eq!(tally.rules[&(1, "fallback")], 1);
     }
 }
