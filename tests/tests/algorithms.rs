@@ -77,7 +77,16 @@ fn the_shaper_delays_requests_to_the_rate_and_denies_beyond_max_delay() {
     assert_eq!(envoy.stat("wasmcustom.floodgate.limited"), 4);
     let requested = envoy.stat("wasmcustom.floodgate.delay_requested_ms");
     let actual = envoy.stat("wasmcustom.floodgate.delay_actual_ms");
-    assert!((14_000..=15_000).contains(&requested), "1 + 2 + 3 + 4 + 5 s requested, got {requested} ms");
+    // Each delay is measured from the request's own clock reading. A worker
+    // may read the clock, lose the CPU, and decide after a request that read
+    // it later: its delay then exceeds k s by that gap (15001 ms was seen on a
+    // loaded CI machine). The sum is still 1 + 2 + 3 + 4 + 5 s and never the
+    // 10 s of four paced delays or the 21 s of six.
+    const REORDERING: u64 = 100;
+    assert!(
+        (14_000..=15_000 + REORDERING).contains(&requested),
+        "1 + 2 + 3 + 4 + 5 s requested, got {requested} ms"
+    );
     assert!(actual >= requested, "waited {actual} ms for {requested} ms asked");
 }
 
