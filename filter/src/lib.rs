@@ -20,7 +20,11 @@
 
 mod global;
 mod host;
+#[cfg(test)]
+mod host_tests;
 mod metrics;
+#[cfg(test)]
+mod mock_host;
 mod waiting;
 
 use std::cell::{Cell, RefCell};

@@ -1,0 +1,496 @@
+//! The host layer against a mock host ([`crate::mock_host`]): the filter's
+//! real code, through the SDK's real dispatcher, driven as Envoy drives it.
+//! What Envoy itself does is the end-to-end tests' part (`tests/`); these
+//! pin down what this crate does with each host event — which calls it
+//! dispatches, which requests it resumes or answers from the root context,
+//! what it counts — including the host failures a test Envoy cannot be made
+//! to produce at will.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::sync::Once;
+
+use proxy_wasm::types::Action;
+use serde_json::Value;
+
+use crate::mock_host::{self, HttpCall, SharedMap};
+
+extern "C" {
+    fn proxy_on_context_create(context_id: u32, root_context_id: u32);
+    fn proxy_on_configure(context_id: u32, plugin_configuration_size: usize) -> bool;
+    fn proxy_on_request_headers(context_id: u32, num_headers: usize, end_of_stream: bool) -> Action;
+    fn proxy_on_response_headers(context_id: u32, num_headers: usize, end_of_stream: bool) -> Action;
+    fn proxy_on_tick(context_id: u32);
+    fn proxy_on_http_call_response(
+        context_id: u32,
+        token_id: u32,
+        num_headers: usize,
+        body_size: usize,
+        num_trailers: usize,
+    );
+    fn proxy_on_done(context_id: u32) -> bool;
+    fn proxy_on_delete(context_id: u32);
+}
+
+const T0: u64 = 1_700_000_000_000_000_000;
+const ROOT: u32 = 1;
+const MS: u64 = 1_000_000;
+
+/// One global rule on `/login`, asking cluster `quota`; a local fall-back of
+/// 2 a minute. `extra` adds fields to the rule.
+fn global_config(extra: &str) -> String {
+    format!(
+        r#"{{"global": {{"cluster": "quota", "domain": "edge", "timeout": "300ms", "max_wait": "200ms"}},
+            "rules": [{{"name": "fleet", "scope": "global", {extra}
+                        "descriptors": [{{"generic_key": {{"descriptor_key": "path", "descriptor_value": "/login"}}}}],
+                        "fallback": {{"limit": 2, "period": "1m"}}}}]}}"#
+    )
+}
+
+/// Runs `test` on a thread of its own: the SDK's dispatcher and the mock
+/// host are per thread, as each Envoy worker has its own VM.
+fn on_a_worker(test: impl FnOnce() + Send + 'static) {
+    if let Err(panic) = std::thread::spawn(test).join() {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// One worker of an Envoy, from its VM's start.
+struct Worker {
+    next_context: u32,
+    /// Calls already looked at.
+    seen: usize,
+}
+
+impl Worker {
+    /// Starts a worker with `config`, sharing `shared` with others; Envoy
+    /// has the cluster `quota` when `with_cluster`.
+    fn start(config: &str, shared: SharedMap, with_cluster: bool) -> (Self, bool) {
+        static LOGGER: Once = Once::new();
+        // The SDK installs its logger once per process, unguarded against
+        // threads racing to do it.
+        LOGGER.call_once(|| crate::_initialize());
+        crate::_initialize();
+        mock_host::with(|host| {
+            host.shared = shared;
+            host.now = T0;
+            host.configuration = config.as_bytes().to_vec();
+            if with_cluster {
+                host.clusters.insert("quota".to_string());
+            }
+            host.live.insert(ROOT);
+            host.effective = ROOT;
+        });
+        unsafe { proxy_on_context_create(ROOT, 0) };
+        let configured = unsafe { proxy_on_configure(ROOT, config.len()) };
+        (Self { next_context: ROOT + 1, seen: 0 }, configured)
+    }
+
+    /// Starts a worker that must accept `config`, and answers its first call
+    /// (the check that the cluster exists) with 200.
+    fn ready(config: &str) -> Self {
+        let (mut worker, configured) = Self::start(config, SharedMap::default(), true);
+        assert!(configured, "{config}");
+        worker.tick();
+        let hello = worker.take_call("/readyz");
+        worker.answer(&hello, Some(200), b"");
+        worker
+    }
+
+    /// A request to `/login` arrives; its context and what the filter returned.
+    fn request(&mut self) -> (u32, Action) {
+        let context = self.next_context;
+        self.next_context += 1;
+        mock_host::with(|host| {
+            host.live.insert(context);
+            host.effective = context;
+            let headers = [(":method", "POST"), (":path", "/login"), (":authority", "example")];
+            host.request_headers.insert(context, headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect());
+        });
+        unsafe { proxy_on_context_create(context, ROOT) };
+        let action = unsafe { proxy_on_request_headers(context, 3, true) };
+        (context, action)
+    }
+
+    /// The upstream answered request `context`: the filter adds its headers.
+    fn respond(&self, context: u32) -> Vec<(String, String)> {
+        mock_host::with(|host| host.effective = context);
+        assert_eq!(unsafe { proxy_on_response_headers(context, 0, true) }, Action::Continue);
+        mock_host::with(|host| host.response_headers.remove(&context).unwrap_or_default())
+    }
+
+    /// Request `context`'s stream ends (served, reset or the client gone).
+    fn end(&self, context: u32) {
+        mock_host::with(|host| host.effective = context);
+        assert!(unsafe { proxy_on_done(context) });
+        unsafe { proxy_on_delete(context) };
+        mock_host::with(|host| {
+            host.live.remove(&context);
+        });
+    }
+
+    fn tick(&self) {
+        mock_host::with(|host| host.effective = ROOT);
+        unsafe { proxy_on_tick(ROOT) };
+    }
+
+    fn advance(&self, ms: u64) {
+        mock_host::with(|host| host.now += ms * MS);
+    }
+
+    /// The calls dispatched since the last look.
+    fn new_calls(&mut self) -> Vec<HttpCall> {
+        let calls = mock_host::with(|host| host.calls[self.seen..].to_vec());
+        self.seen += calls.len();
+        calls
+    }
+
+    /// The one new call, which must be to `path`.
+    fn take_call(&mut self, path: &str) -> HttpCall {
+        let calls = self.new_calls();
+        assert_eq!(calls.len(), 1, "one call expected: {calls:#?}");
+        let call = calls.into_iter().next().unwrap();
+        assert_eq!(call.header(":path"), Some(path), "{call:#?}");
+        assert_eq!(call.cluster, "quota");
+        call
+    }
+
+    /// Delivers an answer to `call`: `status` `None` is a reset stream
+    /// (no headers, no body), as Envoy reports a failed connection.
+    fn answer(&self, call: &HttpCall, status: Option<u16>, body: &[u8]) {
+        self.answer_sized(call, status, body, body.len());
+    }
+
+    /// As [`Worker::answer`], with the body size the host reports.
+    fn answer_sized(&self, call: &HttpCall, status: Option<u16>, body: &[u8], body_size: usize) {
+        let headers = status.map(|s| vec![(":status".to_string(), s.to_string())]);
+        let num_headers = headers.as_ref().map_or(0, Vec::len);
+        mock_host::with(|host| {
+            host.answer = Some((headers, body.to_vec()));
+            host.effective = ROOT;
+        });
+        unsafe { proxy_on_http_call_response(ROOT, call.token, num_headers, body_size, 0) };
+        mock_host::with(|host| host.answer = None);
+    }
+
+    fn metric(&self, name: &str) -> i64 {
+        mock_host::with(|host| host.metric(name))
+    }
+
+    fn resumed(&self) -> Vec<u32> {
+        mock_host::with(|host| std::mem::take(&mut host.resumed))
+    }
+
+    fn responses(&self) -> Vec<mock_host::LocalResponse> {
+        mock_host::with(|host| std::mem::take(&mut host.responses))
+    }
+
+    fn tick_ms(&self) -> u32 {
+        mock_host::with(|host| host.tick_ms)
+    }
+}
+
+fn json(call: &HttpCall) -> Value {
+    serde_json::from_slice(&call.body).unwrap()
+}
+
+/// The service's answer to a lease call: `granted` tokens for 1 s, of 100 a minute.
+fn grant(granted: u64) -> Vec<u8> {
+    format!(
+        r#"{{"leases": [{{"code": "ok", "granted": {granted}, "valid_ms": 1000, "limit": 100,
+             "window_ms": 60000, "remaining": 50, "reset_ms": 30000, "window": 0}}]}}"#
+    )
+    .into_bytes()
+}
+
+/// A request finds its pool empty and waits, the tick sends one lease call
+/// with the rule's descriptor, and its answer resumes the request from the
+/// root context; later requests spend the leased tokens with no call.
+#[test]
+fn an_empty_pool_pauses_the_request_until_the_lease_arrives() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(""));
+        assert_eq!(worker.tick_ms(), 50, "global rules keep a tick to watch their mode");
+
+        let (first, action) = worker.request();
+        assert_eq!(action, Action::Pause, "nothing leased yet");
+        assert_eq!(worker.tick_ms(), 1, "a call is queued: the tick comes at once");
+        assert!(worker.new_calls().is_empty(), "calls leave from the root's tick, not the request");
+
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        assert_eq!(lease.header(":method"), Some("POST"));
+        assert_eq!(lease.timeout_ms, 300);
+        let body = json(&lease);
+        assert_eq!(body["domain"], "edge");
+        assert_eq!(body["leases"][0]["descriptor"], serde_json::json!([["path", "/login"]]));
+        assert!(body["leases"][0]["wanted"].as_u64().unwrap() >= 1);
+        assert_eq!(worker.metric("floodgate.global.refreshes"), 1);
+
+        worker.advance(5);
+        worker.answer(&lease, Some(200), &grant(10));
+        assert_eq!(worker.metric("floodgate.global.tokens_leased"), 10);
+        assert_eq!(worker.metric("floodgate.global.callouts_ok"), 2, "the cluster check and the lease");
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![first], "resumed from the root, in the request's context");
+        assert_eq!(worker.metric("floodgate.global.refill_waits"), 1);
+        assert_eq!(worker.metric("floodgate.global.refill_wait_ms"), 5);
+        assert_eq!(worker.metric("floodgate.allowed"), 1);
+        let headers = worker.respond(first);
+        assert!(headers.iter().any(|(n, v)| n == "ratelimit-policy" && v.contains("q=100")), "{headers:?}");
+        worker.end(first);
+
+        for _ in 0..5 {
+            let (context, action) = worker.request();
+            assert_eq!(action, Action::Continue, "spent from the pool");
+            worker.end(context);
+        }
+        worker.tick();
+        assert!(worker.new_calls().is_empty(), "no call while the pool has tokens");
+        assert_eq!(worker.metric("floodgate.allowed"), 6);
+        assert_eq!(worker.metric("floodgate.global.callouts_sent"), 2);
+    });
+}
+
+/// A failed lease call puts the rule in its fall-back at once: the waiting
+/// request is decided by the local limit (2 a minute), beyond it requests
+/// are answered 429; a probe after the backoff finds the service again.
+#[test]
+fn a_failed_lease_falls_back_to_the_local_limit_and_a_probe_brings_global_mode_back() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(""));
+        let (first, action) = worker.request();
+        assert_eq!(action, Action::Pause);
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        worker.answer(&lease, Some(503), b"no healthy upstream");
+        assert_eq!(worker.metric("floodgate.global.callouts_refused"), 1);
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![first], "the fall-back admitted it");
+        assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 1);
+        assert_eq!(worker.metric("floodgate.rule.fleet.fallback"), 1);
+        assert!(
+            mock_host::with(|host| host.logs.iter().any(|(_, line)| line.contains("rules fall back"))),
+            "the failure is logged"
+        );
+
+        let (second, action) = worker.request();
+        assert_eq!(action, Action::Continue, "second of the fall-back's 2");
+        let (third, action) = worker.request();
+        assert_eq!(action, Action::Pause, "answered by the filter");
+        let responses = worker.responses();
+        assert_eq!(responses.len(), 1);
+        assert_eq!((responses[0].context_id, responses[0].status), (third, 429));
+        assert!(responses[0].headers.iter().any(|(n, _)| n == "retry-after"), "{:?}", responses[0].headers);
+        for context in [first, second, third] {
+            worker.end(context);
+        }
+        assert!(worker.new_calls().is_empty(), "no lease asked in fall-back");
+
+        worker.advance(150);
+        worker.tick();
+        let probe = worker.take_call("/readyz");
+        assert_eq!(probe.header(":method"), Some("GET"));
+        worker.answer(&probe, Some(200), b"ready");
+        worker.tick();
+        assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 0, "global again");
+        let (back, action) = worker.request();
+        assert_eq!(action, Action::Pause, "global mode leases again");
+        worker.tick();
+        worker.take_call("/v1/lease");
+        worker.end(back);
+    });
+}
+
+/// Whatever the service (or Envoy) delivers — a reset stream, a body that
+/// is not the protocol, an answer too large to read — is a counted failure
+/// and a fall-back, never a panic.
+#[test]
+fn broken_answers_are_counted_failures_not_panics() {
+    let cases: [(&str, Option<u16>, &[u8], usize); 5] = [
+        ("callouts_bad_status", None, b"", 0),
+        ("callouts_timeout", Some(504), b"upstream request timeout", 24),
+        ("callouts_bad_answer", Some(200), b"{\"leases\": 7}", 13),
+        ("callouts_bad_answer", Some(200), b"{\"leases\": []}", 14),
+        ("callouts_bad_answer", Some(200), b"", 10 * 1024 * 1024),
+    ];
+    for (counter, status, body, body_size) in cases {
+        on_a_worker(move || {
+            let mut worker = Worker::ready(&global_config(""));
+            let (first, _) = worker.request();
+            worker.tick();
+            let lease = worker.take_call("/v1/lease");
+            worker.answer_sized(&lease, status, body, body_size);
+            assert_eq!(worker.metric(&format!("floodgate.global.{counter}")), 1, "{status:?} {body:?}");
+            assert_eq!(worker.metric("floodgate.global.tokens_leased"), 0);
+            if body_size > body.len() {
+                assert_eq!(mock_host::with(|host| host.body_reads), 0, "a body that large is not read");
+            }
+            worker.tick();
+            assert_eq!(worker.resumed(), vec![first], "decided by the fall-back");
+            assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 1);
+        });
+    }
+}
+
+/// A client that leaves while its request waits for a refill frees its
+/// place; the lease still fills the pool, and the next request spends it.
+#[test]
+fn a_client_gone_while_waiting_is_not_resumed_and_its_lease_is_kept() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(""));
+        let (gone, _) = worker.request();
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        worker.end(gone);
+        assert_eq!(worker.metric("floodgate.delay_abandoned"), 1);
+        worker.answer(&lease, Some(200), &grant(3));
+        worker.tick();
+        assert!(worker.resumed().is_empty(), "nothing to resume");
+        let (next, action) = worker.request();
+        assert_eq!(action, Action::Continue, "the lease the gone client caused serves the next");
+        worker.end(next);
+        assert!(worker.new_calls().is_empty());
+    });
+}
+
+/// Envoy refuses a call to a cluster it does not have: the error names the
+/// cluster, and global rules use their fall-back from the first request.
+#[test]
+fn a_missing_cluster_is_said_plainly_and_rules_fall_back() {
+    on_a_worker(|| {
+        let (mut worker, configured) = Worker::start(&global_config(""), SharedMap::default(), false);
+        assert!(configured, "the cluster is Envoy's business, checked at the first tick");
+        worker.tick();
+        assert!(worker.new_calls().is_empty());
+        let logged = mock_host::with(|host| host.logs.clone());
+        assert!(
+            logged.iter().any(|(_, line)| line.contains("global.cluster \"quota\" cannot be called")),
+            "{logged:?}"
+        );
+        assert_eq!(worker.metric("floodgate.global.callouts_not_sent"), 1);
+        let (context, action) = worker.request();
+        assert_eq!(action, Action::Continue, "decided at once by the local fall-back");
+        assert_eq!(worker.metric("floodgate.rule.fleet.fallback"), 1);
+        worker.end(context);
+    });
+}
+
+/// In check mode a request waits for one `/v1/check`; a denial is answered
+/// 429 from the root context, in the request's context, with the service's
+/// `Retry-After`.
+#[test]
+fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
+        let (admitted, action) = worker.request();
+        assert_eq!(action, Action::Pause);
+        worker.tick();
+        let check = worker.take_call("/v1/check");
+        let body = json(&check);
+        assert_eq!(body["descriptors"], serde_json::json!([[["path", "/login"]]]));
+        assert_eq!(body["hits"], 1);
+        worker.answer(
+            &check,
+            Some(200),
+            br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#,
+        );
+        assert_eq!(worker.resumed(), vec![admitted], "resumed on the answer, not a tick later");
+
+        let (denied, _) = worker.request();
+        worker.tick();
+        let check = worker.take_call("/v1/check");
+        worker.answer(
+            &check,
+            Some(200),
+            br#"{"allowed": false, "retry_after_ms": 4500, "results": [{"code": "over_limit", "limit": 5,
+                 "window_ms": 60000, "remaining": 0, "reset_ms": 4500, "retry_after_ms": 4500}]}"#,
+        );
+        assert!(worker.resumed().is_empty());
+        let responses = worker.responses();
+        assert_eq!(responses.len(), 1);
+        assert_eq!((responses[0].context_id, responses[0].status), (denied, 429));
+        let retry_after = responses[0].headers.iter().find(|(n, _)| n == "retry-after").map(|(_, v)| v.as_str());
+        assert_eq!(retry_after, Some("5"), "4.5 s, rounded up");
+        assert_eq!(worker.metric("floodgate.limited"), 1);
+        assert_eq!(worker.metric("floodgate.allowed"), 1);
+        worker.end(admitted);
+        worker.end(denied);
+    });
+}
+
+/// When the configuration goes away, unspent leased tokens go back in one
+/// `/v1/return` naming the lease, and the root context stays until it is
+/// answered.
+#[test]
+fn a_configuration_going_away_returns_its_unspent_tokens_then_is_done() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(""));
+        let (first, _) = worker.request();
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        let lease_id = json(&lease)["leases"][0]["id"].as_str().unwrap().to_string();
+        worker.answer(&lease, Some(200), &grant(10));
+        worker.tick();
+        worker.end(first);
+
+        mock_host::with(|host| host.effective = ROOT);
+        assert!(!unsafe { proxy_on_done(ROOT) }, "not done before the return is answered");
+        let give_back = worker.take_call("/v1/return");
+        let body = json(&give_back);
+        assert_eq!(body["returns"], serde_json::json!([{"id": lease_id, "tokens": 9}]));
+        assert!(!mock_host::with(|host| host.done));
+        worker.answer(&give_back, Some(200), br#"{"returned": [9]}"#);
+        assert!(mock_host::with(|host| host.done), "proxy_done once the service answered");
+        assert_eq!(worker.metric("floodgate.global.tokens_returned"), 9);
+    });
+}
+
+/// Two workers of one Envoy share the pool: while one worker's refresh is in
+/// flight, the other's request waits for it instead of asking again, and is
+/// served from it by its own worker's tick.
+#[test]
+fn two_workers_share_one_refresh() {
+    use std::sync::mpsc;
+    let shared = SharedMap::default();
+    let config = global_config("");
+    // Worker A asks and hands its call over; worker B then finds the claim.
+    let (to_b, from_a) = mpsc::channel::<()>();
+    let (to_a, from_b) = mpsc::channel::<()>();
+    let a = {
+        let (shared, config) = (shared.clone(), config.clone());
+        std::thread::spawn(move || {
+            let (mut worker, _) = Worker::start(&config, shared, true);
+            let (first, _) = worker.request();
+            worker.tick();
+            let calls = worker.new_calls();
+            let lease = calls.iter().find(|c| c.header(":path") == Some("/v1/lease")).unwrap().clone();
+            to_b.send(()).unwrap();
+            from_b.recv().unwrap();
+            worker.answer(&lease, Some(200), &grant(10));
+            worker.tick();
+            assert_eq!(worker.resumed(), vec![first]);
+            to_b.send(()).unwrap();
+            worker.end(first);
+        })
+    };
+    let b = std::thread::spawn(move || {
+        from_a.recv().unwrap();
+        let (mut worker, _) = Worker::start(&config, shared, true);
+        let (waiting, action) = worker.request();
+        assert_eq!(action, Action::Pause, "the pool is empty here too");
+        worker.tick();
+        let leases = worker.new_calls().into_iter().filter(|c| c.header(":path") == Some("/v1/lease")).count();
+        assert_eq!(leases, 0, "the other worker's refresh is in flight: single flight");
+        to_a.send(()).unwrap();
+        from_a.recv().unwrap();
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![waiting], "served by its own worker from the shared pool");
+        worker.end(waiting);
+    });
+    for worker in [a, b] {
+        if let Err(panic) = worker.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+}

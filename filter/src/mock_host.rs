@@ -1,0 +1,465 @@
+//! A mock of Envoy's proxy-wasm host, for unit tests of the host layer.
+//!
+//! On a native target the SDK's imports (`proxy_get_shared_data`,
+//! `proxy_http_call`, …) are plain `extern "C"` symbols, so this module
+//! defines them: the filter runs unchanged, through the SDK's real
+//! dispatcher, against a host whose every effect is recorded. Tests drive it
+//! through the SDK's exports (`proxy_on_context_create`,
+//! `proxy_on_request_headers`, `proxy_on_tick`, …) as Envoy would.
+//!
+//! The SDK's dispatcher is per thread, as each Envoy worker has its own VM,
+//! and so is this host's state: each test thread is one worker. Shared data
+//! is an `Arc` that several workers (threads) may share, as in Envoy.
+//!
+//! It follows what `../shared/design/host-facts.md` measured of Envoy: a
+//! callout to an unknown cluster is refused at dispatch, shared data has
+//! compare-and-swap per key, switching to a context that has ended fails,
+//! and a metric defined twice under one name is the same metric.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, unsafe_code)]
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use proxy_wasm::types::{BufferType, LogLevel, MapType, MetricType, Status, StreamType};
+
+/// Envoy's shared data: value and compare-and-swap version per key.
+pub type SharedMap = Arc<Mutex<HashMap<String, (Vec<u8>, u32)>>>;
+
+/// Header pairs, in order.
+pub type Headers = Vec<(String, String)>;
+
+/// A call the filter dispatched.
+#[derive(Debug, Clone)]
+pub struct HttpCall {
+    /// The token the host returned.
+    pub token: u32,
+    /// The cluster called.
+    pub cluster: String,
+    /// The call's headers (`:method`, `:path`, …).
+    pub headers: Headers,
+    /// The call's body.
+    pub body: Vec<u8>,
+    /// The timeout asked, in milliseconds.
+    pub timeout_ms: u32,
+}
+
+impl HttpCall {
+    /// The value of header `name`, if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// A local response the filter sent.
+#[derive(Debug, Clone)]
+pub struct LocalResponse {
+    /// The context it was sent for.
+    pub context_id: u32,
+    /// Its status.
+    pub status: u32,
+    /// Its headers.
+    pub headers: Headers,
+}
+
+/// One worker's host.
+#[derive(Debug, Default)]
+pub struct Host {
+    /// The shared data of the workers of one Envoy.
+    pub shared: SharedMap,
+    /// The host clock, nanoseconds since the Unix epoch.
+    pub now: u64,
+    /// The plugin configuration.
+    pub configuration: Vec<u8>,
+    /// The clusters Envoy has.
+    pub clusters: HashSet<String>,
+    /// Contexts that exist (created, not yet done).
+    pub live: HashSet<u32>,
+    /// The context host calls act on.
+    pub effective: u32,
+    /// Request headers per context.
+    pub request_headers: HashMap<u32, Headers>,
+    /// Response headers the filter added, per context.
+    pub response_headers: HashMap<u32, Headers>,
+    /// Calls dispatched, in order.
+    pub calls: Vec<HttpCall>,
+    /// The answer being delivered: its headers (none for a reset stream,
+    /// whose header map Envoy does not have) and body.
+    pub answer: Option<(Option<Headers>, Vec<u8>)>,
+    /// How often the filter read an answer's body.
+    pub body_reads: usize,
+    /// Requests resumed, in order.
+    pub resumed: Vec<u32>,
+    /// Local responses sent, in order.
+    pub responses: Vec<LocalResponse>,
+    /// Metric names by id (id = index + 1).
+    pub metric_names: Vec<String>,
+    /// Metric values by id.
+    pub metric_values: HashMap<u32, i64>,
+    /// The tick period last set, in milliseconds.
+    pub tick_ms: u32,
+    /// Log lines.
+    pub logs: Vec<(u32, String)>,
+    /// `proxy_done` was called.
+    pub done: bool,
+    next_token: u32,
+}
+
+thread_local! {
+    static HOST: RefCell<Host> = RefCell::new(Host::default());
+}
+
+/// Runs `f` on this worker's host.
+pub fn with<R>(f: impl FnOnce(&mut Host) -> R) -> R {
+    HOST.with(|host| f(&mut host.borrow_mut()))
+}
+
+impl Host {
+    /// The value of metric `name` (0 if never touched).
+    pub fn metric(&self, name: &str) -> i64 {
+        self.metric_names
+            .iter()
+            .position(|n| n == name)
+            .and_then(|i| self.metric_values.get(&(i as u32 + 1)))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+unsafe fn text<'a>(data: *const u8, size: usize) -> &'a str {
+    std::str::from_utf8(bytes(data, size)).unwrap()
+}
+
+unsafe fn bytes<'a>(data: *const u8, size: usize) -> &'a [u8] {
+    if size == 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(data, size)
+    }
+}
+
+/// Hands `value` to the SDK as memory it will free as a `Vec` of exactly
+/// this length and capacity.
+unsafe fn give(value: &[u8], data: *mut *mut u8, size: *mut usize) {
+    let boxed: Box<[u8]> = value.to_vec().into_boxed_slice();
+    *size = boxed.len();
+    *data = Box::into_raw(boxed).cast::<u8>();
+}
+
+/// Reads the SDK's serialized header map.
+unsafe fn read_map(data: *const u8, size: usize) -> Headers {
+    let raw = bytes(data, size);
+    let word = |at: usize| u32::from_le_bytes(raw[at..at + 4].try_into().unwrap()) as usize;
+    let count = word(0);
+    let mut at = 4 + count * 8;
+    (0..count)
+        .map(|i| {
+            let (name_len, value_len) = (word(4 + i * 8), word(8 + i * 8));
+            let name = String::from_utf8(raw[at..at + name_len].to_vec()).unwrap();
+            at += name_len + 1;
+            let value = String::from_utf8(raw[at..at + value_len].to_vec()).unwrap();
+            at += value_len + 1;
+            (name, value)
+        })
+        .collect()
+}
+
+/// The header map `map` as the host has it now; a map the host does not
+/// have at this point (an answer's headers after a reset) is `BadArgument`,
+/// as in Envoy.
+fn header_map(host: &Host, map: MapType) -> Result<&[(String, String)], Status> {
+    let headers = match map {
+        MapType::HttpRequestHeaders => host.request_headers.get(&host.effective),
+        MapType::HttpCallResponseHeaders => host.answer.as_ref().and_then(|(headers, _)| headers.as_ref()),
+        _ => None,
+    };
+    headers.map(Vec::as_slice).ok_or(Status::BadArgument)
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_log(level: LogLevel, data: *const u8, size: usize) -> Status {
+    let line = text(data, size).to_string();
+    eprintln!("[mock host {level:?}] {line}");
+    with(|host| host.logs.push((level as u32, line)));
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_log_level(level: *mut LogLevel) -> Status {
+    *level = LogLevel::Debug;
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_current_time_nanoseconds(time: *mut u64) -> Status {
+    *time = with(|host| host.now);
+    Status::Ok
+}
+
+#[no_mangle]
+extern "C" fn proxy_set_tick_period_milliseconds(period: u32) -> Status {
+    with(|host| host.tick_ms = period);
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_buffer_bytes(
+    buffer: BufferType,
+    start: usize,
+    max_size: usize,
+    data: *mut *mut u8,
+    size: *mut usize,
+) -> Status {
+    let content = with(|host| match buffer {
+        BufferType::PluginConfiguration => Some(host.configuration.clone()),
+        BufferType::HttpCallResponseBody => {
+            host.body_reads += 1;
+            host.answer.as_ref().map(|(_, body)| body.clone())
+        }
+        _ => None,
+    });
+    match content {
+        Some(content) => {
+            let from = start.min(content.len());
+            let to = from.saturating_add(max_size).min(content.len());
+            give(&content[from..to], data, size);
+            Status::Ok
+        }
+        None => Status::NotFound,
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_header_map_value(
+    map: MapType,
+    key: *const u8,
+    key_size: usize,
+    data: *mut *mut u8,
+    size: *mut usize,
+) -> Status {
+    let key = text(key, key_size);
+    let value = with(|host| {
+        header_map(host, map).map(|headers| headers.iter().find(|(n, _)| n == key).map(|(_, v)| v.clone()))
+    });
+    match value {
+        Ok(Some(value)) => {
+            give(value.as_bytes(), data, size);
+            Status::Ok
+        }
+        Ok(None) => Status::NotFound,
+        Err(status) => status,
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_add_header_map_value(
+    map: MapType,
+    key: *const u8,
+    key_size: usize,
+    value: *const u8,
+    value_size: usize,
+) -> Status {
+    assert_eq!(map, MapType::HttpResponseHeaders, "the filter adds response headers only");
+    let pair = (text(key, key_size).to_string(), text(value, value_size).to_string());
+    with(|host| host.response_headers.entry(host.effective).or_default().push(pair));
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_property(
+    path: *const u8,
+    path_size: usize,
+    data: *mut *mut u8,
+    size: *mut usize,
+) -> Status {
+    if bytes(path, path_size) == b"source\0address" {
+        give(b"10.0.0.7:4242", data, size);
+        return Status::Ok;
+    }
+    Status::NotFound
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_shared_data(
+    key: *const u8,
+    key_size: usize,
+    data: *mut *mut u8,
+    size: *mut usize,
+    cas: *mut u32,
+) -> Status {
+    let key = text(key, key_size);
+    let entry = with(|host| host.shared.lock().unwrap().get(key).cloned());
+    match entry {
+        Some((value, version)) => {
+            give(&value, data, size);
+            *cas = version;
+            Status::Ok
+        }
+        None => Status::NotFound,
+    }
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_set_shared_data(
+    key: *const u8,
+    key_size: usize,
+    value: *const u8,
+    value_size: usize,
+    cas: u32,
+) -> Status {
+    let key = text(key, key_size).to_string();
+    let value = bytes(value, value_size).to_vec();
+    with(|host| {
+        let mut shared = host.shared.lock().unwrap();
+        let entry = shared.entry(key).or_insert_with(|| (Vec::new(), 0));
+        if cas != 0 && cas != entry.1 {
+            return Status::CasMismatch;
+        }
+        *entry = (value, entry.1 + 1);
+        Status::Ok
+    })
+}
+
+#[no_mangle]
+extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
+    with(|host| {
+        if host.live.contains(&context_id) {
+            host.effective = context_id;
+            Status::Ok
+        } else {
+            Status::BadArgument
+        }
+    })
+}
+
+#[no_mangle]
+extern "C" fn proxy_continue_stream(stream: StreamType) -> Status {
+    assert_eq!(stream, StreamType::HttpRequest, "the filter resumes requests only");
+    with(|host| host.resumed.push(host.effective));
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_send_local_response(
+    status: u32,
+    _details: *const u8,
+    _details_size: usize,
+    _body: *const u8,
+    _body_size: usize,
+    headers: *const u8,
+    headers_size: usize,
+    _grpc_status: i32,
+) -> Status {
+    let headers = read_map(headers, headers_size);
+    with(|host| host.responses.push(LocalResponse { context_id: host.effective, status, headers }));
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_http_call(
+    upstream: *const u8,
+    upstream_size: usize,
+    headers: *const u8,
+    headers_size: usize,
+    body: *const u8,
+    body_size: usize,
+    _trailers: *const u8,
+    _trailers_size: usize,
+    timeout_ms: u32,
+    token: *mut u32,
+) -> Status {
+    let cluster = text(upstream, upstream_size).to_string();
+    let headers = read_map(headers, headers_size);
+    let body = bytes(body, body_size).to_vec();
+    with(|host| {
+        if !host.clusters.contains(&cluster) {
+            return Status::BadArgument;
+        }
+        host.next_token += 1;
+        *token = host.next_token;
+        host.calls.push(HttpCall { token: host.next_token, cluster, headers, body, timeout_ms });
+        Status::Ok
+    })
+}
+
+#[no_mangle]
+extern "C" fn proxy_done() -> Status {
+    with(|host| host.done = true);
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let name = text(name, name_size).to_string();
+    *id = with(|host| match host.metric_names.iter().position(|n| *n == name) {
+        Some(index) => index as u32 + 1,
+        None => {
+            host.metric_names.push(name);
+            host.metric_names.len() as u32
+        }
+    });
+    Status::Ok
+}
+
+#[no_mangle]
+extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
+    with(|host| {
+        if id == 0 || id as usize > host.metric_names.len() {
+            return Status::NotFound;
+        }
+        *host.metric_values.entry(id).or_default() += offset;
+        Status::Ok
+    })
+}
+
+#[no_mangle]
+extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
+    with(|host| {
+        if id == 0 || id as usize > host.metric_names.len() {
+            return Status::NotFound;
+        }
+        host.metric_values.insert(id, value as i64);
+        Status::Ok
+    })
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_get_metric(id: u32, value: *mut u64) -> Status {
+    *value = with(|host| host.metric_values.get(&id).copied().unwrap_or(0)) as u64;
+    Status::Ok
+}
+
+/// Host functions the SDK can call but the filter never does: defined so the
+/// test binary links, and fatal if reached. (The linker matches names only;
+/// as they are never called, their parameters are left out.)
+macro_rules! never_called {
+    ($($name:ident),* $(,)?) => {$(
+        #[no_mangle]
+        extern "C" fn $name() -> Status {
+            eprintln!("the filter called {}, which the mock host does not model", stringify!($name));
+            std::process::abort()
+        }
+    )*};
+}
+
+never_called!(
+    proxy_set_buffer_bytes,
+    proxy_get_header_map_pairs,
+    proxy_set_header_map_pairs,
+    proxy_remove_header_map_value,
+    proxy_replace_header_map_value,
+    proxy_set_property,
+    proxy_register_shared_queue,
+    proxy_resolve_shared_queue,
+    proxy_dequeue_shared_queue,
+    proxy_enqueue_shared_queue,
+    proxy_close_stream,
+    proxy_grpc_call,
+    proxy_grpc_stream,
+    proxy_grpc_send,
+    proxy_grpc_cancel,
+    proxy_grpc_close,
+    proxy_get_status,
+    proxy_call_foreign_function,
+);
