@@ -97,6 +97,15 @@ impl Worker {
         worker
     }
 
+    /// Starts a worker with local rules only: it makes no call.
+    fn local(config: &str) -> Self {
+        let (mut worker, configured) = Self::start(config, SharedMap::default(), false);
+        assert!(configured, "{config}");
+        worker.tick();
+        assert!(worker.new_calls().is_empty());
+        worker
+    }
+
     /// A request to `/login` arrives; its context and what the filter returned.
     fn request(&mut self) -> (u32, Action) {
         let context = self.next_context;
@@ -493,4 +502,67 @@ fn two_workers_share_one_refresh() {
             std::panic::resume_unwind(panic);
         }
     }
+}
+
+/// A local limit answers the request over it with 429 and `Retry-After`
+/// from the request's own handler, and adds `RateLimit` headers to the
+/// response of the one it admits; a configuration the core refuses is
+/// refused to Envoy, with the reason logged.
+#[test]
+fn a_local_limit_answers_429_and_adds_headers_to_what_it_admits() {
+    on_a_worker(|| {
+        let mut worker =
+            Worker::local(r#"{"rules": [{"name": "login", "algorithm": "fixed_window", "limit": 1, "period": "1m"}]}"#);
+        assert_eq!(worker.tick_ms(), 0, "no tick without global rules or waiting requests");
+        let (admitted, action) = worker.request();
+        assert_eq!(action, Action::Continue);
+        let headers = worker.respond(admitted);
+        assert!(headers.iter().any(|(n, v)| n == "ratelimit" && v.contains("r=0")), "{headers:?}");
+        let (limited, action) = worker.request();
+        assert_eq!(action, Action::Pause, "the local reply ends it");
+        let responses = worker.responses();
+        assert_eq!((responses.len(), responses[0].context_id, responses[0].status), (1, limited, 429));
+        // Fixed windows are aligned to the epoch: T0 is 20 s into its minute.
+        let retry_after = responses[0].headers.iter().find(|(n, _)| n == "retry-after").map(|(_, v)| v.as_str());
+        assert_eq!(retry_after, Some("40"));
+        assert!(worker.respond(limited).is_empty(), "the local reply carried its headers already");
+        assert_eq!((worker.metric("floodgate.allowed"), worker.metric("floodgate.limited")), (1, 1));
+        assert_eq!(worker.metric("floodgate.rule.login.limited"), 1);
+        worker.end(admitted);
+        worker.end(limited);
+    });
+    on_a_worker(|| {
+        let (_, configured) = Worker::start(r#"{"rules": [{"name": "x", "limit": 0}]}"#, SharedMap::default(), false);
+        assert!(!configured);
+        let logged = mock_host::with(|host| host.logs.clone());
+        assert!(logged.iter().any(|(_, line)| line.contains("limit")), "the reason is logged: {logged:?}");
+    });
+}
+
+/// The shaper's delayed request waits on the worker's tick and is resumed,
+/// in its own context, once its time has come: not before.
+#[test]
+fn a_shaped_request_is_resumed_by_the_tick_when_its_delay_is_over() {
+    on_a_worker(|| {
+        let mut worker = Worker::local(
+            r#"{"rules": [{"name": "paced", "algorithm": "shaper", "limit": 10, "period": "10s", "max_delay": "5s"}]}"#,
+        );
+        let (first, action) = worker.request();
+        assert_eq!(action, Action::Continue, "the first goes at once");
+        let (second, action) = worker.request();
+        assert_eq!(action, Action::Pause, "the second waits a second");
+        assert_eq!(worker.tick_ms(), 10, "the tick comes often enough to resume it on time");
+        worker.advance(999);
+        worker.tick();
+        assert!(worker.resumed().is_empty(), "not before its time");
+        worker.advance(1);
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![second]);
+        assert_eq!(worker.metric("floodgate.delayed"), 1);
+        assert_eq!(worker.metric("floodgate.delay_requested_ms"), 1000);
+        assert_eq!(worker.metric("floodgate.delay_actual_ms"), 1000);
+        assert_eq!(worker.tick_ms(), 0, "nothing left to wait for");
+        worker.end(first);
+        worker.end(second);
+    });
 }
