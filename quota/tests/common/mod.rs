@@ -188,28 +188,47 @@ impl RedisCluster {
     }
 
     /// (Re)starts node `node` on its ports and waits until it answers PING.
+    /// A first start whose ports were taken meanwhile (`free_port` only
+    /// finds a port free for a moment; parallel tests race for them) moves
+    /// to new ports; a restart must keep its own.
     pub fn start_node(&mut self, node: usize) {
         let config = self.dir.path().join(format!("nodes-{node}.conf"));
-        let n = &mut self.nodes[node];
-        assert!(n.child.is_none(), "node {node} already running");
-        let child = Command::new("redis-server")
-            .args(["--port", &n.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--cluster-enabled", "yes", "--cluster-port", &n.bus_port.to_string()])
-            .arg("--cluster-config-file")
-            .arg(&config)
-            .args(["--cluster-node-timeout", &CLUSTER_NODE_TIMEOUT_MS.to_string()])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be on PATH (apt-get install redis-server)");
-        n.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.try_connection(node).and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok()).is_none() {
-            assert!(Instant::now() < deadline, "redis-server did not come up on port {}", self.nodes[node].port);
-            std::thread::sleep(Duration::from_millis(20));
+        let first_start = !config.exists();
+        assert!(self.nodes[node].child.is_none(), "node {node} already running");
+        for _attempt in 0..5 {
+            let n = &mut self.nodes[node];
+            let child = Command::new("redis-server")
+                .args(["--port", &n.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes", "--cluster-port", &n.bus_port.to_string()])
+                .arg("--cluster-config-file")
+                .arg(&config)
+                .args(["--cluster-node-timeout", &CLUSTER_NODE_TIMEOUT_MS.to_string()])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server must be on PATH (apt-get install redis-server)");
+            n.child = Some(child);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                if self.try_connection(node).and_then(|mut c| redis::cmd("PING").query::<String>(&mut c).ok()).is_some()
+                {
+                    return;
+                }
+                let n = &mut self.nodes[node];
+                let exited = n.child.as_mut().and_then(|c| c.try_wait().ok().flatten());
+                if let Some(status) = exited {
+                    n.child = None;
+                    assert!(first_start, "redis-server on port {} exited on restart: {status}", n.port);
+                    (n.port, n.bus_port) = (free_port(), free_port());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "redis-server did not come up on port {}", n.port);
+                std::thread::sleep(Duration::from_millis(20));
+            }
         }
+        panic!("redis-server for node {node} exited at start five times: are ports being taken?");
     }
 
     /// Kills node `node` (SIGKILL, as in a crash).
@@ -431,7 +450,10 @@ impl Default for Options {
         Options {
             auth_token: None,
             lease_ttl: SECOND_US,
-            store_timeout: Duration::from_millis(500),
+            // Ample for a loaded two-core CI machine: the functional tests
+            // must not turn a slow moment into a 503. The outage tests,
+            // which are about the timeout, set a short one of their own.
+            store_timeout: Duration::from_secs(2),
             redis_time: false,
             max_buckets: 100_000,
             limits: Limits::default(),
