@@ -221,7 +221,7 @@ impl LeasePool {
         claim_started: Nanos,
         grant: &LeaseGrant,
     ) -> (Applied, PoolState) {
-        if state.lease != 0 && state.lease == grant.lease {
+        if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
             return (Applied::Duplicate, state);
         }
         if state.lease != 0 && state.leased_at >= claim_started {
@@ -521,6 +521,8 @@ mod tests {
         // The same answer again (a replay) changes nothing and returns nothing.
         assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
         assert_eq!(p.apply(after, T0 + MS.times(830), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+        // So does a replay of the held lease's: its tokens are in use, not to be returned.
+        assert_eq!(p.apply(after, T0 + MS.times(830), T0, &grant(1, 100)).0, Applied::Duplicate);
     }
 
     #[test]
