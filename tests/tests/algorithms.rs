@@ -83,10 +83,7 @@ fn the_shaper_delays_requests_to_the_rate_and_denies_beyond_max_delay() {
     // loaded CI machine). The sum is still 1 + 2 + 3 + 4 + 5 s and never the
     // 10 s of four paced delays or the 21 s of six.
     const REORDERING: u64 = 100;
-    assert!(
-        (14_000..=15_000 + REORDERING).contains(&requested),
-        "1 + 2 + 3 + 4 + 5 s requested, got {requested} ms"
-    );
+    assert!((14_000..=15_000 + REORDERING).contains(&requested), "1 + 2 + 3 + 4 + 5 s requested, got {requested} ms");
     assert!(actual >= requested, "waited {actual} ms for {requested} ms asked");
 }
 
