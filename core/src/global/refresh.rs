@@ -4,8 +4,9 @@
 //! empty: while the pool still holds enough for twice the time refreshes
 //! have been taking (at the observed rate), or for the next few requests of a
 //! thin key ([`THIN_REQUESTS`], within the last quarter of the lease's life),
-//! and before the lease expires (in the last quarter of its life, or the last
-//! callout timeout or the time of those few requests, whichever is shorter).
+//! and before the lease expires (within the last callout timeout or those
+//! few requests' time, whichever is longer, but not before the last quarter
+//! of the lease's life).
 //! The ask tops the pool up to one lease horizon at the observed rate; the
 //! service then caps the grant so no Envoy takes more than its share.
 
