@@ -26,6 +26,9 @@ pub struct Paths {
     pub quota_bin: PathBuf,
     /// A scratch directory for bootstraps and logs.
     pub scratch: PathBuf,
+    /// The `unit` of the quota service's never-limiting fixed windows
+    /// (`second`, `minute`, `hour`): a lease never outlives its window.
+    pub quota_unit: String,
 }
 
 /// A token bucket of Envoy's `local_ratelimit` (max tokens, tokens per fill, fill interval).
@@ -451,9 +454,11 @@ impl QuotaService {
         fs::write(
             &limits,
             format!(
-                "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: second, requests_per_unit: 1000000000}}\n  \
-                 - key: {}\n    value: {}\n    rate_limit: {{unit: second, requests_per_unit: 1000000000}}\n",
-                HOT_KEY.0, HOT_KEY.1
+                "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: {unit}, requests_per_unit: 1000000000}}\n  \
+                 - key: {}\n    value: {}\n    rate_limit: {{unit: {unit}, requests_per_unit: 1000000000}}\n",
+                HOT_KEY.0,
+                HOT_KEY.1,
+                unit = paths.quota_unit
             ),
         )
         .unwrap();

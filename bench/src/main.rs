@@ -77,7 +77,7 @@ impl Settings {
     /// `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2), `BENCH_ACCURACY_SECS`
     /// (5), `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS`
     /// (1,000,000), `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS`
-    /// (300), `BENCH_PARTS` (`throughput,accuracy,memory`), `BENCH_VARIANTS`
+    /// (300), `BENCH_QUOTA_UNIT` (`second`), `BENCH_PARTS` (`throughput,accuracy,memory`), `BENCH_VARIANTS`
     /// ([`DEFAULT_VARIANTS`]; the diagnostic variants `g`, `h`, `gkt` and the
     /// host-call probes `pt`, `ph`, `pm`, `pg`, `ps`, `pr` are opt-in) and
     /// `BENCH_RESULTS_DIR` (`bench/results`). Relative paths are taken from
@@ -102,6 +102,7 @@ impl Settings {
                 probe_wasm: path("PROBE_WASM", "target/wasm32-wasip1/release/floodgate_bench_probe.wasm"),
                 quota_bin: path("QUOTA_BIN", "target/release/floodgate-quota"),
                 scratch,
+                quota_unit: std::env::var("BENCH_QUOTA_UNIT").ok().filter(|v| !v.is_empty()).unwrap_or("second".into()),
             },
             wrk: WrkSettings {
                 bin: std::env::var("WRK_BIN").ok().filter(|v| !v.is_empty()).unwrap_or("wrk".into()),
@@ -138,6 +139,7 @@ impl Settings {
             ("BENCH_MEMORY_KEYS", self.memory_keys.to_string()),
             ("BENCH_MEMORY_CONNECTIONS", self.memory_connections.to_string()),
             ("BENCH_MEMORY_MAX_SECS", self.memory_max_secs.to_string()),
+            ("BENCH_QUOTA_UNIT", self.paths.quota_unit.clone()),
         ]
     }
 

@@ -19,7 +19,8 @@ const SECOND_NS: u64 = 1_000_000_000;
 pub const LOW_WATER_DIVISOR: u64 = 10;
 
 /// Tokens a lease aims for: enough for the caller's observed `rate` (tokens
-/// per second) over one lease lifetime `ttl_ns`, at least 1 and at most what
+/// per second) over the time `ttl_ns` the lease may be used (its lifetime, or
+/// less when its window ends sooner), at least 1 and at most what
 /// it asked for (`wanted`) and the rule's `capacity`. A caller that reports
 /// no rate starts with 1 % of the capacity.
 pub fn lease_target(wanted: u64, rate: Option<f64>, ttl_ns: u64, capacity: u64) -> u64 {

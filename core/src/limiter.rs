@@ -712,12 +712,12 @@ impl<H> Limiter<H> {
                     here.clear();
                     table.update_every(stored, |slot| {
                         let Some(state) = pool.decode(slot) else { return false };
-                        let tokens = pool.usable(&state, now);
-                        if tokens == 0 {
+                        let unspent = pool.unspent(&state, now);
+                        if unspent.iter().all(|(_, tokens)| *tokens == 0) {
                             return false;
                         }
-                        here.push((state.lease, tokens));
-                        pool.encode(&PoolState { tokens: 0, ..state }, slot);
+                        here.extend(unspent.into_iter().filter(|(_, tokens)| *tokens > 0));
+                        pool.encode(&PoolState { tokens: 0, held_tokens: 0, ..state }, slot);
                         true
                     })
                 });
@@ -1093,6 +1093,7 @@ fn more_restrictive(current: Option<Report>, candidate: Report) -> Report {
 mod tests {
     use super::*;
     use crate::descriptor::StaticRequest;
+    use crate::global::pool::Leftover;
     use crate::store::{MemoryStore, Step};
     use crate::time::SECOND;
     use std::cell::Cell;
@@ -1472,7 +1473,7 @@ mod tests {
         assert_eq!((again.admission, again.refreshes.len()), (Admission::Pending, 0));
         assert_eq!(
             limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 3), &mut tally),
-            Some(Applied::Replaced(None))
+            Some(Applied::Replaced(Leftover::default()))
         );
         let ok = (0..5).filter(|_| admitted(&limiter, &store, T0 + Nanos(2), alice, &mut tally)).count();
         assert_eq!(ok, 3, "exactly the granted tokens, then pending again");
@@ -1589,6 +1590,36 @@ mod tests {
         let other_worker = build(GLOBAL, &store);
         assert!(other_worker.take_unspent(&store, T0).is_empty(), "taken once");
         assert!(limiter.take_unspent(&store, T0 + SECOND.times(11)).is_empty());
+    }
+
+    #[test]
+    fn held_tokens_of_a_replaced_lease_are_given_back_with_the_current_ones() {
+        let store = MemoryStore::default();
+        let limiter = build(GLOBAL, &store);
+        let mut tally = Tally::default();
+        let alice = [("x-api-key", "alice")];
+        let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, &alice), &mut tally);
+        let first = verdict.refreshes[0].clone();
+        limiter.apply_lease(&store, T0, &first, &lease(first.lease, 10), &mut tally);
+        // Spend until the pool is due (a few tokens before it runs dry), and
+        // replace the lease while it still holds some.
+        let mut now = T0;
+        let second = loop {
+            now = now + Nanos::from_millis(100);
+            let (verdict, _) = limiter.check(&store, now, &mut request(&limiter, &alice), &mut tally);
+            assert!(verdict.allowed());
+            if let Some(refresh) = verdict.refreshes.first() {
+                break refresh.clone();
+            }
+        };
+        let applied = limiter.apply_lease(&store, now, &second, &lease(second.lease, 10), &mut tally);
+        assert_eq!(applied, Some(Applied::Replaced(Leftover::default())), "the old lease's tokens are kept");
+        let mut unspent = limiter.take_unspent(&store, now);
+        unspent.sort_by_key(|(_, tokens)| *tokens);
+        let [(held, kept), (current, 10)] = unspent.as_slice() else { panic!("{unspent:?}") };
+        assert_eq!((*held, *current), (first.lease, second.lease));
+        assert!((1..10).contains(kept), "{kept}");
+        assert!(limiter.take_unspent(&store, now).is_empty(), "taken once");
     }
 
     /// A shaper's delay and a check-mode rule on one request: the delay

@@ -289,14 +289,17 @@ impl Plugin {
                     let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
                     let mut callouts = self.callouts.borrow_mut();
                     match applied {
-                        Some(Applied::Replaced(Some(left))) if left.expired => {
-                            increment(self.metrics.tokens_expired, left.tokens)
+                        // What the pool does not keep of the replaced leases.
+                        Some(Applied::Replaced(left)) => {
+                            increment(self.metrics.tokens_expired, left.expired);
+                            for (lease, tokens) in left.returns {
+                                callouts.give_back(lease, tokens);
+                            }
                         }
-                        Some(Applied::Replaced(Some(left))) => callouts.give_back(left.lease, left.tokens),
                         // A newer lease is in place, or the pool could not
                         // take it: the grant goes back whole.
                         Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted),
-                        Some(Applied::Replaced(None) | Applied::Duplicate) => {}
+                        Some(Applied::Duplicate) => {}
                     }
                 }
             }

@@ -4,18 +4,22 @@
 //! A pool holds one lease at a time. Requests spend its tokens; the request
 //! that finds the pool due for a refresh claims it (single flight: the claim
 //! is written in the same compare-and-swap as the spend, and another worker
-//! sees it) and its worker asks the service. The answer replaces the lease;
-//! unspent tokens of the replaced lease are handed back to be returned to the
-//! service (or counted as expired). An answer that arrives after a newer
-//! lease is in place is not applied: its tokens are returned whole. So the
-//! tokens a pool lets through never exceed those of the leases applied to it.
+//! sees it) and its worker asks the service. The answer replaces the lease.
+//! The replaced lease's unspent tokens stay in the pool, *held*, and are
+//! spent first, each only until its own lease expires, as many as the pool
+//! is expected to spend by then; the rest is handed back to be returned to
+//! the service (or counted as expired). So a refresh that comes early, as it
+//! should, costs no second call to return what was left. An answer that
+//! arrives after a newer lease is in place is not applied: its tokens are
+//! returned whole. So the tokens a pool lets through never exceed those of
+//! the leases applied to it, nor does a token count past its lease's expiry.
 
 use super::refresh::RefreshPolicy;
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
-use crate::time::Nanos;
+use crate::time::{Nanos, SECOND};
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 13 * 8;
+pub const STATE_LEN: usize = 16 * 8;
 
 /// One pool: the current lease and what the service said with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -46,6 +50,12 @@ pub struct PoolState {
     pub denied_until: Nanos,
     /// How long the last refresh took, claim to answer.
     pub latency: Nanos,
+    /// The replaced lease whose unspent tokens are still held (0: none).
+    pub held_lease: u64,
+    /// Its tokens: spent before the current lease's.
+    pub held_tokens: u64,
+    /// When they stop counting (that lease's expiry).
+    pub held_until: Nanos,
 }
 
 /// What the service granted for one pool.
@@ -90,22 +100,22 @@ pub enum Spend {
     Empty,
 }
 
-/// Unspent tokens of a replaced lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Unspent tokens of replaced leases that the pool does not keep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Leftover {
-    /// The lease they belong to.
-    pub lease: u64,
-    /// How many.
-    pub tokens: u64,
-    /// The lease had expired: they are lost, not returnable.
-    pub expired: bool,
+    /// `(lease, tokens)` to return to the service, at most one per lease
+    /// (`tokens` 0: nothing).
+    pub returns: [(u64, u64); 2],
+    /// Tokens of leases that had expired: lost, not returnable.
+    pub expired: u64,
 }
 
 /// What applying an answer did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
-    /// The grant is the pool's lease now; the replaced lease's tokens, if any.
-    Replaced(Option<Leftover>),
+    /// The grant is the pool's lease now; what of the replaced leases'
+    /// tokens the pool did not keep.
+    Replaced(Leftover),
     /// A newer lease was already in place: return the whole grant.
     Stale,
     /// This lease was applied already (a replayed answer): nothing to do.
@@ -123,10 +133,30 @@ pub struct LeasePool {
 }
 
 impl LeasePool {
-    /// Tokens of the current lease that still count at `now`.
+    /// Tokens that still count at `now`: the held ones and the current lease's.
     pub fn usable(&self, state: &PoolState, now: Nanos) -> u64 {
+        self.held(state, now).saturating_add(self.current(state, now))
+    }
+
+    /// The `(lease, tokens)` that still count at `now`: the held lease's
+    /// and the current one's.
+    pub fn unspent(&self, state: &PoolState, now: Nanos) -> [(u64, u64); 2] {
+        [(state.held_lease, self.held(state, now)), (state.lease, self.current(state, now))]
+    }
+
+    /// Tokens of the current lease that still count at `now`.
+    fn current(&self, state: &PoolState, now: Nanos) -> u64 {
         if now < state.expires_at {
             state.tokens
+        } else {
+            0
+        }
+    }
+
+    /// Held tokens of the replaced lease that still count at `now`.
+    fn held(&self, state: &PoolState, now: Nanos) -> u64 {
+        if now < state.held_until {
+            state.held_tokens
         } else {
             0
         }
@@ -136,10 +166,26 @@ impl LeasePool {
     /// none is in flight. Returns the outcome, the claim if this request made
     /// it, and the state after (write it back if either changed it).
     pub fn spend(&self, state: PoolState, now: Nanos, cost: u64) -> (Spend, Option<Claim>, PoolState) {
+        let (spend, mut after) = self.take(state, now, cost);
+        // A request that found the pool short is demand too: counted in
+        // the rate the refresh is sized by, so a revived pool asks for more
+        // than one token.
+        let unmet = if matches!(spend, Spend::Taken(_)) { 0 } else { cost };
+        let claim = self.claim(&mut after, now, cost, unmet);
+        (spend, claim, after)
+    }
+
+    /// Takes `cost` from the pool if it holds that much, the held tokens
+    /// first (they expire first).
+    fn take(&self, state: PoolState, now: Nanos, cost: u64) -> (Spend, PoolState) {
         let mut after = state;
-        let usable = self.usable(&state, now);
-        let spend = if usable >= cost {
-            after.tokens = usable - cost;
+        let idle_since = state.expires_at.max(state.held_until);
+        (after.spent, after.rate_since) = self.refresh.revive(state.spent, state.rate_since, idle_since, now);
+        let (held, current) = (self.held(&state, now), self.current(&state, now));
+        let spend = if held.saturating_add(current) >= cost {
+            let from_held = held.min(cost);
+            after.held_tokens = state.held_tokens - from_held;
+            after.tokens = current - (cost - from_held);
             after.spent = after.spent.saturating_add(cost);
             Spend::Taken(self.report(&after, now))
         } else if now < state.denied_until {
@@ -148,23 +194,23 @@ impl LeasePool {
         } else {
             Spend::Empty
         };
-        let claim = self.claim(&mut after, now, cost);
-        (spend, claim, after)
+        (spend, after)
     }
 
     /// Claims a refresh into `state` if one is due at `now` and none is in
-    /// flight (or the one in flight outlived its claim).
-    fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64) -> Option<Claim> {
+    /// flight (or the one in flight outlived its claim); `unmet` units of
+    /// this request found no tokens.
+    fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
         if now < state.refresh_until || now < state.denied_until {
             return None;
         }
-        let rate = self.refresh.rate(state.spent, state.rate_since, now);
+        let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
         let usable = self.usable(state, now);
         if !self.refresh.due(usable, state.leased_at, state.expires_at, rate, state.latency, now) {
             return None;
         }
         state.refresh_until = now + self.claim_ttl;
-        Some(Claim { started: now, wanted: self.refresh.wanted(rate).max(cost), rate })
+        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate })
     }
 
     /// Applies the service's answer to the claim made at `claim_started`.
@@ -175,17 +221,13 @@ impl LeasePool {
         claim_started: Nanos,
         grant: &LeaseGrant,
     ) -> (Applied, PoolState) {
-        if state.lease != 0 && state.lease == grant.lease {
+        if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
             return (Applied::Duplicate, state);
         }
         if state.lease != 0 && state.leased_at >= claim_started {
             return (Applied::Stale, state);
         }
-        let leftover = (state.lease != 0 && state.tokens > 0).then(|| Leftover {
-            lease: state.lease,
-            tokens: state.tokens,
-            expired: now >= state.expires_at,
-        });
+        let (leftover, held) = self.keep(&state, now);
         let denied_until = if grant.granted == 0 { now + grant.reset.max(self.refresh.lead) } else { Nanos::ZERO };
         let (spent, rate_since) = self.refresh.carry(state.spent, state.rate_since, now);
         let after = PoolState {
@@ -202,8 +244,46 @@ impl LeasePool {
             reset_at: now + grant.reset,
             denied_until,
             latency: now - claim_started,
+            held_lease: held.0,
+            held_tokens: held.1,
+            held_until: held.2,
         };
         (Applied::Replaced(leftover), after)
+    }
+
+    /// What of the tokens of `state`'s leases a pool replacing its lease at
+    /// `now` keeps, held: the current lease's, as many as the observed rate
+    /// spends before that lease expires; the rest, and what was held
+    /// already, is handed back. Returns what is handed back and the held
+    /// `(lease, tokens, until)`.
+    fn keep(&self, state: &PoolState, now: Nanos) -> (Leftover, (u64, u64, Nanos)) {
+        let mut leftover = Leftover::default();
+        let mut hand_back = |slot: usize, lease: u64, tokens: u64, until: Nanos| {
+            if tokens == 0 {
+                return;
+            }
+            if now >= until {
+                leftover.expired = leftover.expired.saturating_add(tokens);
+            } else if let Some(entry) = leftover.returns.get_mut(slot) {
+                *entry = (lease, tokens);
+            }
+        };
+        if state.held_lease != 0 {
+            hand_back(0, state.held_lease, state.held_tokens, state.held_until);
+        }
+        let mut held = (0, 0, Nanos::ZERO);
+        if state.lease != 0 && state.tokens > 0 {
+            let rate = self.refresh.rate(state.spent, state.rate_since, now);
+            let until = state.expires_at;
+            let spendable = (rate * (until - now).get() as f64 / SECOND.get() as f64).ceil();
+            // `as` saturates, and NaN becomes 0.
+            let kept = if now < until { state.tokens.min(spendable as u64) } else { 0 };
+            hand_back(1, state.lease, state.tokens - kept, until);
+            if kept > 0 {
+                held = (state.lease, kept, until);
+            }
+        }
+        (leftover, held)
     }
 
     /// Ends the claim made at `claim_started` without an answer (the callout
@@ -219,9 +299,9 @@ impl LeasePool {
     /// when it expected more, while the lease counts.
     fn report(&self, state: &PoolState, now: Nanos) -> Decision {
         if now >= state.expires_at {
-            return Decision::admit(0, Nanos::ZERO);
+            return Decision::admit(self.held(state, now), Nanos::ZERO);
         }
-        Decision::admit(state.tokens.saturating_add(state.unleased), state.reset_at - now)
+        Decision::admit(self.usable(state, now).saturating_add(state.unleased), state.reset_at - now)
     }
 }
 
@@ -248,6 +328,9 @@ impl Algorithm for LeasePool {
             reset_at: Nanos(word(10)?),
             denied_until: Nanos(word(11)?),
             latency: Nanos(word(12)?),
+            held_lease: word(13)?,
+            held_tokens: word(14)?,
+            held_until: Nanos(word(15)?),
         })
     }
 
@@ -266,6 +349,9 @@ impl Algorithm for LeasePool {
             s.reset_at.get(),
             s.denied_until.get(),
             s.latency.get(),
+            s.held_lease,
+            s.held_tokens,
+            s.held_until.get(),
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -289,26 +375,31 @@ impl Algorithm for LeasePool {
     /// Spends without claiming (see [`LeasePool::spend`]); an empty pool
     /// denies with a zero `retry_after`: "ask the service".
     fn decide(&self, state: PoolState, now: Nanos, cost: u64) -> (Decision, PoolState) {
-        let (spend, _, _) = self.spend(state, now, cost);
-        let mut after = state;
-        match spend {
-            Spend::Taken(decision) => {
-                after.tokens = self.usable(&state, now) - cost;
-                after.spent = after.spent.saturating_add(cost);
-                (decision, after)
-            }
-            Spend::Denied(decision) => (decision, state),
-            Spend::Empty => (Decision::deny(0, Nanos::ZERO, Nanos::ZERO), state),
+        match self.take(state, now, cost) {
+            (Spend::Taken(decision), after) => (decision, after),
+            (Spend::Denied(decision), _) => (decision, state),
+            (Spend::Empty, _) => (Decision::deny(0, Nanos::ZERO, Nanos::ZERO), state),
         }
     }
 
-    /// Undo puts tokens back only into the lease they came from.
+    /// Undo puts tokens back only into a lease that was in place when they
+    /// were taken and counts no longer than the one they came from: taken
+    /// since the current lease was applied, they came from it or from the
+    /// held tokens, so they go back to whichever of the two expires first.
     fn release(&self, state: PoolState, now: Nanos, grant: Grant, why: Release) -> Option<PoolState> {
-        (why == Release::Undo && grant.at >= state.leased_at && now < state.expires_at).then(|| PoolState {
-            tokens: state.tokens.saturating_add(grant.cost),
-            spent: state.spent.saturating_sub(grant.cost),
-            ..state
-        })
+        if why != Release::Undo || grant.at < state.leased_at {
+            return None;
+        }
+        let spent = state.spent.saturating_sub(grant.cost);
+        let maybe_held = state.held_lease != 0 && grant.at < state.held_until;
+        if maybe_held && state.held_until <= state.expires_at {
+            return (now < state.held_until).then(|| PoolState {
+                held_tokens: state.held_tokens.saturating_add(grant.cost),
+                spent,
+                ..state
+            });
+        }
+        (now < state.expires_at).then(|| PoolState { tokens: state.tokens.saturating_add(grant.cost), spent, ..state })
     }
 
     /// Nothing usable, nothing in flight, nothing denied: losing it loses nothing.
@@ -319,7 +410,8 @@ impl Algorithm for LeasePool {
     /// When the tokens expire and any claim or denial has run out.
     fn idle_at(&self, state: PoolState, now: Nanos) -> Nanos {
         let tokens_until = if state.tokens > 0 { state.expires_at } else { now };
-        now.max(tokens_until).max(state.refresh_until).max(state.denied_until)
+        let held_until = if state.held_tokens > 0 { state.held_until } else { now };
+        now.max(tokens_until).max(held_until).max(state.refresh_until).max(state.denied_until)
     }
 
     /// Whatever the leases applied to it held: not bounded here.
@@ -357,7 +449,7 @@ mod tests {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
         let (applied, state) = p.apply(claimed, T0, claim.unwrap().started, &grant(1, tokens));
-        assert_eq!(applied, Applied::Replaced(None));
+        assert_eq!(applied, Applied::Replaced(Leftover::default()));
         state
     }
 
@@ -404,37 +496,102 @@ mod tests {
         // The first refresher's answer then arrives: the newer claim's lease is
         // not yet in place, so it applies; the second answer is then stale.
         let (applied, state) = p.apply(taken_over, T0 + MS.times(700), T0, &grant(1, 50));
-        assert_eq!(applied, Applied::Replaced(None));
+        assert_eq!(applied, Applied::Replaced(Leftover::default()));
         let (applied, after) = p.apply(state, T0 + MS.times(800), T0 + MS.times(600), &grant(2, 70));
         assert_eq!(applied, Applied::Stale, "a newer lease is in place: return all 70");
         assert_eq!(after, state);
     }
 
     #[test]
-    fn a_new_lease_replaces_the_old_one_and_hands_back_its_tokens() {
+    fn a_new_lease_keeps_what_the_rate_spends_of_the_old_one_and_hands_back_the_rest() {
         let p = pool();
-        let state = leased(100);
+        // 60 spent in the 800 ms since the first lease: 60/s observed.
+        let state = PoolState { tokens: 40, spent: 60, ..leased(100) };
         // In the lease's last quarter: due although 39 tokens remain.
-        let (_, claim, claimed) = p.spend(PoolState { tokens: 40, ..state }, T0 + MS.times(800), 1);
+        let (_, claim, claimed) = p.spend(state, T0 + MS.times(800), 1);
         let claim = claim.unwrap();
+        assert_eq!(claim.wanted, 22, "61/s for a second, less the 39 held");
         let (applied, after) = p.apply(claimed, T0 + MS.times(820), claim.started, &grant(2, 80));
-        assert_eq!(applied, Applied::Replaced(Some(Leftover { lease: 1, tokens: 39, expired: false })));
+        // 61/s spends 11 in the 180 ms the old lease still counts: those
+        // stay, held; 28 go back to the service.
+        let back = Leftover { returns: [(0, 0), (1, 28)], expired: 0 };
+        assert_eq!(applied, Applied::Replaced(back));
         assert_eq!((after.lease, after.tokens, after.refresh_until), (2, 80, Nanos::ZERO));
+        assert_eq!((after.held_lease, after.held_tokens, after.held_until), (1, 11, T0 + SECOND));
         // The same answer again (a replay) changes nothing and returns nothing.
         assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
         assert_eq!(p.apply(after, T0 + MS.times(830), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+        // So does a replay of the held lease's: its tokens are in use, not to be returned.
+        assert_eq!(p.apply(after, T0 + MS.times(830), T0, &grant(1, 100)).0, Applied::Duplicate);
+    }
+
+    #[test]
+    fn held_tokens_are_spent_first_and_only_until_their_lease_expires() {
+        let p = pool();
+        let state = PoolState { held_lease: 1, held_tokens: 2, held_until: T0 + MS.times(100), ..leased(50) };
+        assert_eq!(p.usable(&state, T0 + MS), 52);
+        let (spend, _, after) = p.spend(state, T0 + MS, 3);
+        assert!(matches!(spend, Spend::Taken(_)));
+        assert_eq!((after.held_tokens, after.tokens), (0, 49), "both held first, then one of the lease's");
+        let (_, _, after) = p.spend(state, T0 + MS.times(100), 1);
+        assert_eq!((after.held_tokens, after.tokens), (2, 49), "held tokens past their lease's expiry do not count");
+        assert_eq!(p.usable(&state, T0 + MS.times(100)), 50);
+    }
+
+    #[test]
+    fn a_refresh_that_comes_early_costs_no_return_at_a_steady_rate() {
+        // 100/s, one request every 10 ms, for 5 s: every lease is replaced
+        // while it still holds tokens, none of them goes back, and no
+        // request finds the pool empty.
+        let p = pool();
+        let mut state = PoolState { spent: 100, rate_since: T0 - SECOND, ..leased(100) };
+        let (mut returned, mut expired, mut waited, mut claims) = (0, 0, 0, 0);
+        let mut pending: Option<Claim> = None;
+        for i in 1..500 {
+            let now = T0 + MS.times(10 * i);
+            if let Some(claim) = pending.take() {
+                // The answer comes 5 ms after the claim: what the service grants.
+                let (applied, after) = p.apply(state, now - MS.times(5), claim.started, &grant(i, claim.wanted));
+                let Applied::Replaced(left) = applied else { panic!("{applied:?}") };
+                returned += left.returns.iter().map(|(_, t)| t).sum::<u64>();
+                expired += left.expired;
+                state = after;
+            }
+            let (spend, claim, after) = p.spend(state, now, 1);
+            waited += u64::from(!matches!(spend, Spend::Taken(_)));
+            claims += u64::from(claim.is_some());
+            pending = claim;
+            state = after;
+        }
+        assert_eq!((returned, waited), (0, 0));
+        // The held share is rounded up: a lease may leave one token to expire.
+        assert!(expired <= claims, "{expired} expired in {claims} leases");
+        assert!(claims <= 7, "about one lease a second: {claims}");
+    }
+
+    #[test]
+    fn a_revived_pool_observes_its_rate_afresh() {
+        let p = pool();
+        // Spent 1000 over its first 10 s, then idle for a minute.
+        let state = PoolState { spent: 1_000, rate_since: T0 - SECOND.times(10), ..leased(100) };
+        let later = T0 + SECOND.times(60);
+        let (spend, claim, after) = p.spend(state, later, 1);
+        assert_eq!(spend, Spend::Empty);
+        assert_eq!((after.spent, after.rate_since), (0, later));
+        assert_eq!(claim.unwrap().rate, 1.0, "the waiting request itself, over a second; not 1000 over 70 s");
     }
 
     #[test]
     fn tokens_of_an_expired_lease_are_lost_not_returned() {
         let p = pool();
-        let state = leased(100);
+        let state = PoolState { held_lease: 7, held_tokens: 3, held_until: T0 + MS, ..leased(100) };
         let later = T0 + SECOND; // the lease was valid for 1 s
         assert_eq!(p.usable(&state, later), 0);
         let (spend, claim, claimed) = p.spend(state, later, 1);
         assert_eq!(spend, Spend::Empty);
-        let (applied, _) = p.apply(claimed, later, claim.unwrap().started, &grant(2, 10));
-        assert_eq!(applied, Applied::Replaced(Some(Leftover { lease: 1, tokens: 100, expired: true })));
+        let (applied, after) = p.apply(claimed, later, claim.unwrap().started, &grant(2, 10));
+        assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0); 2], expired: 103 }));
+        assert_eq!((after.held_lease, after.held_tokens), (0, 0));
     }
 
     #[test]
@@ -471,6 +628,21 @@ mod tests {
         assert_eq!(undo(spent, T0 + MS).unwrap().tokens, 10);
         assert_eq!(undo(spent, T0 - MS), None, "taken from an older lease");
         assert_eq!(p.release(spent, T0 + MS, Grant { cost: 3, at: T0 + MS }, Release::Done), None);
+    }
+
+    #[test]
+    fn undo_with_held_tokens_goes_to_whichever_could_have_given_them_and_expires_first() {
+        let p = pool();
+        let held = PoolState { held_lease: 1, held_tokens: 0, held_until: T0 + MS.times(100), ..leased(10) };
+        let undo = |s, at, now| p.release(s, now, Grant { cost: 2, at }, Release::Undo);
+        // Taken while held tokens counted: maybe theirs, back to them.
+        let back = undo(held, T0 + MS, T0 + MS.times(2)).unwrap();
+        assert_eq!((back.held_tokens, back.tokens), (2, 10));
+        // Too late for the held lease: they may have been its, so they are dropped.
+        assert_eq!(undo(held, T0 + MS, T0 + MS.times(100)), None);
+        // Taken after the held tokens stopped counting: the current lease's.
+        let back = undo(held, T0 + MS.times(100), T0 + MS.times(101)).unwrap();
+        assert_eq!((back.held_tokens, back.tokens), (0, 12));
     }
 
     #[test]

@@ -1,12 +1,14 @@
 //! When a pool of leased tokens needs more, and how much to ask for.
 //!
-//! A refresh is due early: while the pool still holds enough for twice the
-//! time refreshes have been taking (at the observed rate), and before its
-//! lease expires (in the last quarter of its life, or the last callout
-//! timeout, whichever is shorter), so steady traffic never finds it empty.
-//! The ask follows the traffic: enough for two lease horizons at the
-//! observed rate; the service then caps the grant so no Envoy takes more
-//! than its share.
+//! A refresh is due early, so that steady traffic never finds the pool
+//! empty: while the pool still holds enough for twice the time refreshes
+//! have been taking (at the observed rate), or for the next few requests of a
+//! thin key ([`THIN_REQUESTS`], within the last quarter of the lease's life),
+//! and before the lease expires (within the last callout timeout or those
+//! few requests' time, whichever is longer, but not before the last quarter
+//! of the lease's life).
+//! The ask tops the pool up to one lease horizon at the observed rate; the
+//! service then caps the grant so no Envoy takes more than its share.
 
 use crate::time::{Nanos, SECOND};
 
@@ -15,6 +17,20 @@ pub const MAX_WANTED: u64 = 1_000_000_000;
 
 /// The least time a refresh is assumed to take, however fast the last ones were.
 pub const MIN_LATENCY: Nanos = Nanos(5_000_000);
+
+/// The shortest time a rate is averaged over (or the horizon, if shorter):
+/// long enough that a few requests just after a refresh do not look like a
+/// flood, short enough that a new pool under a long horizon sizes its asks to
+/// its traffic within a second.
+pub const RATE_FLOOR: Nanos = SECOND;
+
+/// Requests a thin key's refresh runs ahead of: the pool is due while it
+/// still holds this many, or this many requests' time before its lease
+/// expires (both within the lease's last quarter), so that a request of the
+/// key is likely to come while the refresh can still be in flight in time
+/// (with steady random arrivals, none comes within three requests' time
+/// only one time in twenty).
+pub const THIN_REQUESTS: f64 = 3.0;
 
 /// When and how much to refresh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,20 +43,25 @@ pub struct RefreshPolicy {
 
 impl RefreshPolicy {
     /// Observed consumption in tokens per second: `spent` tokens since
-    /// `since`, averaged over at least one horizon, so that a few requests
-    /// just after a refresh do not look like a flood.
+    /// `since`, averaged over at least [`RATE_FLOOR`] (or the horizon, if
+    /// shorter), so that a few requests just after a refresh do not look
+    /// like a flood.
     pub fn rate(&self, spent: u64, since: Nanos, now: Nanos) -> f64 {
-        let window = (now - since).max(self.horizon).max(Nanos(1));
+        let window = (now - since).max(self.horizon.min(RATE_FLOOR)).max(Nanos(1));
         spent as f64 * SECOND.get() as f64 / window.get() as f64
     }
 
     /// Whether a pool should be refreshed at `now`: it holds `usable`
-    /// tokens of a lease valid from `leased_at` to `expires_at`, is spent at
-    /// `rate`, and refreshes have been taking `latency`.
+    /// tokens, its lease is valid from `leased_at` to `expires_at`, it is
+    /// spent at `rate`, and refreshes have been taking `latency`.
     pub fn due(&self, usable: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        let lead = latency.max(MIN_LATENCY).times(2);
+        let quarter = Nanos((expires_at - leased_at).get() / 4);
+        let few_requests = if rate > 0.0 { THIN_REQUESTS / rate } else { 0.0 };
+        // `as` saturates: a rate near zero makes it "forever", capped by the quarter.
+        let few_requests = Nanos((few_requests * SECOND.get() as f64) as u64).min(quarter);
+        let lead = latency.max(MIN_LATENCY).times(2).max(few_requests);
         let runs_dry_soon = usable as f64 <= rate * lead.get() as f64 / SECOND.get() as f64;
-        let margin = self.lead.min(Nanos((expires_at - leased_at).get() / 4));
+        let margin = quarter.min(self.lead.max(few_requests));
         usable == 0 || runs_dry_soon || expires_at - now <= margin
     }
 
@@ -57,11 +78,27 @@ impl RefreshPolicy {
         (u64::try_from(kept).unwrap_or(u64::MAX), now - self.horizon)
     }
 
-    /// Tokens to ask for at `rate`: two horizons' worth, at least one.
-    pub fn wanted(&self, rate: f64) -> u64 {
-        let ask = (rate * self.horizon.times(2).get() as f64 / SECOND.get() as f64).ceil();
+    /// The rate observation of a pool that had nothing usable since
+    /// `idle_since` and is spent again at `now`: after a whole horizon
+    /// without tokens, an observation begun before the pause is mostly the
+    /// pause, and would make the asks of revived traffic tiny; it starts
+    /// afresh instead.
+    pub fn revive(&self, spent: u64, since: Nanos, idle_since: Nanos, now: Nanos) -> (u64, Nanos) {
+        if since < idle_since && now - idle_since >= self.horizon {
+            (0, now)
+        } else {
+            (spent, since)
+        }
+    }
+
+    /// Tokens to ask for at `rate` while `usable` are still held: what tops
+    /// the pool up to one horizon's worth, at least one. (Asking for more
+    /// would leave the held tokens to expire unspent, stranded in this
+    /// Envoy until then.)
+    pub fn wanted(&self, rate: f64, usable: u64) -> u64 {
+        let ask = (rate * self.horizon.get() as f64 / SECOND.get() as f64).ceil();
         // `as` saturates, and NaN becomes 0: both end in the clamp.
-        (ask as u64).clamp(1, MAX_WANTED)
+        (ask as u64).saturating_sub(usable).clamp(1, MAX_WANTED)
     }
 }
 
@@ -75,12 +112,38 @@ mod tests {
         RefreshPolicy { lead: Nanos::from_millis(300), horizon: SECOND }
     }
 
+    /// Leases of 10 s, as a rule with `lease_horizon: "10s"` asks for.
+    fn long() -> RefreshPolicy {
+        RefreshPolicy { horizon: SECOND.times(10), ..policy() }
+    }
+
     #[test]
     fn the_rate_is_averaged_over_at_least_a_horizon() {
         let p = policy();
         assert_eq!(p.rate(100, T0, T0 + SECOND.times(2)), 50.0);
         assert_eq!(p.rate(5, T0, T0 + Nanos::from_millis(1)), 5.0, "5 in 1 ms is not 5000/s");
         assert_eq!(p.rate(0, T0, T0), 0.0);
+    }
+
+    #[test]
+    fn a_young_pool_under_a_long_horizon_averages_over_a_second_not_the_horizon() {
+        let p = long();
+        assert_eq!(p.rate(5, T0, T0 + Nanos::from_millis(500)), 5.0, "not 0.5/s for 10 s");
+        assert_eq!(p.rate(30, T0, T0 + SECOND.times(3)), 10.0);
+        assert_eq!(p.rate(100, T0, T0 + SECOND.times(20)), 5.0);
+        // Its first ask is a horizon at the floor's rate: 10 for a 10 s lease, not 2.
+        assert_eq!(p.wanted(p.rate(1, T0, T0), 0), 10);
+    }
+
+    #[test]
+    fn a_pool_revived_after_a_horizon_without_tokens_observes_afresh() {
+        let p = long();
+        let idle_since = T0 + SECOND.times(5);
+        let s = |n| SECOND.times(n);
+        assert_eq!(p.revive(50, T0, idle_since, idle_since + s(10)), (0, idle_since + s(10)));
+        assert_eq!(p.revive(50, T0, idle_since, idle_since + s(9)), (50, T0), "a pause shorter than the horizon");
+        let since = idle_since + s(10);
+        assert_eq!(p.revive(3, since, idle_since, since + s(1)), (3, since), "observed since the pause already");
     }
 
     #[test]
@@ -91,16 +154,32 @@ mod tests {
         // 100/s with refreshes taking 100 ms: below 20 tokens it is due.
         assert!(!p.due(21, start, far, 100.0, ms(100), T0));
         assert!(p.due(20, start, far, 100.0, ms(100), T0));
-        // Fast refreshes count as 5 ms: 100/s is due at 1 token.
-        assert!(!p.due(2, start, far, 100.0, ms(1), T0));
-        assert!(p.due(1, start, far, 100.0, ms(1), T0));
+        // Fast refreshes count as 5 ms: 1000/s is due at 10 tokens.
+        assert!(!p.due(11, start, far, 1000.0, ms(1), T0));
+        assert!(p.due(10, start, far, 1000.0, ms(1), T0));
         assert!(p.due(0, start, far, 0.0, ms(1), T0), "an empty pool is always due");
         // A 1 s lease is due in its last quarter (shorter than the 300 ms timeout).
         assert!(!p.due(1_000, T0, T0 + SECOND, 1.0, ms(1), T0 + ms(749)));
         assert!(p.due(1_000, T0, T0 + SECOND, 1.0, ms(1), T0 + ms(750)));
         // A 60 s lease is due in the last callout timeout.
-        assert!(!p.due(1_000, T0, T0 + SECOND.times(60), 1.0, ms(1), T0 + SECOND.times(60) - ms(301)));
-        assert!(p.due(1_000, T0, T0 + SECOND.times(60), 1.0, ms(1), T0 + SECOND.times(60) - ms(300)));
+        assert!(!p.due(1_000, T0, T0 + SECOND.times(60), 1000.0, ms(1), T0 + SECOND.times(60) - ms(301)));
+        assert!(p.due(1_000, T0, T0 + SECOND.times(60), 1000.0, ms(1), T0 + SECOND.times(60) - ms(300)));
+    }
+
+    #[test]
+    fn a_thin_key_is_due_a_few_requests_before_it_runs_dry_or_expires() {
+        let p = long();
+        let ms = Nanos::from_millis;
+        let end = T0 + SECOND.times(10);
+        // 3 requests a second on a 10 s lease: due with three tokens left
+        // (not only at a fraction of one), and in the last second.
+        assert!(!p.due(4, T0, end, 3.0, ms(5), T0 + SECOND));
+        assert!(p.due(3, T0, end, 3.0, ms(5), T0 + SECOND));
+        assert!(!p.due(100, T0, end, 3.0, ms(5), end - ms(1_001)));
+        assert!(p.due(100, T0, end, 3.0, ms(5), end - SECOND));
+        // Never earlier than the lease's last quarter: 0.1/s is not due with 3 left for 30 s.
+        assert!(!p.due(3, T0, end, 0.1, ms(5), T0 + SECOND));
+        assert!(p.due(100, T0, end, 0.1, ms(5), end - ms(2_500)));
     }
 
     #[test]
@@ -113,11 +192,13 @@ mod tests {
     }
 
     #[test]
-    fn the_ask_follows_the_rate_within_bounds() {
+    fn the_ask_tops_the_pool_up_to_a_horizon_within_bounds() {
         let p = policy();
-        assert_eq!(p.wanted(100.0), 200);
-        assert_eq!(p.wanted(0.0), 1);
-        assert_eq!(p.wanted(f64::NAN), 1);
-        assert_eq!(p.wanted(1e30), MAX_WANTED);
+        assert_eq!(p.wanted(100.0, 0), 100);
+        assert_eq!(p.wanted(100.0, 30), 70, "the 30 held are spent first");
+        assert_eq!(p.wanted(100.0, 500), 1);
+        assert_eq!(p.wanted(0.0, 0), 1);
+        assert_eq!(p.wanted(f64::NAN, 0), 1);
+        assert_eq!(p.wanted(1e30, 0), MAX_WANTED);
     }
 }

@@ -133,7 +133,10 @@ pub struct Leased {
 /// window ends (at most `ttl`) and its tail is paced over the rest of the
 /// window. Every other algorithm's tokens are units taken now: valid for
 /// `ttl`, and the tail is paced over the algorithm's window (its period, the
-/// time in which it earns or frees `requests_per_unit`).
+/// time in which it earns or frees `requests_per_unit`). The target is the
+/// caller's rate over the validity, not the whole `ttl`: tokens a lease cut
+/// short by its window's end could not spend would be stranded in one proxy
+/// until they expire, counted against the window all the same.
 pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate: Option<f64>, ttl: Nanos) -> Leased {
     let policy = limit.policy();
     let capacity = policy.capacity();
@@ -150,7 +153,7 @@ pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate
         }
         None => (policy.quota().window.map_or(nanos(limit.period()), CoreNanos::get), 0, ttl),
     };
-    let target = lease_target(wanted, rate, ttl, capacity);
+    let target = lease_target(wanted, rate, valid, capacity);
     let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
     let granted = target.min(cap);
     let d = policy.decide(&mut bucket.state, CoreNanos(now), granted);
