@@ -566,3 +566,49 @@ fn a_shaped_request_is_resumed_by_the_tick_when_its_delay_is_over() {
         worker.end(second);
     });
 }
+
+/// A new lease replacing one whose tokens expired counts them as expired
+/// and returns nothing; replacing one that still counts keeps what the
+/// rate will spend of it and returns the rest in one `/v1/return`.
+#[test]
+fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not_keep() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(""));
+        let (first, _) = worker.request();
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        worker.answer(&lease, Some(200), &grant(10));
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![first]);
+        worker.end(first);
+
+        // The lease ends with 9 unspent: the next request waits for another.
+        worker.advance(1_100);
+        let (second, action) = worker.request();
+        assert_eq!(action, Action::Pause, "expired tokens do not count");
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        let second_lease = json(&lease)["leases"][0]["id"].as_str().unwrap().to_string();
+        worker.answer(&lease, Some(200), &grant(100));
+        assert_eq!(worker.metric("floodgate.global.tokens_expired"), 9);
+        worker.tick();
+        assert_eq!(worker.resumed(), vec![second]);
+        assert!(worker.new_calls().is_empty(), "expired tokens are not returned");
+        worker.end(second);
+
+        // In the lease's last quarter a request claims a refresh; at about a
+        // request a second the pool keeps a token or two of the 98 left.
+        worker.advance(800);
+        let (third, action) = worker.request();
+        assert_eq!(action, Action::Continue);
+        worker.tick();
+        let lease = worker.take_call("/v1/lease");
+        worker.answer(&lease, Some(200), &grant(50));
+        let give_back = worker.take_call("/v1/return");
+        let returns = &json(&give_back)["returns"];
+        assert_eq!(returns[0]["id"], second_lease.as_str());
+        let returned = returns[0]["tokens"].as_u64().unwrap();
+        assert!((90..98).contains(&returned), "98 left, a few kept: {returned} returned");
+        worker.end(third);
+    });
+}
