@@ -11,10 +11,13 @@
 //! and so is this host's state: each test thread is one worker. Shared data
 //! is an `Arc` that several workers (threads) may share, as in Envoy.
 //!
-//! It follows what `../shared/design/host-facts.md` measured of Envoy: a
-//! callout to an unknown cluster is refused at dispatch, shared data has
+//! It follows what was measured of Envoy (`../shared/design/host-facts.md`):
+//! a callout to an unknown cluster is refused at dispatch, shared data has
 //! compare-and-swap per key, switching to a context that has ended fails,
-//! and a metric defined twice under one name is the same metric.
+//! and a metric defined twice under one name is the same metric. A header
+//! map the host does not have at that point (a reset callout's) is
+//! `BadArgument`, as Envoy's `getHeaderMapValue` answers; the SDK panics on
+//! it, which is why the filter asks only for what the host said is there.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, unsafe_code)]
 
