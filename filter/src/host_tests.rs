@@ -121,6 +121,19 @@ impl Worker {
         (context, action)
     }
 
+    /// A request waits for its pool's first lease, which grants `granted`
+    /// tokens, and is served from it; the lease's id.
+    fn serve_on_a_new_lease(&mut self, granted: u64) -> String {
+        let (context, _) = self.request();
+        self.tick();
+        let lease = self.take_call("/v1/lease");
+        self.answer(&lease, Some(200), &grant(granted));
+        self.tick();
+        assert_eq!(self.resumed(), vec![context]);
+        self.end(context);
+        json(&lease)["leases"][0]["id"].as_str().unwrap().to_string()
+    }
+
     /// The upstream answered request `context`: the filter adds its headers.
     fn respond(&self, context: u32) -> Vec<(String, String)> {
         mock_host::with(|host| host.effective = context);
@@ -290,7 +303,7 @@ fn a_failed_lease_falls_back_to_the_local_limit_and_a_probe_brings_global_mode_b
         let responses = worker.responses();
         assert_eq!(responses.len(), 1);
         assert_eq!((responses[0].context_id, responses[0].status), (third, 429));
-        assert!(responses[0].headers.iter().any(|(n, _)| n == "retry-after"), "{:?}", responses[0].headers);
+        assert!(responses[0].header("retry-after").is_some(), "{:?}", responses[0].headers);
         for context in [first, second, third] {
             worker.end(context);
         }
@@ -419,8 +432,7 @@ fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
         let responses = worker.responses();
         assert_eq!(responses.len(), 1);
         assert_eq!((responses[0].context_id, responses[0].status), (denied, 429));
-        let retry_after = responses[0].headers.iter().find(|(n, _)| n == "retry-after").map(|(_, v)| v.as_str());
-        assert_eq!(retry_after, Some("5"), "4.5 s, rounded up");
+        assert_eq!(responses[0].header("retry-after"), Some("5"), "4.5 s, rounded up");
         assert_eq!(worker.metric("floodgate.limited"), 1);
         assert_eq!(worker.metric("floodgate.allowed"), 1);
         worker.end(admitted);
@@ -435,13 +447,7 @@ fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
 fn a_configuration_going_away_returns_its_unspent_tokens_then_is_done() {
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(""));
-        let (first, _) = worker.request();
-        worker.tick();
-        let lease = worker.take_call("/v1/lease");
-        let lease_id = json(&lease)["leases"][0]["id"].as_str().unwrap().to_string();
-        worker.answer(&lease, Some(200), &grant(10));
-        worker.tick();
-        worker.end(first);
+        let lease_id = worker.serve_on_a_new_lease(10);
 
         mock_host::with(|host| host.effective = ROOT);
         assert!(!unsafe { proxy_on_done(ROOT) }, "not done before the return is answered");
@@ -523,8 +529,7 @@ fn a_local_limit_answers_429_and_adds_headers_to_what_it_admits() {
         let responses = worker.responses();
         assert_eq!((responses.len(), responses[0].context_id, responses[0].status), (1, limited, 429));
         // Fixed windows are aligned to the epoch: T0 is 20 s into its minute.
-        let retry_after = responses[0].headers.iter().find(|(n, _)| n == "retry-after").map(|(_, v)| v.as_str());
-        assert_eq!(retry_after, Some("40"));
+        assert_eq!(responses[0].header("retry-after"), Some("40"));
         assert!(worker.respond(limited).is_empty(), "the local reply carried its headers already");
         assert_eq!((worker.metric("floodgate.allowed"), worker.metric("floodgate.limited")), (1, 1));
         assert_eq!(worker.metric("floodgate.rule.login.limited"), 1);
@@ -574,13 +579,7 @@ fn a_shaped_request_is_resumed_by_the_tick_when_its_delay_is_over() {
 fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not_keep() {
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(""));
-        let (first, _) = worker.request();
-        worker.tick();
-        let lease = worker.take_call("/v1/lease");
-        worker.answer(&lease, Some(200), &grant(10));
-        worker.tick();
-        assert_eq!(worker.resumed(), vec![first]);
-        worker.end(first);
+        worker.serve_on_a_new_lease(10);
 
         // The lease ends with 9 unspent: the next request waits for another.
         worker.advance(1_100);

@@ -51,8 +51,12 @@ pub struct HttpCall {
 impl HttpCall {
     /// The value of header `name`, if sent.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+        value(&self.headers, name)
     }
+}
+
+fn value<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
 }
 
 /// A local response the filter sent.
@@ -64,6 +68,13 @@ pub struct LocalResponse {
     pub status: u32,
     /// Its headers.
     pub headers: Headers,
+}
+
+impl LocalResponse {
+    /// The value of header `name`, if sent.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        value(&self.headers, name)
+    }
 }
 
 /// One worker's host.
@@ -127,6 +138,11 @@ impl Host {
             .and_then(|i| self.metric_values.get(&(i as u32 + 1)))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Whether metric `id` was defined.
+    fn defines(&self, id: u32) -> bool {
+        id != 0 && id as usize <= self.metric_names.len()
     }
 }
 
@@ -242,10 +258,8 @@ unsafe extern "C" fn proxy_get_header_map_value(
     size: *mut usize,
 ) -> Status {
     let key = text(key, key_size);
-    let value = with(|host| {
-        header_map(host, map).map(|headers| headers.iter().find(|(n, _)| n == key).map(|(_, v)| v.clone()))
-    });
-    match value {
+    let found = with(|host| header_map(host, map).map(|headers| value(headers, key).map(str::to_string)));
+    match found {
         Ok(Some(value)) => {
             give(value.as_bytes(), data, size);
             Status::Ok
@@ -408,7 +422,7 @@ unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, nam
 #[no_mangle]
 extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
     with(|host| {
-        if id == 0 || id as usize > host.metric_names.len() {
+        if !host.defines(id) {
             return Status::NotFound;
         }
         *host.metric_values.entry(id).or_default() += offset;
@@ -419,7 +433,7 @@ extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
 #[no_mangle]
 extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
     with(|host| {
-        if id == 0 || id as usize > host.metric_names.len() {
+        if !host.defines(id) {
             return Status::NotFound;
         }
         host.metric_values.insert(id, value as i64);
