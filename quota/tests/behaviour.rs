@@ -331,6 +331,18 @@ async fn a_lease_never_outlives_its_window(backend: Backend) {
     assert_eq!(r["leases"][0]["valid_ms"], 400);
     // Sized to the 400 ms it can be spent in at 10/s, not to a whole lease lifetime.
     assert_eq!(r["leases"][0]["granted"], 4);
+
+    // A sliding window's tokens count in its current window (or
+    // sub-window): spent after it ends, its bound would not cover them.
+    let at = T0 + SECOND.times(59) + MS.times(700);
+    f.clock.set(at);
+    for (key, span) in [("sw", SECOND.times(60)), ("sws", SECOND.times(10))] {
+        let r = f.lease(lease(key, "b", 1, 1.0)).await;
+        assert_eq!(r["leases"][0]["valid_ms"], 300, "{key}: {r}");
+        assert_eq!(r["leases"][0]["window"], at.get() / span.get(), "{key}: {r}");
+    }
+    let r = f.lease(lease("tb", "b", 1, 1.0)).await;
+    assert_eq!((r["leases"][0]["valid_ms"].clone(), r["leases"][0]["window"].clone()), (json!(1_000), json!(0)));
 }
 
 async fn returned_tokens_are_available_again(backend: Backend) {
