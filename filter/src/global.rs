@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 
 use floodgate_core::global::calls::MAX_ITEMS;
-use floodgate_core::limiter::{CheckAnswer, Permit, Refresh, Verdict};
+use floodgate_core::global::calls::{CheckAnswer, Refresh};
+use floodgate_core::limiter::{Permit, Verdict};
 
 /// A request whose check-mode rules are being asked about.
 #[derive(Debug)]

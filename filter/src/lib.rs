@@ -33,9 +33,9 @@ use std::time::Duration;
 
 use floodgate_core::algorithm::{Admission, Release};
 use floodgate_core::config::Config;
-use floodgate_core::global::calls::{self, Call, CallError, MAX_ANSWER_BYTES};
+use floodgate_core::global::calls::{self, Call, CallError, CheckAnswer, MAX_ANSWER_BYTES};
 use floodgate_core::global::pool::Applied;
-use floodgate_core::limiter::{CheckAnswer, Limiter, Permit, Verdict};
+use floodgate_core::limiter::{Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
