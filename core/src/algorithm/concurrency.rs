@@ -21,7 +21,7 @@
 //! was reclaimed frees nothing, so no slot is ever freed twice.
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::{Nanos, SECOND};
 
 /// Epochs in the ring: three cover `slot_ttl`, the fourth is the one being
@@ -262,6 +262,8 @@ impl FromParams for Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A multiple of every epoch used below, so epochs start at T0.
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0 - 1_700_000_000 * SECOND.0 % (30 * SECOND.0));

@@ -3,7 +3,7 @@
 //! a window starts), as envoyproxy/ratelimit counts.
 
 use super::{Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// Fixed-window parameters.
@@ -156,6 +156,8 @@ impl FromParams for FixedWindow {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
 

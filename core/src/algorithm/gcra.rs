@@ -8,7 +8,7 @@
 //! tolerance by at most `max_delay` is admitted after that overflow.
 
 use super::{Admission, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// GCRA parameters: one unit of cost every `interval`, at most `burst` units
@@ -152,6 +152,8 @@ impl FromParams for Gcra {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

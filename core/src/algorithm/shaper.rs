@@ -9,7 +9,7 @@
 //! delayed request and resumes it from its own worker when the delay is over.
 
 use super::{Algorithm, Decision, FromParams, Gcra, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// A shaper: a [`Gcra`] that lets requests wait up to `max_delay`.
@@ -96,6 +96,8 @@ mod tests {
     use super::*;
     use crate::algorithm::Admission;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

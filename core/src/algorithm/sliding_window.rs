@@ -57,7 +57,7 @@
 //! counters after, reaches the bound for every `D`).
 
 use super::{nanos_u128, Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// The most sub-windows a rule may ask for.
@@ -361,6 +361,8 @@ impl FromParams for SlidingWindow {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
 

@@ -2,7 +2,7 @@
 //! `period`, continuously. A request of cost `c` takes `c` tokens or is denied.
 
 use super::{div_ceil_u128, nanos_u128, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// A token bucket's parameters. All three are non-zero (the config layer
@@ -160,6 +160,8 @@ impl FromParams for TokenBucket {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

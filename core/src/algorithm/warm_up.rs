@@ -26,7 +26,7 @@
 //! more than the plain token bucket (property-tested).
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// `cold_factor` when none is configured: Guava's and Sentinel's default.
@@ -237,6 +237,8 @@ mod tests {
     use super::*;
     use crate::algorithm::TokenBucket;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

@@ -360,7 +360,7 @@ impl Algorithm for LeasePool {
 
     /// The service decides what one request may cost.
     fn capacity(&self) -> u64 {
-        crate::config::MAX_AMOUNT
+        crate::bounds::MAX_AMOUNT
     }
 
     /// Known only from the service's answers (see [`PoolState::limit`]).
@@ -424,6 +424,8 @@ impl Algorithm for LeasePool {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
     const MS: Nanos = Nanos(1_000_000);
