@@ -13,11 +13,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use floodgate_core::algorithm::{Params, Policy, Registration, ALGORITHMS};
+use floodgate_core::bounds::MAX_AMOUNT;
 use floodgate_core::time::{Nanos, SECOND};
 use serde::Deserialize;
 
-/// Largest `requests_per_unit`.
-pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Longest domain name, key or value accepted, in bytes (also on the wire).
 pub const MAX_NAME_LEN: usize = floodgate_protocol::MAX_ENTRY_LEN;
 
@@ -620,9 +619,9 @@ impl RawRateLimit {
                 "descriptor {key:?}: rate_limit needs both unit and requests_per_unit (or unlimited: true)"
             ));
         };
-        if limit == 0 || limit > MAX_LIMIT {
+        if limit == 0 || limit > MAX_AMOUNT {
             return Err(format!(
-                "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"
+                "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_AMOUNT}, not {limit}"
             ));
         }
         let algorithm = self.algorithm.map_or(DEFAULT_ALGORITHM, |a| a.0);

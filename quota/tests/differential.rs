@@ -14,8 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, T0};
+use floodgate_core::bounds::MAX_AMOUNT;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
-use floodgate_quota::config::{Limit, MAX_LIMIT};
+use floodgate_quota::config::Limit;
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
 /// xorshift64*: deterministic, so a failure replays exactly.
@@ -53,12 +54,12 @@ const PERIODS: [Nanos; 7] = [
 
 /// Any algorithm the limits file offers, with its own fields drawn too.
 fn random_limit(rng: &mut Rng) -> Limit {
-    let limit = rng.magnitude(MAX_LIMIT);
+    let limit = rng.magnitude(MAX_AMOUNT);
     let period = PERIODS[rng.below(PERIODS.len() as u64) as usize];
     let (algorithm, limit, fields) = match rng.below(6) {
         0 => ("fixed_window", limit, String::from("{}")),
-        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
-        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
+        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
+        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
         3 if rng.below(2) == 0 => ("sliding_window", limit, String::from("{}")),
         3 => ("sliding_window", limit, format!(r#"{{"sub_windows":{}}}"#, 2 + rng.below(59))),
         4 => ("sliding_log", 1 + rng.below(1_000), String::from("{}")),
@@ -66,7 +67,7 @@ fn random_limit(rng: &mut Rng) -> Limit {
             let warmup = ["1s", "30s", "10m", "7d"][rng.below(4) as usize];
             let fields = format!(
                 r#"{{"burst":{},"warmup":"{warmup}","cold_factor":{}}}"#,
-                rng.magnitude(MAX_LIMIT),
+                rng.magnitude(MAX_AMOUNT),
                 2 + rng.below(99)
             );
             ("warm_up", limit, fields)
@@ -141,7 +142,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                         };
                         let rate = match rng.below(3) {
                             0 => None,
-                            _ => Some(rng.magnitude(MAX_LIMIT) as f64 / 7.0),
+                            _ => Some(rng.magnitude(MAX_AMOUNT) as f64 / 7.0),
                         };
                         BucketLease { wanted: cost(&mut rng, &limit), key, limit, rate, record }
                     })
@@ -159,7 +160,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                     0 => "fg:{t}:lease:none".to_string(),
                     _ => recent(&mut rng, &leases),
                 };
-                let items = [LeaseReturn { record, tokens: rng.magnitude(MAX_LIMIT) }];
+                let items = [LeaseReturn { record, tokens: rng.magnitude(MAX_AMOUNT) }];
                 let a = memory.give_back(&items).await.unwrap();
                 let b = remote.give_back(&items).await.unwrap();
                 assert_eq!(a, b, "step {step}: return {items:?}");
