@@ -36,9 +36,8 @@ struct Stored {
 
 impl Stored {
     /// The stored bucket when it is of the limit's algorithm and shape, else
-    /// (never stored, expired, another layout, or another shape: a
-    /// `sliding_log` whose `requests_per_unit` or `unit` changed, a
-    /// `sliding_window` whose `sub_windows` changed) a fresh bucket.
+    /// (never stored, expired, another layout, or another shape: a state
+    /// whose size depends on fields that a reload changed) a fresh bucket.
     fn load(limit: &Limit, stored: Option<&[u8]>, now: Nanos) -> Self {
         let (policy, tag) = (limit.policy(), limit.algorithm().tag);
         let len = policy.state_len();
