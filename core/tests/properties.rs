@@ -222,6 +222,48 @@ proptest! {
         }
     }
 
+    /// Issue 16, finding 1: units given back later (a lease's return; a
+    /// delayed request whose client left) never let an interval admit more
+    /// than the stated bound, counting only the takes not undone (an undone
+    /// take is never used: a request that did not go on, tokens given back),
+    /// and an undo never makes more available than its take.
+    #[test]
+    fn undos_at_any_later_time_never_exceed_the_bound(
+        (registration, policy) in policies(),
+        ops in prop::collection::vec((0u64..4, 0u64..2 * SECOND.get(), 1u64..20, any::<prop::sample::Index>()), 1..200),
+    ) {
+        let mut slot = vec![0u8; policy.state_len()];
+        let mut now = T0;
+        policy.write_fresh(&mut slot, now);
+        // Every take: (when, units, undone).
+        let mut takes: Vec<(Nanos, u64, bool)> = Vec::new();
+        for (op, gap, cost, pick) in ops {
+            now = now + Nanos(gap);
+            let open: Vec<usize> = (0..takes.len()).filter(|i| !takes[*i].2).collect();
+            if op == 0 && !open.is_empty() {
+                let i = open[pick.index(open.len())];
+                let (at, taken, _) = takes[i];
+                let before = policy.decide(&mut slot.clone(), now, 0).remaining;
+                policy.release(&mut slot, now, Grant { cost: taken, at }, Release::Undo);
+                let back = policy.decide(&mut slot.clone(), now, 0).remaining.saturating_sub(before);
+                prop_assert!(back <= taken, "{}: {back} back for a take of {taken}", registration.name);
+                takes[i] = (at, 0, true);
+            } else {
+                let cost = cost.min(policy.capacity());
+                if policy.decide(&mut slot, now, cost).allowed() {
+                    takes.push((now, cost, false));
+                }
+            }
+        }
+        let admitted: Vec<(Nanos, u64)> = takes.iter().map(|&(at, units, _)| (at, units)).collect();
+        let period = span_of(policy.as_ref());
+        for span in [Nanos(0), period - Nanos(1), Nanos(period.get() / 2), period.times(3)] {
+            let most = most_in_any(&admitted, span, true);
+            let bound = policy.admitted_bound(span);
+            prop_assert!(most <= bound, "{} admitted {most} > {bound} within {span}", registration.name);
+        }
+    }
+
     /// Taking units and undoing the take is invisible to every later decision.
     #[test]
     fn an_undo_is_invisible(

@@ -41,6 +41,12 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
   - key: wu
     rate_limit: {unit: second, requests_per_unit: 4, algorithm: warm_up, burst: 4, warmup: 10s, cold_factor: 2}
+  - key: tb10
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: token_bucket, burst: 10}
+  - key: lb10
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: leaky_bucket, burst: 10}
+  - key: wu10
+    rate_limit: {unit: minute, requests_per_unit: 60, algorithm: warm_up, burst: 10, warmup: 2s}
 "#;
 
 /// Every algorithm the limits file offers, as `LIMITS` configures it: the
@@ -376,16 +382,42 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     let r = f.check(check(json!([[["fw", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 1);
 
-    // A token bucket takes back at most up to full.
+    // A token bucket takes back only what it has not earned again since.
     let r = f.lease(lease_as("b1", "bucket", "r", 1_000, 100_000.0)).await;
     assert_eq!(r["leases"][0]["granted"], 300);
     assert_eq!(r["leases"][0]["window"], 0);
     f.check(check(json!([[["bucket", "r"]]]), 100)).await;
-    f.clock.advance(SECOND.times(20)); // earns 200 of the 300 it lacks
+    f.clock.advance(SECOND.times(20)); // earns 200: 400 of 600
     let returned = f.give_back(give_back("b1", 1_000)).await;
-    assert_eq!(returned["returned"][0], 200, "the bucket had room for 200 only");
+    assert_eq!(returned["returned"][0], 100, "200 of the lease's 300 were earned again meanwhile");
     let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
-    assert_eq!(r["results"][0]["remaining"], 600);
+    assert_eq!(r["results"][0]["remaining"], 500);
+}
+
+/// Issue 16, finding 1: lease 5, wait until the bucket has earned its
+/// burst again, spend the burst with checks, return the lease: the return
+/// must not let more through at once than the burst (it let 15 of a burst
+/// of 10 through, and a warm-up bucket took back 7 for a lease of 5).
+async fn a_return_never_lets_more_through_than_the_burst(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    for key in ["tb10", "lb10", "wu10"] {
+        let id = format!("burst-{key}");
+        // (A cold warm-up bucket grants 2: half of what it admits at once.)
+        let r = f.lease(lease_as(&id, key, "x", 5, 1_000.0)).await;
+        let granted = r["leases"][0]["granted"].as_u64().unwrap();
+        assert!(granted >= 2, "{key}: {r}");
+        f.clock.advance(MS.times(5_500));
+        let mut admitted = 0;
+        while f.check(check(json!([[[key, "x"]]]), 1)).await["allowed"] == true {
+            admitted += 1;
+        }
+        let returned = f.give_back(give_back(&id, granted)).await["returned"][0].as_u64().unwrap();
+        assert!(returned <= granted, "{key}: {returned} taken back for a lease of {granted}");
+        while f.check(check(json!([[[key, "x"]]]), 1)).await["allowed"] == true {
+            admitted += 1;
+        }
+        assert!(admitted <= 10, "{key}: {admitted} admitted at once against a burst of 10");
+    }
 }
 
 /// Finding 2 of issue 10: tokens that were never leased cannot be "given
@@ -584,6 +616,7 @@ with_all_stores!(
     leases_follow_the_rate_and_shrink_as_quota_runs_low,
     a_lease_never_outlives_its_window,
     returned_tokens_are_available_again,
+    a_return_never_lets_more_through_than_the_burst,
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
     the_tail_of_a_window_is_paced_per_time_not_per_call,

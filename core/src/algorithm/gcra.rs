@@ -114,11 +114,21 @@ impl Algorithm for Gcra {
         }
     }
 
-    /// Undo moves the TAT back by the grant.
-    fn release(&self, tat: Nanos, _now: Nanos, grant: Grant, why: Release) -> Option<Nanos> {
+    /// Undo moves the TAT back by the part of the grant's span still ahead:
+    /// as if the grant had been the last take from an empty backlog, its
+    /// span ended `span` after it was taken, and the time passed since has
+    /// drained it (a backlog drained to nothing loses the rest). An undo at
+    /// the instant of the grant moves it back by the whole span; a request
+    /// that waits (a shaper's) and leaves gives back what it had not waited.
+    fn release(&self, tat: Nanos, now: Nanos, grant: Grant, why: Release) -> Option<Nanos> {
+        if why == Release::Done {
+            return None;
+        }
+        let span = self.span_of(grant.cost);
+        let ahead = (grant.at + span) - now;
         // A TAT at or before `now` means "no backlog", so lowering it past
         // `now` is harmless.
-        (why == Release::Undo).then(|| tat - self.span_of(grant.cost))
+        (ahead > Nanos::ZERO).then(|| tat - span.min(ahead))
     }
 
     /// No backlog.
@@ -240,5 +250,20 @@ mod tests {
         assert!(meter.is_idle(meter.release(tat, T0, grant, Release::Undo).unwrap(), T0));
         assert_eq!(meter.release(tat, T0, grant, Release::Done), None);
         assert!(meter.is_idle(tat, T0 + SECOND.times(2)));
+    }
+
+    #[test]
+    fn an_undo_later_gives_back_only_the_span_not_drained() {
+        // Issue 16, finding 1: one per second, burst 10. 5 taken at T0; 5.5 s
+        // later the backlog has drained and 10 are taken: the 5 are gone.
+        let meter = Gcra::new(60, SECOND.times(60), 10);
+        let (_, leased) = meter.decide(meter.fresh(T0), T0, 5);
+        let later = T0 + Nanos::from_millis(5_500);
+        let (_, spent) = meter.decide(leased, later, 10);
+        assert_eq!(meter.release(spent, later, Grant { cost: 5, at: T0 }, Release::Undo), None);
+        // 2.5 s after the grant, 2.5 s of its 5 are still ahead.
+        let soon = T0 + Nanos::from_millis(2_500);
+        let undone = meter.release(leased, soon, Grant { cost: 5, at: T0 }, Release::Undo).unwrap();
+        assert_eq!(undone, leased - Nanos::from_millis(2_500));
     }
 }

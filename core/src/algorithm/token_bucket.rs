@@ -113,14 +113,28 @@ impl Algorithm for TokenBucket {
         }
     }
 
-    /// Undo puts the tokens back (never beyond the capacity).
+    /// Undo puts back the grant's tokens the bucket has not earned again
+    /// since they were taken (never beyond the capacity). The bucket may have
+    /// been full since, its refill lost at the brim: as if the grant had been
+    /// the last take from a full bucket, every token earned since counts as
+    /// earned back. An undo at the instant of the grant puts all of it back.
     fn release(&self, state: TokenState, now: Nanos, grant: Grant, why: Release) -> Option<TokenState> {
         if why == Release::Done {
             return None;
         }
+        let since = now.checked_sub(grant.at).unwrap_or(Nanos::ZERO);
+        let earned = div_ceil_u128(u128::from(since.0) * u128::from(self.limit), u128::from(self.period.0));
+        let back = u128::from(grant.cost).saturating_sub(earned);
+        if back == 0 {
+            return None;
+        }
         let state = self.refill(state, now);
-        let tokens = state.tokens.saturating_add(grant.cost);
-        Some(if tokens >= self.capacity { self.fresh(now) } else { TokenState { tokens, ..state } })
+        let tokens = u128::from(state.tokens) + back;
+        Some(if tokens >= u128::from(self.capacity) {
+            self.fresh(now)
+        } else {
+            TokenState { tokens: tokens as u64, ..state } // < capacity, fits
+        })
     }
 
     /// Full at `now`.
@@ -240,6 +254,24 @@ mod tests {
         assert_eq!(bucket.release(state, T0, grant(50), Release::Undo).unwrap().tokens, 4);
         assert!(bucket.is_idle(bucket.release(state, T0, grant(3), Release::Undo).unwrap(), T0));
         assert_eq!(bucket.release(state, T0, grant(3), Release::Done), None);
+    }
+
+    #[test]
+    fn an_undo_later_puts_back_only_what_was_not_earned_again() {
+        // Issue 16, finding 1: 60 per minute, burst 10. 5 taken at T0; 5.5 s
+        // later the bucket is full again and 10 are taken: the 5 were earned
+        // back meanwhile (lost at the brim), so their undo puts back none.
+        let bucket = TokenBucket::new(60, SECOND.times(60), 10);
+        let (_, leased) = bucket.decide(bucket.fresh(T0), T0, 5);
+        let later = T0 + Nanos::from_millis(5_500);
+        let (_, spent) = bucket.decide(leased, later, 10);
+        assert_eq!(bucket.release(spent, later, Grant { cost: 5, at: T0 }, Release::Undo), None);
+        // 2.5 s after the grant, 2.5 of its 5 tokens are not earned again
+        // yet: 2 whole ones come back.
+        let soon = T0 + Nanos::from_millis(2_500);
+        let (_, spent) = bucket.decide(leased, soon, 7);
+        let undone = bucket.release(spent, soon, Grant { cost: 5, at: T0 }, Release::Undo).unwrap();
+        assert_eq!(undone.tokens, 2);
     }
 
     #[test]

@@ -185,15 +185,24 @@ impl Algorithm for WarmUp {
         }
     }
 
-    /// Undo takes the grant's time back out of the backlog, at the interval
-    /// it was charged; if that empties the backlog, the bucket is as long
-    /// without backlog as before the grant. A grant from before the current
-    /// warm-up is not in this backlog.
+    /// Undo takes the grant's time back out of the backlog: the part of what
+    /// it was charged still ahead (as for the leaky bucket, as if it had been
+    /// the last take from an empty backlog, drained since), and never more
+    /// than its units cost at the bucket's warmth now, so a bucket that warmed
+    /// up meanwhile does not gain more units than were taken. If that empties
+    /// the backlog, the bucket is as long without backlog as before the
+    /// grant. A grant from before the current warm-up is not in this backlog.
     fn release(&self, state: WarmState, now: Nanos, grant: Grant, why: Release) -> Option<WarmState> {
         if why == Release::Done || grant.at < state.warm_since || self.cold(&state, now) {
             return None;
         }
-        let tat = state.tat - self.interval_since(state.warm_since, grant.at).times(grant.cost);
+        let charged = self.interval_since(state.warm_since, grant.at).times(grant.cost);
+        let worth_now = self.interval_since(state.warm_since, now.max(grant.at)).times(grant.cost);
+        let back = charged.min(worth_now).min((grant.at + charged) - now);
+        if back == Nanos::ZERO {
+            return None;
+        }
+        let tat = state.tat - back;
         let tat = if tat <= grant.at { tat.min(state.backlog_ended) } else { tat };
         Some(WarmState { tat, ..state })
     }
@@ -270,6 +279,23 @@ mod tests {
         assert_eq!(bucket.interval_at(SECOND.times(600)), SECOND);
         // Rounded up: 10 s × 3 × 60 s / (10 × (60 s + 2 × 1 ns)) is just under 3 s.
         assert_eq!(bucket.interval_at(Nanos(1)), SECOND.times(3));
+    }
+
+    #[test]
+    fn an_undo_later_takes_back_only_what_is_ahead_at_todays_interval() {
+        // Issue 16, finding 1: warm after 5 s, one per second when warm.
+        let bucket = WarmUp::new(60, SECOND.times(60), 10, SECOND.times(5), 3);
+        let (taken, state) = bucket.decide(bucket.fresh(T0), T0, 5);
+        assert!(taken.allowed());
+        assert_eq!(state.tat, T0 + SECOND.times(15), "5 units at the cold interval of 3 s");
+        let grant = Grant { cost: 5, at: T0 };
+        // A second later the bucket is warmer: 5 units cost less than they
+        // were charged, and only that comes back.
+        let later = T0 + SECOND;
+        let undone = bucket.release(state, later, grant, Release::Undo).unwrap();
+        assert_eq!(undone.tat, state.tat - bucket.interval_at(SECOND).times(5));
+        // Once the backlog the grant made has drained, nothing comes back.
+        assert_eq!(bucket.release(state, T0 + SECOND.times(15), grant, Release::Undo), None);
     }
 
     #[test]
