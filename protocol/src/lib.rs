@@ -208,6 +208,15 @@ pub struct ReturnResponse {
     /// Tokens taken back, per item (0 when the lease is unknown, expired or
     /// already returned, its window is over, or the bucket is full).
     pub returned: Vec<u64>,
+    /// Per item, whether the lease had been returned already (by an
+    /// earlier attempt of this return, say): this one took back nothing
+    /// more. Absent when none had.
+    #[serde(default, skip_serializing_if = "none_replayed")]
+    pub replayed: Vec<bool>,
+}
+
+fn none_replayed(replayed: &[bool]) -> bool {
+    !replayed.contains(&true)
 }
 
 /// Every error body: `{"error": "..."}`.

@@ -92,7 +92,7 @@ impl RateLimiter {
                     ..Default::default()
                 })
             }
-            Err(ApiError::BadRequest(why)) => Err(Status::invalid_argument(why)),
+            Err(ApiError::BadRequest(why) | ApiError::IdInUse(why)) => Err(Status::invalid_argument(why)),
             // Envoy's filter treats an error as its `failure_mode_deny` says.
             Err(e @ ApiError::Store(_)) => Err(Status::unavailable(e.to_string())),
         }

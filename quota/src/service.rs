@@ -23,6 +23,8 @@ pub enum ApiError {
     BadRequest(String),
     /// 404: the domain is not configured.
     UnknownDomain(String),
+    /// 422: a lease id names a recorded lease of another descriptor.
+    IdInUse(String),
     /// 503: the store could not decide; the caller falls back.
     Store(StoreFailure),
 }
@@ -33,6 +35,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest(_) => 400,
             ApiError::UnknownDomain(_) => 404,
+            ApiError::IdInUse(_) => 422,
             ApiError::Store(_) => 503,
         }
     }
@@ -41,7 +44,7 @@ impl ApiError {
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ApiError::BadRequest(why) => write!(f, "{why}"),
+            ApiError::BadRequest(why) | ApiError::IdInUse(why) => write!(f, "{why}"),
             ApiError::UnknownDomain(name) => write!(f, "unknown domain {name:?}"),
             ApiError::Store(e) => write!(f, "{e}"),
         }
@@ -279,8 +282,18 @@ impl Service {
                 }
             }
         }
-        let grants =
-            if items.is_empty() { Vec::new() } else { self.timed("lease", self.store.lease(&items, ttl)).await? };
+        let grants = match items.is_empty() {
+            true => Vec::new(),
+            false => self.timed("lease", self.store.lease(&items, ttl)).await?.map_err(|in_use| {
+                let at = plan.iter().position(|p| matches!(p, Ok((i, _, _)) if *i == in_use.index)).unwrap_or(0);
+                let id = req.leases.get(at).map_or("", |l| l.id.as_str());
+                ApiError::IdInUse(format!(
+                    "leases[{at}].id {id:?} is the id of a lease granted for another descriptor (bucket {}): a retry \
+                     must repeat the lease it retries, and a new lease needs an id of its own",
+                    in_use.bucket
+                ))
+            })?,
+        };
 
         let mut leases = Vec::with_capacity(plan.len());
         let mut granted_total = 0u64;
@@ -349,11 +362,12 @@ impl Service {
             .iter()
             .map(|r| LeaseReturn { record: lease_key(&domain.name, &r.id), tokens: r.tokens })
             .collect();
-        let returned = self.timed("return", self.store.give_back(&items)).await?;
-        if returned.len() != items.len() {
+        let outcomes = self.timed("return", self.store.give_back(&items)).await?;
+        if outcomes.len() != items.len() {
             return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer leases".into())));
         }
+        let returned: Vec<u64> = outcomes.iter().map(|o| o.returned).collect();
         self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
-        Ok(ReturnResponse { returned })
+        Ok(ReturnResponse { returned, replayed: outcomes.iter().map(|o| o.replayed).collect() })
     }
 }

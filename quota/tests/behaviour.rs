@@ -460,6 +460,42 @@ async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
     assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_granted_total{domain="test"} 100"#));
 }
 
+/// Issue 16, finding 2: a lease id replays only the lease it names. Leased
+/// on one descriptor, the id is refused on another (it was granted 100
+/// there, replayed, on a rule whose limit is 60), also after the lease was
+/// returned; the same lease retried after its return holds nothing.
+async fn a_lease_id_replays_only_its_own_lease(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let first = f.lease(lease_as("x", "big", "a", 100, 100.0)).await;
+    assert_eq!(first["leases"][0]["granted"], 100);
+    for _ in 0..2 {
+        let (status, body) = f.post("/v1/lease", &lease_as("x", "fw", "b", 100, 100.0)).await;
+        assert_eq!(status, 422, "{body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains(r#"leases[0].id "x""#) && error.contains("another descriptor"), "{error}");
+        assert!(error.contains(r#"[["big","a"]]"#), "names the lease's own descriptor: {error}");
+        assert_eq!(f.check(check(json!([[["fw", "b"]]]), 0)).await["results"][0]["remaining"], 3, "nothing taken");
+        f.give_back(give_back("x", 100)).await;
+    }
+    let again = f.lease(lease_as("x", "big", "a", 100, 100.0)).await;
+    assert_eq!(again["leases"][0]["replayed"], true, "{again}");
+    assert_eq!(again["leases"][0]["granted"], 0, "returned: it holds nothing now: {again}");
+    assert_eq!(again["leases"][0]["valid_ms"], 0, "{again}");
+}
+
+/// Issue 16, finding 8: a retried return says that the lease was returned
+/// already, so a caller whose first attempt got a 503 learns it went through.
+async fn a_retried_return_says_it_was_returned_already(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.lease(lease_as("once", "big", "a", 10, 10.0)).await;
+    let first = f.give_back(give_back("once", 10)).await;
+    assert_eq!(first, json!({"returned": [10]}), "a first return is not a replay");
+    let retried = f
+        .give_back(json!({"domain": "test", "returns": [{"id": "once", "tokens": 10}, {"id": "never", "tokens": 1}]}))
+        .await;
+    assert_eq!(retried, json!({"returned": [0, 0], "replayed": [true, false]}));
+}
+
 /// Every offered algorithm, through the service, answers exactly what the
 /// filter's core computes for the same rule, arrivals and clock: admissions
 /// and denials, `remaining`, `reset_ms` and `retry_after_ms` (`null` for a
@@ -619,6 +655,8 @@ with_all_stores!(
     a_return_never_lets_more_through_than_the_burst,
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
+    a_lease_id_replays_only_its_own_lease,
+    a_retried_return_says_it_was_returned_already,
     the_tail_of_a_window_is_paced_per_time_not_per_call,
     every_algorithm_checks_exactly_as_the_core_decides,
     every_algorithm_leases_and_takes_returns_as_the_core_does,

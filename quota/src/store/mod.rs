@@ -90,6 +90,31 @@ pub struct LeaseOutcome {
     pub replayed: bool,
 }
 
+/// What a lease call got: every lease's outcome, or, when a lease's id is
+/// that of a recorded lease of another bucket, which lease that is (and
+/// nothing was taken).
+pub type LeaseAnswer = Result<Vec<LeaseOutcome>, IdInUse>;
+
+/// A lease whose id names a lease recorded for another bucket (another
+/// descriptor, or another rule's algorithm): not a retry of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdInUse {
+    /// Which lease of the call.
+    pub index: usize,
+    /// The bucket the recorded lease is of.
+    pub bucket: String,
+}
+
+/// What one return took back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReturnOutcome {
+    /// Tokens taken back.
+    pub returned: u64,
+    /// The lease had been returned already (by this return's first
+    /// attempt, say): this one took back nothing more.
+    pub replayed: bool,
+}
+
 /// Unused leased tokens to give back: once per lease, at most what it
 /// granted, and only where the tokens still count.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -191,9 +216,10 @@ impl QuotaStore {
 
     /// Takes a batch of tokens from each bucket and records each grant under
     /// its lease's record key; a lease already recorded is answered from its
-    /// record. Leases are taken in order: two of one bucket both see what
+    /// record (a returned one as holding nothing), unless it is of another
+    /// bucket. Leases are taken in order: two of one bucket both see what
     /// the first took.
-    pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<Vec<LeaseOutcome>, StoreFailure> {
+    pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<LeaseAnswer, StoreFailure> {
         let mut keys = Keys::default();
         let slots: Vec<(usize, usize)> = items.iter().map(|i| (keys.add(&i.key), keys.add(&i.record))).collect();
         self.transact(&keys.list, |values, now| lease(items, &slots, values, now, ttl)).await
@@ -201,7 +227,7 @@ impl QuotaStore {
 
     /// Gives back unused tokens of recorded leases; returns how many each
     /// took back.
-    pub async fn give_back(&self, items: &[LeaseReturn]) -> Result<Vec<u64>, StoreFailure> {
+    pub async fn give_back(&self, items: &[LeaseReturn]) -> Result<Vec<ReturnOutcome>, StoreFailure> {
         let mut records = Keys::default();
         let at: Vec<usize> = items.iter().map(|i| records.add(&i.record)).collect();
         for _ in 0..RETURN_ATTEMPTS {
@@ -307,19 +333,25 @@ fn lease(
     values: &[Option<Vec<u8>>],
     now: Nanos,
     ttl: Nanos,
-) -> (Vec<LeaseOutcome>, Writes) {
+) -> (LeaseAnswer, Writes) {
     let mut values = values.to_vec();
     let mut writes: Writes = vec![None; values.len()];
     let mut grants = Vec::with_capacity(items.len());
-    for (item, &(bucket, record)) in items.iter().zip(slots) {
+    for (index, (item, &(bucket, record))) in items.iter().zip(slots).enumerate() {
         if let Some(done) = LeaseRecord::live(stored(&values, record), now) {
+            if done.bucket != item.key {
+                return (Err(IdInUse { index, bucket: done.bucket }), vec![None; values.len()]);
+            }
             let d = decide::peek(&item.limit, stored(&values, bucket), now);
+            // A returned lease holds nothing any more.
+            let (granted, valid) =
+                if done.returned { (0, Nanos::ZERO) } else { (done.granted, done.valid_until - now) };
             grants.push(LeaseOutcome {
-                granted: done.granted,
+                granted,
                 remaining: d.remaining,
                 reset: d.reset,
                 window: done.window,
-                valid: done.valid_until - now,
+                valid,
                 replayed: true,
             });
             continue;
@@ -350,7 +382,7 @@ fn lease(
             replayed: false,
         });
     }
-    (grants, writes)
+    (Ok(grants), writes)
 }
 
 /// `None` when a record no longer names the bucket read for it: start over.
@@ -360,20 +392,21 @@ fn give_back(
     keys: &[String],
     values: &[Option<Vec<u8>>],
     now: Nanos,
-) -> (Option<Vec<u64>>, Writes) {
+) -> (Option<Vec<ReturnOutcome>>, Writes) {
     let mut values = values.to_vec();
     let mut writes: Writes = vec![None; values.len()];
     let mut taken = Vec::with_capacity(items.len());
     for (item, &(record, bucket)) in items.iter().zip(slots) {
         let Some(mut done) = LeaseRecord::live(stored(&values, record), now) else {
-            taken.push(0);
+            taken.push(ReturnOutcome { returned: 0, replayed: false });
             continue;
         };
         let Some(bucket) = bucket.filter(|b| keys.get(*b) == Some(&done.bucket)) else {
             return (None, vec![None; values.len()]);
         };
         let (back, next) = decide::give_back(&done, stored(&values, bucket), now, item.tokens);
-        if !done.returned {
+        let replayed = done.returned;
+        if !replayed {
             done.returned = true;
             let idle_at = done.expires_at;
             put(&mut values, &mut writes, record, Next { bytes: done.encode(), idle_at });
@@ -381,7 +414,7 @@ fn give_back(
         if let Some(next) = next {
             put(&mut values, &mut writes, bucket, next);
         }
-        taken.push(back);
+        taken.push(ReturnOutcome { returned: back, replayed });
     }
     (Some(taken), writes)
 }
