@@ -77,7 +77,7 @@ fn random_limit(rng: &mut Rng) -> Limit {
 }
 
 /// One of the last few leases (older ones have mostly expired).
-fn recent(rng: &mut Rng, leases: &[String]) -> String {
+fn recent<T: Clone>(rng: &mut Rng, leases: &[T]) -> T {
     let back = rng.below(leases.len().min(4) as u64) as usize;
     leases[leases.len() - 1 - back].clone()
 }
@@ -97,7 +97,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let limits: Vec<Limit> = (0..24).map(|_| random_limit(&mut rng)).collect();
     let ttl = SECOND;
-    let mut leases: Vec<String> = Vec::new();
+    let mut leases: Vec<BucketLease> = Vec::new();
     let mut seen = [0usize; 4];
     // Outcomes worth comparing: admitted checks, denied checks, grants,
     // replayed grants, tokens given back, ids of another lease refused.
@@ -135,16 +135,21 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                 let items: Vec<BucketLease> = (0..1 + rng.below(2))
                     .map(|i| {
                         let (key, limit) = pick(&mut rng);
-                        // Now and then a retry of an earlier lease.
-                        let record = match rng.below(4) {
-                            0 if !leases.is_empty() => recent(&mut rng, &leases),
-                            _ => format!("fg:{{t}}:lease:{step}-{i}"),
-                        };
                         let rate = match rng.below(3) {
                             0 => None,
                             _ => Some(rng.magnitude(MAX_AMOUNT) as f64 / 7.0),
                         };
-                        BucketLease { wanted: cost(&mut rng, &limit), key, limit, rate, record }
+                        let wanted = cost(&mut rng, &limit);
+                        let new = format!("fg:{{t}}:lease:{step}-{i}");
+                        // Now and then a retry of an earlier lease, rarely
+                        // with its id on another bucket.
+                        match (rng.below(4), rng.below(5)) {
+                            (0, 0) if !leases.is_empty() => {
+                                BucketLease { key, limit, wanted, rate, record: recent(&mut rng, &leases).record }
+                            }
+                            (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
+                            _ => BucketLease { key, limit, wanted, rate, record: new },
+                        }
                     })
                     .collect();
                 let a = memory.lease(&items, ttl).await.unwrap();
@@ -154,13 +159,13 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                 outcomes[2] += grants.iter().filter(|g| g.granted > 0 && !g.replayed).count();
                 outcomes[3] += grants.iter().filter(|g| g.replayed).count();
                 outcomes[5] += usize::from(a.is_err());
-                leases.extend(items.into_iter().map(|i| i.record));
+                leases.extend(items);
                 seen[1] += 1;
             }
             7 => {
                 let record = match leases.len() {
                     0 => "fg:{t}:lease:none".to_string(),
-                    _ => recent(&mut rng, &leases),
+                    _ => recent(&mut rng, &leases).record,
                 };
                 let items = [LeaseReturn { record, tokens: rng.magnitude(MAX_AMOUNT) }];
                 let a = memory.give_back(&items).await.unwrap();
