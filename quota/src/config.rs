@@ -232,6 +232,11 @@ impl Domains {
         self.domains.get(name)
     }
 
+    /// The domains' names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
     /// Number of domains.
     pub fn len(&self) -> usize {
         self.domains.len()

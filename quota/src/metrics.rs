@@ -3,6 +3,28 @@
 
 use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
 
+/// The HTTP statuses the API answers.
+const HTTP_STATUSES: [&str; 8] = ["200", "400", "401", "404", "408", "413", "422", "503"];
+
+/// The gRPC codes `ShouldRateLimit` answers, as labels (see [`grpc_code`]).
+const GRPC_CODES: [&str; 6] = ["OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "OTHER"];
+
+/// What a decision per descriptor can come to.
+const DECISION_RESULTS: [&str; 5] = ["allowed", "denied", "shadow_denied", "unlimited", "no_rule"];
+
+/// The label of a gRPC status code: its canonical name, or `OTHER` for one
+/// the service does not answer on its own (a transport's).
+pub fn grpc_code(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::Ok => "OK",
+        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
+        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
+        tonic::Code::Unimplemented => "UNIMPLEMENTED",
+        tonic::Code::Unavailable => "UNAVAILABLE",
+        _ => "OTHER",
+    }
+}
+
 /// Every metric the service exports.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -60,6 +82,41 @@ impl Metrics {
             store_latency,
             reloads,
         })
+    }
+
+    /// Creates every series of the API and of `store` at 0 (what it can fail
+    /// with: `failures`), so that a first scrape finds them and an alert on
+    /// a rate or an absent series works from a restart on.
+    pub fn start(&self, store: &str, failures: &[&str]) {
+        for endpoint in ["check", "lease", "return"] {
+            for status in HTTP_STATUSES {
+                self.requests.with_label_values(&[endpoint, status]);
+            }
+        }
+        for code in GRPC_CODES {
+            self.requests.with_label_values(&["rls", code]);
+        }
+        for kind in failures {
+            self.store_errors.with_label_values(&[store, kind]);
+        }
+        for op in ["check", "lease", "return"] {
+            self.store_latency.with_label_values(&[store, op]);
+        }
+        for result in ["ok", "error"] {
+            self.reloads.with_label_values(&[result]);
+        }
+    }
+
+    /// Creates every series of `domain` at 0 (on start, and when a reload
+    /// adds a domain).
+    pub fn add_domain(&self, domain: &str) {
+        for kind in ["check", "lease"] {
+            for result in DECISION_RESULTS {
+                self.decisions.with_label_values(&[domain, kind, result]);
+            }
+        }
+        self.tokens_granted.with_label_values(&[domain]);
+        self.tokens_returned.with_label_values(&[domain]);
     }
 
     /// The text exposition format.

@@ -27,6 +27,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::http::{bearer_token, same};
+use crate::metrics::grpc_code;
 use crate::service::{ApiError, Service};
 use floodgate_protocol::{CheckRequest, CheckResponse, CheckStatus, Code, MAX_BODY_BYTES};
 
@@ -110,20 +111,8 @@ impl RateLimitService for RateLimiter {
             Ok(_) => tonic::Code::Ok,
             Err(status) => status.code(),
         };
-        self.service.metrics().requests.with_label_values(&["rls", grpc_code_name(code)]).inc();
+        self.service.metrics().requests.with_label_values(&["rls", grpc_code(code)]).inc();
         result.map(Response::new)
-    }
-}
-
-/// The canonical name of a gRPC status code, as a metric label.
-fn grpc_code_name(code: tonic::Code) -> &'static str {
-    match code {
-        tonic::Code::Ok => "OK",
-        tonic::Code::InvalidArgument => "INVALID_ARGUMENT",
-        tonic::Code::Unimplemented => "UNIMPLEMENTED",
-        tonic::Code::Unavailable => "UNAVAILABLE",
-        tonic::Code::Unauthenticated => "UNAUTHENTICATED",
-        _ => "OTHER",
     }
 }
 

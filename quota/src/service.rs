@@ -90,6 +90,8 @@ impl Service {
     /// A service over `store` with the limits of `domains`.
     pub fn new(domains: Domains, store: QuotaStore, metrics: Metrics, settings: Settings) -> Self {
         let settings = Settings { lease_ttl: settings.lease_ttl.clamp(Nanos(1), MAX_LEASE_TTL) };
+        metrics.start(store.name(), store.failure_kinds());
+        domains.names().for_each(|name| metrics.add_domain(name));
         Self {
             domains: RwLock::new(Arc::new(domains)),
             store,
@@ -107,6 +109,7 @@ impl Service {
 
     /// Replaces the limits; counters are kept (they live in the store).
     pub fn set_domains(&self, domains: Domains) {
+        domains.names().for_each(|name| self.metrics.add_domain(name));
         let mut slot = self.domains.write().unwrap_or_else(|p| p.into_inner());
         *slot = Arc::new(domains);
     }

@@ -311,3 +311,41 @@ fn the_binary_serves_and_stops_on_sigterm() {
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     assert!(rest.iter().any(|l| l.contains("\"stopped\"")), "{rest:?}");
 }
+
+/// Issue 16: a fresh instance's first scrape already lists every counter and
+/// histogram family at 0 (per configured domain where it has a domain
+/// label), so dashboards and alerts on rates or absent series work from a
+/// restart on; a domain added by a reload gets its series too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
+    for (backend, store, failures) in [
+        (Backend::Memory, "memory", &["full"][..]),
+        (Backend::Redis, "redis", &["timeout", "unavailable", "contended"][..]),
+    ] {
+        let f = Fixture::new(backend, LIMITS).await;
+        let metrics = f.metrics().await;
+        let mut expected = vec![
+            r#"floodgate_quota_requests_total{endpoint="check",status="200"} 0"#.to_string(),
+            r#"floodgate_quota_requests_total{endpoint="lease",status="503"} 0"#.to_string(),
+            r#"floodgate_quota_requests_total{endpoint="return",status="400"} 0"#.to_string(),
+            r#"floodgate_quota_requests_total{endpoint="rls",status="INVALID_ARGUMENT"} 0"#.to_string(),
+            r#"floodgate_quota_decisions_total{domain="test",kind="check",result="denied"} 0"#.to_string(),
+            r#"floodgate_quota_decisions_total{domain="test",kind="lease",result="allowed"} 0"#.to_string(),
+            r#"floodgate_quota_tokens_granted_total{domain="test"} 0"#.to_string(),
+            r#"floodgate_quota_tokens_returned_total{domain="test"} 0"#.to_string(),
+            format!(r#"floodgate_quota_store_latency_seconds_count{{op="check",store="{store}"}} 0"#),
+            r#"floodgate_quota_config_reloads_total{result="error"} 0"#.to_string(),
+        ];
+        expected.extend(
+            failures
+                .iter()
+                .map(|kind| format!(r#"floodgate_quota_store_errors_total{{kind="{kind}",store="{store}"}} 0"#)),
+        );
+        for series in &expected {
+            assert!(metrics.lines().any(|l| l == series), "{store}: no {series} in\n{metrics}");
+        }
+        f.service.set_domains(common::domains("domain: added\n"));
+        let metrics = f.metrics().await;
+        assert!(metrics.contains(r#"floodgate_quota_tokens_granted_total{domain="added"} 0"#), "{metrics}");
+    }
+}

@@ -185,6 +185,14 @@ pub enum QuotaStore {
 }
 
 impl QuotaStore {
+    /// The kinds of [`StoreFailure`] this store can meet, as metric labels.
+    pub fn failure_kinds(&self) -> &'static [&'static str] {
+        match self {
+            QuotaStore::Memory(_) => &["full"],
+            QuotaStore::Redis(_) => &["timeout", "unavailable", "contended"],
+        }
+    }
+
     /// `memory` or `redis`, for metrics and logs.
     pub fn name(&self) -> &'static str {
         match self {
