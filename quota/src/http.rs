@@ -13,6 +13,7 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::auth;
 use crate::server::BodyTimeout;
 use crate::service::{ApiError, Service};
 use floodgate_protocol::{ErrorBody, MAX_BODY_BYTES};
@@ -66,31 +67,12 @@ fn error(status: StatusCode, message: String) -> Response {
     response
 }
 
-/// Compares without an early exit, so response times do not reveal how much
-/// of a guessed token was right.
-pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// A refusal before the service is asked: status and message.
 type Refusal = (StatusCode, String);
 
-/// The token of a `Bearer` credential. The scheme is case-insensitive
-/// (RFC 9110 section 11.1), so `bearer x` and `BEARER x` are the same credential.
-pub(crate) fn bearer_token(value: &[u8]) -> Option<&[u8]> {
-    let (scheme, token) = value.split_at_checked(b"Bearer ".len())?;
-    scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
-}
-
 fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
-    let Some(expected) = &state.auth_token else { return Ok(()) };
-    let given = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let token = given.and_then(bearer_token);
-    match (given, token) {
-        (None, _) => Err((StatusCode::UNAUTHORIZED, "missing Authorization: Bearer token".into())),
-        (Some(_), Some(token)) if same(token, expected.as_bytes()) => Ok(()),
-        _ => Err((StatusCode::UNAUTHORIZED, "wrong bearer token".into())),
-    }
+    auth::authorize(state.auth_token.as_deref(), headers)
+        .map_err(|refused| (StatusCode::UNAUTHORIZED, refused.message().to_string()))
 }
 
 /// The server's body deadline, if that is why the body could not be read.

@@ -5,6 +5,7 @@
 //! with the filter. See `docs/protocol.md` for the wire format and
 //! `quota/README.md` for running it.
 
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod http;

@@ -14,8 +14,8 @@ use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::reload::spawn_reloader;
-use floodgate_quota::rls::{GrpcArgs, RlsOptions};
-use floodgate_quota::server::{serve, Limits};
+use floodgate_quota::rls::{GrpcArgs, RlsOptions, RlsService};
+use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
 use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore, CLUSTER_SCHEME};
 
@@ -72,9 +72,15 @@ struct Cli {
     body_read_timeout: Duration,
 
     /// Most connections open at once; more get 503 and are closed. Keep it
-    /// below the open-files limit (`ulimit -n`).
+    /// (plus --grpc-max-connections) below the open-files limit (`ulimit -n`).
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+
+    /// Most connections one peer address may hold open on each listener
+    /// (0: no limit). Behind a proxy or load balancer every connection has
+    /// its address: raise it, or set 0.
+    #[arg(long, default_value_t = 64)]
+    max_connections_per_peer: u32,
 
     /// After SIGTERM, how long requests in flight may take before the
     /// connections left are closed.
@@ -218,6 +224,13 @@ async fn run(cli: Cli) -> Result<(), String> {
     let until_stopped = |mut rx: tokio::sync::watch::Receiver<Option<tokio::time::Instant>>| async move {
         let _ = rx.wait_for(Option::is_some).await;
     };
+    let limits = Limits {
+        header_read_timeout: cli.header_read_timeout,
+        body_read_timeout: cli.body_read_timeout,
+        max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
+        max_connections_per_peer: usize::try_from(cli.max_connections_per_peer).unwrap_or(usize::MAX),
+        shutdown_deadline: cli.shutdown_deadline,
+    };
     let grpc = match cli.grpc.grpc_listen {
         Some(address) => {
             let listener = tokio::net::TcpListener::bind(address)
@@ -226,27 +239,20 @@ async fn run(cli: Cli) -> Result<(), String> {
             tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC rate limit service listening");
             let options =
                 RlsOptions { response_headers: cli.grpc.grpc_response_headers, auth_token: auth_token.clone() };
-            let shutdown = until_stopped(stopped.clone());
-            Some(tokio::spawn(floodgate_quota::rls::serve(listener, service.clone(), options, shutdown)))
+            let app = App::Grpc(RlsService::new(service.clone(), options));
+            let limits = Limits {
+                max_connections: usize::try_from(cli.grpc.grpc_max_connections).unwrap_or(usize::MAX),
+                ..limits
+            };
+            Some(tokio::spawn(serve(listener, app, limits, until_stopped(stopped.clone()))))
         }
         None => None,
     };
     let state = AppState { service, auth_token };
-    let limits = Limits {
-        header_read_timeout: cli.header_read_timeout,
-        body_read_timeout: cli.body_read_timeout,
-        max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
-        shutdown_deadline: cli.shutdown_deadline,
-    };
-    serve(listener, router(state), limits, until_stopped(stopped.clone())).await;
+    serve(listener, App::Http(router(state)), limits, until_stopped(stopped.clone())).await;
     if let Some(grpc) = grpc {
-        // gRPC calls in flight get the same deadline; past it the process
-        // exits and their connections close.
-        let signalled = stopped.borrow().unwrap_or_else(tokio::time::Instant::now);
-        match tokio::time::timeout_at(signalled + cli.shutdown_deadline, grpc).await {
-            Ok(joined) => joined.map_err(|e| format!("gRPC server failed: {e}"))??,
-            Err(_) => tracing::warn!("shutdown deadline passed with gRPC calls in flight"),
-        }
+        // Both servers close what is left at the same deadline.
+        let _ = grpc.await;
     }
     tracing::info!("stopped");
     Ok(())

@@ -7,7 +7,8 @@ use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Regi
 const HTTP_STATUSES: [&str; 8] = ["200", "400", "401", "404", "408", "413", "422", "503"];
 
 /// The gRPC codes `ShouldRateLimit` answers, as labels (see [`grpc_code`]).
-const GRPC_CODES: [&str; 6] = ["OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "OTHER"];
+const GRPC_CODES: [&str; 7] =
+    ["OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "OTHER"];
 
 /// What a decision per descriptor can come to.
 const DECISION_RESULTS: [&str; 5] = ["allowed", "denied", "shadow_denied", "unlimited", "no_rule"];
@@ -21,6 +22,7 @@ pub fn grpc_code(code: tonic::Code) -> &'static str {
         tonic::Code::Unauthenticated => "UNAUTHENTICATED",
         tonic::Code::Unimplemented => "UNIMPLEMENTED",
         tonic::Code::Unavailable => "UNAVAILABLE",
+        tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
         _ => "OTHER",
     }
 }

@@ -3,33 +3,36 @@
 //! `envoy.filters.http.ratelimit` filter can use this service in place of
 //! envoyproxy/ratelimit. Every call is one [`Service::check`]: the same
 //! limits, store, all-or-nothing decision and metrics as `POST /v1/check`.
+//! [`RlsService`] is the tower service [`crate::server`] serves over HTTP/2,
+//! with the HTTP listener's protections.
 //! `quota/README.md` ("Envoy's rate limit service API") documents the mapping.
 
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::body::Bytes;
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as RlsCode, DescriptorStatus, RateLimit,
 };
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
-use tonic::service::interceptor::InterceptedService;
-use tonic::transport::server::TcpIncoming;
+use floodgate_protocol::{CheckRequest, CheckResponse, CheckStatus, Code, MAX_BODY_BYTES};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder};
 use tonic::{Request, Response, Status};
+use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
-use crate::http::{bearer_token, same};
+use crate::auth::authorize;
 use crate::metrics::grpc_code;
 use crate::service::{ApiError, Service};
-use floodgate_protocol::{CheckRequest, CheckResponse, CheckStatus, Code, MAX_BODY_BYTES};
 
 /// Command-line flags of the gRPC API (flattened into the binary's own).
 #[derive(Debug, Clone, clap::Args)]
@@ -44,6 +47,11 @@ pub struct GrpcArgs {
     /// LIMIT_RESPONSE_HEADERS_ENABLED does).
     #[arg(long)]
     pub grpc_response_headers: bool,
+
+    /// Most gRPC connections open at once (beyond it a connection is
+    /// closed at once); the HTTP listener's other limits apply too.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub grpc_max_connections: u32,
 }
 
 /// How the gRPC API behaves.
@@ -97,22 +105,6 @@ impl RateLimiter {
             // Envoy's filter treats an error as its `failure_mode_deny` says.
             Err(e @ ApiError::Store(_)) => Err(Status::unavailable(e.to_string())),
         }
-    }
-}
-
-#[tonic::async_trait]
-impl RateLimitService for RateLimiter {
-    async fn should_rate_limit(
-        &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
-        let result = self.decide(request.into_inner()).await;
-        let code = match &result {
-            Ok(_) => tonic::Code::Ok,
-            Err(status) => status.code(),
-        };
-        self.service.metrics().requests.with_label_values(&["rls", grpc_code(code)]).inc();
-        result.map(Response::new)
     }
 }
 
@@ -234,29 +226,123 @@ fn header(key: &str, value: String) -> HeaderValue {
     HeaderValue { key: key.to_string(), value, ..Default::default() }
 }
 
-/// Serves the API on `listener` until `shutdown` completes, then finishes
-/// calls in flight.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    service: Arc<Service>,
-    options: RlsOptions,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), String> {
-    let server = RateLimitServiceServer::new(RateLimiter::new(service, options.response_headers))
-        .max_decoding_message_size(MAX_BODY_BYTES);
-    let token = options.auth_token;
-    let authorize = move |request: Request<()>| -> Result<Request<()>, Status> {
-        let Some(expected) = &token else { return Ok(request) };
-        let given = request.metadata().get("authorization").map(|v| v.as_bytes());
-        match given.and_then(bearer_token) {
-            Some(token) if same(token, expected.as_bytes()) => Ok(request),
-            _ if given.is_none() => Err(Status::unauthenticated("missing authorization: Bearer token")),
-            _ => Err(Status::unauthenticated("wrong bearer token")),
+/// The method this service answers.
+const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// Envoy's rate limit service API as one tower service over HTTP/2 requests
+/// (served by [`crate::server`]): the bearer token checked, the request
+/// decoded (a malformed message is `INVALID_ARGUMENT`, naming what is
+/// wrong), decided, and every call counted by its gRPC code, whatever
+/// stage answered it.
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    limiter: Arc<RateLimiter>,
+    auth_token: Option<Arc<str>>,
+}
+
+impl RlsService {
+    /// The API over `service`.
+    pub fn new(service: Arc<Service>, options: RlsOptions) -> Self {
+        Self { limiter: Arc::new(RateLimiter::new(service, options.response_headers)), auth_token: options.auth_token }
+    }
+
+    /// Counts a call answered `code` (the server counts the calls it cuts
+    /// off itself).
+    pub(crate) fn count(&self, code: tonic::Code) {
+        self.limiter.service.metrics().requests.with_label_values(&["rls", grpc_code(code)]).inc();
+    }
+
+    async fn answer<B>(self, request: axum::http::Request<B>) -> axum::http::Response<tonic::body::Body>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+    {
+        let path = request.uri().path();
+        if path != SHOULD_RATE_LIMIT {
+            return Status::unimplemented(format!("no method {path}: this service answers {SHOULD_RATE_LIMIT}"))
+                .into_http();
         }
-    };
-    tonic::transport::Server::builder()
-        .add_service(InterceptedService::new(server, authorize))
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
-        .await
-        .map_err(|e| format!("gRPC server failed: {e}"))
+        if let Err(refused) = authorize(self.auth_token.as_deref(), request.headers()) {
+            return Status::unauthenticated(refused.message()).into_http();
+        }
+        let mut grpc =
+            tonic::server::Grpc::new(RequestCodec::default()).apply_max_message_size_config(Some(MAX_BODY_BYTES), None);
+        grpc.unary(ShouldRateLimit(self.limiter), request).await
+    }
+}
+
+impl<B> tower::Service<axum::http::Request<B>> for RlsService
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    type Response = axum::http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let counter = this.clone();
+            let response = this.answer(request).await;
+            // An error is in the headers (a trailers-only response); an
+            // answer's OK comes in the trailers.
+            counter.count(Status::from_header_map(response.headers()).map_or(tonic::Code::Ok, |status| status.code()));
+            Ok(response)
+        })
+    }
+}
+
+/// The one method, for tonic's unary call handling.
+struct ShouldRateLimit(Arc<RateLimiter>);
+
+impl tonic::server::UnaryService<RateLimitRequest> for ShouldRateLimit {
+    type Response = RateLimitResponse;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<RateLimitResponse>, Status>> + Send>>;
+
+    fn call(&mut self, request: Request<RateLimitRequest>) -> Self::Future {
+        let limiter = Arc::clone(&self.0);
+        Box::pin(async move { limiter.decide(request.into_inner()).await.map(Response::new) })
+    }
+}
+
+/// Protobuf, as tonic's own codec, except that a message that does not
+/// decode is the caller's mistake (`INVALID_ARGUMENT`), not the service's.
+#[derive(Default)]
+struct RequestCodec(ProstCodec<RateLimitResponse, RateLimitRequest>);
+
+impl Codec for RequestCodec {
+    type Encode = RateLimitResponse;
+    type Decode = RateLimitRequest;
+    type Encoder = ProstEncoder<RateLimitResponse>;
+    type Decoder = RequestDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        self.0.encoder()
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RequestDecoder(self.0.decoder())
+    }
+}
+
+struct RequestDecoder(ProstDecoder<RateLimitRequest>);
+
+impl Decoder for RequestDecoder {
+    type Item = RateLimitRequest;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<RateLimitRequest>, Status> {
+        self.0
+            .decode(src)
+            .map_err(|status| Status::invalid_argument(format!("malformed RateLimitRequest: {}", status.message())))
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        self.0.buffer_settings()
+    }
 }

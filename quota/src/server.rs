@@ -1,23 +1,33 @@
-//! The server loop: accepts connections and serves the router over HTTP/1.1
-//! with the limits `axum::serve` lacks, so that slow or half-open clients
-//! cannot hold the service:
+//! The server loop: accepts connections and serves the JSON API over
+//! HTTP/1.1 or Envoy's rate limit service API over gRPC (HTTP/2), with the
+//! limits `axum::serve` and tonic's server lack, so that slow, half-open or
+//! greedy clients cannot hold the service:
 //!
-//! - a **header-read timeout**, which also closes kept-alive connections that
-//!   stay idle that long (hyper counts from the moment it waits for a head);
+//! - a **header-read timeout**: a request's complete head (HTTP/1.1), or the
+//!   HTTP/2 connection preface (gRPC), must arrive within it; it also closes
+//!   a connection idle that long (a kept-alive HTTP/1.1 connection; a gRPC
+//!   connection without a call in flight, with a `GOAWAY`);
 //! - a **body-read timeout**: a request's whole body must arrive within it,
-//!   however slowly it trickles (408 otherwise);
-//! - a **connection cap**: beyond it a new connection gets an immediate 503
-//!   and is closed, rather than waiting in the kernel's queue or using up the
-//!   open-files limit;
+//!   however slowly it trickles (408 over HTTP; a gRPC call is answered
+//!   `DEADLINE_EXCEEDED` when it has not been answered by then);
+//! - a **connection cap**: beyond it a new connection is refused at once
+//!   (HTTP: a 503; gRPC: closed), rather than waiting in the kernel's queue
+//!   or using up the open-files limit;
+//! - a **per-peer cap**: one peer address holds at most so many of the
+//!   connections, so one client cannot take them all;
 //! - a **shutdown deadline**: after the shutdown signal no connection is
 //!   accepted, requests in flight finish, and whatever is still open at the
 //!   deadline is closed.
 
+use std::collections::HashMap;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
+use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -25,24 +35,30 @@ use axum::body::{Body, Bytes};
 use axum::Router;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant, Sleep};
 use tower::ServiceExt;
 
+use crate::rls::RlsService;
+
 /// The server's limits (each a command-line flag of the binary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
-    /// Longest wait for a request's complete head, and for the next request
-    /// on a kept-alive connection.
+    /// Longest wait for a request's complete head (or a gRPC connection's
+    /// preface), and for the next request on an idle connection.
     pub header_read_timeout: Duration,
-    /// Longest time to receive a request's whole body, from its head.
+    /// Longest time to receive a request's whole body, from its head (for a
+    /// gRPC call: to answer it).
     pub body_read_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
+    /// Most connections open at once from one peer address (0: no limit).
+    pub max_connections_per_peer: usize,
     /// After the shutdown signal, how long requests in flight may take.
     pub shutdown_deadline: Duration,
 }
@@ -53,9 +69,19 @@ impl Default for Limits {
             header_read_timeout: Duration::from_secs(10),
             body_read_timeout: Duration::from_secs(10),
             max_connections: 512,
+            max_connections_per_peer: 64,
             shutdown_deadline: Duration::from_secs(10),
         }
     }
+}
+
+/// What a listener serves.
+#[derive(Debug, Clone)]
+pub enum App {
+    /// The JSON API (and health, readiness, metrics) over HTTP/1.1.
+    Http(Router),
+    /// Envoy's rate limit service API over gRPC.
+    Grpc(RlsService),
 }
 
 /// Sent to a connection beyond the cap, without reading its request.
@@ -107,15 +133,14 @@ impl HttpBody for DeadlineBody {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then stops
+/// Serves `app` on `listener` until `shutdown` completes, then stops
 /// accepting, lets requests in flight finish for up to
 /// [`Limits::shutdown_deadline`] and closes what is left.
-pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdown: impl Future<Output = ()>) {
+pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: impl Future<Output = ()>) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let peers = Arc::new(Peers::default());
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -123,8 +148,8 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
             // Reap finished connections so the set holds only open ones.
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
             accepted = listener.accept() => {
-                let stream = match accepted {
-                    Ok((stream, _)) => stream,
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
                     Err(e) => {
                         // Out of file descriptors or similar: back off
                         // instead of spinning; connections will close.
@@ -134,41 +159,20 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
                     }
                 };
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    refuse(&stream);
+                    refuse(&stream, &app, "the connection cap is reached");
+                    continue;
+                };
+                let Some(slot) = Peers::take(&peers, peer.ip(), limits.max_connections_per_peer) else {
+                    refuse(&stream, &app, "the peer holds its share of connections");
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let router = router.clone();
-                let body_read_timeout = limits.body_read_timeout;
-                let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-                    let request = request.map(|inner| {
-                        Body::new(DeadlineBody {
-                            inner,
-                            deadline: Box::pin(sleep(body_read_timeout)),
-                            limit: body_read_timeout,
-                        })
-                    });
-                    router.clone().oneshot(request)
-                });
-                let connection = http.serve_connection(TokioIo::new(stream), service);
-                let mut stopping = stopping.clone();
-                connections.spawn(async move {
-                    let _permit = permit;
-                    tokio::pin!(connection);
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(e) = result {
-                                tracing::debug!(error = %e, "connection ended");
-                            }
-                        }
-                        _ = async { stopping.wait_for(|stop| *stop).await.map(|_| ()) } => {
-                            // Idle connections close now, busy ones after
-                            // their response.
-                            connection.as_mut().graceful_shutdown();
-                            let _ = connection.await;
-                        }
-                    }
-                });
+                let held = Held { _permit: permit, _slot: slot };
+                let stopping = stopping.clone();
+                match &app {
+                    App::Http(router) => connections.spawn(serve_http(stream, router.clone(), limits, stopping, held)),
+                    App::Grpc(rls) => connections.spawn(serve_grpc(stream, rls.clone(), limits, stopping, held)),
+                };
             }
         }
     }
@@ -186,11 +190,233 @@ pub async fn serve(listener: TcpListener, router: Router, limits: Limits, shutdo
     }
 }
 
-/// Answers a connection beyond the cap with a 503 if the socket takes it at
-/// once, and closes it: no task, no wait.
-fn refuse(stream: &TcpStream) {
-    tracing::debug!("connection refused: the connection cap is reached");
-    let _ = stream.try_write(REFUSAL);
+/// What an open connection holds: its place under the cap and its peer's.
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _slot: PeerSlot,
+}
+
+/// Open connections per peer address.
+#[derive(Debug, Default)]
+struct Peers {
+    open: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl Peers {
+    /// A place for one more connection of `peer`, if it holds fewer than
+    /// `most` (0: any number).
+    fn take(peers: &Arc<Peers>, peer: IpAddr, most: usize) -> Option<PeerSlot> {
+        let mut open = peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        let count = open.entry(peer).or_insert(0);
+        if most > 0 && *count >= most {
+            return None;
+        }
+        *count += 1;
+        Some(PeerSlot { peers: Arc::clone(peers), peer })
+    }
+}
+
+/// One connection's place in its peer's share; given back when dropped.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    peer: IpAddr,
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = open.get_mut(&self.peer) {
+            *count -= 1;
+            if *count == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Waits until `stopping` says so.
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+async fn serve_http(stream: TcpStream, router: Router, limits: Limits, stopping: watch::Receiver<bool>, held: Held) {
+    let body_read_timeout = limits.body_read_timeout;
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let request = request.map(|inner| {
+            Body::new(DeadlineBody { inner, deadline: Box::pin(sleep(body_read_timeout)), limit: body_read_timeout })
+        });
+        router.clone().oneshot(request)
+    });
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    let connection = http.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "connection ended");
+            }
+        }
+        () = stopped(stopping) => {
+            // Idle connections close now, busy ones after their response.
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+    drop(held);
+}
+
+async fn serve_grpc(stream: TcpStream, rls: RlsService, limits: Limits, stopping: watch::Receiver<bool>, held: Held) {
+    let activity = Arc::new(Activity::default());
+    let calls = Arc::clone(&activity);
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let call = calls.begin();
+        let rls = rls.clone();
+        let answer = tokio::time::timeout(limits.body_read_timeout, rls.clone().oneshot(request));
+        async move {
+            let response = match answer.await {
+                Ok(Ok(response)) => response,
+                Err(_) | Ok(Err(_)) => {
+                    rls.count(tonic::Code::DeadlineExceeded);
+                    tonic::Status::deadline_exceeded(format!(
+                        "the call was not complete within {:?} (--body-read-timeout)",
+                        limits.body_read_timeout
+                    ))
+                    .into_http()
+                }
+            };
+            drop(call);
+            Ok::<_, std::convert::Infallible>(response)
+        }
+    });
+    let io = TokioIo::new(Preface::new(stream, limits.header_read_timeout));
+    let mut http = http2::Builder::new(TokioExecutor::new());
+    http.timer(TokioTimer::new()).max_concurrent_streams(MAX_STREAMS);
+    let connection = http.serve_connection(io, service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "gRPC connection ended");
+            }
+        }
+        () = activity.idle_for(limits.header_read_timeout) => {
+            // A GOAWAY; a call that raced it still finishes.
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+        () = stopped(stopping) => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+    drop(held);
+}
+
+/// Calls one gRPC connection may have open at once.
+const MAX_STREAMS: u32 = 128;
+
+/// The calls in flight on one connection, and when the last one ended.
+#[derive(Debug)]
+struct Activity {
+    in_flight: AtomicUsize,
+    /// Milliseconds from `since` to the end of the last call.
+    last_ms: AtomicU64,
+    since: Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity { in_flight: AtomicUsize::new(0), last_ms: AtomicU64::new(0), since: Instant::now() }
+    }
+}
+
+impl Activity {
+    fn begin(self: &Arc<Self>) -> Call {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        Call(Arc::clone(self))
+    }
+
+    /// Completes once the connection has had no call in flight for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let last = self.since + Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
+            let until = last + idle;
+            if self.in_flight.load(Ordering::SeqCst) == 0 && Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep_until(until.max(Instant::now() + idle / 4)).await;
+        }
+    }
+}
+
+/// A call in flight; its end is the connection's latest activity.
+struct Call(Arc<Activity>);
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        let elapsed = u64::try_from(self.0.since.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.0.last_ms.store(elapsed, Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The HTTP/2 client connection preface (RFC 9113, section 3.4).
+const PREFACE_LEN: usize = 24;
+
+/// A connection whose first [`PREFACE_LEN`] bytes must arrive within a
+/// deadline: a client that connects and never speaks (or trickles) is cut
+/// off. Reads after the preface are not timed here.
+struct Preface<S> {
+    inner: S,
+    read: usize,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> Preface<S> {
+    fn new(inner: S, within: Duration) -> Self {
+        Preface { inner, read: 0, deadline: Some(Box::pin(sleep(within))) }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Preface<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let result = Pin::new(&mut self.inner).poll_read(cx, buf);
+        self.read += buf.filled().len() - before;
+        if self.read >= PREFACE_LEN {
+            self.deadline = None;
+        }
+        if let (Poll::Pending, Some(deadline)) = (&result, self.deadline.as_mut()) {
+            if deadline.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no HTTP/2 preface in time")));
+            }
+        }
+        result
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Preface<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Refuses a connection beyond a cap: over HTTP with a 503 if the socket
+/// takes it at once; over gRPC by closing it. No task, no wait.
+fn refuse(stream: &TcpStream, app: &App, why: &str) {
+    tracing::debug!(why, "connection refused");
+    if let App::Http(_) = app {
+        let _ = stream.try_write(REFUSAL);
+    }
 }
 
 #[cfg(test)]

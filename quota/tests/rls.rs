@@ -19,7 +19,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
-use floodgate_quota::rls::{serve, RlsOptions};
+use floodgate_quota::rls::{RlsOptions, RlsService};
+use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::Service;
 use tonic::transport::Channel;
 
@@ -44,7 +45,7 @@ descriptors:
 struct Rls {
     address: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    server: tokio::task::JoinHandle<Result<(), String>>,
+    server: tokio::task::JoinHandle<()>,
 }
 
 impl Rls {
@@ -52,7 +53,8 @@ impl Rls {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let address = listener.local_addr().expect("addr");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(serve(listener, service, options, async {
+        let app = App::Grpc(RlsService::new(service, options));
+        let server = tokio::spawn(serve(listener, app, Limits::default(), async {
             let _ = stopped.await;
         }));
         Rls { address, stop: Some(stop), server }
@@ -283,6 +285,54 @@ async fn stops_on_its_shutdown_signal() {
     let (_fixture, mut rls, _client) = setup(RlsOptions::default()).await;
     rls.stop.take().unwrap().send(()).unwrap();
     let result = tokio::time::timeout(Duration::from_secs(10), &mut rls.server).await;
-    assert!(matches!(result, Ok(Ok(Ok(())))), "{result:?}");
+    assert!(matches!(result, Ok(Ok(()))), "{result:?}");
     assert!(tokio::net::TcpStream::connect(rls.address).await.is_err(), "no longer listening");
+}
+
+/// Issue 16, finding 5: a message that does not decode is the caller's
+/// mistake, `INVALID_ARGUMENT` naming what is wrong (it was `INTERNAL`), and
+/// every call is counted in `requests_total{endpoint="rls"}`, those and
+/// `UNAUTHENTICATED` ones included.
+#[tokio::test]
+async fn malformed_messages_are_invalid_argument_and_every_call_is_counted() {
+    let (fixture, rls, _client) =
+        setup(RlsOptions { auth_token: Some(Arc::from("s3cret")), ..RlsOptions::default() }).await;
+    let channel = Channel::from_shared(format!("http://{}", rls.address)).unwrap().connect().await.unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let path = || {
+        tonic::codegen::http::uri::PathAndQuery::from_static(
+            "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        )
+    };
+    let call = |bytes: Vec<u8>, token: Option<&str>| {
+        let mut request = tonic::Request::new(bytes);
+        if let Some(token) = token {
+            request.metadata_mut().insert("authorization", token.parse().unwrap());
+        }
+        request
+    };
+    // Unknown field 15 as groups nested past the decoder's recursion limit.
+    let mut deep = vec![0x7b; 120];
+    deep.extend(vec![0x7c; 120]);
+    let cases = [
+        ("bad UTF-8 in the domain", vec![0x0a, 0x02, 0xff, 0xfe]),
+        ("a truncated varint", vec![0x18, 0xff]),
+        ("groups nested too deep", deep),
+    ];
+    for (what, bytes) in cases {
+        grpc.ready().await.unwrap();
+        let error = grpc.unary(call(bytes, Some("Bearer s3cret")), path(), common::RawCodec).await.expect_err(what);
+        assert_eq!(error.code(), tonic::Code::InvalidArgument, "{what}: {error:?}");
+        assert!(error.message().starts_with("malformed RateLimitRequest: "), "{what}: {}", error.message());
+    }
+    grpc.ready().await.unwrap();
+    let error = grpc.unary(call(vec![], None), path(), common::RawCodec).await.expect_err("no token");
+    assert_eq!(error.code(), tonic::Code::Unauthenticated);
+    let metrics = fixture.metrics().await;
+    for series in [
+        r#"floodgate_quota_requests_total{endpoint="rls",status="INVALID_ARGUMENT"} 3"#,
+        r#"floodgate_quota_requests_total{endpoint="rls",status="UNAUTHENTICATED"} 1"#,
+    ] {
+        assert!(metrics.contains(series), "no {series} in\n{metrics}");
+    }
 }

@@ -14,7 +14,7 @@ use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
-use floodgate_quota::server::{serve, Limits};
+use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::{Service, Settings};
 use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore};
 use serde_json::Value;
@@ -498,7 +498,7 @@ impl Fixture {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let app = router(state);
-        let server = tokio::spawn(serve(listener, app, options.limits, std::future::pending()));
+        let server = tokio::spawn(serve(listener, App::Http(app), options.limits, std::future::pending()));
         let client = reqwest::Client::builder()
             // A safety net against a hang, not a speed assertion.
             .timeout(Duration::from_secs(10))
@@ -538,5 +538,48 @@ impl Fixture {
 
     pub async fn metrics(&self) -> String {
         self.client.get(format!("{}/metrics", self.base)).send().await.expect("metrics").text().await.expect("text")
+    }
+}
+
+/// The bytes of a message, sent as they are: what a broken or hostile
+/// client sends.
+#[derive(Clone, Copy)]
+pub struct RawCodec;
+
+pub struct RawBytes;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = ();
+    type Encoder = RawBytes;
+    type Decoder = RawBytes;
+
+    fn encoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+
+    fn decoder(&mut self) -> RawBytes {
+        RawBytes
+    }
+}
+
+impl tonic::codec::Encoder for RawBytes {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        tonic_prost::prost::bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawBytes {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        let rest = tonic_prost::prost::bytes::Buf::remaining(src);
+        tonic_prost::prost::bytes::Buf::advance(src, rest);
+        Ok(Some(()))
     }
 }
