@@ -6,10 +6,10 @@
 #
 # Paths are relative to the repository root. Tunables (environment or make
 # variables): BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONNECTIONS,
-# BENCH_THREADS, BENCH_ACCURACY_SECS,
+# BENCH_THREADS, BENCH_LATENCY_REQUESTS, BENCH_ACCURACY_SECS,
 # BENCH_ACCURACY_CONNECTIONS, BENCH_MEMORY_KEYS, BENCH_MEMORY_CONNECTIONS,
 # BENCH_MEMORY_MAX_SECS, BENCH_QUOTA_UNIT,
-# BENCH_PARTS (throughput,accuracy,memory), BENCH_VARIANTS, BENCH_RESULTS_DIR;
+# BENCH_PARTS (throughput,latency,accuracy,memory), BENCH_VARIANTS, BENCH_RESULTS_DIR;
 # ENVOY_BIN (else `envoy` on the PATH), WRK_BIN, QUOTA_BIN. See bench/README.md.
 
 # The modules the harness loads are the ones built here: where cargo puts
@@ -43,5 +43,5 @@ filter-bench: filter-bench-build
 	$(BENCH_RUN)
 
 filter-bench-quick: filter-bench-build
-	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_ACCURACY_SECS=2 \
+	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_LATENCY_REQUESTS=500 BENCH_ACCURACY_SECS=2 \
 	  BENCH_MEMORY_KEYS=100000 $(BENCH_RUN)

@@ -1,6 +1,7 @@
 //! Floodgate's benchmark (issue 4): per-request cost against no filter,
-//! Envoy's own `local_ratelimit` and a no-op wasm filter; accuracy under load
-//! on both workers; memory with a million distinct clients. Prints markdown tables with the issues'
+//! Envoy's own `local_ratelimit` and a no-op wasm filter; latency of every
+//! path on one connection; accuracy under load on both workers; memory with
+//! a million distinct clients. Prints markdown tables with the issues'
 //! targets and writes the raw numbers as JSON. It measures and reports; it
 //! asserts nothing about time.
 //!
@@ -14,6 +15,7 @@
 mod accuracy;
 mod envoy;
 mod global_report;
+mod latency;
 mod load;
 mod memory;
 mod rig;
@@ -99,8 +101,12 @@ fn heading(s: &Settings, out: &mut String, date: &str, machine: &Value, envoy_ve
 type Part = fn(&Settings, &mut String, &mut BTreeMap<String, Value>);
 
 /// The parts, in the order they run (`BENCH_PARTS` picks them by name).
-const PARTS: [(&str, Part); 3] =
-    [("throughput", throughput::throughput), ("accuracy", accuracy::accuracy), ("memory", memory::memory)];
+const PARTS: [(&str, Part); 4] = [
+    ("throughput", throughput::throughput),
+    ("latency", latency::latency),
+    ("accuracy", accuracy::accuracy),
+    ("memory", memory::memory),
+];
 
 fn main() {
     envoy::stop_envoys_on_panic();

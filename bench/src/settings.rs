@@ -11,12 +11,14 @@ use crate::variants::{self, Variant, VARIANTS};
 pub struct Settings {
     pub paths: Paths,
     pub wrk: WrkSettings,
-    /// Throughput rounds (each runs every variant once).
+    /// Throughput and latency rounds (each runs every variant once).
     pub rounds: usize,
     /// Seconds of load per variant per round.
     pub duration: u64,
     /// Seconds of warm-up load per Envoy before the first round.
     pub warmup: u64,
+    /// Sequential requests per variant per latency round.
+    pub latency_requests: u64,
     /// Seconds of load per accuracy case.
     pub accuracy_secs: u64,
     /// Connections of the accuracy load.
@@ -68,7 +70,7 @@ impl Settings {
     /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `PROBE_WASM`,
     /// `QUOTA_BIN`, `WRK_BIN`, `BENCH_ROUNDS` (5), `BENCH_DURATION` (5 s),
     /// `BENCH_WARMUP` (2 s), `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2),
-    /// `BENCH_ACCURACY_SECS` (5),
+    /// `BENCH_LATENCY_REQUESTS` (3,000), `BENCH_ACCURACY_SECS` (5),
     /// `BENCH_ACCURACY_CONNECTIONS` (32), `BENCH_MEMORY_KEYS` (1,000,000),
     /// `BENCH_MEMORY_CONNECTIONS` (16), `BENCH_MEMORY_MAX_SECS` (300),
     /// `BENCH_QUOTA_UNIT` (`second`), `BENCH_PARTS` (all of `parts`),
@@ -105,6 +107,7 @@ impl Settings {
             rounds: env_or("BENCH_ROUNDS", 5),
             duration: env_or("BENCH_DURATION", 5),
             warmup: env_or("BENCH_WARMUP", 2),
+            latency_requests: env_or("BENCH_LATENCY_REQUESTS", 3000),
             accuracy_secs: env_or("BENCH_ACCURACY_SECS", 5),
             accuracy_connections: env_or("BENCH_ACCURACY_CONNECTIONS", 32),
             memory_keys: env_or("BENCH_MEMORY_KEYS", 1_000_000),
@@ -129,6 +132,7 @@ impl Settings {
             ("BENCH_WARMUP", self.warmup.to_string()),
             ("BENCH_CONNECTIONS", self.wrk.connections.to_string()),
             ("BENCH_THREADS", self.wrk.threads.to_string()),
+            ("BENCH_LATENCY_REQUESTS", self.latency_requests.to_string()),
             ("BENCH_ACCURACY_SECS", self.accuracy_secs.to_string()),
             ("BENCH_ACCURACY_CONNECTIONS", self.accuracy_connections.to_string()),
             ("BENCH_MEMORY_KEYS", self.memory_keys.to_string()),

@@ -1,4 +1,4 @@
-//! Medians, spreads, the number formats of the tables, and
+//! Medians, spreads, percentiles, the number formats of the tables, and
 //! the load average.
 
 /// The median; NaN for no values.
@@ -18,6 +18,15 @@ pub fn spread(values: &[f64]) -> (f64, f64) {
         return (f64::NAN, f64::NAN);
     }
     values.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+/// The nearest-rank `p`th percentile of `sorted` (ascending); 0 for none.
+pub fn percentile(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// `x / y` to three places, or a dash when a variant was not run.
@@ -51,6 +60,14 @@ pub fn load_average() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let v: Vec<u64> = (1..=100).collect();
+        assert_eq!((percentile(&v, 50.0), percentile(&v, 90.0), percentile(&v, 99.0)), (50, 90, 99));
+        assert_eq!(percentile(&[7], 99.0), 7);
+        assert_eq!(percentile(&[], 50.0), 0);
+    }
 
     #[test]
     fn median_and_spread() {

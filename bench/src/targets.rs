@@ -20,6 +20,8 @@ pub enum Metric {
     CalloutsSteady,
     /// The share of the round's requests that waited for a pool's refresh.
     Waited,
+    /// The median latency of sequential requests on one connection.
+    LatencyP50,
 }
 
 impl Metric {
@@ -29,6 +31,7 @@ impl Metric {
             Metric::P99 => "p99 under load",
             Metric::CalloutsSteady => "callouts per request at steady load (second halves)",
             Metric::Waited => "requests that waited for a refresh",
+            Metric::LatencyP50 => "p50 on one connection",
         }
     }
 
@@ -37,6 +40,7 @@ impl Metric {
         match self {
             Metric::Rps | Metric::P99 => Table::Throughput,
             Metric::CalloutsSteady | Metric::Waited => Table::Global,
+            Metric::LatencyP50 => Table::Latency,
         }
     }
 }

@@ -5,7 +5,8 @@
 use crate::envoy::{EnvoyBucket, Filters, HOT_KEY};
 use crate::targets::{Bound, Measure, Metric, Target};
 
-/// The API keys wrk cycles through, and how many the many-keys variants use.
+/// The API keys wrk and the latency client cycle through, and how many the
+/// many-keys variants use.
 pub const KEYS: u32 = 16;
 pub const MANY_KEYS: u32 = 1000;
 
@@ -57,6 +58,8 @@ pub enum Table {
     Throughput,
     /// Floodgate's global-mode variants beside their local references.
     Global,
+    /// Sequential requests on one connection.
+    Latency,
 }
 
 /// One variant of the bench.
@@ -84,6 +87,8 @@ pub struct Variant {
     pub column_of: &'static [Table],
     /// Whether it is a host-call probe (the probe module; cost per call reported).
     pub probe: bool,
+    /// Whether it is in the latency part.
+    pub latency: bool,
     /// Whether it runs when `BENCH_VARIANTS` is not set.
     pub default: bool,
     /// The issues' targets on it.
@@ -103,6 +108,7 @@ const ROW: Variant = Variant {
     reference: None,
     column_of: &[],
     probe: false,
+    latency: false,
     default: false,
     targets: &[],
 };
@@ -232,6 +238,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "no filter, proxied to an upstream Envoy",
         filters: |p| Filters::Routed { upstream: p.upstream },
         proxied: true,
+        latency: true,
         default: true,
         ..ROW
     },
@@ -242,6 +249,7 @@ pub static VARIANTS: &[Variant] = &[
         proxied: true,
         service: Service::Rls,
         reference: Some("u"),
+        latency: true,
         default: true,
         ..ROW
     },
@@ -279,6 +287,7 @@ pub static VARIANTS: &[Variant] = &[
         id: "i",
         label: "Floodgate, one global bucket (hot key)",
         filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, never_limiting_rule("whole-site", WHOLE_SITE))),
+        latency: true,
         default: true,
         ..ROW
     },
@@ -288,6 +297,7 @@ pub static VARIANTS: &[Variant] = &[
         filters: |p| global_rule(p.quota_http, "whole-site", "lease", &hot_key(), ""),
         service: Service::Leases,
         reference: Some("i"),
+        latency: true,
         default: true,
         targets: &[throughput_ratio(15, "i", Bound::AtLeast(0.95)), LEASE_CALLOUTS],
         ..ROW
@@ -298,6 +308,7 @@ pub static VARIANTS: &[Variant] = &[
         filters: |p| global_rule(p.quota_http, "whole-site", "check", &hot_key(), ""),
         service: Service::Leases,
         reference: Some("i"),
+        latency: true,
         default: true,
         targets: &[
             // (gc) answers directly, (r) proxies: each against its own ceiling.
@@ -306,6 +317,7 @@ pub static VARIANTS: &[Variant] = &[
                 Measure::OverCeilings { ceiling: "a", other: "r", other_ceiling: "u" },
                 Bound::AtLeast(1.0),
             ),
+            Target::new(15, Measure::Ratio { metric: Metric::LatencyP50, against: "r" }, Bound::AtMost(1.2)),
         ],
         ..ROW
     },
