@@ -210,7 +210,11 @@ pub fn report(
             }
             if let Some(unit) = target.quota_unit {
                 let _ = write!(line, " (stated for `BENCH_QUOTA_UNIT={unit}`");
-                line.push_str(if unit == quota_unit { ")" } else { "; this run used another unit)" });
+                let _ = write!(
+                    line,
+                    "{})",
+                    if unit == quota_unit { String::new() } else { format!("; this run: {quota_unit}") }
+                );
             }
             lines.push(line);
             summary.push(json!({
@@ -222,7 +226,10 @@ pub fn report(
         }
     }
     if !lines.is_empty() {
-        let _ = writeln!(out, "\nTargets (medians of per-round ratios in this run, spread over rounds):\n");
+        let _ = writeln!(
+            out,
+            "\nTargets (the median over rounds of each round's figure, smallest–largest round in brackets):\n"
+        );
         for line in lines {
             let _ = writeln!(out, "{line}");
         }

@@ -79,9 +79,10 @@ pub struct Variant {
     pub service: Service,
     /// Whether it is meant to answer most requests with a 429.
     pub limits: bool,
-    /// The variant it is measured against (same keys and rule shape; the
-    /// `÷ reference` figures): a global rule's local counterpart, a probe's
-    /// no-op filter, a proxied path's ceiling.
+    /// The variant it is measured against (the `÷ reference` figures): a
+    /// global rule's local counterpart (same keys and rule shape), the no-op
+    /// filter for Floodgate's local variants and the probes, Envoy without a
+    /// filter for the no-op filter, a proxied path's ceiling.
     pub reference: Option<&'static str>,
     /// The tables that show every variant's req/s as a ratio to this one.
     pub column_of: &'static [Table],
