@@ -1,7 +1,8 @@
 //! Descriptors: what identifies a bucket, taken from the request the way
 //! Envoy's rate-limit actions take it (`request_headers`, `remote_address`,
 //! `masked_remote_address`, `generic_key`, `header_value_match`), and the
-//! request matching that decides whether a rule applies at all.
+//! request matching that decides whether a rule applies at all, and what a
+//! request costs.
 
 use std::net::IpAddr;
 
@@ -22,6 +23,44 @@ pub trait Request {
     /// The downstream remote address as Envoy determined it (`ip:port`,
     /// `[v6]:port`, or a bare ip), or `None` when it is not an IP address.
     fn remote_address(&mut self) -> Option<&[u8]>;
+}
+
+/// How much a request takes from a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// Every request costs this.
+    Fixed(u64),
+    /// The request header's decimal value, clamped to `1..=max`; `default`
+    /// when the header is absent or not a number.
+    FromHeader {
+        /// The header read.
+        header: HeaderId,
+        /// Cost when the header is absent or unreadable.
+        default: u64,
+        /// The most one request can cost.
+        max: u64,
+    },
+}
+
+impl Cost {
+    /// What `request` costs.
+    pub fn of(&self, request: &mut dyn Request) -> u64 {
+        match self {
+            Cost::Fixed(cost) => *cost,
+            Cost::FromHeader { header, default, max } => {
+                request.header(*header).and_then(parse_decimal).map_or(*default, |cost| cost.clamp(1, *max))
+            }
+        }
+    }
+}
+
+/// A plain decimal number; one too large for a u64 reads as `u64::MAX`, so
+/// a huge cost header costs the configured maximum, not the default.
+fn parse_decimal(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(bytes.iter().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
 }
 
 /// How a header value is compared in `header_value_match`.

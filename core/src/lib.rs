@@ -6,8 +6,10 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
+pub mod bounds;
 pub mod config;
 pub mod descriptor;
+pub mod error;
 pub mod global;
 pub mod hash;
 pub mod headers;
