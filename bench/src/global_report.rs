@@ -6,105 +6,13 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::envoy::{Envoy, QuotaService};
+use crate::callouts::Callouts;
 use crate::load::WrkResult;
+use crate::results::{against_reference, columns, Results, VariantResult};
 use crate::settings::Settings;
 use crate::stats::ms;
-use crate::targets;
-use crate::throughput::{against_reference, columns, Results, VariantResult};
-use crate::variants::Table;
-
-/// What a global-mode variant asked the quota service for: the filter's own
-/// counters (`wasmcustom.floodgate.global.*`, and the rules' `fallback`
-/// decisions), the service's `floodgate_quota_requests_total`, and the
-/// requests Envoy received. Read before, in the middle of and after each
-/// round; the service's counts include anything idle Envoys of other
-/// variants on the same instance sent meanwhile.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Callouts {
-    requests: u64,
-    sent: u64,
-    ok: u64,
-    /// Requests that found their pool empty and waited for a refresh, and
-    /// how long they waited in all.
-    waits: u64,
-    wait_ms: u64,
-    fallback: u64,
-    service_lease: u64,
-    service_check: u64,
-    service_return: u64,
-}
-
-impl Callouts {
-    /// The counters now.
-    pub fn read(envoy: &Envoy, quota: &QuotaService) -> Callouts {
-        let stats = envoy.stats();
-        let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.global.{name}")).copied().unwrap_or(0);
-        let fallback = stats
-            .iter()
-            .filter(|(name, _)| name.starts_with("wasmcustom.floodgate.rule.") && name.ends_with(".fallback"))
-            .map(|(_, v)| v)
-            .sum();
-        Callouts {
-            requests: stats.get("http.bench.downstream_rq_total").copied().unwrap_or(0),
-            sent: stat("callouts_sent"),
-            ok: stat("callouts_ok"),
-            waits: stat("refill_waits"),
-            wait_ms: stat("refill_wait_ms"),
-            fallback,
-            service_lease: quota.requests("lease"),
-            service_check: quota.requests("check"),
-            service_return: quota.requests("return"),
-        }
-    }
-
-    /// Applies `f` to each pair of counters.
-    fn zip(self, other: Callouts, f: impl Fn(u64, u64) -> u64) -> Callouts {
-        Callouts {
-            requests: f(self.requests, other.requests),
-            sent: f(self.sent, other.sent),
-            ok: f(self.ok, other.ok),
-            waits: f(self.waits, other.waits),
-            wait_ms: f(self.wait_ms, other.wait_ms),
-            fallback: f(self.fallback, other.fallback),
-            service_lease: f(self.service_lease, other.service_lease),
-            service_check: f(self.service_check, other.service_check),
-            service_return: f(self.service_return, other.service_return),
-        }
-    }
-
-    /// The counts from `before` to `self`.
-    pub fn since(self, before: Callouts) -> Callouts {
-        self.zip(before, u64::saturating_sub)
-    }
-
-    fn add(self, other: Callouts) -> Callouts {
-        self.zip(other, |a, b| a + b)
-    }
-
-    fn service(&self) -> u64 {
-        self.service_lease + self.service_check + self.service_return
-    }
-
-    /// Callouts the filter sent per request Envoy received.
-    pub fn per_request(&self) -> f64 {
-        self.sent as f64 / self.requests.max(1) as f64
-    }
-
-    /// The share of requests that waited for a refresh.
-    pub fn waited_share(&self) -> f64 {
-        self.waits as f64 / self.requests.max(1) as f64
-    }
-
-    pub fn to_json(self) -> Value {
-        json!({
-            "requests": self.requests, "callouts_sent": self.sent, "callouts_ok": self.ok,
-            "refill_waits": self.waits, "refill_wait_ms": self.wait_ms, "fallback_decisions": self.fallback,
-            "service_lease_calls": self.service_lease, "service_check_calls": self.service_check,
-            "service_return_calls": self.service_return,
-        })
-    }
-}
+use crate::targets::Table;
+use crate::verdicts;
 
 /// The table, its targets and its warnings. Returns the rows' summary for
 /// the JSON file (null when no global-mode variant ran) and the targets'.
@@ -133,7 +41,7 @@ pub fn report(out: &mut String, s: &Settings, results: &Results) -> (Value, Vec<
     let _ = writeln!(out, "|---|---:|---:|---:|{}---:|---:|---:|---:|---:|---:|---:|", "---:|".repeat(columns.len()));
     let summary: Vec<Value> = global.iter().map(|r| row(out, results, r, &columns)).collect();
     let variants: Vec<_> = global.iter().map(|r| r.variant).collect();
-    let targets = targets::report(out, Table::Global, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
+    let targets = verdicts::report(out, Table::Global, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
     for r in &global {
         if r.callouts.iter().any(|c| c.fallback > 0) {
             let _ = writeln!(

@@ -13,8 +13,9 @@ use serde_json::{json, Value};
 use crate::rig::Rig;
 use crate::settings::Settings;
 use crate::stats::{load_average, median, ms, per_round, percentile, ratio};
-use crate::targets::{self, Metric};
-use crate::variants::{Table, Variant};
+use crate::targets::{Metric, Table};
+use crate::variants::Variant;
+use crate::verdicts;
 
 /// The longest one run of sequential requests may take, whatever its count.
 const MAX_RUN: Duration = Duration::from_secs(60);
@@ -124,7 +125,7 @@ pub fn latency(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>
         let one = series.iter().find(|one| one.variant.id == id)?;
         (metric == Metric::LatencyP50).then(|| one.per_round(|r| r.p50_us))
     };
-    let targets = targets::report(out, Table::Latency, &variants, &s.paths.quota_unit, &figures);
+    let targets = verdicts::report(out, Table::Latency, &variants, &s.paths.quota_unit, &figures);
     raw.insert(
         "latency".into(),
         json!({

@@ -13,11 +13,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod accuracy;
+mod callouts;
 mod envoy;
 mod global_report;
 mod latency;
 mod load;
 mod memory;
+mod results;
 mod rig;
 mod settings;
 mod setup_check;
@@ -25,6 +27,7 @@ mod stats;
 mod targets;
 mod throughput;
 mod variants;
+mod verdicts;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

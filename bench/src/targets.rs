@@ -2,12 +2,18 @@
 //! judged on ratios within one run: each round's ratio of the two variants
 //! measured in it, then the median over rounds with its spread.
 
-use std::fmt::Write as _;
+use crate::stats::{median, per_round};
 
-use serde_json::{json, Value};
-
-use crate::stats::{median, per_round, spread};
-use crate::variants::{Table, Variant};
+/// The tables of the report: each prints the targets that belong to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    /// Every throughput variant.
+    Throughput,
+    /// Floodgate's global-mode variants beside their local references.
+    Global,
+    /// Sequential requests on one connection.
+    Latency,
+}
 
 /// A per-round figure of one variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -113,14 +119,15 @@ impl Target {
         Target { issue, measure, bound, quota_unit: None }
     }
 
-    /// The table it is printed under, for a target on `variant`.
-    pub fn table(&self, variant: &Variant) -> Table {
+    /// The table it is printed under, for a target on a variant that is
+    /// (`global_mode`) or is not one of Floodgate's global-mode variants.
+    pub fn table(&self, global_mode: bool) -> Table {
         let metric = match self.measure {
             Measure::Value(metric) | Measure::Ratio { metric, .. } => metric,
             Measure::OverCeilings { .. } => Metric::Rps,
         };
         match metric.table() {
-            Table::Throughput if variant.service.counts_callouts() => Table::Global,
+            Table::Throughput if global_mode => Table::Global,
             table => table,
         }
     }
@@ -146,7 +153,7 @@ impl Target {
     }
 
     /// What it says, e.g. "(d) ÷ (c), req/s ≥ 0.90".
-    fn describe(&self, id: &str) -> String {
+    pub fn describe(&self, id: &str) -> String {
         let what = match self.measure {
             Measure::Value(metric) => format!("({id}) {}", metric.name()),
             Measure::Ratio { metric, against } => format!("({id}) ÷ ({against}), {}", metric.name()),
@@ -166,75 +173,13 @@ impl Target {
     }
 
     /// A measured figure: a share in percent, callouts to five places, ratios to three.
-    fn format(&self, value: f64) -> String {
+    pub fn format(&self, value: f64) -> String {
         match self.measure {
             Measure::Value(Metric::Waited) => format!("{:.2}%", 100.0 * value),
             Measure::Value(_) => format!("{value:.5}"),
             _ => format!("{value:.3}"),
         }
     }
-}
-
-/// Prints one line per target of `variants` that belongs to `table`, with
-/// the median over rounds, its spread and met or missed; returns them for
-/// the JSON file. `quota_unit` is this run's `BENCH_QUOTA_UNIT`.
-pub fn report(
-    out: &mut String,
-    table: Table,
-    variants: &[&Variant],
-    quota_unit: &str,
-    figures: &Figures,
-) -> Vec<Value> {
-    let mut lines = Vec::new();
-    let mut summary = Vec::new();
-    for variant in variants {
-        for target in variant.targets.iter().filter(|t| t.table(variant) == table) {
-            let mut line = format!("- Issue {}: {}: ", target.issue, target.describe(variant.id));
-            let outcome = target.evaluate(variant.id, figures);
-            match &outcome {
-                Ok(o) => {
-                    let (lo, hi) = spread(&o.rounds);
-                    let _ = write!(
-                        line,
-                        "**{}** ({}–{} over {} round(s)) — {}",
-                        target.format(o.median),
-                        target.format(lo),
-                        target.format(hi),
-                        o.rounds.len(),
-                        if o.met { "met" } else { "**missed**" }
-                    );
-                }
-                Err(missing) => {
-                    let _ = write!(line, "not measured: ({missing}) did not run");
-                }
-            }
-            if let Some(unit) = target.quota_unit {
-                let _ = write!(line, " (stated for `BENCH_QUOTA_UNIT={unit}`");
-                let _ = write!(
-                    line,
-                    "{})",
-                    if unit == quota_unit { String::new() } else { format!("; this run: {quota_unit}") }
-                );
-            }
-            lines.push(line);
-            summary.push(json!({
-                "issue": target.issue, "variant": variant.id, "target": target.describe(variant.id),
-                "rounds": outcome.as_ref().map(|o| o.rounds.clone()).unwrap_or_default(),
-                "median": outcome.as_ref().map_or(f64::NAN, |o| o.median),
-                "met": outcome.as_ref().ok().map(|o| o.met),
-            }));
-        }
-    }
-    if !lines.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nTargets (the median over rounds of each round's figure, smallest–largest round in brackets):\n"
-        );
-        for line in lines {
-            let _ = writeln!(out, "{line}");
-        }
-    }
-    summary
 }
 
 #[cfg(test)]

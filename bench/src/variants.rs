@@ -3,7 +3,7 @@
 //! reads these fields and never tests a variant's id.
 
 use crate::envoy::{EnvoyBucket, Filters, HOT_KEY};
-use crate::targets::{Bound, Measure, Metric, Target};
+use crate::targets::{Bound, Measure, Metric, Table, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
 /// many-keys variants use.
@@ -49,17 +49,6 @@ impl Service {
     pub fn counts_callouts(self) -> bool {
         matches!(self, Service::Leases | Service::LongLeases)
     }
-}
-
-/// The tables of the report.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Table {
-    /// Every throughput variant.
-    Throughput,
-    /// Floodgate's global-mode variants beside their local references.
-    Global,
-    /// Sequential requests on one connection.
-    Latency,
 }
 
 /// One variant of the bench.
