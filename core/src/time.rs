@@ -170,6 +170,8 @@ pub fn parse_duration(text: &str) -> Result<Nanos, DurationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn parses_every_documented_unit() {

@@ -257,6 +257,8 @@ impl FromParams for Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A multiple of every epoch used below, so epochs start at T0.
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0 - 1_700_000_000 * SECOND.0 % (30 * SECOND.0));

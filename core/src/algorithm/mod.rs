@@ -404,6 +404,8 @@ pub(crate) fn get_u64(bytes: &[u8], at: usize) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     pub(crate) fn policy(json: &str) -> Arc<dyn Policy> {
         let fields: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).unwrap();
