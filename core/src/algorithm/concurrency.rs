@@ -247,6 +247,11 @@ impl Algorithm for Concurrency {
 impl FromParams for Concurrency {
     const FIELDS: &'static [&'static str] = &["slot_ttl"];
 
+    const LOCAL_ONLY: Option<&'static str> = Some(
+        "it counts requests in flight and needs each request's end, which a check or lease cannot report; keep \
+         concurrency limits in the filter",
+    );
+
     /// `slot_ttl` (default 5 minutes).
     fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
         let slot_ttl = params.duration("slot_ttl")?.unwrap_or(DEFAULT_SLOT_TTL);

@@ -77,6 +77,11 @@ impl Algorithm for Shaper {
 impl FromParams for Shaper {
     const FIELDS: &'static [&'static str] = &["period", "burst", "max_delay"];
 
+    const LOCAL_ONLY: Option<&'static str> = Some(
+        "a shaper delays requests in the proxy, and a check or lease can only admit or deny; use leaky_bucket \
+         (the same schedule, denying instead of delaying)",
+    );
+
     /// `period` and `max_delay` (required), `burst` (default 1: every
     /// request after the first is paced).
     fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
