@@ -55,18 +55,31 @@ pub fn entropy() -> [u8; 16] {
     out
 }
 
+/// What a request read of its headers, by [`HeaderId`]: not yet asked
+/// (`None`), absent, or the value. Kept by the worker between requests, so
+/// a request allocates no room for it.
+pub type HeaderReads = Vec<Option<Option<Vec<u8>>>>;
+
 /// The request as Envoy holds it. Each header the configuration needs is
 /// fetched at most once, when a rule first asks for it.
 pub struct HostRequest<'a> {
     names: &'a [String],
-    headers: Vec<Option<Option<Vec<u8>>>>,
+    headers: HeaderReads,
     remote_address: Option<Option<Vec<u8>>>,
 }
 
 impl<'a> HostRequest<'a> {
-    /// A request whose headers will be looked up by the names in `names`.
-    pub fn new(names: &'a [String]) -> Self {
-        Self { names, headers: vec![None; names.len()], remote_address: None }
+    /// A request whose headers will be looked up by the names in `names`,
+    /// kept in `reads` (emptied first).
+    pub fn new(names: &'a [String], mut reads: HeaderReads) -> Self {
+        reads.clear();
+        reads.resize(names.len(), None);
+        Self { names, headers: reads, remote_address: None }
+    }
+
+    /// Gives the room for header values back, for the next request.
+    pub fn into_reads(self) -> HeaderReads {
+        self.headers
     }
 }
 
@@ -85,5 +98,88 @@ impl Request for HostRequest<'_> {
         self.remote_address
             .get_or_insert_with(|| hostcalls::get_property(vec!["source", "address"]).ok().flatten())
             .as_deref()
+    }
+}
+
+extern "C" {
+    /// The host ABI's local reply (Envoy's `sendLocalResponse`).
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> Status;
+}
+
+/// Answers the current request with `status`, `headers` and `body`, through
+/// the host ABI itself: the headers are serialized into `buffer`, which the
+/// worker keeps between replies. (The SDK's `send_http_response` allocates
+/// a buffer per call, and panics on any status but `Ok`.)
+pub fn send_local_reply<'n, 'v>(
+    status: u32,
+    headers: impl Iterator<Item = (&'n str, &'v str)> + Clone,
+    body: &[u8],
+    buffer: &mut Vec<u8>,
+) -> Result<(), Status> {
+    serialize_map(headers, buffer);
+    // SAFETY: every pointer is valid for its length for the whole call, and
+    // the host only reads them.
+    let status = unsafe {
+        proxy_send_local_response(
+            status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            buffer.as_ptr(),
+            buffer.len(),
+            -1,
+        )
+    };
+    match status {
+        Status::Ok => Ok(()),
+        other => Err(other),
+    }
+}
+
+/// A header map in the host ABI's layout: the number of pairs, each pair's
+/// name and value lengths (u32, little-endian), then each name and value
+/// followed by a NUL.
+fn serialize_map<'n, 'v>(pairs: impl Iterator<Item = (&'n str, &'v str)> + Clone, out: &mut Vec<u8>) {
+    out.clear();
+    let count = pairs.clone().count();
+    out.extend_from_slice(&u32::try_from(count).unwrap_or(u32::MAX).to_le_bytes());
+    for (name, value) in pairs.clone() {
+        for len in [name.len(), value.len()] {
+            out.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_le_bytes());
+        }
+    }
+    for (name, value) in pairs {
+        for text in [name, value] {
+            out.extend_from_slice(text.as_bytes());
+            out.push(0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The layout the SDK's own serializer writes, and Envoy reads.
+    #[test]
+    fn a_header_map_is_laid_out_as_the_abi_wants() {
+        let mut out = vec![9; 3];
+        serialize_map([("retry-after", "5"), ("a", "")].into_iter(), &mut out);
+        let mut want = Vec::new();
+        for n in [2u32, 11, 1, 1, 0] {
+            want.extend_from_slice(&n.to_le_bytes());
+        }
+        want.extend_from_slice(b"retry-after\x005\x00a\x00\x00");
+        assert_eq!(out, want);
     }
 }

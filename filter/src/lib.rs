@@ -9,9 +9,18 @@
 //! is given back when its stream ends.
 //!
 //! Each worker's root context finishes the requests it paused (Envoy lets
-//! only that worker resume them) and makes every call to the quota service,
-//! batched on its tick, so answers arrive at the root whatever becomes of
-//! the request that caused them.
+//! only that worker resume them) and owns every call to the quota service,
+//! so answers arrive at the root whatever becomes of the request that caused
+//! them. The SDK delivers an answer to the context that was *active* when
+//! the call was made (switching the effective context does not change
+//! that), so a request's handler does not dispatch itself: it posts to its
+//! worker's own shared queue, which Envoy runs on the same worker at the
+//! event loop's next turn, in the root context, and the root dispatches at
+//! once. A paused request is finished from the handler of the answer that
+//! frees it. So no tick lies between a request and the network, nor between
+//! an answer and the request; ticks are for timers: a shaper's delays, the
+//! end of a request's wait, probes of a failing service, and refills another
+//! worker asked for.
 //!
 //! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
 //! rather than the SDK's trait helpers, several of which unwrap; header values
@@ -42,14 +51,14 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 
 use global::{Callout, Callouts, Outgoing, StatusCall};
-use host::{HostRequest, SharedData};
+use host::{HeaderReads, HostRequest, SharedData};
 use metrics::{increment, Metrics, RuleMetrics};
 use waiting::{Shared, Stage, Wait, Waiter, Waiting};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false })
+        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false, queue: None })
     });
 }}
 
@@ -65,12 +74,27 @@ struct FloodgateRoot {
     plugin: Option<Rc<Plugin>>,
     /// Whether this VM has checked that Envoy has the quota service's cluster.
     cluster_checked: bool,
+    /// This root's shared queue, through which its requests post calls to it
+    /// (see the module docs); `None` until configured, or if Envoy refused it.
+    queue: Option<u32>,
 }
 
 /// What every request of a plugin on one worker shares: built once per
 /// configuration.
 struct Plugin {
     limiter: Limiter<RuleMetrics>,
+    /// The root's shared queue (see [`Plugin::post`]).
+    queue: Option<u32>,
+    /// A post to the root is on its way: later requests need not post again.
+    posted: Cell<bool>,
+    /// Counts were added since the metrics were last flushed (a flush tick
+    /// is scheduled).
+    unflushed: Cell<bool>,
+    /// The header values a request read, kept between requests so that
+    /// reading them allocates nothing.
+    header_reads: RefCell<HeaderReads>,
+    /// A limited reply's serialized headers, kept between replies.
+    reply_buffer: RefCell<Vec<u8>>,
     metrics: Metrics,
     shadow_log: RateLimitedLog,
     callout_log: RateLimitedLog,
@@ -83,25 +107,29 @@ struct Plugin {
 }
 
 impl Plugin {
-    /// Gives back a permit's units for `why`.
-    fn release(&self, permit: Permit, why: Release) {
-        if !permit.is_empty() {
-            self.limiter.release(&SharedData, host::now(), permit, why, &mut self.metrics.counters());
+    /// Gives back a permit's units for `why`; true when it had any to give
+    /// back (the clock is read only then).
+    fn release(&self, permit: Permit, why: Release) -> bool {
+        if !self.limiter.needs_release(&permit, why) {
+            return false;
         }
+        self.limiter.release(&SharedData, host::now(), permit, why, &mut self.metrics.counters());
+        true
     }
 
     /// Decides the request of context `context_id` and acts on the verdict.
     /// Called by the request's own handler, and by the worker's tick for a
     /// request that waits for a refill (with the effective context set to
     /// it; `waited_out` once its wait is over).
-    fn decide(&self, context_id: u32, state: &Shared, since: Nanos, waited_out: bool) -> Action {
+    fn decide(&self, context_id: u32, state: &Shared, since: Nanos, now: Nanos, waited_out: bool) -> Action {
         let limiter = &self.limiter;
-        let now = host::now();
-        let mut request = HostRequest::new(limiter.header_names());
+        let reads = std::mem::take(&mut *self.header_reads.borrow_mut());
+        let mut request = HostRequest::new(limiter.header_names(), reads);
         let (mut verdict, permit) =
             limiter.check_waited(&SharedData, now, &mut request, waited_out, &mut self.metrics.counters());
+        *self.header_reads.borrow_mut() = request.into_reads();
         if !verdict.refreshes.is_empty() {
-            increment(self.metrics.refreshes, verdict.refreshes.len() as u64);
+            increment(&self.metrics.refreshes, verdict.refreshes.len() as u64);
             self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes));
         }
         let wait = match verdict.admission {
@@ -117,7 +145,7 @@ impl Plugin {
             if self.waiting.borrow_mut().add(waiter).is_err() {
                 // This worker has as many waiting as allowed: the request
                 // cannot wait here, so it is not served and takes nothing.
-                increment(self.metrics.delay_queue_full, 1);
+                increment(&self.metrics.delay_queue_full, 1);
                 self.release(permit, Release::Undo);
                 let retry_after = match wait {
                     Wait::Delay { resume_at } => resume_at - now,
@@ -162,8 +190,10 @@ impl Plugin {
         }
         state.stage = Stage::Limited;
         let response = limiter.response();
-        let pairs: Vec<(&str, &str)> = state.headers.iter().collect();
-        if let Err(status) = hostcalls::send_http_response(response.status, pairs, Some(response.body.as_bytes())) {
+        let buffer = &mut self.reply_buffer.borrow_mut();
+        if let Err(status) =
+            host::send_local_reply(response.status, state.headers.iter(), response.body.as_bytes(), buffer)
+        {
             log::warn!("floodgate: could not send the limited response: {status:?}");
         }
         Action::Pause
@@ -191,7 +221,7 @@ impl Plugin {
     fn check_cluster(&self, service: &floodgate_core::global::settings::QuotaService) {
         match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
             Ok(token) => {
-                increment(self.metrics.callouts_sent, 1);
+                increment(&self.metrics.callouts_sent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Hello));
             }
             Err(why) => {
@@ -217,7 +247,7 @@ impl Plugin {
         for chunk in unspent.chunks(calls::MAX_ITEMS) {
             let tokens = chunk.iter().map(|(_, t)| t).sum();
             if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
-                increment(self.metrics.callouts_sent, 1);
+                increment(&self.metrics.callouts_sent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Returns(tokens)));
                 sent += 1;
             }
@@ -237,8 +267,86 @@ impl Plugin {
         }
     }
 
+    /// Counts were added on a request's path: the first since the last flush
+    /// schedules the tick that flushes them.
+    fn counted(&self, now: Nanos) {
+        if !self.unflushed.replace(true) {
+            schedule_ticks(self, now);
+        }
+    }
+
+    /// The end of a root-context callback: counts reach Envoy, and the tick
+    /// is set for what remains to do.
+    fn settle_root(&self, now: Nanos) {
+        self.metrics.flush(&self.limiter);
+        self.unflushed.set(false);
+        schedule_ticks(self, now);
+    }
+
+    /// Has the root send what is queued for the quota service at once: a
+    /// request's handler posts to the root's shared queue (once, until the
+    /// root has run), and the root dispatches in `on_queue_ready`. Without a
+    /// queue, the root's next tick (1 ms) sends them.
+    fn post(&self) {
+        if self.posted.get() || !self.callouts.borrow().has_outgoing() {
+            return;
+        }
+        let Some(queue) = self.queue else { return };
+        match hostcalls::enqueue_shared_queue(queue, None) {
+            Ok(()) => self.posted.set(true),
+            Err(status) => log::warn!("floodgate: cannot post calls to the root context: {status:?}"),
+        }
+    }
+
+    /// Finishes the paused requests that are due at `now`: a shaper's delay
+    /// that is over, and every request waiting for a refill (decided again
+    /// on its pool; `waited_out` once its wait is over). Called from the
+    /// tick, and from the answer to a lease call, which may have refilled
+    /// their pools. Leaves the effective context on the last request
+    /// looked at: the caller switches back to its own.
+    fn finish_due(&self, now: Nanos, refills_only: bool) {
+        let due = self.waiting.borrow_mut().take_due(now, refills_only);
+        for waiter in due {
+            match waiter.wait {
+                Wait::Delay { resume_at } => {
+                    // Only this worker can resume its own requests; a client
+                    // that has gone makes this fail, and its units were given
+                    // back in on_done.
+                    let resumed = hostcalls::set_effective_context(waiter.context_id)
+                        .and_then(|()| hostcalls::resume_http_request())
+                        .is_ok();
+                    if resumed {
+                        waiter.request.borrow_mut().stage = Stage::Passed;
+                        increment(&self.metrics.delayed, 1);
+                        increment(&self.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
+                        increment(&self.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
+                    } else {
+                        increment(&self.metrics.delay_abandoned, 1);
+                    }
+                }
+                Wait::Refill { deadline } => {
+                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
+                        continue;
+                    }
+                    let waited_out = now >= deadline;
+                    let action = self.decide(waiter.context_id, &waiter.request, waiter.since, now, waited_out);
+                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
+                        increment(&self.metrics.refill_waits, 1);
+                        increment(&self.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
+                        if let Action::Continue = action {
+                            if let Err(status) = hostcalls::resume_http_request() {
+                                log::warn!("floodgate: could not resume a request: {status:?}");
+                            }
+                        }
+                    }
+                }
+                Wait::Answer => {}
+            }
+        }
+    }
+
     /// Sends everything queued for the quota service.
-    fn flush(&self) {
+    fn send_queued(&self) {
         let Some(service) = self.limiter.quota_service() else { return };
         let outgoing = self.callouts.borrow_mut().take_outgoing();
         for call in outgoing {
@@ -257,7 +365,7 @@ impl Plugin {
             };
             match dispatch(&service.cluster, &request, service.timeout) {
                 Ok(token) => {
-                    increment(self.metrics.callouts_sent, 1);
+                    increment(&self.metrics.callouts_sent, 1);
                     self.callouts.borrow_mut().sent(token, callout);
                 }
                 Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
@@ -295,7 +403,7 @@ impl Plugin {
             },
         };
         match failed {
-            None => increment(self.metrics.callouts_ok, 1),
+            None => increment(&self.metrics.callouts_ok, 1),
             Some((callout, why)) => self.callout_failed(callout, &why),
         }
     }
@@ -305,13 +413,13 @@ impl Plugin {
         let counters = &mut self.metrics.counters();
         for (refresh, grant) in refreshes.iter().zip(grants) {
             self.limiter.record_callout(&SharedData, now, refresh.rule, true);
-            increment(self.metrics.tokens_leased, grant.granted);
+            increment(&self.metrics.tokens_leased, grant.granted);
             let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
             let mut callouts = self.callouts.borrow_mut();
             match applied {
                 // What the pool does not keep of the replaced leases.
                 Some(Applied::Replaced(left)) => {
-                    increment(self.metrics.tokens_expired, left.expired);
+                    increment(&self.metrics.tokens_expired, left.expired);
                     for (lease, tokens) in left.returns {
                         callouts.give_back(lease, tokens);
                     }
@@ -328,7 +436,7 @@ impl Plugin {
     fn acknowledged(&self, call: StatusCall, now: Nanos) {
         match call {
             StatusCall::Returns(tokens) => {
-                increment(self.metrics.tokens_returned, tokens);
+                increment(&self.metrics.tokens_returned, tokens);
                 self.return_settled();
             }
             StatusCall::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
@@ -347,7 +455,9 @@ impl Plugin {
         let waiter = self.waiting.borrow_mut().remove(context_id);
         match waiter {
             Some(waiter) => self.finish_paused(context_id, &waiter.request, verdict, permit, now),
-            None => self.release(permit, Release::Undo),
+            None => {
+                self.release(permit, Release::Undo);
+            }
         }
     }
 
@@ -421,6 +531,7 @@ impl Context for FloodgateRoot {
     /// context stays until the service has answered (as far as Envoy waits).
     fn on_done(&mut self) -> bool {
         let Some(plugin) = self.plugin.clone() else { return true };
+        plugin.metrics.flush(&plugin.limiter);
         match plugin.give_back_all() {
             0 => true,
             calls => {
@@ -451,10 +562,17 @@ impl Context for FloodgateRoot {
             Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
         };
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
+        let refilled = matches!(callout, Callout::Leases(_));
         plugin.answered(callout, status, body);
+        plugin.metrics.set_modes(&plugin.limiter);
+        let now = host::now();
+        if refilled {
+            // The requests that waited for these pools go on now.
+            plugin.finish_due(now, true);
+        }
         let _ = hostcalls::set_effective_context(self.context_id);
-        plugin.flush();
-        schedule_ticks(&plugin, host::now());
+        plugin.send_queued();
+        plugin.settle_root(now);
     }
 }
 
@@ -494,8 +612,16 @@ impl RootContext for FloodgateRoot {
             );
         }
         let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
+        if self.queue.is_none() {
+            self.queue = register_queue(self.context_id);
+        }
         let plugin = Rc::new(Plugin {
             limiter,
+            queue: self.queue,
+            posted: Cell::new(false),
+            unflushed: Cell::new(false),
+            header_reads: RefCell::default(),
+            reply_buffer: RefCell::default(),
             metrics: Metrics::define(),
             shadow_log: RateLimitedLog::default(),
             callout_log: RateLimitedLog::default(),
@@ -524,7 +650,7 @@ impl RootContext for FloodgateRoot {
             for rule in plugin.limiter.due_probes(&SharedData, now) {
                 match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
                     Ok(token) => {
-                        increment(plugin.metrics.callouts_sent, 1);
+                        increment(&plugin.metrics.callouts_sent, 1);
                         plugin.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Probe(rule)));
                     }
                     Err(why) => {
@@ -532,49 +658,21 @@ impl RootContext for FloodgateRoot {
                     }
                 }
             }
-            plugin.flush();
+            plugin.send_queued();
         }
-        let due = plugin.waiting.borrow_mut().take_due(now);
-        for waiter in due {
-            match waiter.wait {
-                Wait::Delay { resume_at } => {
-                    // Only this worker can resume its own requests; a client
-                    // that has gone makes this fail, and its units were given
-                    // back in on_done.
-                    let resumed = hostcalls::set_effective_context(waiter.context_id)
-                        .and_then(|()| hostcalls::resume_http_request())
-                        .is_ok();
-                    if resumed {
-                        waiter.request.borrow_mut().stage = Stage::Passed;
-                        increment(plugin.metrics.delayed, 1);
-                        increment(plugin.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
-                        increment(plugin.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
-                    } else {
-                        increment(plugin.metrics.delay_abandoned, 1);
-                    }
-                }
-                Wait::Refill { deadline } => {
-                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
-                        continue;
-                    }
-                    let waited_out = now >= deadline;
-                    let action = plugin.decide(waiter.context_id, &waiter.request, waiter.since, waited_out);
-                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
-                        increment(plugin.metrics.refill_waits, 1);
-                        increment(plugin.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
-                        if let Action::Continue = action {
-                            if let Err(status) = hostcalls::resume_http_request() {
-                                log::warn!("floodgate: could not resume a request: {status:?}");
-                            }
-                        }
-                    }
-                }
-                Wait::Answer => {}
-            }
-        }
+        plugin.finish_due(now, false);
         let _ = hostcalls::set_effective_context(self.context_id);
-        plugin.flush();
-        schedule_ticks(&plugin, now);
+        plugin.send_queued();
+        plugin.settle_root(now);
+    }
+
+    /// A request posted calls: send them now.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        let Some(plugin) = self.plugin.clone() else { return };
+        plugin.posted.set(false);
+        plugin.send_queued();
+        plugin.settle_root(host::now());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -592,19 +690,30 @@ impl RootContext for FloodgateRoot {
     }
 }
 
-/// Sets this worker's tick: soon when calls are queued or a paused request
-/// is due, every [`GLOBAL_TICK`] while global rules exist, else not at all.
+/// Registers root context `root_id`'s shared queue under a name no other
+/// worker uses: Envoy runs `on_queue_ready` on the registering worker, in
+/// the registering context, so a post reaches this root and no other.
+fn register_queue(root_id: u32) -> Option<u32> {
+    let [a, b, c, d, e, f, g, h, ..] = host::entropy();
+    let name = format!("floodgate:{root_id}:{:016x}", u64::from_le_bytes([a, b, c, d, e, f, g, h]));
+    hostcalls::register_shared_queue(&name)
+        .map_err(|status| log::warn!("floodgate: no shared queue ({status:?}): calls leave on the next tick"))
+        .ok()
+}
+
+/// Sets this worker's tick: soon when calls are queued and not posted, or a
+/// paused request is due; every [`GLOBAL_TICK`] while global rules exist;
+/// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed; else
+/// not at all.
 fn schedule_ticks(plugin: &Plugin, now: Nanos) {
-    let period = if plugin.callouts.borrow().has_outgoing() {
+    let period = if plugin.callouts.borrow().has_outgoing() && !plugin.posted.get() {
         Some(Duration::from_millis(1))
     } else {
         plugin.waiting.borrow().next_tick(now)
     };
-    let period = match (period, plugin.limiter.quota_service()) {
-        (Some(period), _) => period,
-        (None, Some(_)) => GLOBAL_TICK,
-        (None, None) => Duration::ZERO,
-    };
+    let global = plugin.limiter.quota_service().map(|_| GLOBAL_TICK);
+    let flush = plugin.unflushed.get().then_some(metrics::FLUSH_PERIOD);
+    let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
     if let Err(status) = hostcalls::set_tick_period(period) {
         log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");
     }
@@ -632,14 +741,18 @@ impl Context for FloodgateHttp {
         let plugin = Rc::clone(&self.plugin);
         let waiting = self.state.borrow().stage == Stage::Waiting;
         let permit = std::mem::take(&mut self.state.borrow_mut().permit);
-        if waiting && plugin.waiting.borrow_mut().remove(self.context_id).is_some() {
-            increment(plugin.metrics.delay_abandoned, 1);
+        let counted = if waiting && plugin.waiting.borrow_mut().remove(self.context_id).is_some() {
+            increment(&plugin.metrics.delay_abandoned, 1);
             if let Some(checked) = plugin.callouts.borrow_mut().forget(self.context_id) {
                 plugin.release(checked, Release::Undo);
             }
             plugin.release(permit, Release::Undo);
+            true
         } else {
-            plugin.release(permit, Release::Done);
+            plugin.release(permit, Release::Done)
+        };
+        if counted {
+            plugin.counted(host::now());
         }
         true
     }
@@ -651,9 +764,12 @@ impl HttpContext for FloodgateHttp {
             return Action::Continue;
         }
         let plugin = Rc::clone(&self.plugin);
-        let action = plugin.decide(self.context_id, &self.state, host::now(), false);
-        if plugin.callouts.borrow().has_outgoing() || self.state.borrow().stage == Stage::Waiting {
-            schedule_ticks(&plugin, host::now());
+        let now = host::now();
+        let action = plugin.decide(self.context_id, &self.state, now, now, false);
+        plugin.post();
+        let first_count = !plugin.unflushed.replace(true);
+        if first_count || self.state.borrow().stage == Stage::Waiting || plugin.callouts.borrow().has_outgoing() {
+            schedule_ticks(&plugin, now);
         }
         action
     }

@@ -21,7 +21,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, unsafe_code)]
 
-use std::cell::RefCell;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -46,6 +47,10 @@ pub struct HttpCall {
     pub body: Vec<u8>,
     /// The timeout asked, in milliseconds.
     pub timeout_ms: u32,
+    /// The context it was dispatched as (its answer goes to that context).
+    pub context: u32,
+    /// The filter callback it was dispatched from.
+    pub handler: &'static str,
 }
 
 impl HttpCall {
@@ -105,6 +110,10 @@ pub struct Host {
     pub body_reads: usize,
     /// Requests resumed, in order.
     pub resumed: Vec<u32>,
+    /// The filter callback each request was resumed from, in order.
+    pub resumed_in: Vec<&'static str>,
+    /// The filter callback running now (the test driver sets it).
+    pub handler: &'static str,
     /// Local responses sent, in order.
     pub responses: Vec<LocalResponse>,
     /// Metric names by id (id = index + 1).
@@ -117,11 +126,85 @@ pub struct Host {
     pub logs: Vec<(u32, String)>,
     /// `proxy_done` was called.
     pub done: bool,
+    /// Host calls by kind (the ABI function's name without `proxy_`).
+    pub host_calls: std::collections::BTreeMap<&'static str, u32>,
+    /// Shared queues by id: the registering context, and what waits in it.
+    pub queues: HashMap<u32, (u32, Vec<Vec<u8>>)>,
+    /// Queues posted to since the event loop last turned, in order: Envoy
+    /// calls `on_queue_ready` for each on the registering worker.
+    pub posted: Vec<u32>,
     next_token: u32,
 }
 
 thread_local! {
     static HOST: RefCell<Host> = RefCell::new(Host::default());
+}
+
+thread_local! {
+    /// Heap allocations this worker's guest code made, and whether the host
+    /// is running now (its own allocations, and the buffers it hands the
+    /// guest, are the host's, as Envoy's are: not counted).
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static IN_HOST: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Counts the guest's heap allocations per worker (thread), so tests can
+/// assert a request path allocates nothing.
+struct CountingAllocator;
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_allocation();
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn count_allocation() {
+    // `try_with`: a thread being torn down has no counters left.
+    let _ = IN_HOST.try_with(|in_host| {
+        if !in_host.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+/// Heap allocations this worker's guest code has made so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// A host function running: counted by kind, and what it allocates is the
+/// host's until the guard is dropped.
+struct InHost(bool);
+
+fn enter(kind: &'static str) -> InHost {
+    let outer = IN_HOST.with(|in_host| in_host.replace(true));
+    with(|host| *host.host_calls.entry(kind).or_default() += 1);
+    InHost(outer)
+}
+
+impl Drop for InHost {
+    fn drop(&mut self) {
+        IN_HOST.with(|in_host| in_host.set(self.0));
+    }
 }
 
 /// Runs `f` on this worker's host.
@@ -198,6 +281,7 @@ fn header_map(host: &Host, map: MapType) -> Result<&[(String, String)], Status> 
 
 #[no_mangle]
 unsafe extern "C" fn proxy_log(level: LogLevel, data: *const u8, size: usize) -> Status {
+    let _host = enter("log");
     let line = text(data, size).to_string();
     eprintln!("[mock host {level:?}] {line}");
     with(|host| host.logs.push((level as u32, line)));
@@ -206,18 +290,21 @@ unsafe extern "C" fn proxy_log(level: LogLevel, data: *const u8, size: usize) ->
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_log_level(level: *mut LogLevel) -> Status {
+    let _host = enter("get_log_level");
     *level = LogLevel::Debug;
     Status::Ok
 }
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_current_time_nanoseconds(time: *mut u64) -> Status {
+    let _host = enter("get_current_time_nanoseconds");
     *time = with(|host| host.now);
     Status::Ok
 }
 
 #[no_mangle]
 extern "C" fn proxy_set_tick_period_milliseconds(period: u32) -> Status {
+    let _host = enter("set_tick_period_milliseconds");
     with(|host| host.tick_ms = period);
     Status::Ok
 }
@@ -230,6 +317,7 @@ unsafe extern "C" fn proxy_get_buffer_bytes(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
+    let _host = enter("get_buffer_bytes");
     let content = with(|host| match buffer {
         BufferType::PluginConfiguration => Some(host.configuration.clone()),
         BufferType::HttpCallResponseBody => {
@@ -257,6 +345,7 @@ unsafe extern "C" fn proxy_get_header_map_value(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
+    let _host = enter("get_header_map_value");
     let key = text(key, key_size);
     let found = with(|host| header_map(host, map).map(|headers| value(headers, key).map(str::to_string)));
     match found {
@@ -277,6 +366,7 @@ unsafe extern "C" fn proxy_add_header_map_value(
     value: *const u8,
     value_size: usize,
 ) -> Status {
+    let _host = enter("add_header_map_value");
     assert_eq!(map, MapType::HttpResponseHeaders, "the filter adds response headers only");
     let pair = (text(key, key_size).to_string(), text(value, value_size).to_string());
     with(|host| host.response_headers.entry(host.effective).or_default().push(pair));
@@ -290,6 +380,7 @@ unsafe extern "C" fn proxy_get_property(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
+    let _host = enter("get_property");
     if bytes(path, path_size) == b"source\0address" {
         give(b"10.0.0.7:4242", data, size);
         return Status::Ok;
@@ -305,6 +396,7 @@ unsafe extern "C" fn proxy_get_shared_data(
     size: *mut usize,
     cas: *mut u32,
 ) -> Status {
+    let _host = enter("get_shared_data");
     let key = text(key, key_size);
     let entry = with(|host| host.shared.lock().unwrap().get(key).cloned());
     match entry {
@@ -325,6 +417,7 @@ unsafe extern "C" fn proxy_set_shared_data(
     value_size: usize,
     cas: u32,
 ) -> Status {
+    let _host = enter("set_shared_data");
     let key = text(key, key_size).to_string();
     let value = bytes(value, value_size).to_vec();
     with(|host| {
@@ -340,6 +433,7 @@ unsafe extern "C" fn proxy_set_shared_data(
 
 #[no_mangle]
 extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
+    let _host = enter("set_effective_context");
     with(|host| {
         if host.live.contains(&context_id) {
             host.effective = context_id;
@@ -352,8 +446,13 @@ extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
 
 #[no_mangle]
 extern "C" fn proxy_continue_stream(stream: StreamType) -> Status {
+    let _host = enter("continue_stream");
     assert_eq!(stream, StreamType::HttpRequest, "the filter resumes requests only");
-    with(|host| host.resumed.push(host.effective));
+    with(|host| {
+        host.resumed.push(host.effective);
+        let handler = host.handler;
+        host.resumed_in.push(handler);
+    });
     Status::Ok
 }
 
@@ -368,6 +467,7 @@ unsafe extern "C" fn proxy_send_local_response(
     headers_size: usize,
     _grpc_status: i32,
 ) -> Status {
+    let _host = enter("send_local_response");
     let headers = read_map(headers, headers_size);
     with(|host| host.responses.push(LocalResponse { context_id: host.effective, status, headers }));
     Status::Ok
@@ -386,6 +486,7 @@ unsafe extern "C" fn proxy_http_call(
     timeout_ms: u32,
     token: *mut u32,
 ) -> Status {
+    let _host = enter("http_call");
     let cluster = text(upstream, upstream_size).to_string();
     let headers = read_map(headers, headers_size);
     let body = bytes(body, body_size).to_vec();
@@ -395,19 +496,66 @@ unsafe extern "C" fn proxy_http_call(
         }
         host.next_token += 1;
         *token = host.next_token;
-        host.calls.push(HttpCall { token: host.next_token, cluster, headers, body, timeout_ms });
+        let (context, handler) = (host.effective, host.handler);
+        host.calls.push(HttpCall { token: host.next_token, cluster, headers, body, timeout_ms, context, handler });
         Status::Ok
     })
 }
 
 #[no_mangle]
+unsafe extern "C" fn proxy_register_shared_queue(name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let _host = enter("register_shared_queue");
+    let _ = text(name, name_size);
+    *id = with(|host| {
+        host.next_token += 1;
+        let context = host.effective;
+        host.queues.insert(host.next_token, (context, Vec::new()));
+        host.next_token
+    });
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_enqueue_shared_queue(id: u32, data: *const u8, size: usize) -> Status {
+    let _host = enter("enqueue_shared_queue");
+    let value = bytes(data, size).to_vec();
+    with(|host| match host.queues.get_mut(&id) {
+        Some((_, items)) => {
+            items.push(value);
+            host.posted.push(id);
+            Status::Ok
+        }
+        None => Status::NotFound,
+    })
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_dequeue_shared_queue(id: u32, data: *mut *mut u8, size: *mut usize) -> Status {
+    let _host = enter("dequeue_shared_queue");
+    let item = with(|host| match host.queues.get_mut(&id) {
+        None => Err(Status::NotFound),
+        Some((_, items)) if items.is_empty() => Err(Status::Empty),
+        Some((_, items)) => Ok(items.remove(0)),
+    });
+    match item {
+        Ok(value) => {
+            give(&value, data, size);
+            Status::Ok
+        }
+        Err(status) => status,
+    }
+}
+
+#[no_mangle]
 extern "C" fn proxy_done() -> Status {
+    let _host = enter("done");
     with(|host| host.done = true);
     Status::Ok
 }
 
 #[no_mangle]
 unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let _host = enter("define_metric");
     let name = text(name, name_size).to_string();
     *id = with(|host| match host.metric_names.iter().position(|n| *n == name) {
         Some(index) => index as u32 + 1,
@@ -421,6 +569,7 @@ unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, nam
 
 #[no_mangle]
 extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
+    let _host = enter("increment_metric");
     with(|host| {
         if !host.defines(id) {
             return Status::NotFound;
@@ -432,6 +581,7 @@ extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
 
 #[no_mangle]
 extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
+    let _host = enter("record_metric");
     with(|host| {
         if !host.defines(id) {
             return Status::NotFound;
@@ -443,6 +593,7 @@ extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_metric(id: u32, value: *mut u64) -> Status {
+    let _host = enter("get_metric");
     *value = with(|host| host.metric_values.get(&id).copied().unwrap_or(0)) as u64;
     Status::Ok
 }
@@ -467,10 +618,7 @@ never_called!(
     proxy_remove_header_map_value,
     proxy_replace_header_map_value,
     proxy_set_property,
-    proxy_register_shared_queue,
     proxy_resolve_shared_queue,
-    proxy_dequeue_shared_queue,
-    proxy_enqueue_shared_queue,
     proxy_close_stream,
     proxy_grpc_call,
     proxy_grpc_stream,

@@ -324,8 +324,26 @@ impl Envoy {
         Conn::open(self.port).unwrap()
     }
 
-    /// Every counter and gauge in `/stats`.
+    /// Every counter and gauge in `/stats`, once the filter's workers have
+    /// flushed what they counted: the filter hands its counts to Envoy on
+    /// each worker's tick, at most 100 ms after counting, so this waits
+    /// until two reads 150 ms apart agree (at most 3 s, for stats that move
+    /// under traffic).
     pub fn stats(&self) -> HashMap<String, u64> {
+        let mut last = self.stats_now();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            thread::sleep(Duration::from_millis(150));
+            let next = self.stats_now();
+            if next == last || Instant::now() > deadline {
+                return next;
+            }
+            last = next;
+        }
+    }
+
+    /// Every counter and gauge in `/stats` as Envoy has them now.
+    pub fn stats_now(&self) -> HashMap<String, u64> {
         let body = Conn::open(self.admin_port).unwrap().get("/stats", &[]).body;
         String::from_utf8_lossy(&body)
             .lines()
@@ -339,6 +357,11 @@ impl Envoy {
     /// One stat, 0 if absent.
     pub fn stat(&self, name: &str) -> u64 {
         self.stats().get(name).copied().unwrap_or(0)
+    }
+
+    /// One stat as Envoy has it now (for polling until it reads a value).
+    pub fn stat_now(&self, name: &str) -> u64 {
+        self.stats_now().get(name).copied().unwrap_or(0)
     }
 
     /// True while the process runs.

@@ -94,11 +94,21 @@ impl<H> Limiter<H> {
         pass.finish()
     }
 
+    /// Whether releasing `permit` for `why` would touch any bucket: when a
+    /// request ends, only rules that hold units in flight give any back. A
+    /// host may skip the release (and reading its clock) when not.
+    pub fn needs_release(&self, permit: &Permit, why: Release) -> bool {
+        permit.held().any(|held| {
+            let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
+            table.is_some_and(|table| why == Release::Undo || table.policy().holds_until_done())
+        })
+    }
+
     /// Gives back what `permit` holds, for `why`: the one way units return,
     /// whether a request ended ([`Release::Done`]: only rules that hold units
     /// in flight are touched) or was not served after all ([`Release::Undo`]).
     pub fn release(&self, store: &dyn Store, now: Nanos, permit: Permit, why: Release, counters: &mut dyn Counters<H>) {
-        for held in permit.held.iter().rev() {
+        for held in permit.held().rev() {
             let Some(compiled) = self.rules.get(held.rule) else { continue };
             let Some(table) = compiled.table(held.bucket) else { continue };
             if why == Release::Done && !table.policy().holds_until_done() {
@@ -428,7 +438,7 @@ mod tests {
         let key = "fg:per-key:".to_string();
         let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
         assert!(verdict.allowed());
-        let Some(held) = permit.held.first().copied() else { panic!("the permit holds the rule's units") };
+        let Some(held) = permit.held().next().copied() else { panic!("the permit holds the rule's units") };
         let group = format!("{key}{}", limiter.rules()[0].rule.table.group_of(held.fingerprint));
         let before = store.get(&group).unwrap();
         limiter.release(&store, T0, permit, Release::Done, &mut tally);
