@@ -180,7 +180,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             timeout: cli.store_timeout,
             clock: (cli.redis_clock == ClockChoice::Local).then(|| clock.clone()),
         };
-        QuotaStore::Redis(Box::new(RedisStore::new(&cli.store, options)?))
+        QuotaStore::Redis(Arc::new(RedisStore::new(&cli.store, options)?))
     } else {
         return Err(format!(
             "--store must be `memory`, a redis:// URL or {CLUSTER_SCHEME}host:port[,host:port…], not {:?}",

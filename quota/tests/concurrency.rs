@@ -124,3 +124,62 @@ async fn two_instances_on_one_redis_share_the_limit() {
     }
     assert_eq!(total, LIMIT);
 }
+
+/// Issue 16: two instances racing on one key through the one-round-trip
+/// path (each deciding on what it last saw, Redis's clock estimated and
+/// checked by the script) admit exactly the limit between them. Alone, an
+/// instance decides in one round trip per call; racing, a call that finds
+/// the other's write decides again on what the script answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_race_on_one_key_through_one_round_trip() {
+    use floodgate_core::time::SECOND;
+    use floodgate_quota::config::Limit;
+    use floodgate_quota::store::{BucketCheck, QuotaStore, RedisOptions, RedisStore};
+
+    let redis = common::RedisServer::start();
+    let instance = || {
+        let options = RedisOptions { timeout: std::time::Duration::from_secs(5), clock: None };
+        Arc::new(RedisStore::new(&redis.url(), options).unwrap())
+    };
+    let (a, b) = (instance(), instance());
+    // 2000 a year: nothing is earned back during the test.
+    let limit = Limit::new("token_bucket", 2_000, SECOND.times(365 * 86_400), "{}").unwrap();
+    let item = [BucketCheck { key: "fg:{race}:tb:one".into(), limit, cost: 1, shadow: false }];
+    let store_a = Arc::new(QuotaStore::Redis(a.clone()));
+    let store_b = Arc::new(QuotaStore::Redis(b.clone()));
+
+    // Alone: the first call reads (no clock yet), then one round trip each.
+    assert!(store_a.check(&item).await.unwrap().committed);
+    let before = a.round_trips();
+    for _ in 0..100 {
+        assert!(store_a.check(&item).await.unwrap().committed);
+    }
+    let after = a.round_trips();
+    assert_eq!((after.0 - before.0, after.1 - before.1), (100, 100), "one round trip per call");
+
+    // Racing: 32 clients, half on each instance, 3,200 calls for 1,899 left.
+    let (a0, b0) = (a.round_trips(), b.round_trips());
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let store = if i % 2 == 0 { store_a.clone() } else { store_b.clone() };
+            let item = item.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0u64;
+                for _ in 0..100 {
+                    admitted += u64::from(store.check(&item).await.unwrap().committed);
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 101;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    assert_eq!(admitted, 2_000, "exactly the limit between the two instances");
+    let (a1, b1) = (a.round_trips(), b.round_trips());
+    let transactions = (a1.0 - a0.0) + (b1.0 - b0.0);
+    let round_trips = (a1.1 - a0.1) + (b1.1 - b0.1);
+    assert!(round_trips > transactions, "the instances raced: {round_trips} round trips, {transactions} transactions");
+    assert!(transactions < 3_200, "calls on the hot key were coalesced: {transactions} transactions for 3,200 calls");
+}

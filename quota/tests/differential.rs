@@ -86,7 +86,7 @@ fn stores(redis: &RedisServer, clock: &Arc<FakeClock>) -> (QuotaStore, QuotaStor
     let shared: Arc<dyn Clock> = clock.clone();
     let memory = QuotaStore::Memory(LocalStore::new(shared.clone(), 100_000));
     let options = RedisOptions { timeout: Duration::from_secs(5), clock: Some(shared) };
-    (memory, QuotaStore::Redis(Box::new(RedisStore::new(&redis.url(), options).unwrap())))
+    (memory, QuotaStore::Redis(Arc::new(RedisStore::new(&redis.url(), options).unwrap())))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -192,10 +192,13 @@ async fn a_frozen_master_times_out_then_serves_when_thawed() {
     assert_unavailable(&f, "timeout").await;
     c.freeze_node(owner, false);
     // Frozen for less than the node timeout, so no master was marked failed;
-    // the count survived.
+    // the count survived. The check that timed out was sent (a decision is
+    // one round trip) and may have run when the master woke up: a 503 means
+    // "maybe applied", never more than once.
     assert!(started.elapsed() < Duration::from_millis(common::CLUSTER_NODE_TIMEOUT_MS), "the test itself was slow");
     let r = wait_until_serving(&f).await;
-    assert_eq!(r["results"][0]["remaining"], 1, "{r}");
+    let remaining = r["results"][0]["remaining"].as_u64().unwrap();
+    assert!(remaining == 1 || remaining == 0, "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

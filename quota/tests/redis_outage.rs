@@ -237,3 +237,20 @@ async fn a_timed_out_return_or_lease_is_safe_to_retry() {
     assert_eq!(f.give_back(give_back).await["returned"][0], 0, "a lease gives back once");
     assert_eq!(used(&f).await, after);
 }
+
+/// Issue 16, finding 4: a Redis killed with SIGKILL refuses connections, and
+/// calls say so at once: `unavailable`, not a `timeout` after waiting out the
+/// store timeout in reconnection attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_redis_is_unavailable_at_once_not_a_timeout() {
+    let mut f = Fixture::with(Backend::Redis, LIMITS, options()).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    f.redis.as_mut().unwrap().stop();
+    for _ in 0..3 {
+        let (status, body) = f.post("/v1/check", &check()).await;
+        assert_eq!(status, 503, "{body}");
+    }
+    let metrics = f.metrics().await;
+    assert!(metrics.contains(r#"floodgate_quota_store_errors_total{kind="unavailable",store="redis"} 3"#), "{metrics}");
+    assert!(metrics.contains(r#"floodgate_quota_store_errors_total{kind="timeout",store="redis"} 0"#), "{metrics}");
+}

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::time::{Clock, Nanos};
 
+use super::lanes::{Batch, Job, Lanes};
 use super::{StoreFailure, Writes};
 
 /// Shards: enough that unrelated keys rarely share a lock on two cores or
@@ -76,6 +77,7 @@ pub struct LocalStore {
     max_entries: usize,
     /// Entries looked at to drop idle ones, ever (see [`LocalStore::examined`]).
     examined: AtomicUsize,
+    lanes: Lanes,
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -96,6 +98,7 @@ impl LocalStore {
             len: AtomicUsize::new(0),
             max_entries: max_entries.max(1),
             examined: AtomicUsize::new(0),
+            lanes: Lanes::default(),
         }
     }
 
@@ -170,9 +173,26 @@ impl LocalStore {
         self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreFailure::Full)
     }
 
-    /// See [`super::Store`]: runs `decide` on the values of `keys` (which
+    /// Runs `job` now, with whatever queued on its lane behind it, or
+    /// queues it behind the transaction running there (on another thread).
+    /// Synchronous: no await between taking a lane and leaving it idle.
+    pub(super) fn run(&self, job: Job) {
+        let Some((lane, mut jobs)) = self.lanes.enter(job) else { return };
+        loop {
+            let mut batch = Batch::new(jobs);
+            let keys = batch.keys.clone();
+            let outcome = self.transact(&keys, |values, now| ((), batch.decide(values, now)));
+            batch.finish(&outcome);
+            match self.lanes.next(lane) {
+                Some(next) => jobs = next,
+                None => return,
+            }
+        }
+    }
+
+    /// See [`super::QuotaStore`]: runs `decide` on the values of `keys` (which
     /// must be distinct) with their shards locked and applies its writes.
-    pub fn transact<A>(
+    fn transact<A>(
         &self,
         keys: &[String],
         mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),

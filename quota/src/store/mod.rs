@@ -6,6 +6,7 @@
 //! (retried when a key changed meanwhile). So both stores decide identically.
 
 mod decide;
+mod lanes;
 mod memory;
 mod redis;
 
@@ -16,6 +17,7 @@ pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 
 use floodgate_core::algorithm::Decision;
 use floodgate_core::time::Nanos;
@@ -181,7 +183,7 @@ pub enum QuotaStore {
     /// Counters in this process.
     Memory(LocalStore),
     /// Counters in Redis, shared by every service instance using it.
-    Redis(Box<RedisStore>),
+    Redis(Arc<RedisStore>),
 }
 
 impl QuotaStore {
@@ -203,23 +205,28 @@ impl QuotaStore {
 
     /// Reads `keys`, lets `decide` (given their bytes, `None` when absent,
     /// and now) answer and say what to write (one slot per key, `None`:
-    /// unchanged), and writes it, all or nothing, as if alone.
-    async fn transact<A>(
+    /// unchanged), and writes it, all or nothing, as if alone. Transactions
+    /// on a hot key share one store transaction (see [`lanes`]).
+    async fn transact<A: Send + 'static>(
         &self,
-        keys: &[String],
-        decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
+        keys: Vec<String>,
+        decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
     ) -> Result<A, StoreFailure> {
+        let (job, outcome, answer) = lanes::job(keys, decide);
         match self {
-            QuotaStore::Memory(m) => m.transact(keys, decide),
-            QuotaStore::Redis(r) => r.transact(keys, decide).await,
+            QuotaStore::Memory(m) => m.run(job),
+            QuotaStore::Redis(r) => r.run(job),
         }
+        outcome.await.map_err(|_| StoreFailure::Unavailable("the store dropped the transaction".into()))??;
+        lanes::answer(&answer)
     }
 
     /// Takes each item's cost from its bucket if all non-shadow buckets
     /// admit. Items must name distinct buckets.
     pub async fn check(&self, items: &[BucketCheck]) -> Result<CheckOutcome, StoreFailure> {
         let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
-        self.transact(&keys, |values, now| check(items, values, now)).await
+        let items = items.to_vec();
+        self.transact(keys, move |values, now| check(&items, values, now)).await
     }
 
     /// Takes a batch of tokens from each bucket and records each grant under
@@ -230,7 +237,8 @@ impl QuotaStore {
     pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<LeaseAnswer, StoreFailure> {
         let mut keys = Keys::default();
         let slots: Vec<(usize, usize)> = items.iter().map(|i| (keys.add(&i.key), keys.add(&i.record))).collect();
-        self.transact(&keys.list, |values, now| lease(items, &slots, values, now, ttl)).await
+        let items = items.to_vec();
+        self.transact(keys.list, move |values, now| lease(&items, &slots, values, now, ttl)).await
     }
 
     /// Gives back unused tokens of recorded leases; returns how many each
@@ -242,7 +250,7 @@ impl QuotaStore {
             // Which bucket each lease came from; the decision below checks
             // that the records still say so.
             let buckets: Vec<Option<String>> = self
-                .transact(&records.list, |values, now| {
+                .transact(records.list.clone(), |values, now| {
                     let named = values.iter().map(|v| LeaseRecord::live(v.as_deref(), now).map(|r| r.bucket)).collect();
                     (named, vec![None; values.len()])
                 })
@@ -250,8 +258,9 @@ impl QuotaStore {
             let mut keys = records.clone();
             let slots: Vec<(usize, Option<usize>)> =
                 at.iter().map(|r| (*r, buckets.get(*r).cloned().flatten().map(|b| keys.add(&b)))).collect();
-            let list = keys.list.clone();
-            let outcome = self.transact(&list, |values, now| give_back(items, &slots, &list, values, now)).await?;
+            let (list, items) = (keys.list.clone(), items.to_vec());
+            let outcome =
+                self.transact(keys.list, move |values, now| give_back(&items, &slots, &list, values, now)).await?;
             if let Some(taken) = outcome {
                 return Ok(taken);
             }

@@ -1,46 +1,65 @@
-//! The Redis store: Redis keeps versioned bytes, the service decides. A
-//! transaction reads its keys' values and versions (and Redis's clock) in
-//! one atomic round trip, decides in Rust (the same code as the memory
-//! store), and writes with one small script (`cas.lua`) that writes several
-//! keys only if none of their versions changed meanwhile; a lost race reads
-//! again, a bounded number of times within the store timeout. Keys share
-//! the domain's hash tag, so a transaction's keys sit in one Redis Cluster
-//! slot.
+//! The Redis store: Redis keeps versioned bytes, the service decides. In the
+//! common case a transaction is **one round trip**: the instance keeps the
+//! last value and version it read or wrote for each key (and an estimate of
+//! Redis's clock), decides on them in Rust (the same code as the memory
+//! store), and sends one small script (`cas.lua`) that writes the keys only
+//! if none of their versions changed and the decision's time is Redis's. A
+//! key this instance does not know is taken to be absent. When a version
+//! changed (another instance wrote, a key expired, a guess was wrong) or the
+//! time was off, the script writes nothing and answers with the keys'
+//! current values, versions and Redis's time: the instance decides again on
+//! those and sends again. So a decision costs two round trips only when it
+//! meets another instance's write (or a key it has not seen), never more
+//! unless it keeps losing races (then it backs off, within the store
+//! timeout). Keys share the domain's hash tag, so a transaction's keys sit in
+//! one Redis Cluster slot.
 //!
 //! Failure handling: every transaction is bounded by a timeout; the
-//! connection is made lazily and re-made by redis-rs's connection manager,
-//! so a service started before Redis, or outliving a Redis restart, serves
-//! again on its own as soon as Redis answers.
+//! connection is made lazily, and a connection Redis dropped (a restart, a
+//! crash) is made anew at once; while it cannot be, calls fail at once as
+//! `unavailable` (the connect was refused) instead of waiting out the
+//! timeout, and a new connect is tried a timeout later.
 //!
 //! Redis Cluster (`redis+cluster://host:port,host:port…`) runs the same
-//! transactions through redis-rs's cluster client: the read (a `MULTI`
-//! pipeline) and the script are routed by their keys, so both, `TIME`
-//! included, run on the master owning the domain's slot, and `MOVED`/`ASK`
-//! redirections and topology changes are followed by the client.
+//! transactions through redis-rs's cluster client: the script is routed by
+//! its keys, so it runs (`TIME` included) on the master owning the domain's
+//! slot, and `MOVED`/`ASK` redirections and topology changes are followed by
+//! the client.
 
 use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex as SyncMutex, MutexGuard, RwLock};
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
+use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::sync::Mutex;
 
 use floodgate_core::time::{Clock, Nanos};
 
 use super::decide::UNTAGGED;
+use super::lanes::{Batch, Job, Lanes};
 use super::{StoreFailure, Writes};
 
 /// Most reads and writes one transaction makes before giving up on a key
 /// that keeps changing (each lost race means another writer won).
 const ATTEMPTS: usize = 64;
 
-/// Key stripes whose transactions take turns within this process.
-const STRIPES: usize = 256;
+/// How far (µs) a decision's time may be from Redis's `TIME` when the
+/// instance decides on its estimate of Redis's clock: far more than a
+/// round trip, far less than any window.
+const CLOCK_TOLERANCE_US: u64 = 100_000;
+
+/// Shards of the cache of known keys, and the most keys each keeps.
+const CACHE_SHARDS: usize = 64;
+const CACHE_PER_SHARD: usize = 1_024;
+
+/// A version no key ever has: sent to read keys without deciding.
+const NO_VERSION: &[u8] = b"?";
 
 /// Extra time to live on every key: a key outlives its idle instant a little,
 /// so instances with slightly different clocks never lose live state.
@@ -69,7 +88,7 @@ enum Client {
 /// A live connection of either kind; both multiplex, so clones share it.
 #[derive(Clone)]
 enum Connection {
-    Single(ConnectionManager),
+    Single(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
 
@@ -155,43 +174,111 @@ fn same_slot(keys: &[String]) -> Result<(), StoreFailure> {
     }
 }
 
+/// What this instance knows of a key: its value (with its tag byte) and
+/// version, as last read or written; both `None` for an absent key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Known {
+    value: Option<Vec<u8>>,
+    version: Option<Vec<u8>>,
+}
+
+/// The last known value and version of recently used keys, bounded: a shard
+/// that fills up is emptied (its keys cost one more round trip next time).
+struct KnownKeys {
+    shards: Vec<SyncMutex<HashMap<String, Known>>>,
+    hasher: RandomState,
+}
+
+impl KnownKeys {
+    fn new() -> Self {
+        KnownKeys {
+            shards: (0..CACHE_SHARDS).map(|_| SyncMutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn shard(&self, key: &str) -> MutexGuard<'_, HashMap<String, Known>> {
+        // The modulo keeps the index below CACHE_SHARDS whatever the hash.
+        let at = (self.hasher.hash_one(key) % CACHE_SHARDS as u64) as usize;
+        lock(&self.shards[at])
+    }
+
+    /// What is known of `key`; an unknown key is taken to be absent.
+    fn get(&self, key: &str) -> Known {
+        self.shard(key).get(key).cloned().unwrap_or_default()
+    }
+
+    fn set(&self, key: &str, known: Known) {
+        let mut shard = self.shard(key);
+        if shard.len() >= CACHE_PER_SHARD && !shard.contains_key(key) {
+            shard.clear();
+        }
+        shard.insert(key.to_string(), known);
+    }
+}
+
+fn lock<T>(mutex: &SyncMutex<T>) -> MutexGuard<'_, T> {
+    // Each value is replaced whole: a poisoned lock still holds a consistent one.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Redis's clock as last seen, per hash tag (a cluster's masters each have
+/// their own): Redis's time then, and this process's monotonic instant then.
+#[derive(Default)]
+struct Clocks {
+    by_tag: SyncMutex<HashMap<String, (Nanos, Instant)>>,
+}
+
+impl Clocks {
+    /// Redis's time now, as last seen plus the time passed here since.
+    fn estimate(&self, tag: &str) -> Option<Nanos> {
+        let (time, at) = *lock(&self.by_tag).get(tag)?;
+        Some(time + Nanos(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX)))
+    }
+
+    fn seen(&self, tag: &str, time: Nanos, at: Instant) {
+        lock(&self.by_tag).insert(tag.to_string(), (time, at));
+    }
+}
+
+/// What the script answered.
+enum Reply {
+    /// Written (or, without writes, confirmed unchanged), at Redis's time.
+    Written(Nanos),
+    /// Nothing written: the keys as they are, at Redis's time.
+    Changed(Nanos, Vec<Known>),
+}
+
 /// Counters in Redis.
 pub struct RedisStore {
     client: Client,
     options: RedisOptions,
     /// The live connection (cloned per call: it multiplexes).
-    connection: std::sync::RwLock<Option<Connection>>,
+    connection: RwLock<Option<Connection>>,
     /// Held while connecting, so that one caller connects and the others wait.
     connecting: Mutex<()>,
     /// When and how the last connection attempt failed: attempts are spaced
     /// so that a dead Redis costs callers a refused connect, not a pile of
     /// them, and the callers in between get the same error.
-    last_failure: std::sync::Mutex<Option<(Instant, StoreFailure)>>,
+    last_failure: SyncMutex<Option<(Instant, StoreFailure)>>,
     cas: Script,
     /// Versions are `seed-counter`: unique to this process and write, so a
     /// key deleted and written again never matches a stale read.
     seed: u64,
     writes: AtomicU64,
-    /// Turns per key stripe (see [`RedisStore::transact`]).
-    stripes: Vec<Mutex<()>>,
-    hasher: RandomState,
+    known: KnownKeys,
+    clocks: Clocks,
+    lanes: Lanes,
+    /// Store transactions run (batches of coalesced calls), ever.
+    transactions: AtomicU64,
+    /// Scripts sent for them, ever.
+    round_trips: AtomicU64,
 }
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisStore").field("options", &self.options).finish_non_exhaustive()
     }
-}
-
-/// A stored value as the decisions read it: its tag byte (field `t`; absent
-/// for a value stored before values carried one), then the value (field `v`,
-/// laid out as before tags, so that an instance of the previous release
-/// reads it unchanged).
-fn tagged(tag: Option<u8>, value: Vec<u8>) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(1 + value.len());
-    bytes.push(tag.unwrap_or(UNTAGGED));
-    bytes.extend(value);
-    bytes
 }
 
 /// One kind per failure, whichever timer fired first: redis-rs's own
@@ -205,8 +292,21 @@ fn unavailable(e: redis::RedisError) -> StoreFailure {
     }
 }
 
+/// An error after which the connection is no good (Redis closed or reset
+/// it, or went away).
+fn broken(e: &redis::RedisError) -> bool {
+    !e.is_timeout() && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
+}
+
 fn bad_reply(what: &str) -> StoreFailure {
     StoreFailure::Unavailable(format!("unexpected reply to {what}"))
+}
+
+/// `TIME`'s seconds and microseconds as nanoseconds since the epoch.
+fn redis_time(seconds: &Value, micros: &Value) -> Result<Nanos, StoreFailure> {
+    let seconds: u64 = redis::from_redis_value(seconds).map_err(unavailable)?;
+    let micros: u64 = redis::from_redis_value(micros).map_err(unavailable)?;
+    Ok(Nanos::from_secs(seconds) + Nanos::from_micros(micros))
 }
 
 impl RedisStore {
@@ -235,20 +335,25 @@ impl RedisStore {
         Ok(Self {
             client,
             options,
-            connection: std::sync::RwLock::new(None),
+            connection: RwLock::new(None),
             connecting: Mutex::new(()),
-            last_failure: std::sync::Mutex::new(None),
+            last_failure: SyncMutex::new(None),
             cas: Script::new(include_str!("cas.lua")),
             seed: RandomState::new().hash_one(Instant::now()),
             writes: AtomicU64::new(0),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
-            hasher: RandomState::new(),
+            known: KnownKeys::new(),
+            clocks: Clocks::default(),
+            lanes: Lanes::default(),
+            transactions: AtomicU64::new(0),
+            round_trips: AtomicU64::new(0),
         })
     }
 
-    fn stripe_of(&self, key: &str) -> usize {
-        // The modulo keeps the index below STRIPES whatever the hash.
-        (self.hasher.hash_one(key) % STRIPES as u64) as usize
+    /// Store transactions run so far (a batch of coalesced calls is one),
+    /// and the round trips to Redis they took: what the one-round-trip
+    /// design is measured by.
+    pub fn round_trips(&self) -> (u64, u64) {
+        (self.transactions.load(Ordering::Relaxed), self.round_trips.load(Ordering::Relaxed))
     }
 
     fn current(&self) -> Option<Connection> {
@@ -263,26 +368,24 @@ impl RedisStore {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
-        {
-            let last = self.last_failure.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some((at, error)) = last.as_ref() {
-                if at.elapsed() < self.options.timeout {
-                    return Err(error.clone());
-                }
+        if let Some((at, error)) = lock(&self.last_failure).as_ref() {
+            if at.elapsed() < self.options.timeout {
+                return Err(error.clone());
             }
         }
+        self.connect().await
+    }
+
+    /// Makes a new connection (the caller holds `connecting`, or found the
+    /// old one broken).
+    async fn connect(&self) -> Result<Connection, StoreFailure> {
         let connect = async {
             match &self.client {
                 Client::Single(client) => {
-                    let config = ConnectionManagerConfig::new()
+                    let config = AsyncConnectionConfig::new()
                         .set_connection_timeout(self.options.timeout)
-                        .set_response_timeout(self.options.timeout)
-                        // Reconnect quickly and keep trying: a restarted Redis is picked
-                        // up within about a second.
-                        .set_number_of_retries(2)
-                        .set_factor(50)
-                        .set_max_delay(1_000);
-                    ConnectionManager::new_with_config(client.clone(), config).await.map(Connection::Single)
+                        .set_response_timeout(self.options.timeout);
+                    client.get_multiplexed_async_connection_with_config(&config).await.map(Connection::Single)
                 }
                 Client::Cluster(client) => client.get_async_connection().await.map(Connection::Cluster),
             }
@@ -290,151 +393,266 @@ impl RedisStore {
         match tokio::time::timeout(self.options.timeout, connect).await {
             Ok(Ok(conn)) => {
                 *self.connection.write().unwrap_or_else(|p| p.into_inner()) = Some(conn.clone());
+                *lock(&self.last_failure) = None;
                 Ok(conn)
             }
-            Ok(Err(e)) => Err(self.failed_to_connect(match unavailable(e) {
+            Ok(Err(e)) => Err(self.failed(match unavailable(e) {
                 StoreFailure::Unavailable(why) => StoreFailure::Unavailable(format!("cannot connect to Redis: {why}")),
                 other => other,
             })),
-            Err(_) => Err(self.failed_to_connect(StoreFailure::Timeout)),
+            Err(_) => Err(self.failed(StoreFailure::Timeout)),
         }
     }
 
-    fn failed_to_connect(&self, error: StoreFailure) -> StoreFailure {
-        *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), error.clone()));
+    /// Forgets the connection after `error` and remembers it: calls in the
+    /// next timeout get it at once, then a new connection is tried.
+    fn failed(&self, error: StoreFailure) -> StoreFailure {
+        *self.connection.write().unwrap_or_else(|p| p.into_inner()) = None;
+        *lock(&self.last_failure) = Some((Instant::now(), error.clone()));
         error
     }
 
-    /// See [`super::Store`]: reads, decides, writes if nothing changed, and
-    /// starts over when something did.
-    pub async fn transact<A>(
-        &self,
-        keys: &[String],
-        mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
-    ) -> Result<A, StoreFailure> {
-        if matches!(self.client, Client::Cluster(_)) {
-            same_slot(keys)?;
-        }
-        let attempts = async {
-            // Transactions of this process on the same keys take turns, so
-            // races are lost only to other service instances.
-            let mut stripes: Vec<usize> = keys.iter().map(|k| self.stripe_of(k)).collect();
-            stripes.sort_unstable();
-            stripes.dedup();
-            let mut turns = Vec::with_capacity(stripes.len());
-            for stripe in stripes {
-                if let Some(lock) = self.stripes.get(stripe) {
-                    turns.push(lock.lock().await);
+    /// Runs `job` with whatever queues behind it on its lane: a task of its
+    /// own drains the lane (a caller that leaves cannot strand the others).
+    pub(super) fn run(self: &Arc<Self>, job: Job) {
+        let Some((lane, jobs)) = self.lanes.enter(job) else { return };
+        let store = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut jobs = jobs;
+            loop {
+                let mut batch = Batch::new(jobs);
+                let keys = batch.keys.clone();
+                let outcome = store.transact(&keys, |values, now| batch.decide(values, now)).await;
+                batch.finish(&outcome);
+                match store.lanes.next(lane) {
+                    Some(next) => jobs = next,
+                    None => return,
                 }
             }
+        });
+    }
+
+    /// Decides on what is known of `keys` and writes if nothing changed;
+    /// decides again on what the script answers when something did.
+    async fn transact(
+        &self,
+        keys: &[String],
+        mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> Writes,
+    ) -> Result<(), StoreFailure> {
+        let cluster = matches!(self.client, Client::Cluster(_));
+        if cluster {
+            same_slot(keys)?;
+        }
+        let tag = keys.first().map_or("", |k| hash_tag(k)).to_string();
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        let attempts = async {
             let mut conn = self.connection().await?;
-            for attempt in 0..ATTEMPTS {
-                let (now, values, versions) = self.read(&mut conn, keys).await?;
-                let (answer, writes) = decide(&values, now);
-                if writes.iter().all(Option::is_none) || self.write(&mut conn, keys, &versions, &writes, now).await? {
-                    return Ok(answer);
+            let mut known: Vec<Known> = keys.iter().map(|k| self.known.get(k)).collect();
+            // Redis's clock (estimated, checked by the script) or ours.
+            let mut now = match &self.options.clock {
+                Some(clock) => Some(clock.now()),
+                None => self.clocks.estimate(&tag),
+            };
+            let mut resent = false;
+            let mut attempt = 0;
+            while attempt < ATTEMPTS {
+                // Without a time yet, the first round trip only reads.
+                let writes = now.map(|now| decide(&values_of(&known), now));
+                let invocation = self.invocation(&known, writes.as_ref(), now);
+                self.round_trips.fetch_add(1, Ordering::Relaxed);
+                let reply = match self.send(&mut conn, keys, &invocation).await {
+                    Err(e) if broken(&e) && !cluster && !resent => {
+                        // Redis dropped the connection (a restart): once more
+                        // on a new one. If the first got through, the answer
+                        // shows this very write (see `applied`).
+                        resent = true;
+                        conn = self.connect().await?;
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(if broken(&e) && !cluster { self.failed(unavailable(e)) } else { unavailable(e) })
+                    }
+                    Ok(reply) => parse(reply, keys.len())?,
+                };
+                match reply {
+                    // A read is never written (no key has the version it sends).
+                    Reply::Written(_) if writes.is_none() => return Err(bad_reply("cas.lua")),
+                    Reply::Written(time) => {
+                        self.clock_seen(&tag, time);
+                        self.remember(keys, &known, writes.as_ref(), &invocation.versions);
+                        return Ok(());
+                    }
+                    Reply::Changed(time, current) => {
+                        self.clock_seen(&tag, time);
+                        if applied(&current, &invocation.versions) {
+                            self.remember(keys, &known, writes.as_ref(), &invocation.versions);
+                            return Ok(());
+                        }
+                        for (key, known) in keys.iter().zip(&current) {
+                            self.known.set(key, known.clone());
+                        }
+                        known = current;
+                        now = Some(self.options.clock.as_ref().map_or(time, |clock| clock.now()));
+                    }
                 }
-                // Lost to another instance: back off a random while, longer
-                // after each loss, so that the racers spread out.
-                let most = 100u64 << attempt.min(6);
-                let wait = RandomState::new().hash_one(attempt) % most;
-                tokio::time::sleep(Duration::from_micros(wait)).await;
+                if writes.is_some() {
+                    attempt += 1;
+                    if attempt > 1 {
+                        // Lost to another instance again: back off a random
+                        // while, longer after each loss, so the racers spread out.
+                        let most = 100u64 << attempt.min(6);
+                        let wait = RandomState::new().hash_one(attempt) % most;
+                        tokio::time::sleep(Duration::from_micros(wait)).await;
+                    }
+                }
             }
             Err(StoreFailure::Contended)
         };
         tokio::time::timeout(self.options.timeout, attempts).await.map_err(|_| StoreFailure::Timeout)?
     }
 
-    /// One atomic round trip: the clock (Redis's `TIME` unless a local clock
-    /// was given) and each key's value and version.
-    async fn read(
-        &self,
-        conn: &mut Connection,
-        keys: &[String],
-    ) -> Result<(Nanos, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>), StoreFailure> {
-        let local = self.options.clock.as_ref().map(|c| c.now());
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        if local.is_none() {
-            pipe.cmd("TIME");
+    fn clock_seen(&self, tag: &str, time: Nanos) {
+        if self.options.clock.is_none() {
+            self.clocks.seen(tag, time, Instant::now());
         }
-        for key in keys {
-            pipe.cmd("HMGET").arg(key).arg("v").arg("n").arg("t");
-        }
-        // A connection dropped while this instance was idle (a Redis
-        // restart) fails the first command with a broken pipe: it is sent
-        // once more, on the connection the manager re-makes at that error.
-        // The read changes nothing, so sending it twice is harmless.
-        let replies: Vec<Value> = match pipe.query_async(conn).await {
-            Err(e) if e.is_connection_dropped() => pipe.query_async(conn).await,
-            result => result,
-        }
-        .map_err(unavailable)?;
-        let (now, rest) = match local {
-            Some(now) => (now, replies.as_slice()),
-            None => {
-                let (time, rest) = replies.split_first().ok_or_else(|| bad_reply("TIME"))?;
-                let (secs, micros): (u64, u64) = redis::from_redis_value(time).map_err(unavailable)?;
-                (Nanos::from_secs(secs) + Nanos::from_micros(micros), rest)
-            }
-        };
-        if rest.len() != keys.len() {
-            return Err(bad_reply("HMGET"));
-        }
-        let mut values = Vec::with_capacity(keys.len());
-        let mut versions = Vec::with_capacity(keys.len());
-        for reply in rest {
-            let (value, version, tag): (Option<Vec<u8>>, Option<Vec<u8>>, Option<u8>) =
-                redis::from_redis_value(reply).map_err(unavailable)?;
-            // A value without a version is not ours (an older layout): absent.
-            values.push(value.filter(|_| version.is_some()).map(|value| tagged(tag, value)));
-            versions.push(version);
-        }
-        Ok((now, values, versions))
     }
 
-    /// Writes `writes` if no key's version changed since `versions` were
-    /// read; false when one did.
-    async fn write(
-        &self,
-        conn: &mut Connection,
-        keys: &[String],
-        versions: &[Option<Vec<u8>>],
-        writes: &Writes,
-        now: Nanos,
-    ) -> Result<bool, StoreFailure> {
-        let mut invocation = self.cas.prepare_invoke();
-        for ((key, version), write) in keys.iter().zip(versions).zip(writes) {
-            invocation.key(key).arg(version.as_deref().unwrap_or_default());
-            match write {
+    /// Remembers what a successful script left in the keys.
+    fn remember(&self, keys: &[String], known: &[Known], writes: Option<&Writes>, versions: &[Option<Vec<u8>>]) {
+        for (at, key) in keys.iter().enumerate() {
+            let written = writes.and_then(|w| w.get(at)).and_then(Option::as_ref);
+            match (written, versions.get(at).cloned().flatten()) {
+                (Some(next), Some(version)) => {
+                    self.known.set(key, Known { value: Some(next.bytes.clone()), version: Some(version) })
+                }
+                _ => {
+                    if let Some(known) = known.get(at) {
+                        self.known.set(key, known.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The script's arguments for deciding `writes` on `known` at `now`
+    /// (no writes, no time: a read).
+    fn invocation(&self, known: &[Known], writes: Option<&Writes>, now: Option<Nanos>) -> Invocation {
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * known.len());
+        let checked = now.filter(|_| self.options.clock.is_none() && writes.is_some());
+        args.push(checked.map_or_else(Vec::new, |now| (now.get() / 1_000).to_string().into_bytes()));
+        args.push(CLOCK_TOLERANCE_US.to_string().into_bytes());
+        let mut versions = Vec::with_capacity(known.len());
+        for (at, known) in known.iter().enumerate() {
+            let seen = match writes {
+                Some(_) => known.version.clone().unwrap_or_default(),
+                None => NO_VERSION.to_vec(),
+            };
+            args.push(seen);
+            match writes.and_then(|w| w.get(at)).and_then(Option::as_ref) {
                 Some(next) => {
                     let n = self.writes.fetch_add(1, Ordering::Relaxed);
-                    let ttl_ms = (next.idle_at - now).ceil_millis().saturating_add(TTL_SLACK_MS);
+                    let version = format!("{:x}-{n:x}", self.seed).into_bytes();
+                    let ttl_ms = (next.idle_at - now.unwrap_or(Nanos::ZERO)).ceil_millis().saturating_add(TTL_SLACK_MS);
                     let (tag, value) = next.bytes.split_first().map_or((UNTAGGED, &[][..]), |(t, v)| (*t, v));
-                    invocation.arg(format!("{:x}-{n:x}", self.seed)).arg(value).arg(ttl_ms).arg(tag);
+                    args.push(version.clone());
+                    args.push(value.to_vec());
+                    args.push(ttl_ms.to_string().into_bytes());
+                    args.push(tag.to_string().into_bytes());
+                    versions.push(Some(version));
                 }
                 None => {
-                    invocation.arg("").arg("").arg(0).arg(0);
+                    args.extend([Vec::new(), Vec::new(), b"0".to_vec(), b"0".to_vec()]);
+                    versions.push(None);
                 }
             }
         }
-        let written: i64 = invocation.invoke_async(conn).await.map_err(unavailable)?;
-        Ok(written == 1)
+        Invocation { args, versions }
     }
 
-    /// Sends `PING` (once more after a dropped connection, as [`Self::read`]).
+    /// Runs the script (`EVALSHA`, loading it when Redis does not have it).
+    async fn send(&self, conn: &mut Connection, keys: &[String], invocation: &Invocation) -> redis::RedisResult<Value> {
+        let mut call = self.cas.prepare_invoke();
+        for key in keys {
+            call.key(key);
+        }
+        for arg in &invocation.args {
+            call.arg(arg.as_slice());
+        }
+        call.invoke_async(conn).await
+    }
+
+    /// Sends `PING` (on a new connection once, if Redis dropped the old one).
     pub async fn ping(&self) -> Result<(), StoreFailure> {
         let call = async {
             let mut conn = self.connection().await?;
             let ping = redis::cmd("PING");
+            let cluster = matches!(self.client, Client::Cluster(_));
             match ping.query_async::<String>(&mut conn).await {
-                Err(e) if e.is_connection_dropped() => ping.query_async::<String>(&mut conn).await,
-                result => result,
+                Err(e) if broken(&e) && !cluster => {
+                    let mut conn = self.connect().await?;
+                    ping.query_async::<String>(&mut conn).await.map_err(|e| self.failed(unavailable(e)))
+                }
+                result => result.map_err(unavailable),
             }
-            .map_err(unavailable)
         };
         tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreFailure::Timeout)?.map(|_| ())
     }
+}
+
+/// The script's arguments, and the version each written key gets.
+struct Invocation {
+    args: Vec<Vec<u8>>,
+    versions: Vec<Option<Vec<u8>>>,
+}
+
+fn values_of(known: &[Known]) -> Vec<Option<Vec<u8>>> {
+    known.iter().map(|k| k.value.clone()).collect()
+}
+
+/// True when the keys already hold the versions a script would have
+/// written: it was applied (a resend after a dropped connection finds the
+/// first send's writes).
+fn applied(current: &[Known], versions: &[Option<Vec<u8>>]) -> bool {
+    let mut written = current.iter().zip(versions).filter_map(|(known, version)| version.as_ref().map(|v| (known, v)));
+    let first = written.next();
+    first.is_some() && first.into_iter().chain(written).all(|(known, version)| known.version.as_ref() == Some(version))
+}
+
+/// A stored value as the decisions read it: its tag byte (field `t`; absent
+/// for a value stored before values carried one), then the value (field `v`,
+/// laid out as before tags, so that an instance of the previous release
+/// reads it unchanged).
+fn tagged(tag: Option<u8>, value: Vec<u8>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(1 + value.len());
+    bytes.push(tag.unwrap_or(UNTAGGED));
+    bytes.extend(value);
+    bytes
+}
+
+/// Reads the script's reply: `{1, seconds, µs}`, or `{0, seconds, µs, v, n,
+/// t, …}` with each key's value, version and tag.
+fn parse(reply: Value, keys: usize) -> Result<Reply, StoreFailure> {
+    let Value::Array(items) = reply else { return Err(bad_reply("cas.lua")) };
+    let [written, seconds, micros, rest @ ..] = items.as_slice() else { return Err(bad_reply("cas.lua")) };
+    let time = redis_time(seconds, micros)?;
+    if redis::from_redis_value::<i64>(written).map_err(unavailable)? == 1 {
+        return Ok(Reply::Written(time));
+    }
+    if rest.len() != 3 * keys {
+        return Err(bad_reply("cas.lua"));
+    }
+    let known = rest
+        .chunks(3)
+        .map(|key| {
+            let [value, version, tag] = key else { return Err(bad_reply("cas.lua")) };
+            let value: Option<Vec<u8>> = redis::from_redis_value(value).map_err(unavailable)?;
+            let version: Option<Vec<u8>> = redis::from_redis_value(version).map_err(unavailable)?;
+            let tag: Option<u8> = redis::from_redis_value(tag).map_err(unavailable)?;
+            // A value without a version is not ours (an older layout): absent.
+            Ok(Known { value: value.filter(|_| version.is_some()).map(|value| tagged(tag, value)), version })
+        })
+        .collect::<Result<Vec<Known>, StoreFailure>>()?;
+    Ok(Reply::Changed(time, known))
 }
 
 #[cfg(test)]

@@ -158,23 +158,50 @@ const CLUSTER_WAIT: Duration = Duration::from_secs(30);
 
 impl RedisCluster {
     pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("a cluster directory");
-        let nodes = (0..3).map(|_| ClusterNode { port: free_port(), bus_port: free_port(), child: None }).collect();
-        let mut cluster = RedisCluster { nodes, dir };
-        for node in 0..3 {
-            cluster.start_node(node);
+        // `redis-cli --cluster create` waits for the nodes to meet on their
+        // bus ports for as long as it takes; a bus port another test took
+        // meanwhile (`free_port` only finds one free for a moment) means
+        // forever. Such a cluster is given up and another one made.
+        for _attempt in 0..3 {
+            let dir = tempfile::tempdir().expect("a cluster directory");
+            let nodes = (0..3).map(|_| ClusterNode { port: free_port(), bus_port: free_port(), child: None }).collect();
+            let mut cluster = RedisCluster { nodes, dir };
+            for node in 0..3 {
+                cluster.start_node(node);
+            }
+            if cluster.create() {
+                cluster.wait_until_ok();
+                return cluster;
+            }
         }
-        let addresses: Vec<String> = cluster.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
-        let output = Command::new("redis-cli")
+        panic!("redis-cli --cluster create never completed (three clusters tried)");
+    }
+
+    /// Joins the nodes into a cluster; false when that did not complete
+    /// within `CLUSTER_WAIT`.
+    fn create(&self) -> bool {
+        let addresses: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let mut child = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&addresses)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(Stdio::null())
+            .spawn()
             .expect("redis-cli must be on PATH (apt-get install redis-tools)");
-        assert!(output.status.success(), "redis-cli --cluster create: {}", String::from_utf8_lossy(&output.stdout));
-        cluster.wait_until_ok();
-        cluster
+        let deadline = Instant::now() + CLUSTER_WAIT;
+        loop {
+            if let Some(status) = child.try_wait().expect("redis-cli") {
+                assert!(status.success(), "redis-cli --cluster create failed: {status}");
+                return true;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// `redis+cluster://` with every node as a seed.
@@ -489,7 +516,7 @@ impl Fixture {
                     timeout: options.store_timeout,
                     clock: if options.redis_time { None } else { Some(shared) },
                 };
-                QuotaStore::Redis(Box::new(RedisStore::new(&url, redis_options).expect("redis store")))
+                QuotaStore::Redis(Arc::new(RedisStore::new(&url, redis_options).expect("redis store")))
             }
         };
         let metrics = Metrics::new().expect("metrics");
