@@ -58,7 +58,8 @@ struct Cli {
     #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
     reload_interval: Duration,
 
-    /// Most buckets the memory store holds (idle ones are dropped first).
+    /// Most buckets the memory store holds, and most lease records beside
+    /// them (entries no longer kept are dropped first, then new keys get 503).
     #[arg(long, default_value_t = 1_000_000)]
     memory_max_buckets: usize,
 

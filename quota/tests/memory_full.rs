@@ -10,7 +10,7 @@
 mod common;
 
 use common::{Backend, Fixture, Options};
-use floodgate_core::time::SECOND;
+use floodgate_core::time::{Nanos, SECOND};
 use floodgate_quota::config::Limit;
 use floodgate_quota::store::{bucket_key, BucketCheck, QuotaStore};
 use serde_json::json;
@@ -69,4 +69,44 @@ async fn a_full_store_serves_known_keys_and_refuses_new_ones_without_scanning() 
     assert_eq!(memory.len(), MAX + 1 - looked, "each entry looked at was idle and dropped");
     assert_eq!(memory.sweep(), MAX - looked, "the sweep drops the rest");
     assert_eq!(memory.len(), 1);
+}
+
+const PER_SECOND: &str =
+    "domain: test\ndescriptors:\n  - key: s\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+
+/// Issue 16, finding 6: keys in use keep their slots against a flood of new
+/// keys. 100 live keys with 1-second windows are used in the middle of each
+/// second; a flood of new keys arrives just after each window ends, when
+/// those buckets are idle (they were taken by the flood, and the live keys
+/// got 503). Leases on the live keys get their records' room of their own
+/// (each lease needs a new record; they were refused too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_short_window_keys_keep_their_slots_against_a_flood_of_new_keys() {
+    let f = Fixture::with(Backend::Memory, PER_SECOND, Options { max_buckets: 200, ..Options::default() }).await;
+    let key = |name: String| json!({"domain": "test", "descriptors": [[["s", name]]]});
+    f.clock.advance(Nanos::from_millis(500));
+    let (mut flooded, mut refused) = (0, 0);
+    for round in 0..5 {
+        for i in 0..100 {
+            let (status, body) = f.post("/v1/check", &key(format!("live{i}"))).await;
+            assert_eq!(status, 200, "round {round}: live{i}: {body}");
+        }
+        // 20 leases a round: their records (kept 30 s) fit the records' room.
+        for i in 0..20 {
+            let id = format!("l{round}-{i}");
+            let lease = json!({"domain": "test", "leases": [{"id": id, "descriptor": [["s", format!("live{i}")]], "wanted": 1}]});
+            let (status, body) = f.post("/v1/lease", &lease).await;
+            assert_eq!(status, 200, "round {round}: a lease on live{i}: {body}");
+        }
+        f.clock.advance(Nanos::from_millis(600));
+        for j in 0..300 {
+            match f.post("/v1/check", &key(format!("new{round}-{j}"))).await.0 {
+                200 => flooded += 1,
+                503 => refused += 1,
+                other => panic!("a new key got {other}"),
+            }
+        }
+        f.clock.advance(Nanos::from_millis(400));
+    }
+    assert!(refused > 0 && flooded > 0, "the flood filled the room left: {flooded} in, {refused} refused");
 }

@@ -60,23 +60,43 @@ impl Stored {
         // bucket, left alone, is indistinguishable from a fresh one (and
         // stays so), so a key expiring then forgets no count. Every write
         // sets the time again, so a bucket written later lives longer.
-        let idle_at = limit.policy().idle_at(&self.state, now);
+        let policy = limit.policy();
+        let idle_at = policy.idle_at(&self.state, now);
         let mut bytes = Vec::with_capacity(1 + self.state.len() + 8);
         bytes.push(limit.algorithm().tag);
         bytes.extend_from_slice(&self.state);
         bytes.extend_from_slice(&self.paced_until.get().to_le_bytes());
-        Next { bytes, idle_at }
+        // A key in use keeps its place for a window after its last use,
+        // even once idle: between its windows it is still a live key.
+        let window = policy.quota().window.unwrap_or(limit.period());
+        Next { bytes, idle_at, keep_until: idle_at.max(now + window), kind: Kind::Bucket }
     }
 }
 
-/// A bucket after a decision: the new bytes and when they become idle.
+/// An entry after a decision: the new bytes and how long they matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Next {
-    /// The state to store.
+    /// The value to store.
     pub bytes: Vec<u8>,
-    /// When the bucket becomes idle (indistinguishable from a fresh one): a
-    /// store may forget it from then on.
+    /// When the entry becomes idle (a bucket indistinguishable from a fresh
+    /// one, a record past counting): a store may forget it from then on
+    /// without losing a count (Redis sets its time to live so).
     pub idle_at: Nanos,
+    /// Until when a store that holds a bounded number of entries must keep
+    /// it against new keys (at least `idle_at`): a bucket one window past
+    /// its last use, so a key in use keeps its place between its windows.
+    pub keep_until: Nanos,
+    /// A bucket or a lease record (each has its own room in the memory store).
+    pub kind: Kind,
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A bucket's state.
+    Bucket = 0,
+    /// A lease record.
+    Record = 1,
 }
 
 /// Takes `cost` units if the bucket has them. Returns the decision and the
@@ -238,6 +258,11 @@ impl LeaseRecord {
             returned,
             bucket: text(fields_end..bytes.len())?.to_string(),
         })
+    }
+
+    /// The record as an entry to store.
+    pub fn to_next(&self) -> Next {
+        Next { bytes: self.encode(), idle_at: self.expires_at, keep_until: self.expires_at, kind: Kind::Record }
     }
 
     /// The record in `stored`, if there is one still counting at `now`.

@@ -1,25 +1,35 @@
 //! The embedded store: bytes under keys in sharded hash maps. Decisions are
-//! made by the caller's transaction (see [`super::Store`]) while the shards
-//! of its keys are locked, always in ascending shard order, so transactions
-//! over several keys are atomic and never deadlock, and requests for keys in
-//! other shards go on meanwhile.
+//! made by the caller's transaction (see [`super::QuotaStore`]) while the
+//! shards of its keys are locked, always in ascending shard order, so
+//! transactions over several keys are atomic and never deadlock, and
+//! requests for keys in other shards go on meanwhile.
 //!
-//! Forgetting idle entries costs O(log n) per entry and never a scan: each
-//! shard keeps an expiry queue of (instant the entry may be idle, key),
-//! looked at only from its head. An entry found busier than queued is
-//! queued again at its new idle instant; one found idle is dropped.
+//! Room: `max_entries` buckets, and as many lease records beside them (so a
+//! flood of new buckets never leaves a lease on a live bucket without room
+//! for its record). An entry keeps its place until its `keep_until`: a
+//! bucket while it is not idle and for one window after it was last used (a
+//! key in use keeps its slot even between its windows), a record while it
+//! counts. Only then is it dropped, to make room for a new key or by the
+//! sweep. Full of entries that must be kept, the store refuses new keys
+//! (`full`) and keeps deciding for the keys it holds.
+//!
+//! Dropping costs O(log n) per entry and never a scan: each shard keeps an
+//! expiry queue of (keep_until, key), looked at only from its head, and
+//! publishes the head's instant, so that a full store finds in a glance that
+//! no shard has anything to drop. An entry kept longer than queued is queued
+//! again at its new instant; one past it is dropped.
 
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::time::{Clock, Nanos};
 
 use super::lanes::{Batch, Job, Lanes};
-use super::{StoreFailure, Writes};
+use super::{Kind, StoreFailure, Writes};
 
 /// Shards: enough that unrelated keys rarely share a lock on two cores or
 /// twenty, few enough that a sweep visits them all in microseconds.
@@ -33,36 +43,30 @@ const SWEEP_STEP: usize = 1_024;
 #[derive(Debug)]
 struct Entry {
     value: Vec<u8>,
-    idle_at: Nanos,
+    keep_until: Nanos,
+    kind: Kind,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
     map: HashMap<String, Entry>,
-    /// One item per entry: (earliest instant it may be idle, key).
+    /// One item per entry: (the earliest instant it may be dropped, key).
     expiry: BinaryHeap<Reverse<(Nanos, String)>>,
 }
 
-impl Shard {
-    /// Drops idle entries at `now` from the head of the queue, looking at
-    /// up to `most`; returns how many it dropped and how many it looked at.
-    fn drop_idle(&mut self, now: Nanos, most: usize) -> (usize, usize) {
-        let mut dropped = 0;
-        let mut looked = 0;
-        while looked < most && self.expiry.peek().is_some_and(|Reverse((due, _))| *due <= now) {
-            looked += 1;
-            let Some(Reverse((_, key))) = self.expiry.pop() else { break };
-            match self.map.get(&key).map(|e| e.idle_at) {
-                Some(idle_at) if idle_at <= now => {
-                    self.map.remove(&key);
-                    dropped += 1;
-                }
-                // Written since it was queued: queue it at its new idle time.
-                Some(idle_at) => self.expiry.push(Reverse((idle_at, key))),
-                None => {}
-            }
+/// Entries held of each kind, over all shards.
+#[derive(Debug, Default)]
+struct Counts {
+    buckets: AtomicUsize,
+    records: AtomicUsize,
+}
+
+impl Counts {
+    fn of(&self, kind: Kind) -> &AtomicUsize {
+        match kind {
+            Kind::Bucket => &self.buckets,
+            Kind::Record => &self.records,
         }
-        (dropped, looked)
     }
 }
 
@@ -71,9 +75,11 @@ impl Shard {
 pub struct LocalStore {
     clock: Arc<dyn Clock>,
     shards: Vec<Mutex<Shard>>,
+    /// Per shard, the instant at the head of its expiry queue (`u64::MAX`
+    /// when empty): nothing in it may be dropped before.
+    due: Vec<AtomicU64>,
     hasher: RandomState,
-    /// Entries held, over all shards.
-    len: AtomicUsize,
+    held: Counts,
     max_entries: usize,
     /// Entries looked at to drop idle ones, ever (see [`LocalStore::examined`]).
     examined: AtomicUsize,
@@ -88,14 +94,15 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl LocalStore {
     /// A store reading time from `clock` and holding at most `max_entries`
-    /// buckets and lease records (idle ones are dropped first; see
-    /// [`LocalStore::sweep`]).
+    /// buckets, and as many lease records (entries past their keeping time
+    /// are dropped first; see [`LocalStore::sweep`]).
     pub fn new(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
         Self {
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            due: (0..SHARDS).map(|_| AtomicU64::new(u64::MAX)).collect(),
             hasher: RandomState::new(),
-            len: AtomicUsize::new(0),
+            held: Counts::default(),
             max_entries: max_entries.max(1),
             examined: AtomicUsize::new(0),
             lanes: Lanes::default(),
@@ -104,7 +111,7 @@ impl LocalStore {
 
     /// Number of buckets and lease records held.
     pub fn len(&self) -> usize {
-        self.len.load(Ordering::Relaxed)
+        self.held.buckets.load(Ordering::Relaxed) + self.held.records.load(Ordering::Relaxed)
     }
 
     /// True when nothing is held.
@@ -112,17 +119,43 @@ impl LocalStore {
         self.len() == 0
     }
 
-    /// How many entries eviction and sweeping have looked at so far: they
-    /// look only at queued entries that may be idle, never scan the store.
+    /// How many entries dropping and sweeping have looked at so far: they
+    /// look only at queued entries that may be due, never scan the store.
     pub fn examined(&self) -> usize {
         self.examined.load(Ordering::Relaxed)
     }
 
-    fn drop_idle(&self, shard: &mut Shard, now: Nanos, most: usize) -> usize {
-        let (dropped, looked) = shard.drop_idle(now, most);
+    /// Drops entries due at `now` from the head of shard `index`'s queue,
+    /// looking at up to `most`; returns how many it dropped.
+    fn drop_due(&self, index: usize, shard: &mut Shard, now: Nanos, most: usize) -> usize {
+        let mut dropped = 0;
+        let mut looked = 0;
+        while looked < most && shard.expiry.peek().is_some_and(|Reverse((due, _))| *due <= now) {
+            looked += 1;
+            let Some(Reverse((_, key))) = shard.expiry.pop() else { break };
+            match shard.map.get(&key).map(|e| e.keep_until) {
+                Some(keep_until) if keep_until <= now => {
+                    if let Some(entry) = shard.map.remove(&key) {
+                        self.held.of(entry.kind).fetch_sub(1, Ordering::Relaxed);
+                        dropped += 1;
+                    }
+                }
+                // Written since it was queued: queue it at its new instant.
+                Some(keep_until) => shard.expiry.push(Reverse((keep_until, key))),
+                None => {}
+            }
+        }
         self.examined.fetch_add(looked, Ordering::Relaxed);
-        self.len.fetch_sub(dropped, Ordering::Relaxed);
+        self.publish(index, shard);
         dropped
+    }
+
+    /// Publishes the head of shard `index`'s queue (its lock held).
+    fn publish(&self, index: usize, shard: &Shard) {
+        let head = shard.expiry.peek().map_or(u64::MAX, |Reverse((due, _))| due.get());
+        if let Some(due) = self.due.get(index) {
+            due.store(head, Ordering::Relaxed);
+        }
     }
 
     fn shard_of(&self, key: &str) -> usize {
@@ -130,15 +163,15 @@ impl LocalStore {
         (self.hasher.hash_one(key) % SHARDS as u64) as usize
     }
 
-    /// Drops every entry idle now (a bucket indistinguishable from a fresh
-    /// one, an expired lease record), a bounded step per shard lock. Costs
-    /// what it drops, not what the store holds. Returns how many it dropped.
+    /// Drops every entry due now (a bucket idle and unused for a window, an
+    /// expired lease record), a bounded step per shard lock. Costs what it
+    /// drops, not what the store holds. Returns how many it dropped.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
         let mut total = 0;
-        for shard in &self.shards {
+        for (index, shard) in self.shards.iter().enumerate() {
             loop {
-                let dropped = self.drop_idle(&mut lock(shard), now, SWEEP_STEP);
+                let dropped = self.drop_due(index, &mut lock(shard), now, SWEEP_STEP);
                 total += dropped;
                 if dropped < SWEEP_STEP {
                     break;
@@ -148,29 +181,60 @@ impl LocalStore {
         total
     }
 
-    /// Room for `new` more entries: reserved from the count, dropping idle
-    /// entries first from the shards already locked, then from any shard
-    /// free right now (never waiting for one: that could deadlock).
-    fn reserve(&self, new: usize, held: &mut [(usize, MutexGuard<'_, Shard>)], now: Nanos) -> Result<(), StoreFailure> {
-        let fits = |len: usize| (len + new <= self.max_entries).then_some(len + new);
-        if self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok() {
+    /// Room for `new` more entries of each kind (buckets, records): reserved
+    /// from the counts, dropping due entries first from the shards already
+    /// locked, then from any other shard with something due that is free
+    /// right now (never waiting for one: that could deadlock).
+    fn reserve(
+        &self,
+        new: [usize; 2],
+        held: &mut [(usize, MutexGuard<'_, Shard>)],
+        now: Nanos,
+    ) -> Result<(), StoreFailure> {
+        let counts = [&self.held.buckets, &self.held.records];
+        let room = |count: &AtomicUsize, new: usize| {
+            let fits = |len: usize| (len + new <= self.max_entries).then_some(len + new);
+            new == 0 || count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok()
+        };
+        let mut reserved = [false; 2];
+        for kind in 0..2 {
+            reserved[kind] = room(counts[kind], new[kind]);
+        }
+        if reserved.iter().all(|r| *r) {
             return Ok(());
         }
-        let mut dropped: usize = held.iter_mut().map(|(_, shard)| self.drop_idle(shard, now, new + SWEEP_STEP)).sum();
-        if dropped < new {
+        let needed: usize = new.iter().zip(&reserved).filter(|(_, r)| !**r).map(|(n, _)| n).sum();
+        let mut dropped: usize =
+            held.iter_mut().map(|(i, shard)| self.drop_due(*i, shard, now, needed + SWEEP_STEP)).sum();
+        if dropped < needed {
             for (index, shard) in self.shards.iter().enumerate() {
-                if held.iter().any(|(i, _)| *i == index) {
+                let due = self.due.get(index).map_or(u64::MAX, |d| d.load(Ordering::Relaxed));
+                if due > now.get() || held.iter().any(|(i, _)| *i == index) {
                     continue;
                 }
                 if let Ok(mut shard) = shard.try_lock() {
-                    dropped += self.drop_idle(&mut shard, now, new + SWEEP_STEP);
+                    dropped += self.drop_due(index, &mut shard, now, needed + SWEEP_STEP);
                 }
-                if dropped >= new {
+                if dropped >= needed {
                     break;
                 }
             }
         }
-        self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreFailure::Full)
+        for kind in 0..2 {
+            if !reserved[kind] {
+                reserved[kind] = room(counts[kind], new[kind]);
+            }
+        }
+        if reserved.iter().all(|r| *r) {
+            return Ok(());
+        }
+        // Give back what was reserved: nothing is written.
+        for kind in 0..2 {
+            if reserved[kind] && new[kind] > 0 {
+                counts[kind].fetch_sub(new[kind], Ordering::Relaxed);
+            }
+        }
+        Err(StoreFailure::Full)
     }
 
     /// Runs `job` now, with whatever queued on its lane behind it, or
@@ -190,8 +254,9 @@ impl LocalStore {
         }
     }
 
-    /// See [`super::QuotaStore`]: runs `decide` on the values of `keys` (which
-    /// must be distinct) with their shards locked and applies its writes.
+    /// See [`super::QuotaStore`]: runs `decide` on the values of `keys`
+    /// (which must be distinct) with their shards locked and applies its
+    /// writes.
     fn transact<A>(
         &self,
         keys: &[String],
@@ -218,26 +283,35 @@ impl LocalStore {
             .collect();
         let (answer, writes) = decide(&values, now);
 
-        let new = writes.iter().zip(&values).filter(|(w, v)| w.is_some() && v.is_none()).count();
-        if new > 0 {
+        let mut new = [0usize; 2];
+        for (write, value) in writes.iter().zip(&values) {
+            if let (Some(next), None) = (write, value) {
+                new[next.kind as usize] += 1;
+            }
+        }
+        if new.iter().any(|n| *n > 0) {
             self.reserve(new, &mut held, now)?;
         }
         for (at_key, ((key, shard), write)) in keys.iter().zip(&shard_of).zip(writes).enumerate() {
             let (Some(next), Some(at)) = (write, position(*shard)) else { continue };
-            let Some((_, guard)) = held.get_mut(at) else { continue };
+            let Some((index, guard)) = held.get_mut(at) else { continue };
             match guard.map.get_mut(key) {
                 Some(entry) => {
                     entry.value = next.bytes;
-                    entry.idle_at = next.idle_at;
+                    entry.keep_until = next.keep_until;
                 }
                 None => {
                     if values.get(at_key).is_some_and(Option::is_some) {
-                        // Read, then dropped as idle while making room: not
-                        // counted among the new entries reserved above.
-                        self.len.fetch_add(1, Ordering::Relaxed);
+                        // Read, then dropped while making room: not counted
+                        // among the new entries reserved above.
+                        self.held.of(next.kind).fetch_add(1, Ordering::Relaxed);
                     }
-                    guard.expiry.push(Reverse((next.idle_at, key.clone())));
-                    guard.map.insert(key.clone(), Entry { value: next.bytes, idle_at: next.idle_at });
+                    guard.expiry.push(Reverse((next.keep_until, key.clone())));
+                    guard
+                        .map
+                        .insert(key.clone(), Entry { value: next.bytes, keep_until: next.keep_until, kind: next.kind });
+                    let index = *index;
+                    self.publish(index, guard);
                 }
             }
         }

@@ -11,7 +11,7 @@ mod memory;
 mod redis;
 
 use self::decide::LeaseRecord;
-pub use self::decide::Next;
+pub use self::decide::{Kind, Next};
 pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
@@ -386,9 +386,8 @@ fn lease(
                 valid_until,
                 expires_at: valid_until + LEASE_RECORD_MARGIN,
             };
-            let idle_at = done.expires_at;
             put(&mut values, &mut writes, bucket, leased.next);
-            put(&mut values, &mut writes, record, Next { bytes: done.encode(), idle_at });
+            put(&mut values, &mut writes, record, done.to_next());
         }
         grants.push(LeaseOutcome {
             granted: leased.granted,
@@ -425,8 +424,7 @@ fn give_back(
         let replayed = done.returned;
         if !replayed {
             done.returned = true;
-            let idle_at = done.expires_at;
-            put(&mut values, &mut writes, record, Next { bytes: done.encode(), idle_at });
+            put(&mut values, &mut writes, record, done.to_next());
         }
         if let Some(next) = next {
             put(&mut values, &mut writes, bucket, next);
