@@ -1,7 +1,7 @@
 # Make targets of the quota service (floodgate-quota), included by the root
 # Makefile; paths are relative to the repository root.
 #   quota-test   every quota test suite, memory, Redis and Redis Cluster stores (needs redis-server and redis-cli on PATH)
-#   quota-bench  loopback benchmark: check and lease decisions/s and p99: memory (empty and full), Redis, Redis Cluster (needs wrk, redis-server, redis-cli)
+#   quota-bench  loopback benchmark: check and lease decisions/s and p99 (memory; 10⁶ buckets with room and full; Redis; Redis Cluster), gRPC RLS beside /v1/check, and the table of targets (needs wrk, h2load, redis-server, redis-cli)
 #   quota-run    the service with the memory store on 127.0.0.1:8081 and the sample limits
 
 QUOTA_CARGO ?= cargo
@@ -13,10 +13,10 @@ quota-test:
 	  { echo "quota-test needs redis-server and redis-cli on PATH (make deps-redis, or apt-get install redis-server redis-tools)" >&2; exit 1; }
 	$(QUOTA_CARGO) test -p floodgate-quota --all-targets
 
-# The load generator and Redis come from Debian's packages.
+# The load generators (wrk; h2load, for gRPC) and Redis come from Debian's packages.
 quota-bench-deps:
-	@command -v wrk >/dev/null && command -v redis-server >/dev/null && command -v redis-cli >/dev/null || \
-	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk redis-server redis-tools >/dev/null; }
+	@command -v wrk >/dev/null && command -v h2load >/dev/null && command -v redis-server >/dev/null && command -v redis-cli >/dev/null || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk nghttp2-client redis-server redis-tools >/dev/null; }
 
 quota-bench: quota-bench-deps
 	quota/bench/run.sh

@@ -1,28 +1,46 @@
 #!/usr/bin/env bash
-# Loopback benchmark of floodgate-quota: check and lease decisions per second
-# and p99 latency, with the memory store (empty, and full at a million
-# buckets), with Redis and with a three-master Redis Cluster.
+# Loopback benchmark of floodgate-quota: decisions per second and latency of
+# /v1/check and /v1/lease with the memory store (and, with 10⁶ buckets, one
+# with room and one full), with Redis and with a three-master Redis Cluster,
+# and Envoy's rate limit service API over gRPC beside /v1/check; then the
+# table of issue 16's targets, as ratios measured in the same run.
 #
-# The service is pinned to CPU 0 with one worker thread and the load
-# generator (wrk) to CPU 1, so the figures are per service core. Everything
-# listens on 127.0.0.1 only; every row is bounded by DURATION, repeated
-# ROUNDS times (the fill of the full store by its count of buckets).
+# Pinning: every service runs with one tokio worker thread
+# (TOKIO_WORKER_THREADS=1) under `taskset -c 0`, the load generators (wrk,
+# h2load) under `taskset -c 1`; the Redis processes are not pinned and share
+# both cores. So the figures are per service core.
+#
+# Rounds: every row runs once per round, in an order rotated each round, so
+# that rows compared with each other ran within a minute or two; the table
+# gives medians over the rounds of the figures and of the per-round ratios.
+# Everything listens on 127.0.0.1 only; every row is bounded by DURATION.
+#
+# Tunables: ROUNDS (5), DURATION (5s), CONNECTIONS (32), FULL_BUCKETS
+# (1000000); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
+# that binary (labelled COMPARE_LABEL), to compare designs in the same run.
 set -euo pipefail
 
+ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-5s}
-ROUNDS=${ROUNDS:-3}
 CONNECTIONS=${CONNECTIONS:-32}
-FULL_BUCKETS=1000000
+FULL_BUCKETS=${FULL_BUCKETS:-1000000}
+# existing.lua picks among the buckets fill.py made.
+export BUCKETS=$FULL_BUCKETS
+COMPARE_BIN=${COMPARE_BIN:-}
+COMPARE_LABEL=${COMPARE_LABEL:-compare}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 
-for tool in wrk redis-server redis-cli python3; do
-  command -v "$tool" >/dev/null || { echo "quota-bench needs $tool (apt-get install wrk redis-server redis-tools python3)" >&2; exit 1; }
+for tool in wrk h2load redis-server redis-cli python3 taskset curl; do
+  command -v "$tool" >/dev/null || {
+    echo "quota-bench needs $tool (apt-get install wrk nghttp2-client redis-server redis-tools python3 util-linux curl)" >&2
+    exit 1
+  }
 done
 # exec, so that $! is the program itself and `kill` reaches it; call it only
 # in a subshell, never from the script's own shell.
-pin() { if command -v taskset >/dev/null; then exec taskset -c "$1" "${@:2}"; else exec "${@:2}"; fi; }
+pin() { exec taskset -c "$1" "${@:2}"; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() {
   for _ in $(seq 1 200); do
@@ -44,14 +62,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Redis is not pinned: on two cores it shares whichever the scheduler finds free.
 redis_port=$(free_port)
 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 pids+=($!)
 wait_port "$redis_port"
 
 # A Redis Cluster of three masters, no replicas (the bench's one domain
-# lives in one slot, so one master serves it: the row measures the cluster
+# lives in one slot, so one master serves it: the rows measure the cluster
 # client's routing, not spreading).
 cluster_nodes=()
 for n in 1 2 3; do
@@ -62,7 +79,7 @@ for n in 1 2 3; do
   wait_port "$port"
   cluster_nodes+=("127.0.0.1:$port")
 done
-redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
+timeout 60 redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
 for node in "${cluster_nodes[@]}"; do
   for _ in $(seq 1 200); do
     redis-cli -p "${node##*:}" cluster info | grep -q cluster_state:ok && break
@@ -71,91 +88,132 @@ for node in "${cluster_nodes[@]}"; do
 done
 cluster_url="redis+cluster://$(IFS=,; echo "${cluster_nodes[*]}")"
 
-# One wrk run; prints a row and records it. Arguments: label, call, script,
-# port, connections.
-measure() {
-  local out rps p50 p99 errors
-  out=$(pin 1 wrk -t1 -c"$5" -d"$DURATION" --latency -s "$here/$3.lua" "http://127.0.0.1:$4")
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
-  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
-  errors=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
-  printf '%-14s %-14s %14s %10s %10s %8s\n' "$1" "$2" "$rps" "$p50" "$p99" "${errors:-0}"
-  echo "$round|$1 $2|$rps|$p50|$p99|${errors:-0}" >>"$scratch/rows"
-}
-
-# Starts the service on a free port with the given flags; sets $port.
+# Starts a service on a free port with the given binary and flags; sets $port.
+# wrk's 32 connections come from one address: no per-peer cap for this one.
 start_service() {
   port=$(free_port)
-  (RUST_LOG=warn TOKIO_WORKER_THREADS=1 pin 0 "$bin" --config "$here/bench.yaml" --listen "127.0.0.1:$port" "$@") &
+  local binary=$1
+  shift
+  local peers=()
+  [ "$binary" = "$bin" ] && peers=(--max-connections-per-peer 0)
+  (RUST_LOG=warn TOKIO_WORKER_THREADS=1 pin 0 "$binary" --config "$here/bench.yaml" --listen "127.0.0.1:$port" \
+    "${peers[@]}" "$@") &
   pids+=($!)
   wait_port "$port"
 }
 
 echo "machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)"
-echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (absolute figures are only meaningful on an otherwise idle machine; compare rows of one round)"
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg) (absolute figures are only meaningful on an otherwise idle machine; the ratios compare rows of one round)"
 
-# Every service runs throughout (idle while another is measured), so that
-# each round measures every row within a minute or two of the others.
-start_service --store memory
+# Every service runs throughout (idle while another is measured).
+grpc_port=$(free_port)
+start_service "$bin" --store memory --grpc-listen "127.0.0.1:$grpc_port"
 memory_port=$port
-start_service --store "redis://127.0.0.1:$redis_port/"
+wait_port "$grpc_port"
+start_service "$bin" --store "redis://127.0.0.1:$redis_port/"
 redis_service_port=$port
-start_service --store "$cluster_url"
+start_service "$bin" --store "$cluster_url"
 cluster_port=$port
-# The memory store full: FULL_BUCKETS live buckets (a day-long window);
-# checks of existing buckets are measured while new keys are being refused.
-start_service --store memory --memory-max-buckets "$FULL_BUCKETS"
+compare_port=""
+if [ -n "$COMPARE_BIN" ]; then
+  start_service "$COMPARE_BIN" --store "redis://127.0.0.1:$redis_port/"
+  compare_port=$port
+fi
+# FULL_BUCKETS live buckets (a day-long window) twice: a store full with
+# them, and one with room for as many again, the reference of the full one.
+start_service "$bin" --store memory --memory-max-buckets "$FULL_BUCKETS"
 full_port=$port
-python3 "$here/fill.py" "$full_port" "$FULL_BUCKETS"
+start_service "$bin" --store memory --memory-max-buckets $((2 * FULL_BUCKETS))
+room_port=$port
+python3 "$here/fill.py" "$full_port" "$FULL_BUCKETS" full
+python3 "$here/fill.py" "$room_port" "$FULL_BUCKETS" room
 
-for round in $(seq 1 "$ROUNDS"); do
-  printf '\nround %s of %s, load average %s\n' "$round" "$ROUNDS" "$(cut -d' ' -f1 /proc/loadavg)"
-  printf '%-14s %-14s %14s %10s %10s %8s\n' store call "decisions/s" "p50" "p99" "non-2xx"
-  for row in "memory $memory_port" "redis $redis_service_port" "redis-cluster $cluster_port"; do
-    set -- $row
-    for call in check lease; do
-      measure "$1" "$call" "$call" "$2" "$CONNECTIONS"
-    done
-  done
-  (pin 1 wrk -t1 -c8 -d"$DURATION" -s "$here/new.lua" "http://127.0.0.1:$full_port" >"$scratch/new.out") &
-  refusing=$!
-  pids+=($refusing)
-  measure memory-full "check existing" existing "$full_port" "$CONNECTIONS"
-  wait "$refusing"
-  refused_rps=$(awk '/^Requests\/sec:/ {print $2}' "$scratch/new.out")
+# The RLS call as gRPC frames: one key, like the /v1/check it is compared with.
+python3 "$here/rls_body.py" >"$scratch/rls.bin"
+printf '{"domain":"bench","descriptors":[[["user","u1"]]],"hits":1}' >"$scratch/check.json"
+
+# One wrk run: label, script, port, connections. Appends a row to rows.
+wrk_row() {
+  local out rps p50 p99 errors
+  out=$(pin 1 wrk -t1 -c"$4" -d"$DURATION" --latency -s "$here/$2.lua" "http://127.0.0.1:$3")
+  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
+  p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
+  errors=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
+  echo "$round|$1|$rps|$p50|$p99|${errors:-0}" >>"$scratch/rows"
+  printf '%-34s %12s %10s %10s %8s\n' "$1" "$rps" "$p50" "$p99" "${errors:-0}"
+}
+
+# The full (or roomy) store's existing buckets checked while a second wrk
+# sends checks of new buckets (8 connections; refused as full by the full
+# store, added by the one with room).
+existing_row() {
+  (pin 1 wrk -t1 -c8 -d"$DURATION" -s "$here/new.lua" "http://127.0.0.1:$2" >"$scratch/new.out") &
+  local flood=$!
+  pids+=($flood)
+  wrk_row "$1" existing "$2" "$CONNECTIONS"
+  wait "$flood"
+  local rps refused total
+  rps=$(awk '/^Requests\/sec:/ {print $2}' "$scratch/new.out")
   refused=$(awk '/Non-2xx/ {print $NF}' "$scratch/new.out")
   total=$(awk '/requests in/ {print $1}' "$scratch/new.out")
-  printf '%-14s %-14s %14s %10s %10s %8s\n' memory-full "check new" "$refused_rps" "" "" "${refused:-0}/$total"
+  printf '%-34s %12s %21s %8s\n' "  beside it: new keys" "$rps" "" "${refused:-0}/$total"
+}
+
+# One h2load run: label, URL, body file, then h2load's own flags. The
+# per-request log gives the percentiles.
+h2load_row() {
+  local label=$1 url=$2 body=$3
+  shift 3
+  local out
+  out=$(pin 1 h2load -D "${DURATION%s}" -c "$CONNECTIONS" -t 1 -d "$body" --log-file="$scratch/h2.log" "$@" "$url")
+  local rps errors
+  rps=$(awk '/^finished in/ {gsub(",", "", $4); print $4}' <<<"$out")
+  errors=$(awk '/^status codes:/ {print $5 + $7 + $9}' <<<"$out")
+  read -r p50 p99 < <(python3 - "$scratch/h2.log" <<'PY'
+import sys
+latencies = sorted(int(line.split("\t")[2]) for line in open(sys.argv[1]) if line.strip())
+pick = lambda q: latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1000 if latencies else float("nan")
+print(f"{pick(0.50):.2f}ms {pick(0.99):.2f}ms")
+PY
+)
+  echo "$round|$label|$rps|$p50|$p99|${errors:-0}" >>"$scratch/rows"
+  printf '%-34s %12s %10s %10s %8s\n' "$label" "$rps" "$p50" "$p99" "${errors:-0}"
+}
+
+rls_ok() { curl -s "http://127.0.0.1:$memory_port/metrics" | awk -F' ' '/^floodgate_quota_requests_total\{endpoint="rls",status="OK"\}/ {print $2}'; }
+
+rows=(
+  "wrk_row 'memory check' check $memory_port $CONNECTIONS"
+  "wrk_row 'redis check' check $redis_service_port $CONNECTIONS"
+  "wrk_row 'redis-cluster check' check $cluster_port $CONNECTIONS"
+  "wrk_row 'memory lease' lease $memory_port $CONNECTIONS"
+  "wrk_row 'redis lease' lease $redis_service_port $CONNECTIONS"
+  "wrk_row 'redis-cluster lease' lease $cluster_port $CONNECTIONS"
+  "existing_row 'memory 10^6 room, existing' $room_port"
+  "existing_row 'memory 10^6 full, existing' $full_port"
+  "h2load_row 'memory check, one key (h2load)' http://127.0.0.1:$memory_port/v1/check $scratch/check.json --h1 -H 'content-type: application/json'"
+  "h2load_row 'memory RLS gRPC, one key (h2load)' http://127.0.0.1:$grpc_port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit $scratch/rls.bin -H 'content-type: application/grpc' -H 'te: trailers'"
+)
+if [ -n "$compare_port" ]; then
+  rows+=("wrk_row 'redis ($COMPARE_LABEL) check' check $compare_port $CONNECTIONS")
+  rows+=("wrk_row 'redis ($COMPARE_LABEL) lease' lease $compare_port $CONNECTIONS")
+fi
+
+rls_before=$(rls_ok)
+for round in $(seq 1 "$ROUNDS"); do
+  printf '\nround %s of %s, load average %s\n' "$round" "$ROUNDS" "$(cut -d' ' -f1 /proc/loadavg)"
+  printf '%-34s %12s %10s %10s %8s\n' row "decisions/s" p50 p99 non-2xx
+  count=${#rows[@]}
+  for i in $(seq 0 $((count - 1))); do
+    eval "${rows[$(((i + round - 1) % count))]}"
+  done
 done
-curl -s "http://127.0.0.1:$full_port/metrics" | grep -E '^floodgate_quota_(requests|store_errors)_total' >&2
+rls_after=$(rls_ok)
 
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "$ROUNDS rounds, $DURATION per row, $CONNECTIONS connections, service on 1 core (1 worker thread), wrk on the other;"
-echo "memory-full: $FULL_BUCKETS live buckets; 'check existing' ran at the same time as 'check new' (8 connections, all refused as full)"
+echo "$ROUNDS rounds, $DURATION per row, $CONNECTIONS connections; each service on CPU 0 (1 worker thread), wrk/h2load on CPU 1; Redis unpinned"
+echo "gRPC calls answered OK during the RLS rows: $((${rls_after%.*} - ${rls_before%.*})) (every one a decision)"
 echo
-# Medians over the rounds, and each row's ratio to the memory check of its
-# own round (median of the per-round ratios): on a shared machine the ratios
-# mean more than the absolute figures.
-python3 - "$scratch/rows" <<'PY'
-import statistics, sys
-def ms(text):
-    for unit, factor in (("us", 1e-3), ("ms", 1.0), ("s", 1e3)):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * factor
-    return float("nan")
-rounds = {}
-for line in open(sys.argv[1]):
-    r, label, rps, p50, p99, errors = line.rstrip("\n").split("|")
-    rounds.setdefault(r, {})[label] = (float(rps), ms(p50), ms(p99), int(errors))
-labels = list(next(iter(rounds.values())))
-print(f"{'median of rounds':29} {'decisions/s':>12} {'p50 ms':>8} {'p99 ms':>8} {'÷ memory check: rate':>21} {'p99':>6} {'non-2xx':>8}")
-for label in labels:
-    rows = [rnd[label] for rnd in rounds.values() if label in rnd]
-    refs = [rnd["memory check"] for rnd in rounds.values() if label in rnd]
-    med = lambda xs: statistics.median(xs)
-    print(f"{label:29} {med([x[0] for x in rows]):12.0f} {med([x[1] for x in rows]):8.2f} {med([x[2] for x in rows]):8.2f}"
-          f" {med([x[0] / y[0] for x, y in zip(rows, refs)]):21.2f} {med([x[2] / y[2] for x, y in zip(rows, refs)]):6.2f}"
-          f" {sum(x[3] for x in rows):8}")
-PY
+python3 "$here/table.py" "$scratch/rows"

@@ -63,9 +63,9 @@ pub struct RlsOptions {
     pub auth_token: Option<Arc<str>>,
 }
 
-/// The `RateLimitService` implementation over a [`Service`].
+/// `ShouldRateLimit` over a [`Service`]: a call mapped onto a check.
 #[derive(Debug)]
-pub struct RateLimiter {
+struct RateLimiter {
     service: Arc<Service>,
     response_headers: bool,
     /// When an unknown domain was last logged (seconds since start): a
@@ -75,8 +75,7 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    /// A rate limit service answering from `service`.
-    pub fn new(service: Arc<Service>, response_headers: bool) -> Self {
+    fn new(service: Arc<Service>, response_headers: bool) -> Self {
         Self { service, response_headers, last_unknown_log: AtomicU64::new(u64::MAX), started: Instant::now() }
     }
 

@@ -139,7 +139,14 @@ pub struct Batch {
 
 impl Batch {
     /// The batch of `jobs`.
-    pub fn new(jobs: Vec<Job>) -> Self {
+    pub fn new(mut jobs: Vec<Job>) -> Self {
+        if jobs.len() == 1 {
+            if let Some(job) = jobs.pop() {
+                // One job (the usual case): its keys, distinct, are the batch's.
+                let at = (0..job.keys.len()).collect();
+                return Batch { keys: job.keys, jobs: vec![(at, job.decide, job.done)] };
+            }
+        }
         let mut keys: Vec<String> = Vec::new();
         let mut index: HashMap<String, usize> = HashMap::new();
         let jobs = jobs
