@@ -6,6 +6,7 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
+pub mod bounded;
 pub mod config;
 pub mod descriptor;
 pub mod global;
@@ -13,6 +14,8 @@ pub mod hash;
 pub mod headers;
 pub mod lease;
 pub mod limiter;
+pub mod metadata;
+pub mod query;
 pub mod store;
 pub mod table;
 pub mod text;
