@@ -1149,7 +1149,7 @@ mod tests {
             .iter()
             .map(|name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_bytes().to_vec()))
             .collect();
-        StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()) }
+        StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()), ..Default::default() }
     }
 
     fn admitted(
