@@ -117,6 +117,11 @@ pub struct Host {
     pub logs: Vec<(u32, String)>,
     /// `proxy_done` was called.
     pub done: bool,
+    /// Properties the host has besides `source.address` (always
+    /// `10.0.0.7:4242`), by path with its segments joined by `.`.
+    pub properties: HashMap<String, Vec<u8>>,
+    /// Every property read, in order (paths joined by `.`).
+    pub property_reads: Vec<String>,
     next_token: u32,
 }
 
@@ -290,11 +295,17 @@ unsafe extern "C" fn proxy_get_property(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
-    if bytes(path, path_size) == b"source\0address" {
-        give(b"10.0.0.7:4242", data, size);
-        return Status::Ok;
+    let path = text(path, path_size).replace('\0', ".");
+    let value = with(|host| {
+        host.property_reads.push(path.clone());
+        host.properties.get(&path).cloned()
+    });
+    match (path.as_str(), value) {
+        ("source.address", _) => give(b"10.0.0.7:4242", data, size),
+        (_, Some(value)) => give(&value, data, size),
+        (_, None) => return Status::NotFound,
     }
-    Status::NotFound
+    Status::Ok
 }
 
 #[no_mangle]
