@@ -7,52 +7,31 @@
 mod entries;
 
 use std::collections::HashMap;
-use std::fmt;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::algorithm::{Params, Policy, Quota, Registration, ALGORITHMS};
-use crate::descriptor::{DescriptorEntry, HeaderId, HeaderMatcher, PathMatch, RequestMatch, StringMatch};
+use crate::bounds::MAX_AMOUNT;
+use crate::descriptor::{Cost, DescriptorEntry, HeaderId, HeaderMatcher, PathMatch, RequestMatch, StringMatch};
+use crate::error::ConfigError;
 use crate::global::settings::{global_rule, GlobalRule, QuotaService, RawService, GLOBAL};
 use crate::table::Table;
-use crate::time::{Nanos, SECOND};
 
 /// Buckets per rule when neither the rule nor the plugin sets `max_keys`.
 pub const DEFAULT_MAX_KEYS: u32 = 65_536;
 /// The most buckets one rule may have.
 pub const MAX_MAX_KEYS: u64 = 1 << 20;
-/// The largest `limit`, `burst` or cost.
-pub const MAX_AMOUNT: u64 = 1_000_000_000;
 /// Compare-and-swap retries per rule per request when none is configured.
 pub const DEFAULT_CAS_RETRIES: u32 = 8;
 /// Requests one worker keeps waiting for a shaper when none is configured.
 pub const DEFAULT_MAX_DELAYED: u32 = 1024;
-/// The longest duration a rule may name.
-pub const MAX_PERIOD: Nanos = Nanos(366 * 86_400 * SECOND.0);
 const MAX_RULES: usize = 64;
 const MAX_DESCRIPTORS: usize = 16;
 const MAX_BODY: usize = 4096;
 
-/// A configuration error: which field, and what is wrong with its value.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
-    /// Path of the field, e.g. `rules[0].limit` (`.` for the whole document).
-    pub field: String,
-    /// What is wrong, quoting the value.
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid floodgate config: {}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
 fn error(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError { field: field.into(), message: message.into() }
+    ConfigError::new(field, message)
 }
 
 // ---- stage one: the document as written -------------------------------------
@@ -291,23 +270,6 @@ pub struct Response {
     pub headers: HeaderStyle,
     /// Whether allowed responses carry the rate-limit headers too.
     pub headers_on_allowed: bool,
-}
-
-/// How much a request takes from a bucket.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cost {
-    /// Every request costs this.
-    Fixed(u64),
-    /// The request header's decimal value, clamped to `1..=max`; `default`
-    /// when the header is absent or not a number.
-    FromHeader {
-        /// The header read.
-        header: HeaderId,
-        /// Cost when the header is absent or unreadable.
-        default: u64,
-        /// The most one request can cost.
-        max: u64,
-    },
 }
 
 /// One validated rule.
@@ -686,6 +648,7 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::SECOND;
 
     const SAMPLE: &str = r#"{"rules": [{"name": "per-api-key", "match": {"path_prefix": "/api"},
         "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],

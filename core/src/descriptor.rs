@@ -2,8 +2,8 @@
 //! Envoy's rate-limit actions take it (`request_headers`, `remote_address`,
 //! `masked_remote_address`, `generic_key`, `header_value_match`, `metadata`,
 //! `query_parameters`, `query_parameter_value_match`, `destination_cluster`,
-//! `source_cluster`), and the request matching that decides whether a rule
-//! applies at all.
+//! `source_cluster`), the request matching that decides whether a rule
+//! applies at all, and what a request costs.
 //!
 //! Every value an entry contributes is bounded ([`crate::bounded`]).
 
@@ -67,6 +67,44 @@ pub trait Request {
 
     /// `attribute`'s bytes, or `None` when Envoy has none (or only empty bytes).
     fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]>;
+}
+
+/// How much a request takes from a bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    /// Every request costs this.
+    Fixed(u64),
+    /// The request header's decimal value, clamped to `1..=max`; `default`
+    /// when the header is absent or not a number.
+    FromHeader {
+        /// The header read.
+        header: HeaderId,
+        /// Cost when the header is absent or unreadable.
+        default: u64,
+        /// The most one request can cost.
+        max: u64,
+    },
+}
+
+impl Cost {
+    /// What `request` costs.
+    pub fn of(&self, request: &mut dyn Request) -> u64 {
+        match self {
+            Cost::Fixed(cost) => *cost,
+            Cost::FromHeader { header, default, max } => {
+                request.header(*header).and_then(parse_decimal).map_or(*default, |cost| cost.clamp(1, *max))
+            }
+        }
+    }
+}
+
+/// A plain decimal number; one too large for a u64 reads as `u64::MAX`, so
+/// a huge cost header costs the configured maximum, not the default.
+fn parse_decimal(bytes: &[u8]) -> Option<u64> {
+    if bytes.is_empty() || !bytes.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(bytes.iter().fold(0u64, |n, d| n.saturating_mul(10).saturating_add(u64::from(d - b'0'))))
 }
 
 /// How a header value is compared in `header_value_match`.

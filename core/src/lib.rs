@@ -7,8 +7,10 @@
 
 pub mod algorithm;
 pub mod bounded;
+pub mod bounds;
 pub mod config;
 pub mod descriptor;
+pub mod error;
 pub mod global;
 pub mod hash;
 pub mod headers;

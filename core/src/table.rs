@@ -50,24 +50,6 @@ pub struct Slot<T> {
     pub held_change: i64,
 }
 
-/// What happened in a group for one request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TableOutcome {
-    /// The descriptor's bucket decided.
-    Decided {
-        /// The algorithm's decision.
-        decision: Decision,
-        /// An idle entry of another descriptor was reused for this one.
-        reused_idle: bool,
-        /// The stored group did not decode and was started afresh.
-        was_corrupt: bool,
-        /// How the units the group holds in flight changed (see [`Table::held_in`]).
-        held_change: i64,
-    },
-    /// The descriptor has no bucket and every entry of its group is live.
-    Full,
-}
-
 impl Table {
     /// A table of `max_keys` buckets (rounded up to whole groups) decided by
     /// `policy`, whose stored groups carry `tag` (the algorithm's
@@ -232,22 +214,12 @@ impl Table {
 
     /// Decides a request of `cost` for the descriptor `fingerprint` on the
     /// stored group value. Asks for a write only when state changed: a denial
-    /// is read-only.
-    pub fn decide(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<TableOutcome> {
-        let step = self.update(stored, fingerprint, now, |state| {
+    /// is read-only. `None` when the group is full (see [`Table::update`]).
+    pub fn decide(&self, stored: Vec<u8>, fingerprint: u64, now: Nanos, cost: u64) -> Step<Option<Slot<Decision>>> {
+        self.update(stored, fingerprint, now, |state| {
             let decision = self.policy.decide(state, now, cost);
             (decision, decision.allowed())
-        });
-        let outcome = |slot: Option<Slot<Decision>>| match slot {
-            Some(Slot { value: decision, reused_idle, was_corrupt, held_change }) => {
-                TableOutcome::Decided { decision, reused_idle, was_corrupt, held_change }
-            }
-            None => TableOutcome::Full,
-        };
-        match step {
-            Step::Write(group, slot) => Step::Write(group, outcome(slot)),
-            Step::Keep(slot) => Step::Keep(outcome(slot)),
-        }
+        })
     }
 
     /// Gives a grant back to the descriptor's bucket, if it still has one;
@@ -293,8 +265,8 @@ mod tests {
         }
     }
 
-    fn allowed(outcome: TableOutcome) -> bool {
-        matches!(outcome, TableOutcome::Decided { decision, .. } if decision.allowed())
+    fn allowed(outcome: Option<Slot<Decision>>) -> bool {
+        outcome.is_some_and(|slot| slot.value.allowed())
     }
 
     #[test]
@@ -319,9 +291,9 @@ mod tests {
             apply(&mut group, |g| table.decide(g, fingerprint, T0, 1));
         }
         // A fifth descriptor finds every entry live.
-        assert_eq!(apply(&mut group, |g| table.decide(g, 5, T0, 1)), TableOutcome::Full);
+        assert_eq!(apply(&mut group, |g| table.decide(g, 5, T0, 1)), None, "the group is full");
         // And descriptor 1 still has its half-used bucket.
-        let TableOutcome::Decided { decision, .. } = apply(&mut group, |g| table.decide(g, 1, T0, 1)) else {
+        let Some(Slot { value: decision, .. }) = apply(&mut group, |g| table.decide(g, 1, T0, 1)) else {
             panic!("descriptor 1 lost its bucket");
         };
         assert!(decision.allowed());
@@ -338,7 +310,7 @@ mod tests {
         // 30 s later every bucket has refilled (2 per minute): all idle.
         let later = T0 + SECOND.times(30);
         let outcome = apply(&mut group, |g| table.decide(g, 5, later, 1));
-        assert!(matches!(outcome, TableOutcome::Decided { reused_idle: true, .. }));
+        assert!(matches!(outcome, Some(Slot { reused_idle: true, .. })));
         assert_eq!(group.len(), table.max_group_len(), "reuse does not grow the group");
     }
 
@@ -347,7 +319,7 @@ mod tests {
         let table = table(4);
         let mut group = table.empty_group();
         apply(&mut group, |g| table.decide(g, 1, T0, 2));
-        assert!(matches!(table.decide(group.clone(), 1, T0, 1), Step::Keep(TableOutcome::Decided { .. })));
+        assert!(matches!(table.decide(group.clone(), 1, T0, 1), Step::Keep(Some(Slot { .. }))));
     }
 
     #[test]
@@ -362,11 +334,8 @@ mod tests {
         assert!(matches!(table.release(group.clone(), 99, T0, grant, Release::Undo), Step::Keep(0)));
     }
 
-    fn held_change(outcome: TableOutcome) -> i64 {
-        match outcome {
-            TableOutcome::Decided { held_change, .. } => held_change,
-            TableOutcome::Full => panic!("the group is full"),
-        }
+    fn held_change(outcome: Option<Slot<Decision>>) -> i64 {
+        outcome.expect("the group is full").held_change
     }
 
     #[test]
@@ -401,7 +370,7 @@ mod tests {
         apply(&mut other, |g| leaky.decide(g, 1, T0, 1));
         for stored in [vec![], vec![9, 9, 9], vec![FORMAT, 1, 0, 0, 0], other] {
             let outcome = table.decide(stored.clone(), 1, T0, 1);
-            assert!(matches!(outcome, Step::Write(_, TableOutcome::Decided { was_corrupt: true, .. })), "{stored:?}");
+            assert!(matches!(outcome, Step::Write(_, Some(Slot { was_corrupt: true, .. }))), "{stored:?}");
         }
     }
 

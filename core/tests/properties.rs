@@ -16,7 +16,7 @@ use floodgate_core::algorithm::{
     Admission, Concurrency, Decision, Grant, Params, Policy, Registration, Release, TokenBucket, WarmUp, ALGORITHMS,
 };
 use floodgate_core::store::Step;
-use floodgate_core::table::{Table, TableOutcome, WAYS};
+use floodgate_core::table::{Slot, Table, WAYS};
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
@@ -194,7 +194,7 @@ proptest! {
                 Step::Keep(outcome) => (outcome, None),
             };
             match outcome {
-                TableOutcome::Full => {
+                None => {
                     let live = model
                         .iter()
                         .filter(|(k, state)| **k != fingerprint && !policy.is_idle(state, now))
@@ -202,7 +202,7 @@ proptest! {
                     prop_assert!(live >= WAYS, "full with only {live} live buckets");
                     prop_assert!(write.is_none());
                 }
-                TableOutcome::Decided { decision, .. } => {
+                Some(Slot { value: decision, .. }) => {
                     let state = model.entry(fingerprint).or_insert_with(|| {
                         let mut fresh = vec![0u8; policy.state_len()];
                         policy.write_fresh(&mut fresh, now);
@@ -336,7 +336,7 @@ proptest! {
                         Step::Write(next, outcome) => (outcome, Some(next)),
                         Step::Keep(outcome) => (outcome, None),
                     };
-                    let TableOutcome::Decided { decision, held_change, .. } = outcome else {
+                    let Some(Slot { value: decision, held_change, .. }) = outcome else {
                         panic!("one key never fills a group")
                     };
                     gauge += held_change;

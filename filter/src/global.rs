@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 
 use floodgate_core::global::calls::MAX_ITEMS;
-use floodgate_core::limiter::{CheckAnswer, Permit, Refresh, Verdict};
+use floodgate_core::global::calls::{CheckAnswer, Refresh};
+use floodgate_core::limiter::{Permit, Verdict};
 
 /// A request whose check-mode rules are being asked about.
 #[derive(Debug)]
@@ -31,12 +32,8 @@ pub struct CheckJob {
 pub enum Callout {
     /// Refreshes of lease pools, in the order asked.
     Leases(Vec<Refresh>),
-    /// Unspent tokens given back.
-    Returns(u64),
-    /// A probe of the service for global rule `rule`, in fall-back.
-    Probe(usize),
-    /// A worker's first call: Envoy has the cluster (its answer is not needed).
-    Hello,
+    /// A call whose status alone is its answer.
+    Status(StatusCall),
     /// Items `indices` of the check of request `context_id`.
     Check {
         /// The request.
@@ -44,6 +41,17 @@ pub enum Callout {
         /// Which of its check items this call asked about.
         indices: Vec<usize>,
     },
+}
+
+/// A call whose answer is its status: any 2xx is a success.
+#[derive(Debug)]
+pub enum StatusCall {
+    /// Unspent tokens given back.
+    Returns(u64),
+    /// A probe of the service for global rule `rule`, in fall-back.
+    Probe(usize),
+    /// A worker's first call: Envoy has the cluster (its answer is not needed).
+    Hello,
 }
 
 /// This worker's traffic with the quota service.
@@ -212,8 +220,8 @@ mod tests {
     #[test]
     fn an_answer_is_matched_by_its_token_once() {
         let mut callouts = Callouts::default();
-        callouts.sent(7, Callout::Probe(2));
-        assert!(matches!(callouts.answered(7), Some(Callout::Probe(2))));
+        callouts.sent(7, Callout::Status(StatusCall::Probe(2)));
+        assert!(matches!(callouts.answered(7), Some(Callout::Status(StatusCall::Probe(2)))));
         assert!(callouts.answered(7).is_none());
     }
 }

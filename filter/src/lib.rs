@@ -33,15 +33,15 @@ use std::time::Duration;
 
 use floodgate_core::algorithm::{Admission, Release};
 use floodgate_core::config::Config;
-use floodgate_core::global::calls::{self, Call, CallError, MAX_ANSWER_BYTES};
-use floodgate_core::global::pool::Applied;
-use floodgate_core::limiter::{CheckAnswer, Limiter, Permit, Verdict};
+use floodgate_core::global::calls::{self, Call, CallError, CheckAnswer, Refresh, MAX_ANSWER_BYTES};
+use floodgate_core::global::pool::{Applied, LeaseGrant};
+use floodgate_core::limiter::{Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 
-use global::{Callout, Callouts, Outgoing};
+use global::{Callout, Callouts, Outgoing, StatusCall};
 use host::{HostRequest, SharedData};
 use metrics::{increment, Metrics, RuleMetrics};
 use waiting::{Shared, Stage, Wait, Waiter, Waiting};
@@ -192,7 +192,7 @@ impl Plugin {
         match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
             Ok(token) => {
                 increment(self.metrics.callouts_sent, 1);
-                self.callouts.borrow_mut().sent(token, Callout::Hello);
+                self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Hello));
             }
             Err(why) => {
                 log::error!(
@@ -218,7 +218,7 @@ impl Plugin {
             let tokens = chunk.iter().map(|(_, t)| t).sum();
             if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
                 increment(self.metrics.callouts_sent, 1);
-                self.callouts.borrow_mut().sent(token, Callout::Returns(tokens));
+                self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Returns(tokens)));
                 sent += 1;
             }
         }
@@ -246,7 +246,7 @@ impl Plugin {
                 Outgoing::Leases(refreshes) => (service.lease_call(&refreshes), Callout::Leases(refreshes)),
                 Outgoing::Returns(returns) => {
                     let tokens = returns.iter().map(|(_, t)| t).sum();
-                    (service.return_call(&returns), Callout::Returns(tokens))
+                    (service.return_call(&returns), Callout::Status(StatusCall::Returns(tokens)))
                 }
                 Outgoing::Check { context_id, indices, hits } => {
                     let callouts = self.callouts.borrow();
@@ -265,68 +265,74 @@ impl Plugin {
         }
     }
 
-    /// Handles the answer to one of this worker's calls (checks excepted:
-    /// see [`Plugin::check_answered`]).
+    /// Handles the answer to one of this worker's calls: each kind of call
+    /// reads its own answer; one that is not usable fails the call.
     fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
         let now = host::now();
-        let grants = body.and_then(|body| match &callout {
-            Callout::Leases(refreshes) => calls::read_leases(status, &body, refreshes),
-            Callout::Returns(_) | Callout::Probe(_) | Callout::Hello | Callout::Check { .. } => {
-                calls::read_probe(status).map(|()| Vec::new())
-            }
-        });
-        let grants = match grants {
-            Ok(grants) => grants,
-            Err(why) => return self.callout_failed(callout, &why),
-        };
-        increment(self.metrics.callouts_ok, 1);
-        let counters = &mut self.metrics.counters();
-        match callout {
-            Callout::Leases(refreshes) => {
-                for (refresh, grant) in refreshes.iter().zip(grants) {
-                    self.limiter.record_callout(&SharedData, now, refresh.rule, true);
-                    increment(self.metrics.tokens_leased, grant.granted);
-                    let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
-                    let mut callouts = self.callouts.borrow_mut();
-                    match applied {
-                        // What the pool does not keep of the replaced leases.
-                        Some(Applied::Replaced(left)) => {
-                            increment(self.metrics.tokens_expired, left.expired);
-                            for (lease, tokens) in left.returns {
-                                callouts.give_back(lease, tokens);
-                            }
-                        }
-                        // A newer lease is in place, or the pool could not
-                        // take it: the grant goes back whole.
-                        Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted),
-                        Some(Applied::Duplicate) => {}
+        let failed = match callout {
+            Callout::Leases(refreshes) => match body.and_then(|body| calls::read_leases(status, &body, &refreshes)) {
+                Ok(grants) => {
+                    self.leases_granted(&refreshes, grants, now);
+                    None
+                }
+                Err(why) => Some((Callout::Leases(refreshes), why)),
+            },
+            Callout::Check { context_id, indices } => {
+                match body.and_then(|body| calls::read_checks(status, &body, indices.len())) {
+                    Ok(answers) => {
+                        self.settle(context_id, &indices, Some(answers), now);
+                        None
                     }
+                    Err(why) => Some((Callout::Check { context_id, indices }, why)),
                 }
             }
-            Callout::Returns(tokens) => {
-                increment(self.metrics.tokens_returned, tokens);
-                self.return_settled();
-            }
-            Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
-            Callout::Hello => {}
-            Callout::Check { context_id, indices } => self.settle(context_id, &indices, None, now),
+            Callout::Status(call) => match calls::read_probe(status) {
+                Ok(()) => {
+                    self.acknowledged(call, now);
+                    None
+                }
+                Err(why) => Some((Callout::Status(call), why)),
+            },
+        };
+        match failed {
+            None => increment(self.metrics.callouts_ok, 1),
+            Some((callout, why)) => self.callout_failed(callout, &why),
         }
     }
 
-    /// Handles the answer to a check call: items `indices` of request `context_id`.
-    fn check_answered(
-        &self,
-        context_id: u32,
-        indices: Vec<usize>,
-        status: Option<u16>,
-        body: Result<Vec<u8>, CallError>,
-    ) {
-        match body.and_then(|body| calls::read_checks(status, &body, indices.len())) {
-            Ok(answers) => {
-                increment(self.metrics.callouts_ok, 1);
-                self.settle(context_id, &indices, Some(answers), host::now());
+    /// Applies the grants of a lease call.
+    fn leases_granted(&self, refreshes: &[Refresh], grants: Vec<LeaseGrant>, now: Nanos) {
+        let counters = &mut self.metrics.counters();
+        for (refresh, grant) in refreshes.iter().zip(grants) {
+            self.limiter.record_callout(&SharedData, now, refresh.rule, true);
+            increment(self.metrics.tokens_leased, grant.granted);
+            let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
+            let mut callouts = self.callouts.borrow_mut();
+            match applied {
+                // What the pool does not keep of the replaced leases.
+                Some(Applied::Replaced(left)) => {
+                    increment(self.metrics.tokens_expired, left.expired);
+                    for (lease, tokens) in left.returns {
+                        callouts.give_back(lease, tokens);
+                    }
+                }
+                // A newer lease is in place, or the pool could not
+                // take it: the grant goes back whole.
+                Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted),
+                Some(Applied::Duplicate) => {}
             }
-            Err(why) => self.callout_failed(Callout::Check { context_id, indices }, &why),
+        }
+    }
+
+    /// A call answered by its status alone succeeded.
+    fn acknowledged(&self, call: StatusCall, now: Nanos) {
+        match call {
+            StatusCall::Returns(tokens) => {
+                increment(self.metrics.tokens_returned, tokens);
+                self.return_settled();
+            }
+            StatusCall::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
+            StatusCall::Hello => {}
         }
     }
 
@@ -359,10 +365,10 @@ impl Plugin {
                 }
             }
             // Tokens not given back are lost to this window: never more admitted.
-            Callout::Returns(_) => self.return_settled(),
+            Callout::Status(StatusCall::Returns(_)) => self.return_settled(),
             // A failed first call says nothing the next calls will not.
-            Callout::Hello => {}
-            Callout::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, false),
+            Callout::Status(StatusCall::Hello) => {}
+            Callout::Status(StatusCall::Probe(rule)) => self.limiter.record_callout(&SharedData, now, rule, false),
             Callout::Check { context_id, indices } => {
                 let rules: Vec<usize> = self
                     .callouts
@@ -444,12 +450,8 @@ impl Context for FloodgateRoot {
         } else {
             Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
         };
-        let callout = plugin.callouts.borrow_mut().answered(token_id);
-        match callout {
-            Some(Callout::Check { context_id, indices }) => plugin.check_answered(context_id, indices, status, body),
-            Some(callout) => plugin.answered(callout, status, body),
-            None => return,
-        }
+        let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
+        plugin.answered(callout, status, body);
         let _ = hostcalls::set_effective_context(self.context_id);
         plugin.flush();
         schedule_ticks(&plugin, host::now());
@@ -523,9 +525,11 @@ impl RootContext for FloodgateRoot {
                 match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
                     Ok(token) => {
                         increment(plugin.metrics.callouts_sent, 1);
-                        plugin.callouts.borrow_mut().sent(token, Callout::Probe(rule));
+                        plugin.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Probe(rule)));
                     }
-                    Err(why) => plugin.callout_failed(Callout::Probe(rule), &CallError::NotSent(why)),
+                    Err(why) => {
+                        plugin.callout_failed(Callout::Status(StatusCall::Probe(rule)), &CallError::NotSent(why))
+                    }
                 }
             }
             plugin.flush();

@@ -6,7 +6,7 @@
 use arbitrary::Arbitrary;
 use floodgate_core::algorithm::{Grant, Params, Release, ALGORITHMS};
 use floodgate_core::store::Step;
-use floodgate_core::table::{Table, TableOutcome};
+use floodgate_core::table::{Slot, Table};
 use floodgate_core::time::Nanos;
 use libfuzzer_sys::fuzz_target;
 
@@ -45,7 +45,7 @@ fuzz_target!(|input: Input| {
     let cost = u64::from(input.cost.max(1)).min(policy.capacity());
     if let Step::Write(next, _) = table.decide(input.stored.clone(), input.fingerprint, now, cost) {
         match table.decide(next, input.fingerprint, now, cost) {
-            Step::Write(_, TableOutcome::Decided { was_corrupt, .. }) | Step::Keep(TableOutcome::Decided { was_corrupt, .. }) => {
+            Step::Write(_, Some(Slot { was_corrupt, .. })) | Step::Keep(Some(Slot { was_corrupt, .. })) => {
                 assert!(!was_corrupt, "a group written by the table must decode")
             }
             _ => panic!("the key just written must have its bucket"),

@@ -9,7 +9,8 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use floodgate_core::config::{Config, ConfigError};
+use floodgate_core::config::Config;
+use floodgate_core::error::ConfigError;
 use floodgate_e2e::repo_root;
 use serde::Deserialize;
 use serde_json::Value as Json;

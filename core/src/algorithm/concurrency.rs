@@ -21,7 +21,7 @@
 //! was reclaimed frees nothing, so no slot is ever freed twice.
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::{Nanos, SECOND};
 
 /// Epochs in the ring: three cover `slot_ttl`, the fourth is the one being

@@ -3,7 +3,7 @@
 //! a window starts), as envoyproxy/ratelimit counts.
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// Fixed-window parameters.

@@ -8,7 +8,7 @@
 //! tolerance by at most `max_delay` is admitted after that overflow.
 
 use super::{Admission, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// GCRA parameters: one unit of cost every `interval`, at most `burst` units

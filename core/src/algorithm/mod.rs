@@ -33,7 +33,7 @@ pub use shaper::Shaper;
 pub use token_bucket::{TokenBucket, TokenState};
 pub use warm_up::{WarmState, WarmUp};
 
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// Every algorithm a rule can name, in the order the README lists them.
@@ -67,6 +67,29 @@ pub enum Admission {
     Pending,
 }
 
+impl Admission {
+    /// True when admitted, at once or after a delay.
+    pub fn allowed(self) -> bool {
+        matches!(self, Admission::Now | Admission::Delayed(_))
+    }
+
+    /// The wait before the request would be admitted: zero unless denied.
+    pub fn retry_after(self) -> Nanos {
+        match self {
+            Admission::Denied { retry_after } => retry_after,
+            Admission::Now | Admission::Delayed(_) | Admission::Pending => Nanos::ZERO,
+        }
+    }
+
+    /// The wait before an admitted request goes on: zero unless delayed.
+    pub fn delay(self) -> Nanos {
+        match self {
+            Admission::Delayed(delay) => delay,
+            Admission::Now | Admission::Denied { .. } | Admission::Pending => Nanos::ZERO,
+        }
+    }
+}
+
 /// What an algorithm decided for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -92,23 +115,17 @@ impl Decision {
 
     /// True when admitted, at once or after a delay.
     pub fn allowed(&self) -> bool {
-        matches!(self.admission, Admission::Now | Admission::Delayed(_))
+        self.admission.allowed()
     }
 
     /// The wait before the request would be admitted: zero when admitted.
     pub fn retry_after(&self) -> Nanos {
-        match self.admission {
-            Admission::Denied { retry_after } => retry_after,
-            Admission::Now | Admission::Delayed(_) | Admission::Pending => Nanos::ZERO,
-        }
+        self.admission.retry_after()
     }
 
     /// The wait before an admitted request goes on: zero unless delayed.
     pub fn delay(&self) -> Nanos {
-        match self.admission {
-            Admission::Delayed(delay) => delay,
-            Admission::Now | Admission::Denied { .. } | Admission::Pending => Nanos::ZERO,
-        }
+        self.admission.delay()
     }
 }
 

@@ -9,7 +9,8 @@
 use serde_json::{Map, Value};
 
 use super::{Registration, ALGORITHMS};
-use crate::config::{ConfigError, MAX_AMOUNT, MAX_PERIOD};
+use crate::bounds::{MAX_AMOUNT, MAX_PERIOD};
+use crate::error::ConfigError;
 use crate::time::{parse_duration, Nanos};
 
 /// The algorithm fields of one rule, with where they sit in the document.

@@ -9,7 +9,7 @@
 //! delayed request and resumes it from its own worker when the delay is over.
 
 use super::{Algorithm, Decision, FromParams, Gcra, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// A shaper: a [`Gcra`] that lets requests wait up to `max_delay`.

@@ -33,7 +33,7 @@
 //! with all of them.
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// The largest `limit` a sliding log takes.

@@ -57,7 +57,7 @@
 //! counters after, reaches the bound for every `D`).
 
 use super::{nanos_u128, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// The most sub-windows a rule may ask for.

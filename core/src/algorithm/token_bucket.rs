@@ -2,7 +2,7 @@
 //! `period`, continuously. A request of cost `c` takes `c` tokens or is denied.
 
 use super::{div_ceil_u128, nanos_u128, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// A token bucket's parameters. All three are non-zero (the config layer

@@ -26,7 +26,7 @@
 //! more than the plain token bucket (property-tested).
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::time::Nanos;
 
 /// `cold_factor` when none is configured: Guava's and Sentinel's default.

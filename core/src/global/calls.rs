@@ -9,10 +9,9 @@ use floodgate_protocol::{
     MAX_DESCRIPTORS,
 };
 
-use super::pool::LeaseGrant;
+use super::pool::{Claim, LeaseGrant};
 use super::settings::QuotaService;
 use crate::algorithm::{Decision, Quota};
-use crate::limiter::{CheckAnswer, CheckItem, Refresh};
 use crate::time::Nanos;
 
 /// Most items one call carries (the protocol's limit).
@@ -20,6 +19,48 @@ pub const MAX_ITEMS: usize = MAX_DESCRIPTORS;
 
 /// Largest answer body read; a larger one is a failure.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
+
+/// A refresh of one lease pool, claimed by a request: what to ask the quota
+/// service for, and where the answer goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Refresh {
+    /// Index of the global rule in the limiter's rules.
+    pub rule: usize,
+    /// The pool's group in the rule's table.
+    pub group: u32,
+    /// The descriptor's fingerprint.
+    pub fingerprint: u64,
+    /// The claim (when, how much, at what rate).
+    pub claim: Claim,
+    /// The id to lease with (unique per claim; the service deduplicates by it).
+    pub lease: u64,
+    /// The descriptor's `[key, value]` pairs.
+    pub descriptor: Vec<(String, String)>,
+}
+
+/// A check-mode rule's question for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckItem {
+    /// Index of the global rule in the limiter's rules.
+    pub rule: usize,
+    /// The descriptor's `[key, value]` pairs.
+    pub descriptor: Vec<(String, String)>,
+    /// Units the request costs.
+    pub hits: u64,
+    /// The descriptor's fingerprint: where its local fall-back bucket is,
+    /// should the service fail.
+    pub(crate) fingerprint: u64,
+}
+
+/// The quota service's answer about one check item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckAnswer {
+    /// Admitted (or over the limit in shadow mode) or denied, with the
+    /// numbers to report.
+    pub decision: Decision,
+    /// The limit the service applied, if it said.
+    pub quota: Option<Quota>,
+}
 
 /// One HTTP call to the quota service.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -196,7 +237,6 @@ pub fn read_probe(status: Option<u16>) -> Result<(), CallError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::global::pool::Claim;
     use crate::time::SECOND;
 
     fn service() -> QuotaService {

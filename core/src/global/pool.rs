@@ -360,7 +360,7 @@ impl Algorithm for LeasePool {
 
     /// The service decides what one request may cost.
     fn capacity(&self) -> u64 {
-        crate::config::MAX_AMOUNT
+        crate::bounds::MAX_AMOUNT
     }
 
     /// Known only from the service's answers (see [`PoolState::limit`]).

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 use super::pool::LeasePool;
 use super::refresh::RefreshPolicy;
 use crate::algorithm::{Params, Registration, ALGORITHMS};
-use crate::config::ConfigError;
+use crate::error::ConfigError;
 use crate::table::Table;
 use crate::time::{parse_duration, Nanos, SECOND};
 
@@ -210,9 +210,9 @@ fn local_fallback(at: &str, mut fields: Map<String, Value>, max_keys: u32) -> Re
     let field = |name: &str| format!("{at}.{name}");
     let limit = match fields.remove("limit") {
         Some(value) => {
-            value.as_u64().filter(|n| (1..=crate::config::MAX_AMOUNT).contains(n)).ok_or_else(|| ConfigError {
+            value.as_u64().filter(|n| (1..=crate::bounds::MAX_AMOUNT).contains(n)).ok_or_else(|| ConfigError {
                 field: field("limit"),
-                message: format!("must be between 1 and {}, got {value}", crate::config::MAX_AMOUNT),
+                message: format!("must be between 1 and {}, got {value}", crate::bounds::MAX_AMOUNT),
             })?
         }
         None => return Err(ConfigError { field: at.into(), message: "missing field `limit`".into() }),

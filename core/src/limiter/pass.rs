@@ -1,0 +1,131 @@
+//! One request's decision in progress: what every rule's step needs (the
+//! store, the clock reading, the counters) and what the steps have built so
+//! far (the verdict and the permit). Each rule's ruling is taken in one
+//! place, and a request leaves early — denied, or waiting for the quota
+//! service — through one exit that gives back what earlier rules took.
+
+use std::ops::ControlFlow;
+
+use crate::algorithm::{Admission, Decision, Grant, Quota, Release};
+use crate::config::FailureMode;
+use crate::store::Store;
+use crate::time::Nanos;
+
+use super::rule::Bucket;
+use super::verdict::{Held, Report};
+use super::{CompiledRule, Counters, Limiter, Permit, RuleEvent, Verdict};
+
+/// A rule that applies to the request, with what it is asked.
+pub(super) struct Target<'a, H> {
+    /// Index of the rule in [`Limiter::rules`].
+    pub index: usize,
+    /// The rule.
+    pub compiled: &'a CompiledRule<H>,
+    /// The request's descriptor under the rule, hashed.
+    pub fingerprint: u64,
+    /// Units the request costs under the rule.
+    pub cost: u64,
+    /// The rule counts but never enforces.
+    pub shadow: bool,
+}
+
+/// How one rule ruled on a request.
+pub(super) enum Ruling {
+    /// It decided on the units of `bucket` (`decision` `None`: it could not,
+    /// and the failure mode applies); `quota` is the limit the quota service
+    /// stated, for a global rule.
+    Decided { decision: Option<Decision>, bucket: Bucket, quota: Option<Quota> },
+    /// Its pool is empty: ask again after the refresh.
+    Pending,
+    /// It does not count for this request.
+    Skip,
+}
+
+impl Ruling {
+    /// A decision on a local table.
+    pub fn local(decision: Option<Decision>, bucket: Bucket) -> Self {
+        Ruling::Decided { decision, bucket, quota: None }
+    }
+}
+
+/// One request's decision in progress.
+pub(super) struct Pass<'a, H> {
+    pub limiter: &'a Limiter<H>,
+    pub store: &'a dyn Store,
+    pub now: Nanos,
+    pub counters: &'a mut dyn Counters<H>,
+    pub verdict: Verdict,
+    pub permit: Permit,
+}
+
+impl<'a, H> Pass<'a, H> {
+    pub fn new(limiter: &'a Limiter<H>, store: &'a dyn Store, now: Nanos, counters: &'a mut dyn Counters<H>) -> Self {
+        Pass { limiter, store, now, counters, verdict: Verdict::default(), permit: Permit::default() }
+    }
+
+    /// Takes `target`'s ruling into the verdict and permit. `Break` when the
+    /// request is decided early (denied, or pending): the pass is over.
+    pub fn take(&mut self, target: &Target<H>, ruling: Ruling) -> ControlFlow<()> {
+        let (decision, bucket, quota) = match ruling {
+            Ruling::Skip => return ControlFlow::Continue(()),
+            // A shadow rule never holds a request back.
+            Ruling::Pending if target.shadow => return ControlFlow::Continue(()),
+            Ruling::Pending => return self.end(Admission::Pending, self.verdict.report),
+            Ruling::Decided { decision, bucket, quota } => (decision, bucket, quota),
+        };
+        let Some(decision) = decision else {
+            self.verdict.failed = true;
+            if self.limiter.failure_mode == FailureMode::Deny && !target.shadow {
+                return self.end(Admission::Denied { retry_after: Nanos::ZERO }, None);
+            }
+            return ControlFlow::Continue(());
+        };
+        let report = Report { rule: target.index, decision, quota };
+        if decision.allowed() {
+            let delayed = !target.shadow && decision.delay() > Nanos::ZERO;
+            if delayed && decision.delay() > self.verdict.delay() {
+                self.verdict.admission = Admission::Delayed(decision.delay());
+            }
+            let grant = Grant { cost: target.cost, at: self.now };
+            let fingerprint = target.fingerprint;
+            self.permit.held.push(Held { rule: target.index, bucket, fingerprint, grant, delayed });
+            self.verdict.report = Some(Report::more_restrictive(self.verdict.report, report));
+        } else if target.shadow {
+            self.counters.rule(target.compiled, RuleEvent::ShadowLimited);
+            self.verdict.shadow_limited = self.verdict.shadow_limited.or(Some(target.index));
+        } else {
+            self.counters.rule(target.compiled, RuleEvent::Limited);
+            return self.end(Admission::Denied { retry_after: decision.retry_after() }, Some(report));
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// The one early exit: what earlier rules took goes back, and the
+    /// request is told `admission` with `report`.
+    fn end(&mut self, admission: Admission, report: Option<Report>) -> ControlFlow<()> {
+        let permit = std::mem::take(&mut self.permit);
+        self.limiter.release(self.store, self.now, permit, Release::Undo, self.counters);
+        self.verdict.admission = admission;
+        self.verdict.report = report;
+        self.verdict.checks.clear();
+        ControlFlow::Break(())
+    }
+
+    /// The verdict and permit once every rule has ruled: admissions are
+    /// counted, unless check-mode rules are still to be asked (then the
+    /// request is pending, and [`Limiter::settle`] counts them).
+    pub fn finish(mut self) -> (Verdict, Permit) {
+        if self.verdict.checks.is_empty() {
+            self.limiter.count_admitted(&self.permit, self.counters);
+        } else {
+            self.verdict.deferred_delay = self.verdict.delay();
+            self.verdict.admission = Admission::Pending;
+        }
+        (self.verdict, self.permit)
+    }
+
+    /// The verdict of a pass that ended early (its permit is empty).
+    pub fn ended(self) -> (Verdict, Permit) {
+        (self.verdict, self.permit)
+    }
+}

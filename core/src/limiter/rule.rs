@@ -1,0 +1,157 @@
+//! A rule compiled for requests: the validated rule with its shared-data key
+//! prefix, its headers' constant parts and the host's data, and the one way
+//! every decision reaches a bucket group — address the group's key, then run
+//! the measure-and-replace loop on it.
+
+use std::cell::Cell;
+
+use crate::config::Rule;
+use crate::global::settings::Fallback;
+use crate::headers::RuleHeaders;
+use crate::store::{measure_and_replace, LoopError, Replaced, Step, Store, StoreError};
+use crate::table::Table;
+use crate::text::InlineText;
+
+/// Room for a group's key, `fg:<rule>:fb:<group>`: a rule name is at most 64
+/// bytes and a group number at most 7 digits, 78 bytes in all.
+pub(super) type Key = InlineText<96>;
+
+/// Which of a rule's tables units came from, or that none did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Bucket {
+    /// The rule's own table (a global rule's: its lease pools).
+    Main,
+    /// A global rule's local fall-back table.
+    Fallback,
+    /// No table here: the quota service decided (a check-mode rule), so
+    /// nothing is held locally and nothing is given back.
+    Service,
+}
+
+/// One rule, prepared once per configuration with everything a request needs:
+/// the validated rule, its shared-data key prefix, the constant parts of its
+/// headers, and whatever the host keeps per rule (`H`, e.g. metric ids).
+#[derive(Debug)]
+pub struct CompiledRule<H> {
+    /// The rule as configured.
+    pub rule: Rule,
+    /// The host's data for this rule.
+    pub host: H,
+    /// `fg:<name>:`: a group's shared-data key is this and its number.
+    key_prefix: String,
+    /// The constant parts of the rule's response headers.
+    pub(crate) headers: RuleHeaders,
+    /// A global rule's fall-back is in force, as this worker last saw the
+    /// rule's mode in shared data.
+    in_fallback: Cell<bool>,
+}
+
+impl<H> CompiledRule<H> {
+    pub(super) fn new(rule: Rule, host: H, headers: RuleHeaders) -> Self {
+        let key_prefix = format!("fg:{}:", rule.name);
+        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false) }
+    }
+
+    /// True while this global rule uses its fall-back (as this worker knows).
+    pub fn in_fallback(&self) -> bool {
+        self.in_fallback.get()
+    }
+
+    pub(super) fn set_in_fallback(&self, in_fallback: bool) {
+        self.in_fallback.set(in_fallback);
+    }
+
+    /// One of the rule's tables.
+    pub(super) fn table(&self, bucket: Bucket) -> Option<&Table> {
+        match bucket {
+            Bucket::Main => Some(&self.rule.table),
+            Bucket::Fallback => match self.rule.global.as_ref().map(|g| &g.fallback) {
+                Some(Fallback::Local(table)) => Some(table),
+                _ => None,
+            },
+            Bucket::Service => None,
+        }
+    }
+
+    /// Every table the rule keeps in shared data.
+    pub(super) fn tables(&self) -> impl Iterator<Item = (Bucket, &Table)> {
+        [Bucket::Main, Bucket::Fallback].into_iter().filter_map(|bucket| Some((bucket, self.table(bucket)?)))
+    }
+
+    /// Creates the groups of every table that does not exist yet.
+    pub(super) fn create_tables(&self, store: &dyn Store) -> Result<(), StoreError> {
+        let mut key = Key::default();
+        for (bucket, table) in self.tables() {
+            // Groups are created in order, so the last one existing means all do.
+            self.write_key(bucket, table.groups() - 1, &mut key)?;
+            if store.get(key.as_str())?.is_some() {
+                continue;
+            }
+            let empty = table.empty_group();
+            for group in 0..table.groups() {
+                self.write_key(bucket, group, &mut key)?;
+                store.create_if_absent(key.as_str(), &empty)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs the measure-and-replace loop on group `group` of one of the
+    /// rule's tables: the one path from a decision to a bucket group.
+    pub(super) fn on_group<T>(
+        &self,
+        store: &dyn Store,
+        bucket: Bucket,
+        group: u32,
+        max_retries: u32,
+        decide: impl FnMut(Vec<u8>) -> Step<T>,
+    ) -> Result<Replaced<T>, LoopError> {
+        let mut key = Key::default();
+        self.write_key(bucket, group, &mut key).map_err(LoopError::Store)?;
+        measure_and_replace(store, key.as_str(), max_retries, decide)
+    }
+
+    /// Writes the shared-data key of a bucket group into `key`:
+    /// `fg:<rule>:<group>`, or `fg:<rule>:fb:<group>` for a global rule's
+    /// local fall-back. It always fits (see [`Key`]); if it did not, that
+    /// would be a store error rather than a wrong key.
+    pub(super) fn write_key(&self, bucket: Bucket, group: u32, key: &mut Key) -> Result<(), StoreError> {
+        key.clear();
+        let kind = if bucket == Bucket::Fallback { "fb:" } else { "" };
+        if key.push_str(&self.key_prefix) && key.push_str(kind) && key.push_u64(u64::from(group)) {
+            Ok(())
+        } else {
+            Err(StoreError::Host)
+        }
+    }
+
+    /// Writes the key of a global rule's mode, `fg:<rule>:mode`.
+    pub(super) fn write_mode_key(&self, key: &mut Key) -> Result<(), StoreError> {
+        key.clear();
+        if key.push_str(&self.key_prefix) && key.push_str("mode") {
+            Ok(())
+        } else {
+            Err(StoreError::Host)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use super::*;
+
+    #[test]
+    fn the_longest_key_fits() {
+        let name = "n".repeat(64);
+        let json = format!(r#"{{"rules": [{{"name": "{name}", "limit": 1, "period": "1s", "max_keys": 4}}]}}"#);
+        let store = MemoryStore::default();
+        let limiter = build(&json, &store);
+        let mut key = Key::default();
+        let most_groups = (crate::config::MAX_MAX_KEYS / 4 - 1) as u32;
+        for (bucket, kind) in [(Bucket::Main, ""), (Bucket::Fallback, "fb:")] {
+            assert_eq!(limiter.rules()[0].write_key(bucket, most_groups, &mut key), Ok(()));
+            assert_eq!(key.as_str(), format!("fg:{name}:{kind}{most_groups}"));
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! What a request is told — its [`Verdict`] — and what it holds while it is
+//! served: its [`Permit`].
+
+use crate::algorithm::{Admission, Decision, Grant, Quota};
+use crate::global::calls::{CheckItem, Refresh};
+use crate::time::Nanos;
+
+use super::rule::Bucket;
+
+/// The rule whose numbers a response reports: the one that denied, or else
+/// the most restrictive that admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Report {
+    /// Index of the rule in [`super::Limiter::rules`].
+    pub rule: usize,
+    /// Its decision.
+    pub decision: Decision,
+    /// The limit as the quota service last stated it, for a global rule
+    /// (a local rule's is in its configuration).
+    pub quota: Option<Quota>,
+}
+
+impl Report {
+    /// Of `current` and `candidate`, the one with fewer units remaining; on a
+    /// tie, the one that takes longer to recover.
+    pub(super) fn more_restrictive(current: Option<Report>, candidate: Report) -> Report {
+        let key = |r: &Report| (r.decision.remaining, std::cmp::Reverse(r.decision.reset));
+        match current {
+            Some(current) if key(&current) <= key(&candidate) => current,
+            _ => candidate,
+        }
+    }
+}
+
+/// The verdict on one request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Verdict {
+    /// Go on now, after a delay (the longest any rule asked for), deny, or
+    /// pending an answer from the quota service.
+    pub admission: Admission,
+    /// The first rule in shadow mode that would have denied it, if any.
+    pub shadow_limited: Option<usize>,
+    /// Some rule could not decide and the failure mode applied.
+    pub failed: bool,
+    /// The numbers for the rate-limit headers, if any rule decided.
+    pub report: Option<Report>,
+    /// Refreshes of lease pools this request claimed: the host asks the
+    /// quota service for each, whatever the verdict.
+    pub refreshes: Vec<Refresh>,
+    /// Check-mode rules to ask the quota service about (admission pending).
+    pub checks: Vec<CheckItem>,
+    /// While checks are pending: the delay the other rules asked for, for
+    /// [`super::Limiter::settle`] to restore.
+    pub(super) deferred_delay: Nanos,
+}
+
+impl Default for Verdict {
+    fn default() -> Self {
+        Verdict {
+            admission: Admission::Now,
+            shadow_limited: None,
+            failed: false,
+            report: None,
+            refreshes: Vec::new(),
+            checks: Vec::new(),
+            deferred_delay: Nanos::ZERO,
+        }
+    }
+}
+
+impl Verdict {
+    /// True when admitted, at once or after a delay.
+    pub fn allowed(&self) -> bool {
+        self.admission.allowed()
+    }
+
+    /// The wait before the request goes on: zero unless delayed.
+    pub fn delay(&self) -> Nanos {
+        self.admission.delay()
+    }
+}
+
+/// What one rule took for an admitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Held {
+    /// Index of the rule.
+    pub rule: usize,
+    /// Which of its tables the units came from.
+    pub bucket: Bucket,
+    /// The descriptor's fingerprint (its group follows from it).
+    pub fingerprint: u64,
+    /// What was taken, and when.
+    pub grant: Grant,
+    /// The rule made the request wait (counted once it goes on).
+    pub delayed: bool,
+}
+
+/// What an admitted request took from each rule, to be given back through
+/// [`super::Limiter::release`]. Not `Clone`: units are given back once.
+#[derive(Debug, Default, PartialEq, Eq)]
+#[must_use = "a permit holds units until it is released"]
+pub struct Permit {
+    pub(super) held: Vec<Held>,
+}
+
+impl Permit {
+    /// True when it holds nothing to give back (rules the quota service
+    /// decided hold nothing here).
+    pub fn is_empty(&self) -> bool {
+        self.held.iter().all(|held| held.bucket == Bucket::Service)
+    }
+}
