@@ -5,14 +5,14 @@
 //! `source_cluster`), the request matching that decides whether a rule
 //! applies at all, and what a request costs.
 //!
-//! Every value an entry contributes is bounded ([`crate::bounded`]).
+//! Every value an entry contributes is bounded ([`crate::value`]).
 
 use std::net::IpAddr;
 
-use crate::bounded::{bounded_text, BoundedValue};
 use crate::hash::SipHasher;
 use crate::metadata::{self, Found, MetadataKey, MetadataSource};
 use crate::query;
+use crate::value::{bounded_text, BoundedValue};
 
 /// A header the configuration refers to, as an index into the list of header
 /// names it needs ([`crate::config::Config::header_names`]). The filter fetches
@@ -320,7 +320,7 @@ impl Value<'_> {
     /// The value as the quota service's protocol carries it: text. Addresses
     /// are written as Envoy writes them (`10.0.0.7`, `10.1.2.0/24`); bytes
     /// that are not UTF-8 have each invalid sequence replaced by U+FFFD (and
-    /// the text is kept within [`crate::bounded::MAX_VALUE_BYTES`]).
+    /// the text is kept within [`crate::value::MAX_VALUE_BYTES`]).
     pub fn to_text(&self) -> String {
         match self {
             Value::Bytes(bytes) => bounded_text(bytes),
@@ -820,8 +820,8 @@ mod tests {
 
     #[test]
     fn a_huge_claim_contributes_a_bounded_distinct_value() {
-        use crate::bounded::MAX_VALUE_BYTES;
         use crate::metadata::build::{metadata, Value};
+        use crate::value::MAX_VALUE_BYTES;
         let blob = |sub: &[u8]| {
             metadata(&[(
                 b"envoy.filters.http.jwt_authn",
@@ -868,7 +868,7 @@ mod tests {
         // A hostile value: bounded, and still told apart.
         let long = |tail: &str| format!("/?user={}{tail}", "%41".repeat(10_000));
         let text = value(&long("x")).unwrap().remove(0).1;
-        assert_eq!(text.len(), crate::bounded::MAX_VALUE_BYTES);
+        assert_eq!(text.len(), crate::value::MAX_VALUE_BYTES);
         assert_ne!(fp(&long("x")), fp(&long("y")));
     }
 
@@ -961,7 +961,7 @@ mod tests {
         let a = [vec![b't'; 300], b"alice".to_vec()].concat();
         let b = [vec![b't'; 300], b"bob".to_vec()].concat();
         let text = |v: &[u8]| protocol_descriptor(&api_key(), &mut request(&[Some(v)], None)).unwrap().remove(0).1;
-        assert_eq!(text(&a).len(), crate::bounded::MAX_VALUE_BYTES);
+        assert_eq!(text(&a).len(), crate::value::MAX_VALUE_BYTES);
         assert_ne!(text(&a), text(&b));
         let fp = |v: &[u8]| fingerprint(KEY, "r", &api_key(), &mut request(&[Some(v)], None));
         assert_ne!(fp(&a), fp(&b));

@@ -6,7 +6,6 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
-pub mod bounded;
 pub mod bounds;
 pub mod config;
 pub mod descriptor;
@@ -22,3 +21,4 @@ pub mod store;
 pub mod table;
 pub mod text;
 pub mod time;
+pub mod value;

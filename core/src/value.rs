@@ -1,4 +1,4 @@
-//! Descriptor values of bounded size. A value is at most [`MAX_VALUE_BYTES`]
+//! Descriptor values, of bounded size. A value is at most [`MAX_VALUE_BYTES`]
 //! (the quota service's limit for one, so a global rule can always send it);
 //! a longer one (a hostile header or query parameter, a huge claim) is
 //! replaced by a stand-in of that size that still tells it apart: its first
