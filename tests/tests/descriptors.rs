@@ -193,6 +193,47 @@ fn route_name_route_metadata_and_cluster_pick_each_routes_limit() {
     assert_eq!(stat("per-cluster"), 11, "both routes with a cluster, not the direct response");
 }
 
+/// What the README says of a route changed before Floodgate: Lua rewrites
+/// the header routing depends on (and so clears the route cache), the router
+/// sends the request by the new route, but Floodgate, which cannot make Envoy
+/// match the route again, still reads the one matched on arrival.
+#[test]
+fn a_route_changed_by_an_earlier_filter_is_not_what_the_rule_sees() {
+    let config = r#"{"rules": [{"name": "route-b", "match": {"route_name": "b"}, "limit": 1, "period": "1h"}]}"#;
+    let mut setup = Setup::new(config).with_upstream(&["svc-a", "svc-b"]);
+    setup.routes = Some(
+        r#"              - name: b
+                match: {prefix: "/", headers: [{name: x-route, string_match: {exact: b}}]}
+                route: {cluster: svc-b}
+                response_headers_to_add: [{header: {key: x-served-by, value: b}}]
+              - name: a
+                match: {prefix: "/"}
+                route: {cluster: svc-a}
+                response_headers_to_add: [{header: {key: x-served-by, value: a}}]
+"#
+        .into(),
+    );
+    setup.filters_before = r#"          - name: envoy.filters.http.lua
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+              default_source_code:
+                inline_string: |
+                  function envoy_on_request(handle)
+                    local route = handle:headers():get("x-lua-route")
+                    if route ~= nil then handle:headers():replace("x-route", route) end
+                  end
+"#
+    .into();
+    let envoy = Envoy::start(&setup);
+    let mut conn = envoy.connect();
+    let direct: Vec<_> = (0..3).map(|_| conn.get("/", &[("x-route", b"b")])).collect();
+    assert!(direct.iter().all(|r| r.header("x-served-by") == Some("b")));
+    assert_eq!(direct.iter().map(|r| r.status).collect::<Vec<_>>(), [200, 429, 429], "route b's rule applies");
+    let rerouted: Vec<_> = (0..3).map(|_| conn.get("/", &[("x-lua-route", b"b")])).collect();
+    assert!(rerouted.iter().all(|r| r.header("x-served-by") == Some("b")), "the router used the new route");
+    assert!(rerouted.iter().all(|r| r.status == 200), "the rule saw route a, matched on arrival");
+}
+
 /// `header_to_metadata` writes a header into dynamic metadata; a `metadata`
 /// entry reads it back: one bucket per tenant, a request without the header
 /// not limited.
