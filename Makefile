@@ -12,7 +12,7 @@ QUOTA_IMAGE ?= floodgate-quota:dev
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
 .PHONY: images image-wasm image-quota test-manifests test-deploy
 
 FUZZ_TARGETS := config descriptors state
@@ -78,9 +78,18 @@ test: deps wasm lint
 	$(MAKE) --no-print-directory test-deploy
 	$(MAKE) --no-print-directory fuzz-quick
 
-# The core's unit tests on the target the filter ships for, under V8.
-test-core-wasm: deps-rust deps-node
-	cargo test -p floodgate-core --lib --target wasm32-wasip1
+# The core's unit tests in wasm, the way Rust wasm crates test: under
+# wasm-bindgen-test, run by wasm-bindgen-test-runner in Node (V8, the engine
+# Envoy embeds). The runner must be the version of wasm-bindgen in Cargo.lock.
+WASM_BINDGEN_VERSION = $(shell awk '/^name = "wasm-bindgen"$$/ { getline; gsub(/version = |"/, ""); print }' Cargo.lock)
+
+deps-wasm-test: deps-node
+	@rustup target list --installed | grep -qx wasm32-unknown-unknown || rustup target add wasm32-unknown-unknown
+	@wasm-bindgen-test-runner --version 2>/dev/null | grep -qx 'wasm-bindgen-test-runner $(WASM_BINDGEN_VERSION)' || \
+	  cargo install --quiet wasm-bindgen-cli --version $(WASM_BINDGEN_VERSION)
+
+test-core-wasm: deps-rust deps-wasm-test
+	cargo test -p floodgate-core --lib --target wasm32-unknown-unknown
 
 # The wasm module as an image Istio pulls (`oci://`): FROM scratch, /plugin.wasm.
 image-wasm: wasm
@@ -113,7 +122,7 @@ test-deploy: deps-envoy deps-redis wasm
 
 lint: deps-rust
 	cargo fmt --all --check
-	@for src in core/src filter/src protocol/src quota/src; do python3 scripts/module-graph.py $$src || exit 1; done
+	@for src in core/src filter/src protocol/src quota/src bench/src; do python3 scripts/module-graph.py $$src || exit 1; done
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p floodgate-filter -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 

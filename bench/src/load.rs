@@ -48,6 +48,18 @@ impl WrkResult {
         self.requests as f64 / (self.duration_us.max(1) as f64 / 1e6)
     }
 
+    /// One line for the progress log.
+    pub fn summary(&self, id: &str) -> String {
+        format!(
+            "{id:>2}: {:>9.0} req/s  p50 {:.3} ms  p99 {:.3} ms  non-2xx {}  errors {}",
+            self.rps(),
+            self.p50_us as f64 / 1000.0,
+            self.p99_us as f64 / 1000.0,
+            self.non_2xx,
+            self.socket_errors
+        )
+    }
+
     /// The raw numbers, for the JSON file.
     pub fn to_json(&self) -> Value {
         json!({

@@ -649,6 +649,8 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const SAMPLE: &str = r#"{"rules": [{"name": "per-api-key", "match": {"path_prefix": "/api"},
         "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],

@@ -588,6 +588,8 @@ impl Request for StaticRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const KEY: (u64, u64) = (7, 11);
 

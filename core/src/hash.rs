@@ -99,6 +99,8 @@ impl SipHasher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The reference key 00 01 .. 0f of the SipHash paper's test vectors.
     fn reference() -> SipHasher {

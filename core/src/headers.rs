@@ -143,6 +143,8 @@ mod tests {
     use super::*;
     use crate::config::Config;
     use crate::time::{Nanos, SECOND};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn config(response: &str) -> Config {
         let json =

@@ -89,6 +89,8 @@ pub fn paced_until(granted: u64, remaining: u64, capacity: u64, horizon_ns: u64,
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const S: u64 = SECOND_NS;
 

@@ -209,6 +209,8 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn counter(store: &MemoryStore, limit: u8, max_retries: u32) -> Result<Replaced<bool>, LoopError> {
         measure_and_replace(store, "k", max_retries, |value| {

@@ -247,6 +247,8 @@ mod tests {
     use super::*;
     use crate::algorithm::{Concurrency, Gcra, TokenBucket};
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

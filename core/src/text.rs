@@ -75,6 +75,8 @@ impl<const N: usize> InlineText<N> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn numbers_are_written_exactly() {

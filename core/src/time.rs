@@ -1,8 +1,8 @@
 //! Time as the limiter sees it: nanoseconds on one epoch shared by every worker.
 
-use std::cell::Cell;
 use std::fmt;
 use std::ops::{Add, Sub};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Nanoseconds: an instant (since the Unix epoch, the host's wall clock, the
 /// one epoch all Envoy workers share) or a span between two instants.
@@ -91,9 +91,10 @@ impl fmt::Display for Nanos {
 /// One second.
 pub const SECOND: Nanos = Nanos(1_000_000_000);
 
-/// Where the current time comes from. The host layer reads Envoy's clock; unit
-/// tests use [`FakeClock`].
-pub trait Clock {
+/// Where the current time comes from: the quota service reads the system's
+/// clock (or Redis's); tests of time-dependent logic use [`FakeClock`]. Shared
+/// between threads, so one clock can drive a service, its stores and a test.
+pub trait Clock: Send + Sync + fmt::Debug {
     /// The current instant, nanoseconds since the Unix epoch.
     fn now(&self) -> Nanos;
 }
@@ -101,24 +102,29 @@ pub trait Clock {
 /// A clock that only moves when told to, for tests of time-dependent logic.
 #[derive(Debug, Default)]
 pub struct FakeClock {
-    now: Cell<Nanos>,
+    now: AtomicU64,
 }
 
 impl FakeClock {
     /// A clock standing at `start`.
     pub fn new(start: Nanos) -> Self {
-        Self { now: Cell::new(start) }
+        Self { now: AtomicU64::new(start.0) }
     }
 
-    /// Moves the clock forward by `span`.
+    /// Moves the clock forward by `span` (saturating: "never" stays never).
     pub fn advance(&self, span: Nanos) {
-        self.now.set(self.now.get() + span);
+        let _ = self.now.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| Some(now.saturating_add(span.0)));
+    }
+
+    /// Sets the clock to `instant`, forward or back.
+    pub fn set(&self, instant: Nanos) {
+        self.now.store(instant.0, Ordering::SeqCst);
     }
 }
 
 impl Clock for FakeClock {
     fn now(&self) -> Nanos {
-        self.now.get()
+        Nanos(self.now.load(Ordering::SeqCst))
     }
 }
 
@@ -170,6 +176,8 @@ pub fn parse_duration(text: &str) -> Result<Nanos, DurationError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn parses_every_documented_unit() {
@@ -214,5 +222,9 @@ mod tests {
         assert_eq!(clock.now(), Nanos(5));
         clock.advance(Nanos(10));
         assert_eq!(clock.now(), Nanos(15));
+        clock.set(Nanos(2));
+        assert_eq!(clock.now(), Nanos(2));
+        clock.advance(Nanos::MAX);
+        assert_eq!(clock.now(), Nanos::MAX);
     }
 }

@@ -29,6 +29,7 @@ extern "C" {
         num_trailers: usize,
     );
     fn proxy_on_done(context_id: u32) -> bool;
+    fn proxy_on_queue_ready(context_id: u32, queue_id: u32);
     fn proxy_on_delete(context_id: u32);
 }
 
@@ -80,6 +81,7 @@ impl Worker {
             }
             host.live.insert(ROOT);
             host.effective = ROOT;
+            host.handler = "on_configure";
         });
         unsafe { proxy_on_context_create(ROOT, 0) };
         let configured = unsafe { proxy_on_configure(ROOT, config.len()) };
@@ -113,22 +115,36 @@ impl Worker {
         mock_host::with(|host| {
             host.live.insert(context);
             host.effective = context;
+            host.handler = "on_request_headers";
             let headers = [(":method", "POST"), (":path", "/login"), (":authority", "example")];
             host.request_headers.insert(context, headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect());
         });
         unsafe { proxy_on_context_create(context, ROOT) };
         let action = unsafe { proxy_on_request_headers(context, 3, true) };
+        self.turn();
         (context, action)
+    }
+
+    /// The worker's event loop turns: what handlers posted to shared queues
+    /// runs now, in the context that registered each queue (Envoy posts
+    /// `on_queue_ready` to the registering worker).
+    fn turn(&self) {
+        while let Some((context, queue)) = mock_host::with(|host| {
+            let queue = (!host.posted.is_empty()).then(|| host.posted.remove(0))?;
+            let context = host.queues[&queue].0;
+            (host.effective, host.handler) = (context, "on_queue_ready");
+            Some((context, queue))
+        }) {
+            unsafe { proxy_on_queue_ready(context, queue) };
+        }
     }
 
     /// A request waits for its pool's first lease, which grants `granted`
     /// tokens, and is served from it; the lease's id.
     fn serve_on_a_new_lease(&mut self, granted: u64) -> String {
         let (context, _) = self.request();
-        self.tick();
         let lease = self.take_call("/v1/lease");
         self.answer(&lease, Some(200), &grant(granted));
-        self.tick();
         assert_eq!(self.resumed(), vec![context]);
         self.end(context);
         json(&lease)["leases"][0]["id"].as_str().unwrap().to_string()
@@ -136,14 +152,14 @@ impl Worker {
 
     /// The upstream answered request `context`: the filter adds its headers.
     fn respond(&self, context: u32) -> Vec<(String, String)> {
-        mock_host::with(|host| host.effective = context);
+        mock_host::with(|host| (host.effective, host.handler) = (context, "on_response_headers"));
         assert_eq!(unsafe { proxy_on_response_headers(context, 0, true) }, Action::Continue);
         mock_host::with(|host| host.response_headers.remove(&context).unwrap_or_default())
     }
 
     /// Request `context`'s stream ends (served, reset or the client gone).
     fn end(&self, context: u32) {
-        mock_host::with(|host| host.effective = context);
+        mock_host::with(|host| (host.effective, host.handler) = (context, "on_done"));
         assert!(unsafe { proxy_on_done(context) });
         unsafe { proxy_on_delete(context) };
         mock_host::with(|host| {
@@ -152,7 +168,7 @@ impl Worker {
     }
 
     fn tick(&self) {
-        mock_host::with(|host| host.effective = ROOT);
+        mock_host::with(|host| (host.effective, host.handler) = (ROOT, "on_tick"));
         unsafe { proxy_on_tick(ROOT) };
     }
 
@@ -183,16 +199,20 @@ impl Worker {
         self.answer_sized(call, status, body, body.len());
     }
 
-    /// As [`Worker::answer`], with the body size the host reports.
+    /// As [`Worker::answer`], with the body size the host reports. The
+    /// answer goes to the context the call was dispatched as: the root's.
     fn answer_sized(&self, call: &HttpCall, status: Option<u16>, body: &[u8], body_size: usize) {
+        assert_eq!(call.context, ROOT, "calls are the root's, so their answers outlive any request: {call:#?}");
         let headers = status.map(|s| vec![(":status".to_string(), s.to_string())]);
         let num_headers = headers.as_ref().map_or(0, Vec::len);
         mock_host::with(|host| {
             host.answer = Some((headers, body.to_vec()));
             host.effective = ROOT;
+            host.handler = "on_http_call_response";
         });
         unsafe { proxy_on_http_call_response(ROOT, call.token, num_headers, body_size, 0) };
         mock_host::with(|host| host.answer = None);
+        self.turn();
     }
 
     fn metric(&self, name: &str) -> i64 {
@@ -200,7 +220,13 @@ impl Worker {
     }
 
     fn resumed(&self) -> Vec<u32> {
-        mock_host::with(|host| std::mem::take(&mut host.resumed))
+        self.resumed_in().into_iter().map(|(context, _)| context).collect()
+    }
+
+    /// The requests resumed since the last look, with the callback each
+    /// was resumed from.
+    fn resumed_in(&self) -> Vec<(u32, &'static str)> {
+        mock_host::with(|host| std::mem::take(&mut host.resumed).into_iter().zip(host.resumed_in.drain(..)).collect())
     }
 
     fn responses(&self) -> Vec<mock_host::LocalResponse> {
@@ -225,9 +251,10 @@ fn grant(granted: u64) -> Vec<u8> {
     .into_bytes()
 }
 
-/// A request finds its pool empty and waits, the tick sends one lease call
-/// with the rule's descriptor, and its answer resumes the request from the
-/// root context; later requests spend the leased tokens with no call.
+/// A request finds its pool empty and waits; one lease call with the rule's
+/// descriptor leaves at once from the request's own handler (as the root's
+/// call), and the handler of its answer resumes the request, with no tick
+/// in between; later requests spend the leased tokens with no call.
 #[test]
 fn an_empty_pool_pauses_the_request_until_the_lease_arrives() {
     on_a_worker(|| {
@@ -236,11 +263,9 @@ fn an_empty_pool_pauses_the_request_until_the_lease_arrives() {
 
         let (first, action) = worker.request();
         assert_eq!(action, Action::Pause, "nothing leased yet");
-        assert_eq!(worker.tick_ms(), 1, "a call is queued: the tick comes at once");
-        assert!(worker.new_calls().is_empty(), "calls leave from the root's tick, not the request");
-
-        worker.tick();
         let lease = worker.take_call("/v1/lease");
+        assert_eq!(lease.handler, "on_queue_ready", "posted by the request's handler, sent at the loop's next turn");
+        assert_eq!(worker.tick_ms(), 2, "a waiting request still looks for a refill another worker asked for");
         assert_eq!(lease.header(":method"), Some("POST"));
         assert_eq!(lease.timeout_ms, 300);
         let body = json(&lease);
@@ -253,8 +278,11 @@ fn an_empty_pool_pauses_the_request_until_the_lease_arrives() {
         worker.answer(&lease, Some(200), &grant(10));
         assert_eq!(worker.metric("floodgate.global.tokens_leased"), 10);
         assert_eq!(worker.metric("floodgate.global.callouts_ok"), 2, "the cluster check and the lease");
-        worker.tick();
-        assert_eq!(worker.resumed(), vec![first], "resumed from the root, in the request's context");
+        assert_eq!(
+            worker.resumed_in(),
+            vec![(first, "on_http_call_response")],
+            "resumed by its answer, in its context"
+        );
         assert_eq!(worker.metric("floodgate.global.refill_waits"), 1);
         assert_eq!(worker.metric("floodgate.global.refill_wait_ms"), 5);
         assert_eq!(worker.metric("floodgate.allowed"), 1);
@@ -283,12 +311,10 @@ fn a_failed_lease_falls_back_to_the_local_limit_and_a_probe_brings_global_mode_b
         let mut worker = Worker::ready(&global_config(""));
         let (first, action) = worker.request();
         assert_eq!(action, Action::Pause);
-        worker.tick();
         let lease = worker.take_call("/v1/lease");
         worker.answer(&lease, Some(503), b"no healthy upstream");
         assert_eq!(worker.metric("floodgate.global.callouts_refused"), 1);
-        worker.tick();
-        assert_eq!(worker.resumed(), vec![first], "the fall-back admitted it");
+        assert_eq!(worker.resumed_in(), vec![(first, "on_http_call_response")], "the fall-back admitted it at once");
         assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 1);
         assert_eq!(worker.metric("floodgate.rule.fleet.fallback"), 1);
         assert!(
@@ -318,7 +344,6 @@ fn a_failed_lease_falls_back_to_the_local_limit_and_a_probe_brings_global_mode_b
         assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 0, "global again");
         let (back, action) = worker.request();
         assert_eq!(action, Action::Pause, "global mode leases again");
-        worker.tick();
         worker.take_call("/v1/lease");
         worker.end(back);
     });
@@ -340,7 +365,6 @@ fn broken_answers_are_counted_failures_not_panics() {
         on_a_worker(move || {
             let mut worker = Worker::ready(&global_config(""));
             let (first, _) = worker.request();
-            worker.tick();
             let lease = worker.take_call("/v1/lease");
             worker.answer_sized(&lease, status, body, body_size);
             assert_eq!(worker.metric(&format!("floodgate.global.{counter}")), 1, "{status:?} {body:?}");
@@ -348,7 +372,6 @@ fn broken_answers_are_counted_failures_not_panics() {
             if body_size > body.len() {
                 assert_eq!(mock_host::with(|host| host.body_reads), 0, "a body that large is not read");
             }
-            worker.tick();
             assert_eq!(worker.resumed(), vec![first], "decided by the fall-back");
             assert_eq!(worker.metric("floodgate.rule.fleet.fallback_active"), 1);
         });
@@ -362,7 +385,6 @@ fn a_client_gone_while_waiting_is_not_resumed_and_its_lease_is_kept() {
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(""));
         let (gone, _) = worker.request();
-        worker.tick();
         let lease = worker.take_call("/v1/lease");
         worker.end(gone);
         assert_eq!(worker.metric("floodgate.delay_abandoned"), 1);
@@ -398,17 +420,17 @@ fn a_missing_cluster_is_said_plainly_and_rules_fall_back() {
     });
 }
 
-/// In check mode a request waits for one `/v1/check`; a denial is answered
-/// 429 from the root context, in the request's context, with the service's
-/// `Retry-After`.
+/// In check mode a request waits for one `/v1/check`, which leaves from
+/// its own handler; the answer's handler resumes it, or answers a denial
+/// 429 in the request's context with the service's `Retry-After`.
 #[test]
 fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
         let (admitted, action) = worker.request();
         assert_eq!(action, Action::Pause);
-        worker.tick();
         let check = worker.take_call("/v1/check");
+        assert_eq!(check.handler, "on_queue_ready", "posted by the request's handler, sent at the loop's next turn");
         let body = json(&check);
         assert_eq!(body["descriptors"], serde_json::json!([[["path", "/login"]]]));
         assert_eq!(body["hits"], 1);
@@ -417,10 +439,9 @@ fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
             Some(200),
             br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#,
         );
-        assert_eq!(worker.resumed(), vec![admitted], "resumed on the answer, not a tick later");
+        assert_eq!(worker.resumed_in(), vec![(admitted, "on_http_call_response")], "resumed on the answer");
 
         let (denied, _) = worker.request();
-        worker.tick();
         let check = worker.take_call("/v1/check");
         worker.answer(
             &check,
@@ -449,7 +470,7 @@ fn a_configuration_going_away_returns_its_unspent_tokens_then_is_done() {
         let mut worker = Worker::ready(&global_config(""));
         let lease_id = worker.serve_on_a_new_lease(10);
 
-        mock_host::with(|host| host.effective = ROOT);
+        mock_host::with(|host| (host.effective, host.handler) = (ROOT, "on_done"));
         assert!(!unsafe { proxy_on_done(ROOT) }, "not done before the return is answered");
         let give_back = worker.take_call("/v1/return");
         let body = json(&give_back);
@@ -463,7 +484,8 @@ fn a_configuration_going_away_returns_its_unspent_tokens_then_is_done() {
 
 /// Two workers of one Envoy share the pool: while one worker's refresh is in
 /// flight, the other's request waits for it instead of asking again, and is
-/// served from it by its own worker's tick.
+/// served from it by its own worker's tick (only the worker that paused a
+/// request may resume it).
 #[test]
 fn two_workers_share_one_refresh() {
     use std::sync::mpsc;
@@ -477,13 +499,11 @@ fn two_workers_share_one_refresh() {
         std::thread::spawn(move || {
             let (mut worker, _) = Worker::start(&config, shared, true);
             let (first, _) = worker.request();
-            worker.tick();
             let calls = worker.new_calls();
             let lease = calls.iter().find(|c| c.header(":path") == Some("/v1/lease")).unwrap().clone();
             to_b.send(()).unwrap();
             from_b.recv().unwrap();
             worker.answer(&lease, Some(200), &grant(10));
-            worker.tick();
             assert_eq!(worker.resumed(), vec![first]);
             to_b.send(()).unwrap();
             worker.end(first);
@@ -585,12 +605,10 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         worker.advance(1_100);
         let (second, action) = worker.request();
         assert_eq!(action, Action::Pause, "expired tokens do not count");
-        worker.tick();
         let lease = worker.take_call("/v1/lease");
         let second_lease = json(&lease)["leases"][0]["id"].as_str().unwrap().to_string();
         worker.answer(&lease, Some(200), &grant(100));
         assert_eq!(worker.metric("floodgate.global.tokens_expired"), 9);
-        worker.tick();
         assert_eq!(worker.resumed(), vec![second]);
         assert!(worker.new_calls().is_empty(), "expired tokens are not returned");
         worker.end(second);
@@ -600,7 +618,6 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         worker.advance(800);
         let (third, action) = worker.request();
         assert_eq!(action, Action::Continue);
-        worker.tick();
         let lease = worker.take_call("/v1/lease");
         worker.answer(&lease, Some(200), &grant(50));
         let give_back = worker.take_call("/v1/return");

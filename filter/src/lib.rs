@@ -9,9 +9,18 @@
 //! is given back when its stream ends.
 //!
 //! Each worker's root context finishes the requests it paused (Envoy lets
-//! only that worker resume them) and makes every call to the quota service,
-//! batched on its tick, so answers arrive at the root whatever becomes of
-//! the request that caused them.
+//! only that worker resume them) and owns every call to the quota service,
+//! so answers arrive at the root whatever becomes of the request that caused
+//! them. The SDK delivers an answer to the context that was *active* when
+//! the call was made (switching the effective context does not change
+//! that), so a request's handler does not dispatch itself: it posts to its
+//! worker's own shared queue, which Envoy runs on the same worker at the
+//! event loop's next turn, in the root context, and the root dispatches at
+//! once. A paused request is finished from the handler of the answer that
+//! frees it. So no tick lies between a request and the network, nor between
+//! an answer and the request; ticks are for timers: a shaper's delays, the
+//! end of a request's wait, probes of a failing service, and refills another
+//! worker asked for.
 //!
 //! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
 //! rather than the SDK's trait helpers, several of which unwrap; header values
@@ -49,7 +58,7 @@ use waiting::{Shared, Stage, Wait, Waiter, Waiting};
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> {
-        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false })
+        Box::new(FloodgateRoot { context_id, plugin: None, cluster_checked: false, queue: None })
     });
 }}
 
@@ -65,12 +74,19 @@ struct FloodgateRoot {
     plugin: Option<Rc<Plugin>>,
     /// Whether this VM has checked that Envoy has the quota service's cluster.
     cluster_checked: bool,
+    /// This root's shared queue, through which its requests post calls to it
+    /// (see the module docs); `None` until configured, or if Envoy refused it.
+    queue: Option<u32>,
 }
 
 /// What every request of a plugin on one worker shares: built once per
 /// configuration.
 struct Plugin {
     limiter: Limiter<RuleMetrics>,
+    /// The root's shared queue (see [`Plugin::post`]).
+    queue: Option<u32>,
+    /// A post to the root is on its way: later requests need not post again.
+    posted: Cell<bool>,
     metrics: Metrics,
     shadow_log: RateLimitedLog,
     callout_log: RateLimitedLog,
@@ -233,6 +249,68 @@ impl Plugin {
             self.closing.set(Some(left));
             if left == 0 {
                 let _ = hostcalls::done();
+            }
+        }
+    }
+
+    /// Has the root send what is queued for the quota service at once: a
+    /// request's handler posts to the root's shared queue (once, until the
+    /// root has run), and the root dispatches in `on_queue_ready`. Without a
+    /// queue, the root's next tick (1 ms) sends them.
+    fn post(&self) {
+        if self.posted.get() || !self.callouts.borrow().has_outgoing() {
+            return;
+        }
+        let Some(queue) = self.queue else { return };
+        match hostcalls::enqueue_shared_queue(queue, None) {
+            Ok(()) => self.posted.set(true),
+            Err(status) => log::warn!("floodgate: cannot post calls to the root context: {status:?}"),
+        }
+    }
+
+    /// Finishes the paused requests that are due at `now`: a shaper's delay
+    /// that is over, and every request waiting for a refill (decided again
+    /// on its pool; `waited_out` once its wait is over). Called from the
+    /// tick, and from the answer to a lease call, which may have refilled
+    /// their pools. Leaves the effective context on the last request
+    /// looked at: the caller switches back to its own.
+    fn finish_due(&self, now: Nanos, refills_only: bool) {
+        let due = self.waiting.borrow_mut().take_due(now, refills_only);
+        for waiter in due {
+            match waiter.wait {
+                Wait::Delay { resume_at } => {
+                    // Only this worker can resume its own requests; a client
+                    // that has gone makes this fail, and its units were given
+                    // back in on_done.
+                    let resumed = hostcalls::set_effective_context(waiter.context_id)
+                        .and_then(|()| hostcalls::resume_http_request())
+                        .is_ok();
+                    if resumed {
+                        waiter.request.borrow_mut().stage = Stage::Passed;
+                        increment(self.metrics.delayed, 1);
+                        increment(self.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
+                        increment(self.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
+                    } else {
+                        increment(self.metrics.delay_abandoned, 1);
+                    }
+                }
+                Wait::Refill { deadline } => {
+                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
+                        continue;
+                    }
+                    let waited_out = now >= deadline;
+                    let action = self.decide(waiter.context_id, &waiter.request, waiter.since, waited_out);
+                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
+                        increment(self.metrics.refill_waits, 1);
+                        increment(self.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
+                        if let Action::Continue = action {
+                            if let Err(status) = hostcalls::resume_http_request() {
+                                log::warn!("floodgate: could not resume a request: {status:?}");
+                            }
+                        }
+                    }
+                }
+                Wait::Answer => {}
             }
         }
     }
@@ -451,10 +529,17 @@ impl Context for FloodgateRoot {
             Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
         };
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
+        let refilled = matches!(callout, Callout::Leases(_));
         plugin.answered(callout, status, body);
+        plugin.metrics.set_modes(&plugin.limiter);
+        let now = host::now();
+        if refilled {
+            // The requests that waited for these pools go on now.
+            plugin.finish_due(now, true);
+        }
         let _ = hostcalls::set_effective_context(self.context_id);
         plugin.flush();
-        schedule_ticks(&plugin, host::now());
+        schedule_ticks(&plugin, now);
     }
 }
 
@@ -494,8 +579,13 @@ impl RootContext for FloodgateRoot {
             );
         }
         let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
+        if self.queue.is_none() {
+            self.queue = register_queue(self.context_id);
+        }
         let plugin = Rc::new(Plugin {
             limiter,
+            queue: self.queue,
+            posted: Cell::new(false),
             metrics: Metrics::define(),
             shadow_log: RateLimitedLog::default(),
             callout_log: RateLimitedLog::default(),
@@ -534,47 +624,19 @@ impl RootContext for FloodgateRoot {
             }
             plugin.flush();
         }
-        let due = plugin.waiting.borrow_mut().take_due(now);
-        for waiter in due {
-            match waiter.wait {
-                Wait::Delay { resume_at } => {
-                    // Only this worker can resume its own requests; a client
-                    // that has gone makes this fail, and its units were given
-                    // back in on_done.
-                    let resumed = hostcalls::set_effective_context(waiter.context_id)
-                        .and_then(|()| hostcalls::resume_http_request())
-                        .is_ok();
-                    if resumed {
-                        waiter.request.borrow_mut().stage = Stage::Passed;
-                        increment(plugin.metrics.delayed, 1);
-                        increment(plugin.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
-                        increment(plugin.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
-                    } else {
-                        increment(plugin.metrics.delay_abandoned, 1);
-                    }
-                }
-                Wait::Refill { deadline } => {
-                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
-                        continue;
-                    }
-                    let waited_out = now >= deadline;
-                    let action = plugin.decide(waiter.context_id, &waiter.request, waiter.since, waited_out);
-                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
-                        increment(plugin.metrics.refill_waits, 1);
-                        increment(plugin.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
-                        if let Action::Continue = action {
-                            if let Err(status) = hostcalls::resume_http_request() {
-                                log::warn!("floodgate: could not resume a request: {status:?}");
-                            }
-                        }
-                    }
-                }
-                Wait::Answer => {}
-            }
-        }
+        plugin.finish_due(now, false);
         let _ = hostcalls::set_effective_context(self.context_id);
         plugin.flush();
         schedule_ticks(&plugin, now);
+    }
+
+    /// A request posted calls: send them now.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        let Some(plugin) = self.plugin.clone() else { return };
+        plugin.posted.set(false);
+        plugin.flush();
+        schedule_ticks(&plugin, host::now());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -592,10 +654,22 @@ impl RootContext for FloodgateRoot {
     }
 }
 
-/// Sets this worker's tick: soon when calls are queued or a paused request
-/// is due, every [`GLOBAL_TICK`] while global rules exist, else not at all.
+/// Registers root context `root_id`'s shared queue under a name no other
+/// worker uses: Envoy runs `on_queue_ready` on the registering worker, in
+/// the registering context, so a post reaches this root and no other.
+fn register_queue(root_id: u32) -> Option<u32> {
+    let [a, b, c, d, e, f, g, h, ..] = host::entropy();
+    let name = format!("floodgate:{root_id}:{:016x}", u64::from_le_bytes([a, b, c, d, e, f, g, h]));
+    hostcalls::register_shared_queue(&name)
+        .map_err(|status| log::warn!("floodgate: no shared queue ({status:?}): calls leave on the next tick"))
+        .ok()
+}
+
+/// Sets this worker's tick: soon when calls are queued and not posted, or a
+/// paused request is due; every [`GLOBAL_TICK`] while global rules exist;
+/// else not at all.
 fn schedule_ticks(plugin: &Plugin, now: Nanos) {
-    let period = if plugin.callouts.borrow().has_outgoing() {
+    let period = if plugin.callouts.borrow().has_outgoing() && !plugin.posted.get() {
         Some(Duration::from_millis(1))
     } else {
         plugin.waiting.borrow().next_tick(now)
@@ -651,9 +725,11 @@ impl HttpContext for FloodgateHttp {
             return Action::Continue;
         }
         let plugin = Rc::clone(&self.plugin);
-        let action = plugin.decide(self.context_id, &self.state, host::now(), false);
-        if plugin.callouts.borrow().has_outgoing() || self.state.borrow().stage == Stage::Waiting {
-            schedule_ticks(&plugin, host::now());
+        let now = host::now();
+        let action = plugin.decide(self.context_id, &self.state, now, false);
+        plugin.post();
+        if self.state.borrow().stage == Stage::Waiting || plugin.callouts.borrow().has_outgoing() {
+            schedule_ticks(&plugin, now);
         }
         action
     }

@@ -46,6 +46,10 @@ pub struct HttpCall {
     pub body: Vec<u8>,
     /// The timeout asked, in milliseconds.
     pub timeout_ms: u32,
+    /// The context it was dispatched as (its answer goes to that context).
+    pub context: u32,
+    /// The filter callback it was dispatched from.
+    pub handler: &'static str,
 }
 
 impl HttpCall {
@@ -105,6 +109,10 @@ pub struct Host {
     pub body_reads: usize,
     /// Requests resumed, in order.
     pub resumed: Vec<u32>,
+    /// The filter callback each request was resumed from, in order.
+    pub resumed_in: Vec<&'static str>,
+    /// The filter callback running now (the test driver sets it).
+    pub handler: &'static str,
     /// Local responses sent, in order.
     pub responses: Vec<LocalResponse>,
     /// Metric names by id (id = index + 1).
@@ -122,6 +130,11 @@ pub struct Host {
     pub properties: HashMap<String, Vec<u8>>,
     /// Every property read, in order (paths joined by `.`).
     pub property_reads: Vec<String>,
+    /// Shared queues by id: the registering context, and what waits in it.
+    pub queues: HashMap<u32, (u32, Vec<Vec<u8>>)>,
+    /// Queues posted to since the event loop last turned, in order: Envoy
+    /// calls `on_queue_ready` for each on the registering worker.
+    pub posted: Vec<u32>,
     next_token: u32,
 }
 
@@ -364,7 +377,11 @@ extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
 #[no_mangle]
 extern "C" fn proxy_continue_stream(stream: StreamType) -> Status {
     assert_eq!(stream, StreamType::HttpRequest, "the filter resumes requests only");
-    with(|host| host.resumed.push(host.effective));
+    with(|host| {
+        host.resumed.push(host.effective);
+        let handler = host.handler;
+        host.resumed_in.push(handler);
+    });
     Status::Ok
 }
 
@@ -406,9 +423,51 @@ unsafe extern "C" fn proxy_http_call(
         }
         host.next_token += 1;
         *token = host.next_token;
-        host.calls.push(HttpCall { token: host.next_token, cluster, headers, body, timeout_ms });
+        let (context, handler) = (host.effective, host.handler);
+        host.calls.push(HttpCall { token: host.next_token, cluster, headers, body, timeout_ms, context, handler });
         Status::Ok
     })
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_register_shared_queue(name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let _ = text(name, name_size);
+    *id = with(|host| {
+        host.next_token += 1;
+        let context = host.effective;
+        host.queues.insert(host.next_token, (context, Vec::new()));
+        host.next_token
+    });
+    Status::Ok
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_enqueue_shared_queue(id: u32, data: *const u8, size: usize) -> Status {
+    let value = bytes(data, size).to_vec();
+    with(|host| match host.queues.get_mut(&id) {
+        Some((_, items)) => {
+            items.push(value);
+            host.posted.push(id);
+            Status::Ok
+        }
+        None => Status::NotFound,
+    })
+}
+
+#[no_mangle]
+unsafe extern "C" fn proxy_dequeue_shared_queue(id: u32, data: *mut *mut u8, size: *mut usize) -> Status {
+    let item = with(|host| match host.queues.get_mut(&id) {
+        None => Err(Status::NotFound),
+        Some((_, items)) if items.is_empty() => Err(Status::Empty),
+        Some((_, items)) => Ok(items.remove(0)),
+    });
+    match item {
+        Ok(value) => {
+            give(&value, data, size);
+            Status::Ok
+        }
+        Err(status) => status,
+    }
 }
 
 #[no_mangle]
@@ -478,10 +537,7 @@ never_called!(
     proxy_remove_header_map_value,
     proxy_replace_header_map_value,
     proxy_set_property,
-    proxy_register_shared_queue,
     proxy_resolve_shared_queue,
-    proxy_dequeue_shared_queue,
-    proxy_enqueue_shared_queue,
     proxy_close_stream,
     proxy_grpc_call,
     proxy_grpc_stream,

@@ -112,11 +112,11 @@ impl Waiting {
         Some(self.waiters.swap_remove(at))
     }
 
-    /// Takes every request a tick at `now` must look at: delays that are
-    /// over, earliest first, then every request waiting for a refill.
-    pub fn take_due(&mut self, now: Nanos) -> Vec<Waiter> {
+    /// Takes every request to look at now: delays that are over, earliest
+    /// first (unless `refills_only`), then every request waiting for a refill.
+    pub fn take_due(&mut self, now: Nanos, refills_only: bool) -> Vec<Waiter> {
         let due = |w: &Waiter| match w.wait {
-            Wait::Delay { resume_at } => resume_at <= now,
+            Wait::Delay { resume_at } => !refills_only && resume_at <= now,
             Wait::Refill { .. } => true,
             Wait::Answer => false,
         };
@@ -163,8 +163,8 @@ mod tests {
         assert!(waiting.add(waiter(2, Wait::Delay { resume_at: MS.times(5) })).is_ok());
         assert!(waiting.add(waiter(3, Wait::Answer)).is_err(), "full");
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(5)));
-        assert!(waiting.take_due(MS.times(4)).is_empty());
-        let due: Vec<u32> = waiting.take_due(MS.times(40)).iter().map(|w| w.context_id).collect();
+        assert!(waiting.take_due(MS.times(4), false).is_empty());
+        let due: Vec<u32> = waiting.take_due(MS.times(40), false).iter().map(|w| w.context_id).collect();
         assert_eq!(due, vec![2, 1]);
         assert_eq!(waiting.next_tick(MS.times(40)), None, "nothing waits: no ticks");
     }
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(waiting.next_tick(Nanos::ZERO), None, "the callout's answer wakes it");
         assert!(waiting.add(waiter(2, Wait::Refill { deadline: MS.times(200) })).is_ok());
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(REFILL_TICK));
-        let due: Vec<u32> = waiting.take_due(Nanos::ZERO).iter().map(|w| w.context_id).collect();
+        let due: Vec<u32> = waiting.take_due(Nanos::ZERO, false).iter().map(|w| w.context_id).collect();
         assert_eq!(due, vec![2]);
         assert_eq!(waiting.remove(1).map(|w| w.context_id), Some(1));
         assert!(waiting.remove(1).is_none());

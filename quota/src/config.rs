@@ -1,62 +1,63 @@
 //! The limits file: envoyproxy/ratelimit's YAML shape, so its users can bring
-//! their files, plus optional extensions (`algorithm` and the algorithm's own
-//! fields: `burst`, `sub_windows`, `warmup`, `cold_factor`).
+//! their files, plus optional extensions: `algorithm`, and that algorithm's
+//! own fields, which the core's registry lists and validates.
 //!
 //! Parsing happens in one pass with validation inside deserialization, so that
 //! every error, including semantic ones (a zero limit, an unknown unit, a
 //! duplicate entry), carries the YAML line and column and the field path.
-//! The result is a [`Config`] that cannot hold an invalid rule.
+//! The result is [`Domains`] that cannot hold an invalid rule.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use floodgate_core::algorithm::{Params, Policy, Registration};
+use floodgate_core::algorithm::{Params, Policy, Registration, ALGORITHMS};
+use floodgate_core::bounds::MAX_AMOUNT;
+use floodgate_core::time::{Nanos, SECOND};
 use serde::Deserialize;
 
-use crate::clock::{Micros, SECOND_US};
-
-/// Largest `requests_per_unit` and `burst`.
-pub const MAX_LIMIT: u64 = 1_000_000_000;
 /// Longest domain name, key or value accepted, in bytes (also on the wire).
 pub const MAX_NAME_LEN: usize = floodgate_protocol::MAX_ENTRY_LEN;
 
-/// The core's algorithms a limits file may name, each with the short tag its
-/// buckets' keys carry (so buckets of different algorithms never share a key;
-/// `fw` and `tb` are the tags of the first release, kept so their buckets
-/// survive an upgrade).
-pub const ALGORITHMS: &[(&str, &str)] = &[
-    ("fixed_window", "fw"),
-    ("token_bucket", "tb"),
-    ("leaky_bucket", "lb"),
-    ("sliding_window", "sw"),
-    ("sliding_log", "sl"),
-    ("warm_up", "wu"),
-];
-
-/// The algorithm of a rule without `algorithm`, as envoyproxy/ratelimit counts.
+/// The algorithm of a rule without `algorithm`: a fixed window, as
+/// envoyproxy/ratelimit counts.
 pub const DEFAULT_ALGORITHM: &str = "fixed_window";
 
-/// The registry name and key tag of algorithm `name`, or why the service
-/// does not offer it.
-fn offered(name: &str) -> Result<(&'static str, &'static str), String> {
-    if let Some(&(name, tag)) = ALGORITHMS.iter().find(|(n, _)| *n == name) {
-        return Ok((name, tag));
+/// The algorithms the service offers: the core's, except those that can
+/// only run in the proxy (their registration says why).
+fn offered_algorithms() -> impl Iterator<Item = &'static Registration> {
+    ALGORITHMS.iter().filter(|r| r.local_only.is_none())
+}
+
+/// The registration of algorithm `name`, or why the service does not offer it.
+fn offered(name: &str) -> Result<&'static Registration, String> {
+    match Registration::find(name) {
+        Some(registration) => match registration.local_only {
+            None => Ok(registration),
+            Some(why) => Err(format!("algorithm {name:?} is not offered by the quota service: {why}")),
+        },
+        None => Err(format!(
+            "unknown algorithm {name:?}: the quota service supports {DEFAULT_ALGORITHM} (the default), {}",
+            offered_algorithms().map(|r| r.name).filter(|n| *n != DEFAULT_ALGORITHM).collect::<Vec<_>>().join(", ")
+        )),
     }
-    Err(match name {
-        "shaper" => "algorithm \"shaper\" is not offered by the quota service: a shaper delays requests in the proxy, \
-            and a check or lease can only admit or deny; use leaky_bucket (the same schedule, denying instead of delaying)"
-            .to_string(),
-        "concurrency" => "algorithm \"concurrency\" is not offered by the quota service: it counts requests in flight \
-            and needs each request's end, which a check or lease cannot report; keep concurrency limits in the filter"
-            .to_string(),
-        _ => format!(
-            "unknown algorithm {name:?}: the quota service supports {} (the default), {}",
-            DEFAULT_ALGORITHM,
-            ALGORITHMS.iter().map(|(n, _)| *n).filter(|n| *n != DEFAULT_ALGORITHM).collect::<Vec<_>>().join(", ")
-        ),
-    })
+}
+
+/// The core's name for the field the limits file calls `unit`.
+const PERIOD: &str = "period";
+
+/// Every offered algorithm's own fields (`burst`, `warmup`…), once each, in
+/// registry order: what a limits file may write beside `unit` and
+/// `requests_per_unit`, for the core to validate.
+fn algorithm_fields() -> Vec<&'static str> {
+    let mut fields: Vec<&'static str> = Vec::new();
+    for field in offered_algorithms().flat_map(|r| r.fields.iter().copied()) {
+        if field != PERIOD && !fields.contains(&field) {
+            fields.push(field);
+        }
+    }
+    fields
 }
 
 /// A validated limit (cheap to clone): one of the core's algorithms, built by the core from
@@ -66,58 +67,51 @@ fn offered(name: &str) -> Result<(&'static str, &'static str), String> {
 /// was granted under).
 #[derive(Clone)]
 pub struct Limit {
-    algorithm: &'static str,
-    tag: &'static str,
+    algorithm: &'static Registration,
     limit: u64,
-    period: Micros,
+    period: Nanos,
     /// The algorithm's own fields (`burst`, `sub_windows`…), as JSON.
     fields: Arc<str>,
     policy: Arc<dyn Policy>,
 }
 
 impl Limit {
-    /// Builds algorithm `algorithm` (a name of [`ALGORITHMS`]) admitting
-    /// `limit` units per `period` (whole milliseconds), with its own
-    /// `fields` (a JSON object, e.g. `{"burst": 5}`), validated by the core.
-    /// The error names the field as the limits file does.
-    pub fn new(algorithm: &str, limit: u64, period: Micros, fields: &str) -> Result<Self, String> {
-        let (algorithm, tag) = offered(algorithm)?;
-        let registration =
-            Registration::find(algorithm).ok_or_else(|| format!("algorithm {algorithm:?} is not in the core"))?;
+    /// Builds the offered algorithm named `algorithm` admitting `limit`
+    /// units per `period` (whole milliseconds), with its own `fields` (a JSON
+    /// object, e.g. `{"burst": 5}`), validated by the core. The error names
+    /// the field as the limits file does.
+    pub fn new(algorithm: &str, limit: u64, period: Nanos, fields: &str) -> Result<Self, String> {
+        let registration = offered(algorithm)?;
         let mut params: serde_json::Map<String, serde_json::Value> =
             serde_json::from_str(fields).map_err(|e| format!("algorithm fields {fields:?}: {e}"))?;
         for field in params.keys() {
-            if !registration.fields.contains(&field.as_str()) {
-                let takes: Vec<&str> = registration.fields.iter().copied().filter(|f| *f != "period").collect();
+            if !registration.fields.contains(&field.as_str()) || field == PERIOD {
+                let takes: Vec<&str> = registration.fields.iter().copied().filter(|f| *f != PERIOD).collect();
                 let takes = if takes.is_empty() { "no other fields".to_string() } else { takes.join(", ") };
-                return Err(format!("{field} does not apply to algorithm {algorithm} (it takes {takes})"));
+                return Err(format!("{field} does not apply to algorithm {} (it takes {takes})", registration.name));
             }
         }
         let fields: Arc<str> = serde_json::Value::Object(params.clone()).to_string().into();
-        if period == 0 || period % 1_000 != 0 {
-            return Err(format!("the period must be a positive whole number of milliseconds, not {period} µs"));
+        let millis = Nanos::from_millis(1).get();
+        if period == Nanos::ZERO || period.get() % millis != 0 {
+            return Err(format!("the period must be a positive whole number of milliseconds, not {period}"));
         }
-        params.insert("period".into(), format!("{}ms", period / 1_000).into());
+        params.insert(PERIOD.into(), format!("{}ms", period.get() / millis).into());
         let policy = registration.build(Params::new(RULE, limit, params)).map_err(|e| {
             let field = e.field.strip_prefix(RULE).unwrap_or(&e.field).trim_start_matches('.');
             match field {
-                "" => format!("{} (algorithm {algorithm})", e.message),
+                "" => format!("{} (algorithm {})", e.message, registration.name),
                 "limit" => format!("requests_per_unit: {}", e.message),
-                "period" => format!("unit: {}", e.message),
+                PERIOD => format!("unit: {}", e.message),
                 field => format!("{field}: {}", e.message),
             }
         })?;
-        Ok(Self { algorithm, tag, limit, period, fields, policy })
+        Ok(Self { algorithm: registration, limit, period, fields, policy })
     }
 
-    /// The algorithm's registry name.
-    pub fn algorithm(&self) -> &'static str {
+    /// The algorithm's registration in the core.
+    pub fn algorithm(&self) -> &'static Registration {
         self.algorithm
-    }
-
-    /// The short tag of the algorithm in store keys (see [`ALGORITHMS`]).
-    pub fn tag(&self) -> &'static str {
-        self.tag
     }
 
     /// Units per period (`requests_per_unit`).
@@ -125,8 +119,8 @@ impl Limit {
         self.limit
     }
 
-    /// The period (the `unit`) in microseconds.
-    pub fn period(&self) -> Micros {
+    /// The period (the `unit`).
+    pub fn period(&self) -> Nanos {
         self.period
     }
 
@@ -153,8 +147,8 @@ const RULE: &str = "rate_limit";
 impl PartialEq for Limit {
     /// Same inputs, same algorithm.
     fn eq(&self, other: &Self) -> bool {
-        (self.algorithm, self.limit, self.period, &*self.fields)
-            == (other.algorithm, other.limit, other.period, &*other.fields)
+        (self.algorithm.name, self.limit, self.period, &*self.fields)
+            == (other.algorithm.name, other.limit, other.period, &*other.fields)
     }
 }
 
@@ -163,7 +157,7 @@ impl Eq for Limit {}
 impl fmt::Debug for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Limit")
-            .field("algorithm", &self.algorithm)
+            .field("algorithm", &self.algorithm.name)
             .field("limit", &self.limit)
             .field("period", &self.period)
             .field("fields", &self.fields)
@@ -173,7 +167,7 @@ impl fmt::Debug for Limit {
 
 /// What a matched descriptor is subject to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rule {
+pub enum DescriptorRule {
     /// Counted against `limit`; with `shadow` set, over-limit decisions are
     /// counted in metrics but reported as allowed.
     Limited {
@@ -189,7 +183,7 @@ pub enum Rule {
 /// One level of the descriptor tree.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Node {
-    rule: Option<Rule>,
+    rule: Option<DescriptorRule>,
     children: HashMap<String, KeyEntries>,
 }
 
@@ -212,7 +206,7 @@ impl Domain {
     /// The rule for a request descriptor (ordered key/value entries), following
     /// envoyproxy/ratelimit: at each level a key+value entry wins over a
     /// key-only entry, and only the entry matching the last pair applies.
-    pub fn rule_for<'a>(&'a self, entries: &[(String, String)]) -> Option<&'a Rule> {
+    pub fn rule_for<'a>(&'a self, entries: &[(String, String)]) -> Option<&'a DescriptorRule> {
         let mut node = &self.root;
         let last = entries.len().checked_sub(1)?;
         for (i, (key, value)) in entries.iter().enumerate() {
@@ -228,11 +222,11 @@ impl Domain {
 
 /// Every configured domain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Config {
+pub struct Domains {
     domains: HashMap<String, Domain>,
 }
 
-impl Config {
+impl Domains {
     /// The domain named `name`.
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
@@ -249,47 +243,47 @@ impl Config {
     }
 
     /// Parses one YAML document (one domain); `origin` names it in errors.
-    pub fn parse_one(origin: &str, text: &str) -> Result<Domain, ConfigError> {
+    pub fn parse_one(origin: &str, text: &str) -> Result<Domain, LimitsError> {
         let deserializer = serde_norway::Deserializer::from_str(text);
         let file: FileDoc = serde_path_to_error::deserialize(deserializer).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
             let location = inner.location().map(|l| (l.line(), l.column()));
             let message = strip_path(&strip_location(&inner.to_string()));
-            ConfigError { origin: origin.to_string(), location, path, message }
+            LimitsError { origin: origin.to_string(), location, path, message }
         })?;
         Ok(Domain { name: file.domain.0, root: Node { rule: None, children: file.descriptors.0 } })
     }
 
     /// Reads and parses every file; each defines one domain, and a domain may
     /// be defined only once.
-    pub fn load(paths: &[PathBuf]) -> Result<Config, ConfigError> {
+    pub fn load(paths: &[PathBuf]) -> Result<Domains, LimitsError> {
         let mut domains = HashMap::new();
         for path in paths {
             let origin = path.display().to_string();
             let text =
-                std::fs::read_to_string(path).map_err(|e| ConfigError::plain(&origin, format!("cannot read: {e}")))?;
+                std::fs::read_to_string(path).map_err(|e| LimitsError::plain(&origin, format!("cannot read: {e}")))?;
             let domain = Self::parse_one(&origin, &text)?;
             if domains.contains_key(&domain.name) {
-                return Err(ConfigError::plain(
+                return Err(LimitsError::plain(
                     &origin,
                     format!("domain {:?} is defined in more than one file", domain.name),
                 ));
             }
             domains.insert(domain.name.clone(), domain);
         }
-        Ok(Config { domains })
+        Ok(Domains { domains })
     }
 
     /// Builds a config from domains already parsed (tests, embedding).
-    pub fn from_domains(list: impl IntoIterator<Item = Domain>) -> Config {
-        Config { domains: list.into_iter().map(|d| (d.name.clone(), d)).collect() }
+    pub fn from_domains(list: impl IntoIterator<Item = Domain>) -> Domains {
+        Domains { domains: list.into_iter().map(|d| (d.name.clone(), d)).collect() }
     }
 }
 
 /// Why a limits file was refused: which file, where, which field, and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError {
+pub struct LimitsError {
     /// The file (or other origin) of the text.
     pub origin: String,
     /// Line and column (1-based) where known.
@@ -300,13 +294,13 @@ pub struct ConfigError {
     pub message: String,
 }
 
-impl ConfigError {
+impl LimitsError {
     fn plain(origin: &str, message: String) -> Self {
         Self { origin: origin.to_string(), location: None, path: String::new(), message }
     }
 }
 
-impl fmt::Display for ConfigError {
+impl fmt::Display for LimitsError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.origin)?;
         if let Some((line, column)) = self.location {
@@ -319,7 +313,7 @@ impl fmt::Display for ConfigError {
     }
 }
 
-impl std::error::Error for ConfigError {}
+impl std::error::Error for LimitsError {}
 
 /// serde_norway appends " at line L column C"; the location is reported once,
 /// in front, instead.
@@ -457,7 +451,7 @@ impl<'de> serde::de::Visitor<'de> for Entry<'_> {
 struct FileDescriptor {
     key: String,
     value: Option<String>,
-    rule: Option<Rule>,
+    rule: Option<DescriptorRule>,
     descriptors: Children,
 }
 
@@ -477,22 +471,111 @@ struct RawDescriptor {
     detailed_metric: bool,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A `rate_limit` as written: envoyproxy/ratelimit's fields, `algorithm`,
+/// and the algorithm's own fields, which the core validates (so this parser
+/// knows no algorithm's fields by name: any offered algorithm's is taken).
+#[derive(Default)]
 struct RawRateLimit {
     unit: Option<Unit>,
     requests_per_unit: Option<u64>,
-    #[serde(default)]
     unlimited: bool,
-    /// Accepted for compatibility; only used in logs.
-    #[allow(dead_code)]
-    name: Option<String>,
     algorithm: Option<AlgorithmName>,
-    /// The algorithm's own fields, validated by the core.
-    burst: Option<u64>,
-    sub_windows: Option<u64>,
-    warmup: Option<String>,
-    cold_factor: Option<u64>,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl<'de> Deserialize<'de> for RawRateLimit {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(RateLimitVisitor)
+    }
+}
+
+struct RateLimitVisitor;
+
+/// A field of a `rate_limit`; an unknown one is refused while its key is
+/// read, so that the error points at the key.
+enum Field {
+    Unit,
+    RequestsPerUnit,
+    Unlimited,
+    Algorithm,
+    /// Accepted for compatibility with envoyproxy/ratelimit; unused.
+    Name,
+    /// One of an offered algorithm's own fields.
+    Own(String),
+}
+
+impl<'de> Deserialize<'de> for Field {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_str(FieldVisitor)
+    }
+}
+
+struct FieldVisitor;
+
+impl serde::de::Visitor<'_> for FieldVisitor {
+    type Value = Field;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Field, E> {
+        Ok(match name {
+            "unit" => Field::Unit,
+            "requests_per_unit" => Field::RequestsPerUnit,
+            "unlimited" => Field::Unlimited,
+            "algorithm" => Field::Algorithm,
+            "name" => Field::Name,
+            _ if algorithm_fields().contains(&name) => Field::Own(name.to_string()),
+            _ => {
+                return Err(E::custom(format!(
+                    "unknown field `{name}`, expected unit, requests_per_unit, unlimited, name, algorithm or an \
+                     algorithm's field ({})",
+                    algorithm_fields().join(", ")
+                )))
+            }
+        })
+    }
+}
+
+/// Sets a field read once; a repeated field is an error.
+fn once<T, E: serde::de::Error>(slot: &mut Option<T>, field: &str, value: T) -> Result<(), E> {
+    if slot.replace(value).is_some() {
+        return Err(E::custom(format!("duplicate field `{field}`")));
+    }
+    Ok(())
+}
+
+impl<'de> serde::de::Visitor<'de> for RateLimitVisitor {
+    type Value = RawRateLimit;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a rate_limit (a mapping with unit and requests_per_unit, or unlimited)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<RawRateLimit, A::Error> {
+        let mut raw = RawRateLimit::default();
+        let mut unlimited = None;
+        while let Some(field) = map.next_key::<Field>()? {
+            match field {
+                Field::Unit => once(&mut raw.unit, "unit", map.next_value()?)?,
+                Field::RequestsPerUnit => once(&mut raw.requests_per_unit, "requests_per_unit", map.next_value()?)?,
+                Field::Unlimited => once(&mut unlimited, "unlimited", map.next_value()?)?,
+                Field::Algorithm => once(&mut raw.algorithm, "algorithm", map.next_value()?)?,
+                Field::Name => {
+                    let _: Option<String> = map.next_value()?;
+                }
+                Field::Own(name) => {
+                    let value: serde_json::Value = map.next_value()?;
+                    if raw.fields.insert(name.clone(), value).is_some() {
+                        return Err(serde::de::Error::custom(format!("duplicate field `{name}`")));
+                    }
+                }
+            }
+        }
+        raw.unlimited = unlimited.unwrap_or(false);
+        Ok(raw)
+    }
 }
 
 impl TryFrom<RawDescriptor> for FileDescriptor {
@@ -517,51 +600,39 @@ impl TryFrom<RawDescriptor> for FileDescriptor {
 }
 
 impl RawRateLimit {
-    /// The algorithm fields given, as the core's parameters.
-    fn algorithm_fields(&self) -> serde_json::Map<String, serde_json::Value> {
-        let mut fields = serde_json::Map::new();
-        let numbers = [("burst", self.burst), ("sub_windows", self.sub_windows), ("cold_factor", self.cold_factor)];
-        for (name, value) in numbers {
-            if let Some(value) = value {
-                fields.insert(name.into(), value.into());
-            }
-        }
-        if let Some(warmup) = &self.warmup {
-            fields.insert("warmup".into(), warmup.clone().into());
-        }
-        fields
-    }
-
-    fn into_rule(self, key: &str, shadow: bool) -> Result<Rule, String> {
-        let fields = self.algorithm_fields();
+    fn into_rule(self, key: &str, shadow: bool) -> Result<DescriptorRule, String> {
         if self.unlimited {
-            if self.unit.is_some() || self.requests_per_unit.is_some() || self.algorithm.is_some() || !fields.is_empty()
+            if self.unit.is_some()
+                || self.requests_per_unit.is_some()
+                || self.algorithm.is_some()
+                || !self.fields.is_empty()
             {
                 return Err(format!(
-                    "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or burst (nor sub_windows, warmup, cold_factor)"
+                    "descriptor {key:?}: rate_limit with unlimited: true must not set unit, requests_per_unit, algorithm or {}",
+                    algorithm_fields().join(", ")
                 ));
             }
-            return Ok(Rule::Unlimited);
+            return Ok(DescriptorRule::Unlimited);
         }
         let (Some(unit), Some(limit)) = (self.unit, self.requests_per_unit) else {
             return Err(format!(
                 "descriptor {key:?}: rate_limit needs both unit and requests_per_unit (or unlimited: true)"
             ));
         };
-        if limit == 0 || limit > MAX_LIMIT {
+        if limit == 0 || limit > MAX_AMOUNT {
             return Err(format!(
-                "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_LIMIT}, not {limit}"
+                "descriptor {key:?}: requests_per_unit must be between 1 and {MAX_AMOUNT}, not {limit}"
             ));
         }
         let algorithm = self.algorithm.map_or(DEFAULT_ALGORITHM, |a| a.0);
-        let fields = serde_json::Value::Object(fields).to_string();
+        let fields = serde_json::Value::Object(self.fields).to_string();
         let limit = Limit::new(algorithm, limit, unit.0, &fields).map_err(|e| format!("descriptor {key:?}: {e}"))?;
-        Ok(Rule::Limited { limit, shadow })
+        Ok(DescriptorRule::Limited { limit, shadow })
     }
 }
 
 /// A `unit`, case-insensitive as envoyproxy/ratelimit reads it.
-struct Unit(Micros);
+struct Unit(Nanos);
 
 impl<'de> Deserialize<'de> for Unit {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -581,7 +652,7 @@ impl<'de> Deserialize<'de> for Unit {
                 )))
             }
         };
-        Ok(Unit(seconds * SECOND_US))
+        Ok(Unit(SECOND.times(seconds)))
     }
 }
 
@@ -592,7 +663,7 @@ struct AlgorithmName(&'static str);
 impl<'de> Deserialize<'de> for AlgorithmName {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let text = String::deserialize(d)?;
-        offered(&text).map(|(name, _)| AlgorithmName(name)).map_err(serde::de::Error::custom)
+        offered(&text).map(|r| AlgorithmName(r.name)).map_err(serde::de::Error::custom)
     }
 }
 
@@ -613,13 +684,13 @@ impl Watched {
     /// `None` when no file changed; otherwise the result of loading them all.
     /// Contents, not mtimes, are compared: an edit within the same second
     /// (or a file replaced by a rename) is still noticed.
-    pub fn poll(&mut self) -> Option<Result<Config, ConfigError>> {
+    pub fn poll(&mut self) -> Option<Result<Domains, LimitsError>> {
         let now: Vec<Option<Vec<u8>>> = self.paths.iter().map(|p| read_bytes(p)).collect();
         if now == self.last {
             return None;
         }
         self.last = now;
-        Some(Config::load(&self.paths))
+        Some(Domains::load(&self.paths))
     }
 }
 
@@ -655,30 +726,35 @@ descriptors:
 
     #[test]
     fn parses_the_ratelimit_shape_with_extensions() {
-        let domain = Config::parse_one("sample", SAMPLE).unwrap();
+        let domain = Domains::parse_one("sample", SAMPLE).unwrap();
         assert_eq!(domain.name, "edge");
-        let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("path", "/login")])) else { panic!() };
-        assert_eq!(*limit, Limit::new("token_bucket", 5, 60 * SECOND_US, r#"{"burst":2}"#).unwrap());
-        assert_eq!(limit.capacity(), 2);
-        assert!(!shadow);
-        let Some(Rule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("remote_address", "10.0.0.1")])) else {
+        let Some(DescriptorRule::Limited { limit, shadow }) = domain.rule_for(&pairs(&[("path", "/login")])) else {
             panic!()
         };
-        assert_eq!(limit.algorithm(), "fixed_window");
-        assert_eq!(limit.tag(), "fw");
+        assert_eq!(*limit, Limit::new("token_bucket", 5, SECOND.times(60), r#"{"burst":2}"#).unwrap());
+        assert_eq!(limit.capacity(), 2);
+        assert!(!shadow);
+        let Some(DescriptorRule::Limited { limit, shadow }) =
+            domain.rule_for(&pairs(&[("remote_address", "10.0.0.1")]))
+        else {
+            panic!()
+        };
+        assert_eq!(limit.algorithm().name, DEFAULT_ALGORITHM);
         assert_eq!(limit.capacity(), 10);
         assert!(!shadow);
-        assert_eq!(domain.rule_for(&pairs(&[("internal", "x")])), Some(&Rule::Unlimited));
+        assert_eq!(domain.rule_for(&pairs(&[("internal", "x")])), Some(&DescriptorRule::Unlimited));
     }
 
     #[test]
     fn key_and_value_wins_and_only_the_last_entry_applies() {
-        let domain = Config::parse_one("sample", SAMPLE).unwrap();
+        let domain = Domains::parse_one("sample", SAMPLE).unwrap();
         // /login has no nested method entry: the key+value node wins at level 1
         // and has no children, so nothing matches.
         assert_eq!(domain.rule_for(&pairs(&[("path", "/login"), ("method", "POST")])), None);
         // Another path falls to the key-only entry, whose child matches.
-        let Some(Rule::Limited { shadow, .. }) = domain.rule_for(&pairs(&[("path", "/x"), ("method", "POST")])) else {
+        let Some(DescriptorRule::Limited { shadow, .. }) =
+            domain.rule_for(&pairs(&[("path", "/x"), ("method", "POST")]))
+        else {
             panic!()
         };
         assert!(shadow);
@@ -692,7 +768,7 @@ descriptors:
     #[test]
     fn errors_name_line_and_field() {
         let text = "domain: edge\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
-        let err = Config::parse_one("f.yaml", text).unwrap_err();
+        let err = Domains::parse_one("f.yaml", text).unwrap_err();
         assert_eq!(err.location.map(|l| l.0), Some(5), "{err}");
         let text = err.to_string();
         assert!(text.starts_with("f.yaml:5:"), "{text}");

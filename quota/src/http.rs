@@ -13,9 +13,9 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::protocol::{ErrorBody, MAX_BODY_BYTES};
 use crate::server::BodyTimeout;
 use crate::service::{ApiError, Service};
+use floodgate_protocol::{ErrorBody, MAX_BODY_BYTES};
 
 /// What the handlers share.
 #[derive(Debug, Clone)]

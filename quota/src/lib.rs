@@ -1,15 +1,14 @@
 //! Floodgate's central quota service: fleet-wide limits shared by many
 //! Envoys, decided one request at a time (`/v1/check`) or leased in batches
 //! (`/v1/lease`, `/v1/return`), and Envoy's own rate limit service API over
-//! gRPC ([`rls`]). See `docs/protocol.md` for the wire format
-//! and `quota/README.md` for running it.
+//! gRPC ([`rls`]). The wire types are the `floodgate-protocol` crate's, shared
+//! with the filter. See `docs/protocol.md` for the wire format and
+//! `quota/README.md` for running it.
 
 pub mod clock;
 pub mod config;
 pub mod http;
 pub mod metrics;
-/// The wire types, shared with the filter: the `floodgate-protocol` crate.
-pub use floodgate_protocol as protocol;
 pub mod reload;
 pub mod rls;
 pub mod server;

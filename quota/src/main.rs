@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use floodgate_core::time::parse_duration;
-use floodgate_quota::clock::{Clock, SystemClock};
-use floodgate_quota::config::Config;
+use floodgate_core::time::{Clock, Nanos};
+use floodgate_quota::clock::SystemClock;
+use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::rls::{GrpcArgs, RlsOptions};
 use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
-use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store, CLUSTER_SCHEME};
+use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore, CLUSTER_SCHEME};
 
 /// Floodgate's central quota service: fleet-wide rate limits for many Envoys.
 #[derive(Debug, Parser)]
@@ -156,14 +157,14 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let lease_ttl = u64::try_from(cli.lease_ttl.as_micros()).unwrap_or(u64::MAX);
+    let lease_ttl = Nanos(u64::try_from(cli.lease_ttl.as_nanos()).unwrap_or(u64::MAX));
     if lease_ttl > MAX_LEASE_TTL {
         return Err("--lease-ttl must be at most 60s".into());
     }
-    let config = Config::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
+    let domains = Domains::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = if cli.store == "memory" {
-        Store::Memory(MemoryStore::new(clock.clone(), cli.memory_max_buckets))
+        QuotaStore::Memory(LocalStore::new(clock.clone(), cli.memory_max_buckets))
     } else if cli.store.starts_with("redis://")
         || cli.store.starts_with("rediss://")
         || cli.store.starts_with("redis+unix://")
@@ -173,7 +174,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             timeout: cli.store_timeout,
             clock: (cli.redis_clock == ClockChoice::Local).then(|| clock.clone()),
         };
-        Store::Redis(Box::new(RedisStore::new(&cli.store, options)?))
+        QuotaStore::Redis(Box::new(RedisStore::new(&cli.store, options)?))
     } else {
         return Err(format!(
             "--store must be `memory`, a redis:// URL or {CLUSTER_SCHEME}host:port[,host:port…], not {:?}",
@@ -181,8 +182,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         ));
     };
     let metrics = Metrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
-    let service = Arc::new(Service::new(config, store, metrics, Settings { lease_ttl }));
-    tracing::info!(domains = service.config().len(), store = service.store().name(), "limits loaded");
+    let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));
+    tracing::info!(domains = service.domains().len(), store = service.store().name(), "limits loaded");
 
     // Hot reload: a bad file is logged and counted, the old limits keep serving.
     spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
@@ -193,7 +194,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tick.tick().await;
-            if let Store::Memory(m) = sweeper.store() {
+            if let QuotaStore::Memory(m) = sweeper.store() {
                 let dropped = m.sweep();
                 if dropped > 0 {
                     tracing::debug!(dropped, "idle buckets dropped");

@@ -21,9 +21,9 @@ pub fn spawn_reloader(service: Arc<Service>, paths: Vec<PathBuf>, interval: Dura
             tick.tick().await;
             match watched.poll() {
                 None => {}
-                Some(Ok(config)) => {
-                    tracing::info!(domains = config.len(), "limits reloaded");
-                    service.set_config(config);
+                Some(Ok(domains)) => {
+                    tracing::info!(domains = domains.len(), "limits reloaded");
+                    service.set_domains(domains);
                     service.metrics().reloads.with_label_values(&["ok"]).inc();
                 }
                 Some(Err(e)) => {

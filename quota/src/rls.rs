@@ -27,8 +27,8 @@ use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
 
 use crate::http::{bearer_token, same};
-use crate::protocol::{CheckRequest, CheckResponse, CheckStatus, Code, MAX_BODY_BYTES};
 use crate::service::{ApiError, Service};
+use floodgate_protocol::{CheckRequest, CheckResponse, CheckStatus, Code, MAX_BODY_BYTES};
 
 /// Command-line flags of the gRPC API (flattened into the binary's own).
 #[derive(Debug, Clone, clap::Args)]

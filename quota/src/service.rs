@@ -6,14 +6,15 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
-use crate::clock::{ceil_ms, Micros};
-use crate::config::{Config, Domain, Limit, Rule};
-use crate::metrics::Metrics;
-use crate::protocol::{
+use floodgate_core::time::Nanos;
+use floodgate_protocol::{
     check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
     LeaseResponse, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_UNITS,
 };
-use crate::store::{bucket_key, lease_key, CheckItem, LeaseItem, ReturnItem, Store, StoreError, NEVER};
+
+use crate::config::{DescriptorRule, Domain, Domains, Limit};
+use crate::metrics::Metrics;
+use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, LeaseReturn, QuotaStore, StoreFailure};
 
 /// An error for the caller, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,7 +24,7 @@ pub enum ApiError {
     /// 404: the domain is not configured.
     UnknownDomain(String),
     /// 503: the store could not decide; the caller falls back.
-    Store(StoreError),
+    Store(StoreFailure),
 }
 
 impl ApiError {
@@ -51,18 +52,18 @@ impl std::fmt::Display for ApiError {
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
     /// How long leased tokens stay valid (at most 60 s).
-    pub lease_ttl: Micros,
+    pub lease_ttl: Nanos,
 }
 
 /// The longest lease lifetime: tokens should not outlive a proxy's view of
 /// the limit for long.
-pub const MAX_LEASE_TTL: Micros = 60 * crate::clock::SECOND_US;
+pub const MAX_LEASE_TTL: Nanos = Nanos::from_secs(60);
 
 /// The service: current limits, a store, metrics.
 #[derive(Debug)]
 pub struct Service {
-    config: RwLock<Arc<Config>>,
-    store: Store,
+    domains: RwLock<Arc<Domains>>,
+    store: QuotaStore,
     metrics: Metrics,
     settings: Settings,
     /// When a store failure was last logged (seconds since start): during an
@@ -83,11 +84,11 @@ fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
 }
 
 impl Service {
-    /// A service over `store` with the limits in `config`.
-    pub fn new(config: Config, store: Store, metrics: Metrics, settings: Settings) -> Self {
-        let settings = Settings { lease_ttl: settings.lease_ttl.clamp(1, MAX_LEASE_TTL) };
+    /// A service over `store` with the limits of `domains`.
+    pub fn new(domains: Domains, store: QuotaStore, metrics: Metrics, settings: Settings) -> Self {
+        let settings = Settings { lease_ttl: settings.lease_ttl.clamp(Nanos(1), MAX_LEASE_TTL) };
         Self {
-            config: RwLock::new(Arc::new(config)),
+            domains: RwLock::new(Arc::new(domains)),
             store,
             metrics,
             settings,
@@ -97,14 +98,14 @@ impl Service {
     }
 
     /// The limits now in force.
-    pub fn config(&self) -> Arc<Config> {
-        self.config.read().map_or_else(|p| p.into_inner().clone(), |c| c.clone())
+    pub fn domains(&self) -> Arc<Domains> {
+        self.domains.read().map_or_else(|p| p.into_inner().clone(), |c| c.clone())
     }
 
     /// Replaces the limits; counters are kept (they live in the store).
-    pub fn set_config(&self, config: Config) {
-        let mut slot = self.config.write().unwrap_or_else(|p| p.into_inner());
-        *slot = Arc::new(config);
+    pub fn set_domains(&self, domains: Domains) {
+        let mut slot = self.domains.write().unwrap_or_else(|p| p.into_inner());
+        *slot = Arc::new(domains);
     }
 
     /// The metrics.
@@ -113,12 +114,12 @@ impl Service {
     }
 
     /// The store.
-    pub fn store(&self) -> &Store {
+    pub fn store(&self) -> &QuotaStore {
         &self.store
     }
 
-    fn domain<'a>(&self, config: &'a Config, name: &str) -> Result<&'a Domain, ApiError> {
-        config.domain(name).ok_or_else(|| ApiError::UnknownDomain(name.to_string()))
+    fn domain<'a>(&self, domains: &'a Domains, name: &str) -> Result<&'a Domain, ApiError> {
+        domains.domain(name).ok_or_else(|| ApiError::UnknownDomain(name.to_string()))
     }
 
     fn count(&self, domain: &str, kind: &str, result: &str) {
@@ -128,7 +129,7 @@ impl Service {
     async fn timed<T>(
         &self,
         op: &str,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
+        call: impl std::future::Future<Output = Result<T, StoreFailure>>,
     ) -> Result<T, ApiError> {
         let started = Instant::now();
         let result = call.await;
@@ -148,23 +149,23 @@ impl Service {
     pub async fn check(&self, req: CheckRequest) -> Result<CheckResponse, ApiError> {
         check_descriptors("descriptors", req.descriptors.iter()).map_err(bad)?;
         check_units("hits", req.hits)?;
-        let config = self.config();
-        let domain = self.domain(&config, &req.domain)?;
+        let domains = self.domains();
+        let domain = self.domain(&domains, &req.domain)?;
 
         // One store item per distinct bucket: a descriptor listed twice costs
         // twice, in one decision (two separate decisions on the same state
         // would both see the same room and over-admit).
-        let mut items: Vec<CheckItem> = Vec::new();
+        let mut items: Vec<BucketCheck> = Vec::new();
         let mut index_of: HashMap<String, usize> = HashMap::new();
         let mut slots: Vec<Result<usize, Code>> = Vec::with_capacity(req.descriptors.len());
         for descriptor in &req.descriptors {
             match domain.rule_for(descriptor) {
                 None => slots.push(Err(Code::NoRule)),
-                Some(Rule::Unlimited) => slots.push(Err(Code::Unlimited)),
-                Some(Rule::Limited { limit, shadow }) => {
+                Some(DescriptorRule::Unlimited) => slots.push(Err(Code::Unlimited)),
+                Some(DescriptorRule::Limited { limit, shadow }) => {
                     let key = bucket_key(&domain.name, limit, descriptor);
                     let at = *index_of.entry(key.clone()).or_insert_with(|| {
-                        items.push(CheckItem { key, limit: limit.clone(), cost: 0, shadow: *shadow });
+                        items.push(BucketCheck { key, limit: limit.clone(), cost: 0, shadow: *shadow });
                         items.len() - 1
                     });
                     if let Some(item) = items.get_mut(at) {
@@ -197,11 +198,13 @@ impl Service {
             };
             let (Some(item), Some(decision)) = (items.get(at), outcome.as_ref().and_then(|o| o.decisions.get(at)))
             else {
-                return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into())));
+                return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into())));
             };
-            let denied = !decision.allowed;
-            let retry =
-                if decision.retry_after == NEVER { Retry::Never } else { Retry::After(ceil_ms(decision.retry_after)) };
+            let denied = !decision.allowed();
+            let retry = match decision.retry_after() {
+                Nanos::MAX => Retry::Never,
+                wait => Retry::After(wait.ceil_millis()),
+            };
             let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {
                 (false, _) => (Code::Ok, None, false),
                 (true, true) => (Code::Ok, None, true),
@@ -226,9 +229,9 @@ impl Service {
             results.push(CheckStatus {
                 code,
                 limit: Some(item.limit.limit()),
-                window_ms: Some(ceil_ms(item.limit.period())),
+                window_ms: Some(item.limit.period().ceil_millis()),
                 remaining: Some(decision.remaining),
-                reset_ms: Some(ceil_ms(decision.reset)),
+                reset_ms: Some(decision.reset.ceil_millis()),
                 retry_after_ms,
                 shadow_over_limit,
             });
@@ -252,8 +255,8 @@ impl Service {
                 }
             }
         }
-        let config = self.config();
-        let domain = self.domain(&config, &req.domain)?;
+        let domains = self.domains();
+        let domain = self.domain(&domains, &req.domain)?;
         let ttl = self.settings.lease_ttl;
 
         let mut items = Vec::new();
@@ -261,11 +264,11 @@ impl Service {
         for lease in &req.leases {
             match domain.rule_for(&lease.descriptor) {
                 None => plan.push(Err(Code::NoRule)),
-                Some(Rule::Unlimited) => plan.push(Err(Code::Unlimited)),
+                Some(DescriptorRule::Unlimited) => plan.push(Err(Code::Unlimited)),
                 // Shadow rules lease like any other: the tokens a lease hands
                 // out must exist, or the total could pass the limit.
-                Some(Rule::Limited { limit, shadow }) => {
-                    items.push(LeaseItem {
+                Some(DescriptorRule::Limited { limit, shadow }) => {
+                    items.push(BucketLease {
                         key: bucket_key(&domain.name, limit, &lease.descriptor),
                         limit: limit.clone(),
                         wanted: lease.wanted,
@@ -288,7 +291,7 @@ impl Service {
                     leases.push(LeaseGrant {
                         code,
                         granted: lease.wanted,
-                        valid_ms: ceil_ms(ttl),
+                        valid_ms: ttl.ceil_millis(),
                         limit: None,
                         window_ms: None,
                         remaining: None,
@@ -300,7 +303,7 @@ impl Service {
                 }
                 Ok((at, limit, shadow)) => {
                     let grant = grants.get(at).ok_or_else(|| {
-                        ApiError::Store(StoreError::Unavailable("store answered for fewer buckets".into()))
+                        ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into()))
                     })?;
                     self.count(&domain.name, "lease", if grant.granted > 0 { "allowed" } else { "denied" });
                     if !grant.replayed {
@@ -311,11 +314,11 @@ impl Service {
                         granted: grant.granted,
                         // Rounded down: a caller must stop using tokens no later
                         // than the window they belong to ends.
-                        valid_ms: grant.valid / 1_000,
+                        valid_ms: grant.valid.floor_millis(),
                         limit: Some(limit.limit()),
-                        window_ms: Some(ceil_ms(limit.period())),
+                        window_ms: Some(limit.period().ceil_millis()),
                         remaining: Some(grant.remaining),
-                        reset_ms: Some(ceil_ms(grant.reset)),
+                        reset_ms: Some(grant.reset.ceil_millis()),
                         window: Some(grant.window),
                         shadow,
                         replayed: grant.replayed,
@@ -339,16 +342,16 @@ impl Service {
             check_lease_id(&format!("returns[{i}].id"), &item.id).map_err(bad)?;
             check_units(&format!("returns[{i}].tokens"), item.tokens)?;
         }
-        let config = self.config();
-        let domain = self.domain(&config, &req.domain)?;
-        let items: Vec<ReturnItem> = req
+        let domains = self.domains();
+        let domain = self.domain(&domains, &req.domain)?;
+        let items: Vec<LeaseReturn> = req
             .returns
             .iter()
-            .map(|r| ReturnItem { record: lease_key(&domain.name, &r.id), tokens: r.tokens })
+            .map(|r| LeaseReturn { record: lease_key(&domain.name, &r.id), tokens: r.tokens })
             .collect();
         let returned = self.timed("return", self.store.give_back(&items)).await?;
         if returned.len() != items.len() {
-            return Err(ApiError::Store(StoreError::Unavailable("store answered for fewer leases".into())));
+            return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer leases".into())));
         }
         self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
         Ok(ReturnResponse { returned })

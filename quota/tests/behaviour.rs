@@ -11,9 +11,8 @@ mod common;
 use std::sync::Arc;
 
 use common::{Backend, Fixture, T0};
-use floodgate_core::algorithm::{Decision as CoreDecision, Grant, Params, Policy, Registration, Release};
-use floodgate_core::time::Nanos as CoreNanos;
-use floodgate_quota::clock::{Clock, SECOND_US};
+use floodgate_core::algorithm::{Decision, Grant, Params, Policy, Registration, Release};
+use floodgate_core::time::{Clock, Nanos, SECOND};
 use serde_json::{json, Value};
 
 const LIMITS: &str = r#"
@@ -71,26 +70,26 @@ struct Oracle {
 }
 
 impl Oracle {
-    fn new(name: &str, limit: u64, period_ms: u64, fields: &str, now_us: u64) -> Self {
+    fn new(name: &str, limit: u64, period_ms: u64, fields: &str, now: Nanos) -> Self {
         let policy = core_policy(name, limit, period_ms, fields);
         let mut slot = vec![0; policy.state_len()];
-        policy.write_fresh(&mut slot, CoreNanos(now_us * 1_000));
+        policy.write_fresh(&mut slot, now);
         Oracle { policy, slot }
     }
 
-    fn decide(&mut self, now_us: u64, cost: u64) -> CoreDecision {
-        self.policy.decide(&mut self.slot, CoreNanos(now_us * 1_000), cost)
+    fn decide(&mut self, now: Nanos, cost: u64) -> Decision {
+        self.policy.decide(&mut self.slot, now, cost)
     }
 
     /// What a zero-cost check reports, without changing the bucket.
-    fn peek(&self, now_us: u64) -> CoreDecision {
+    fn peek(&self, now: Nanos) -> Decision {
         let mut copy = self.slot.clone();
-        self.policy.decide(&mut copy, CoreNanos(now_us * 1_000), 0)
+        self.policy.decide(&mut copy, now, 0)
     }
 }
 
 /// Nanoseconds as the service answers them: whole milliseconds, rounded up.
-fn ms_up(ns: CoreNanos) -> Value {
+fn ms_up(ns: Nanos) -> Value {
     if ns.get() == u64::MAX {
         Value::Null
     } else {
@@ -98,7 +97,7 @@ fn ms_up(ns: CoreNanos) -> Value {
     }
 }
 
-const MS: u64 = 1_000;
+const MS: Nanos = Nanos::from_millis(1);
 
 fn check(descriptors: Value, hits: u64) -> Value {
     json!({"domain": "test", "descriptors": descriptors, "hits": hits})
@@ -121,7 +120,7 @@ fn give_back(id: &str, tokens: u64) -> Value {
 
 async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    f.clock.set(T0 + 20 * SECOND_US);
+    f.clock.set(T0 + SECOND.times(20));
     for remaining in [2, 1, 0] {
         let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
         assert_eq!(r["allowed"], true, "{r}");
@@ -137,7 +136,7 @@ async fn fixed_window_admits_the_limit_then_denies_until_the_window_ends(backend
     assert_eq!(r["results"][0]["retry_after_ms"], 40000);
     assert_eq!(r["results"][0]["remaining"], 0);
 
-    f.clock.advance(40 * SECOND_US - MS);
+    f.clock.advance(SECOND.times(40) - MS);
     let r = f.check(check(json!([[["fw", "a"]]]), 1)).await;
     assert_eq!(r["allowed"], false);
     assert_eq!(r["retry_after_ms"], 1);
@@ -165,7 +164,7 @@ async fn token_bucket_refills_at_its_rate_with_exact_retry_after(backend: Backen
     let r = f.check(check(json!([[["tb", "a"]]]), 2)).await;
     assert_eq!(r["retry_after_ms"], 2000);
 
-    f.clock.advance(999 * MS);
+    f.clock.advance(MS.times(999));
     let r = f.check(check(json!([[["tb", "a"]]]), 1)).await;
     assert_eq!(r["allowed"], false);
     assert_eq!(r["retry_after_ms"], 1);
@@ -178,7 +177,7 @@ async fn token_bucket_refills_at_its_rate_with_exact_retry_after(backend: Backen
     assert_eq!(r["results"][0]["reset_ms"], 1000);
 
     // Long idle: full again, never beyond the burst.
-    f.clock.advance(3_600 * SECOND_US);
+    f.clock.advance(SECOND.times(3_600));
     let r = f.check(check(json!([[["tb", "a"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 3);
     assert_eq!(r["results"][0]["reset_ms"], 0);
@@ -258,7 +257,7 @@ async fn unlimited_and_unmatched_descriptors_are_allowed(backend: Backend) {
 
 async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    let window = T0 / (3_600 * SECOND_US);
+    let window = T0.get() / SECOND.times(3_600).get();
     // 50 tokens/s over a 1 s lease: 50.
     let r = f.lease(lease("big", "a", 100, 50.0)).await;
     assert_eq!(
@@ -301,7 +300,7 @@ async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
 async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     // 1000 per hour (`big`), 95 left with 41 s of the window to go.
-    let start = T0 + 3_559 * SECOND_US;
+    let start = T0 + SECOND.times(3_559);
     f.clock.set(start);
     assert_eq!(f.check(check(json!([[["big", "p"]]]), 905)).await["allowed"], true);
     let mut taken = 0u64;
@@ -316,10 +315,10 @@ async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
         }
         // Never ahead of the even pace (95 over 41 s) by more than a lease
         // lifetime (1 s), plus the one token a caught-up schedule allows.
-        let elapsed = step * 250 * MS;
-        let pace = ((elapsed + SECOND_US) * 95).div_ceil(41 * SECOND_US) + 1;
-        assert!(taken <= pace, "{taken} taken {elapsed} µs into the tail; the pace allows {pace}");
-        f.clock.advance(250 * MS);
+        let elapsed = MS.times(step * 250);
+        let pace = ((elapsed + SECOND).get() * 95).div_ceil(SECOND.times(41).get()) + 1;
+        assert!(taken <= pace, "{taken} taken {elapsed} into the tail; the pace allows {pace}");
+        f.clock.advance(MS.times(250));
     }
     assert!(burst <= 3, "the first burst of 10 leases took {burst} of the last 95");
     assert!(taken >= 90, "the tail was handed out over the window: {taken} of 95");
@@ -327,11 +326,23 @@ async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
 
 async fn a_lease_never_outlives_its_window(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    f.clock.set(T0 + 3_599 * SECOND_US + 600 * MS);
+    f.clock.set(T0 + SECOND.times(3_599) + MS.times(600));
     let r = f.lease(lease("big", "b", 10, 10.0)).await;
     assert_eq!(r["leases"][0]["valid_ms"], 400);
     // Sized to the 400 ms it can be spent in at 10/s, not to a whole lease lifetime.
     assert_eq!(r["leases"][0]["granted"], 4);
+
+    // A sliding window's tokens count in its current window (or
+    // sub-window): spent after it ends, its bound would not cover them.
+    let at = T0 + SECOND.times(59) + MS.times(700);
+    f.clock.set(at);
+    for (key, span) in [("sw", SECOND.times(60)), ("sws", SECOND.times(10))] {
+        let r = f.lease(lease(key, "b", 1, 1.0)).await;
+        assert_eq!(r["leases"][0]["valid_ms"], 300, "{key}: {r}");
+        assert_eq!(r["leases"][0]["window"], at.get() / span.get(), "{key}: {r}");
+    }
+    let r = f.lease(lease("tb", "b", 1, 1.0)).await;
+    assert_eq!((r["leases"][0]["valid_ms"].clone(), r["leases"][0]["window"].clone()), (json!(1_000), json!(0)));
 }
 
 async fn returned_tokens_are_available_again(backend: Backend) {
@@ -355,10 +366,10 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     assert_eq!(returned["returned"][0], 300);
 
     // After the window, returns are void: the new window never saw those tokens.
-    f.clock.set(T0 + 59 * SECOND_US);
+    f.clock.set(T0 + SECOND.times(59));
     let r = f.lease(lease_as("r2", "fw", "r", 3, 100.0)).await;
     assert_eq!(r["leases"][0]["granted"], 2);
-    f.clock.advance(2 * SECOND_US);
+    f.clock.advance(SECOND.times(2));
     f.check(check(json!([[["fw", "r"]]]), 2)).await;
     let returned = f.give_back(give_back("r2", 2)).await;
     assert_eq!(returned["returned"][0], 0);
@@ -370,7 +381,7 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     assert_eq!(r["leases"][0]["granted"], 300);
     assert_eq!(r["leases"][0]["window"], 0);
     f.check(check(json!([[["bucket", "r"]]]), 100)).await;
-    f.clock.advance(20 * SECOND_US); // earns 200 of the 300 it lacks
+    f.clock.advance(SECOND.times(20)); // earns 200 of the 300 it lacks
     let returned = f.give_back(give_back("b1", 1_000)).await;
     assert_eq!(returned["returned"][0], 200, "the bucket had room for 200 only");
     let r = f.check(check(json!([[["bucket", "r"]]]), 0)).await;
@@ -385,7 +396,7 @@ async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     let r = f.check(check(json!([[["big", "u"]]]), 1_000)).await;
     assert_eq!(r["allowed"], true);
-    let window = T0 / (3_600 * SECOND_US);
+    let window = T0.get() / SECOND.times(3_600).get();
     let returned = f
         .give_back(json!({"domain": "test", "returns": [
             {"id": "never-leased", "descriptor": [["big", "u"]], "tokens": 1_000, "window": window}]}))
@@ -402,7 +413,7 @@ async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
     let first = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
     assert_eq!(first["leases"][0]["granted"], 50);
     assert_eq!(first["leases"][0].get("replayed"), None);
-    f.clock.advance(300 * MS);
+    f.clock.advance(MS.times(300));
     let again = f.lease(lease_as("same", "big", "i", 100, 50.0)).await;
     let mut expected = first["leases"][0].clone();
     expected["replayed"] = json!(true);
@@ -445,7 +456,7 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
         (0, 3),
     ];
     let f = Fixture::new(backend, LIMITS).await;
-    let start = T0 + 7_500 * MS; // not on any window boundary
+    let start = T0 + MS.times(7_500); // not on any window boundary
     f.clock.set(start);
     let mut oracles: Vec<Oracle> = ALGORITHMS
         .iter()
@@ -453,8 +464,8 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
         .collect();
     let mut outcomes = vec![(0, 0); ALGORITHMS.len()];
     for (step, (advance, hits)) in STEPS.into_iter().enumerate() {
-        f.clock.advance(advance * MS);
-        let now = f.clock.now_us();
+        f.clock.advance(MS.times(advance));
+        let now = f.clock.now();
         for (i, (key, name, limit, period, _)) in ALGORITHMS.iter().enumerate() {
             let r = f.check(check(json!([[[key, "o"]]]), hits)).await;
             let want = oracles[i].decide(now, hits);
@@ -487,16 +498,16 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
 
 /// Leases and returns of every offered algorithm follow the core too: a
 /// grant takes what the core takes for that cost, lasts the lease lifetime
-/// (to the window's end for a fixed window), and a return is the core's
+/// (to the end of its window for an algorithm that counts in windows), and a return is the core's
 /// undo of that grant: what it frees, and only that, is available again.
 async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    let start = T0 + 59_400 * MS; // 600 ms before a minute ends
+    let start = T0 + MS.times(59_400); // 600 ms before a minute ends
     f.clock.set(start);
     for (i, (key, name, limit, period, fields)) in ALGORITHMS.iter().enumerate() {
         let mut oracle = Oracle::new(name, *limit, *period, fields, start);
         let id = format!("every-{i}");
-        let leased_at = f.clock.now_us();
+        let leased_at = f.clock.now();
         // Something used first, so that the lease and the return are not
         // into a full bucket.
         f.check(check(json!([[[key, "l"]]]), 1)).await;
@@ -509,20 +520,20 @@ async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Back
         assert!(want.allowed(), "{name}: the core admits the grant");
         assert_eq!(got["remaining"], want.remaining, "{name}: {r}");
         assert_eq!(got["reset_ms"], ms_up(want.reset), "{name}: {r}");
-        // The fixed window (first) is leased 600 ms before its window ends.
-        let (valid, window) = if *name == "fixed_window" { (600, start / (60 * SECOND_US)) } else { (1_000, 0) };
+        // Tokens of an algorithm that counts in windows are valid until the
+        // window they are counted in ends (the fixed window, first, is leased
+        // 600 ms before its window ends); the others' for the lease lifetime.
+        let (valid, window) = match oracle.policy.counting_window(&oracle.slot, leased_at) {
+            Some(counted) => ((counted.end - leased_at).floor_millis().min(1_000), counted.index),
+            None => (1_000, 0),
+        };
         assert_eq!(got["valid_ms"], valid, "{name}: {r}");
         assert_eq!(got["window"], window, "{name}: {r}");
 
-        f.clock.advance(100 * MS);
-        let now = f.clock.now_us();
+        f.clock.advance(MS.times(100));
+        let now = f.clock.now();
         let before = oracle.peek(now).remaining;
-        oracle.policy.release(
-            &mut oracle.slot,
-            CoreNanos(now * 1_000),
-            Grant { cost: 1, at: CoreNanos(leased_at * 1_000) },
-            Release::Undo,
-        );
+        oracle.policy.release(&mut oracle.slot, now, Grant { cost: 1, at: leased_at }, Release::Undo);
         let freed = oracle.peek(now).remaining - before;
         let returned = f.give_back(give_back(&id, 1)).await;
         assert_eq!(returned["returned"][0], freed, "{name}: {returned}");

@@ -113,7 +113,7 @@ async fn two_instances_on_one_redis_share_the_limit() {
     let first = Arc::new(Fixture::new(Backend::Redis, LIMITS).await);
     let url = first.redis.as_ref().unwrap().url();
     let second = Arc::new(Fixture::serve(Some(url), None, LIMITS, common::Options::default()).await);
-    second.clock.set(floodgate_quota::clock::Clock::now_us(&*first.clock));
+    second.clock.set(floodgate_core::time::Clock::now(&*first.clock));
     let tasks: Vec<_> = (0..CLIENTS)
         .map(|id| tokio::spawn(client(if id % 4 < 2 { first.clone() } else { second.clone() }, id)))
         .collect();

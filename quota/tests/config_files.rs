@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{Backend, Fixture};
-use floodgate_quota::config::Config;
+use floodgate_quota::config::Domains;
 use floodgate_quota::reload::spawn_reloader;
 use serde_json::json;
 
@@ -28,7 +28,7 @@ fn every_invalid_fixture_is_refused_with_its_message() {
         let expected: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("# expect: ")).collect();
         assert!(!expected.is_empty(), "{} has no `# expect:` line", path.display());
         let error =
-            Config::load(std::slice::from_ref(&path)).expect_err(&format!("{} must be refused", path.display()));
+            Domains::load(std::slice::from_ref(&path)).expect_err(&format!("{} must be refused", path.display()));
         let message = error.to_string();
         assert!(message.starts_with(&path.display().to_string()), "the message names the file: {message}");
         for want in expected {
@@ -42,7 +42,7 @@ fn every_invalid_fixture_is_refused_with_its_message() {
 #[test]
 fn the_sample_config_loads() {
     let sample = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/quota.yaml");
-    let config = Config::load(&[sample]).unwrap();
+    let config = Domains::load(&[sample]).unwrap();
     assert!(config.domain("edge").is_some());
 }
 
@@ -53,7 +53,7 @@ fn a_domain_defined_twice_is_refused() {
     let b = dir.path().join("b.yaml");
     std::fs::write(&a, "domain: edge\n").unwrap();
     std::fs::write(&b, "domain: edge\n").unwrap();
-    let message = Config::load(&[a, b.clone()]).unwrap_err().to_string();
+    let message = Domains::load(&[a, b.clone()]).unwrap_err().to_string();
     assert!(message.contains("domain \"edge\" is defined in more than one file"), "{message}");
     assert!(message.starts_with(&b.display().to_string()), "{message}");
 }

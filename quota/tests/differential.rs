@@ -3,8 +3,8 @@
 //! from the whole configurable range (every offered algorithm, 1 to 10⁹
 //! units per second to per year, bursts up to 10⁹, any sub-windows,
 //! warm-ups and cold factors), is run against the memory store and
-//! a real redis-server driven by the same manual clock, and every answer
-//! must be identical to the microsecond.
+//! a real redis-server driven by the same fake clock, and every answer
+//! must be identical to the nanosecond.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, T0};
-use floodgate_quota::clock::{Clock, ManualClock, SECOND_US};
-use floodgate_quota::config::{Limit, MAX_LIMIT};
-use floodgate_quota::store::{CheckItem, LeaseItem, MemoryStore, RedisOptions, RedisStore, ReturnItem, Store};
+use floodgate_core::bounds::MAX_AMOUNT;
+use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
+use floodgate_quota::config::Limit;
+use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
 /// xorshift64*: deterministic, so a failure replays exactly.
 struct Rng(u64);
@@ -40,17 +41,25 @@ impl Rng {
     }
 }
 
-const DAY: u64 = 86_400 * SECOND_US;
-const PERIODS: [u64; 7] = [SECOND_US, 60 * SECOND_US, 3_600 * SECOND_US, DAY, 7 * DAY, 30 * DAY, 365 * DAY];
+const DAY: Nanos = Nanos::from_secs(86_400);
+const PERIODS: [Nanos; 7] = [
+    Nanos::from_secs(1),
+    Nanos::from_secs(60),
+    Nanos::from_secs(3_600),
+    DAY,
+    Nanos::from_secs(7 * 86_400),
+    Nanos::from_secs(30 * 86_400),
+    Nanos::from_secs(365 * 86_400),
+];
 
 /// Any algorithm the limits file offers, with its own fields drawn too.
 fn random_limit(rng: &mut Rng) -> Limit {
-    let limit = rng.magnitude(MAX_LIMIT);
+    let limit = rng.magnitude(MAX_AMOUNT);
     let period = PERIODS[rng.below(PERIODS.len() as u64) as usize];
     let (algorithm, limit, fields) = match rng.below(6) {
         0 => ("fixed_window", limit, String::from("{}")),
-        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
-        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_LIMIT))),
+        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
+        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
         3 if rng.below(2) == 0 => ("sliding_window", limit, String::from("{}")),
         3 => ("sliding_window", limit, format!(r#"{{"sub_windows":{}}}"#, 2 + rng.below(59))),
         4 => ("sliding_log", 1 + rng.below(1_000), String::from("{}")),
@@ -58,7 +67,7 @@ fn random_limit(rng: &mut Rng) -> Limit {
             let warmup = ["1s", "30s", "10m", "7d"][rng.below(4) as usize];
             let fields = format!(
                 r#"{{"burst":{},"warmup":"{warmup}","cold_factor":{}}}"#,
-                rng.magnitude(MAX_LIMIT),
+                rng.magnitude(MAX_AMOUNT),
                 2 + rng.below(99)
             );
             ("warm_up", limit, fields)
@@ -73,21 +82,21 @@ fn recent(rng: &mut Rng, leases: &[String]) -> String {
     leases[leases.len() - 1 - back].clone()
 }
 
-fn stores(redis: &RedisServer, clock: &Arc<ManualClock>) -> (Store, Store) {
+fn stores(redis: &RedisServer, clock: &Arc<FakeClock>) -> (QuotaStore, QuotaStore) {
     let shared: Arc<dyn Clock> = clock.clone();
-    let memory = Store::Memory(MemoryStore::new(shared.clone(), 100_000));
+    let memory = QuotaStore::Memory(LocalStore::new(shared.clone(), 100_000));
     let options = RedisOptions { timeout: Duration::from_secs(5), clock: Some(shared) };
-    (memory, Store::Redis(Box::new(RedisStore::new(&redis.url(), options).unwrap())))
+    (memory, QuotaStore::Redis(Box::new(RedisStore::new(&redis.url(), options).unwrap())))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     let redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(T0 + 123_457));
+    let clock = Arc::new(FakeClock::new(T0 + Nanos::from_micros(123_457)));
     let (memory, remote) = stores(&redis, &clock);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let limits: Vec<Limit> = (0..24).map(|_| random_limit(&mut rng)).collect();
-    let ttl = SECOND_US;
+    let ttl = SECOND;
     let mut leases: Vec<String> = Vec::new();
     let mut seen = [0usize; 4];
     // Outcomes worth comparing: admitted checks, denied checks, grants,
@@ -107,10 +116,10 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
         };
         match rng.below(10) {
             0..=3 => {
-                let mut items: Vec<CheckItem> = (0..1 + rng.below(3))
+                let mut items: Vec<BucketCheck> = (0..1 + rng.below(3))
                     .map(|_| {
                         let (key, limit) = pick(&mut rng);
-                        CheckItem { cost: cost(&mut rng, &limit), key, limit, shadow: rng.below(6) == 0 }
+                        BucketCheck { cost: cost(&mut rng, &limit), key, limit, shadow: rng.below(6) == 0 }
                     })
                     .collect();
                 // The service merges duplicate buckets before a store sees them.
@@ -123,7 +132,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                 seen[0] += 1;
             }
             4..=6 => {
-                let items: Vec<LeaseItem> = (0..1 + rng.below(2))
+                let items: Vec<BucketLease> = (0..1 + rng.below(2))
                     .map(|i| {
                         let (key, limit) = pick(&mut rng);
                         // Now and then a retry of an earlier lease.
@@ -133,9 +142,9 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                         };
                         let rate = match rng.below(3) {
                             0 => None,
-                            _ => Some(rng.magnitude(MAX_LIMIT) as f64 / 7.0),
+                            _ => Some(rng.magnitude(MAX_AMOUNT) as f64 / 7.0),
                         };
-                        LeaseItem { wanted: cost(&mut rng, &limit), key, limit, rate, record }
+                        BucketLease { wanted: cost(&mut rng, &limit), key, limit, rate, record }
                     })
                     .collect();
                 let a = memory.lease(&items, ttl).await.unwrap();
@@ -151,7 +160,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                     0 => "fg:{t}:lease:none".to_string(),
                     _ => recent(&mut rng, &leases),
                 };
-                let items = [ReturnItem { record, tokens: rng.magnitude(MAX_LIMIT) }];
+                let items = [LeaseReturn { record, tokens: rng.magnitude(MAX_AMOUNT) }];
                 let a = memory.give_back(&items).await.unwrap();
                 let b = remote.give_back(&items).await.unwrap();
                 assert_eq!(a, b, "step {step}: return {items:?}");
@@ -161,12 +170,12 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
             _ => {
                 // From a microsecond to weeks, across windows of every size.
                 let span = match rng.below(4) {
-                    0 => rng.below(1_000),
-                    1 => rng.below(SECOND_US),
-                    2 => rng.below(8 * SECOND_US),
-                    _ => rng.below(40 * DAY),
+                    0 => rng.below(1_000_000),
+                    1 => rng.below(SECOND.get()),
+                    2 => rng.below(SECOND.times(8).get()),
+                    _ => rng.below(DAY.times(40).get()),
                 };
-                clock.advance(span);
+                clock.advance(Nanos(span));
                 seen[3] += 1;
             }
         }
@@ -181,15 +190,15 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_huge_yearly_bucket_waits_exactly_as_long_in_both_stores() {
     let redis = RedisServer::start();
-    let clock = Arc::new(ManualClock::new(T0));
+    let clock = Arc::new(FakeClock::new(T0));
     let (memory, remote) = stores(&redis, &clock);
-    let limit = Limit::new("token_bucket", 348_573_278, 365 * DAY, "{}").unwrap();
-    let take = |cost| [CheckItem { key: "fg:{t}:huge".into(), limit: limit.clone(), cost, shadow: false }];
+    let limit = Limit::new("token_bucket", 348_573_278, DAY.times(365), "{}").unwrap();
+    let take = |cost| [BucketCheck { key: "fg:{t}:huge".into(), limit: limit.clone(), cost, shadow: false }];
     for store in [&memory, &remote] {
         assert!(store.check(&take(348_573_278)).await.unwrap().committed);
         let denied = store.check(&take(193_572_398)).await.unwrap();
         assert!(!denied.committed);
-        // ceil(193,572,398 × 31,536,000 s / 348,573,278) in whole microseconds.
-        assert_eq!(denied.decisions[0].retry_after, 17_512_814_460_001);
+        // ceil(193,572,398 × 31,536,000 s / 348,573,278) in whole nanoseconds.
+        assert_eq!(denied.decisions[0].retry_after(), Nanos(17_512_814_460_000_001));
     }
 }

@@ -2,7 +2,7 @@
 //! no idle bucket, requests for existing keys are still decided and new keys
 //! get a clear 503 `full`, and neither refusing nor sweeping scans the store:
 //! they look only at entries queued as possibly idle (counted by
-//! `MemoryStore::examined`). Timings belong in the benchmark; this asserts
+//! `LocalStore::examined`). Timings belong in the benchmark; this asserts
 //! behaviour and counts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -10,9 +10,9 @@
 mod common;
 
 use common::{Backend, Fixture, Options};
-use floodgate_quota::clock::SECOND_US;
+use floodgate_core::time::SECOND;
 use floodgate_quota::config::Limit;
-use floodgate_quota::store::{bucket_key, CheckItem, Store};
+use floodgate_quota::store::{bucket_key, BucketCheck, QuotaStore};
 use serde_json::json;
 
 const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
@@ -26,13 +26,13 @@ fn check(value: &str) -> serde_json::Value {
 async fn a_full_store_serves_known_keys_and_refuses_new_ones_without_scanning() {
     let f = Fixture::with(Backend::Memory, LIMITS, Options { max_buckets: MAX, ..Options::default() }).await;
     let store = f.service.store();
-    let Store::Memory(memory) = store else { panic!("memory store") };
-    let limit = Limit::new("fixed_window", 10, 3_600 * SECOND_US, "{}").unwrap();
+    let QuotaStore::Memory(memory) = store else { panic!("memory store") };
+    let limit = Limit::new("fixed_window", 10, SECOND.times(3_600), "{}").unwrap();
     // Fill the store with buckets in use (none idle until the hour ends).
     for i in 0..MAX {
         let key = bucket_key("test", &limit, &[("k".to_string(), format!("u{i}"))]);
         assert!(
-            store.check(&[CheckItem { key, limit: limit.clone(), cost: 1, shadow: false }]).await.unwrap().committed
+            store.check(&[BucketCheck { key, limit: limit.clone(), cost: 1, shadow: false }]).await.unwrap().committed
         );
     }
     assert_eq!(memory.len(), MAX);
@@ -59,7 +59,7 @@ async fn a_full_store_serves_known_keys_and_refuses_new_ones_without_scanning() 
 
     // The hour ends: every bucket is idle. A new key makes room by dropping
     // a bounded number of them, not by scanning the rest.
-    f.clock.advance(3_600 * SECOND_US);
+    f.clock.advance(SECOND.times(3_600));
     let r = f.check(check("after")).await;
     assert_eq!(r["allowed"], true);
     let dropped = MAX + 1 - memory.len();

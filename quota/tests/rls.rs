@@ -121,7 +121,7 @@ async fn counts_exactly_then_denies_with_status_limit_remaining_and_reset() {
     assert_eq!((bob.overall_code, bob.statuses[0].limit_remaining), (Code::Ok as i32, 2));
 
     // 1.5 s later the reset has shrunk and is not a whole number of seconds.
-    fixture.clock.advance(1_500_000);
+    fixture.clock.advance(floodgate_core::time::Nanos::from_millis(1_500));
     let later = ask(&mut client, alice()).await;
     let reset = later.statuses[0].duration_until_reset.unwrap();
     assert_eq!((reset.seconds, reset.nanos), (58, 500_000_000));

@@ -247,6 +247,11 @@ impl Algorithm for Concurrency {
 impl FromParams for Concurrency {
     const FIELDS: &'static [&'static str] = &["slot_ttl"];
 
+    const LOCAL_ONLY: Option<&'static str> = Some(
+        "it counts requests in flight and needs each request's end, which a check or lease cannot report; keep \
+         concurrency limits in the filter",
+    );
+
     /// `slot_ttl` (default 5 minutes).
     fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
         let slot_ttl = params.duration("slot_ttl")?.unwrap_or(DEFAULT_SLOT_TTL);
@@ -257,6 +262,8 @@ impl FromParams for Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A multiple of every epoch used below, so epochs start at T0.
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0 - 1_700_000_000 * SECOND.0 % (30 * SECOND.0));

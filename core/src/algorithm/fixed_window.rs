@@ -2,7 +2,7 @@
 //! aligned to the epoch (so every instance that shares a clock agrees on where
 //! a window starts), as envoyproxy/ratelimit counts.
 
-use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use super::{Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
@@ -135,6 +135,12 @@ impl Algorithm for FixedWindow {
     fn admitted_bound(&self, span: Nanos) -> u64 {
         self.limit.saturating_mul((span.0 / self.period.0).saturating_add(2))
     }
+
+    /// The window that counts at `now`: units count only there.
+    fn counting_window(&self, state: &WindowState, now: Nanos) -> Option<CountingWindow> {
+        let window = self.current(*state, now).window;
+        Some(CountingWindow { index: window, end: self.period.times(window.saturating_add(1)), renews: true })
+    }
 }
 
 impl FromParams for FixedWindow {
@@ -150,6 +156,8 @@ impl FromParams for FixedWindow {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
 
@@ -205,5 +213,17 @@ mod tests {
         let earlier = Grant { cost: 4, at: T0 - SECOND };
         assert_eq!(window.release(state, T0, earlier, Release::Undo), None, "taken in another window");
         assert!(window.is_idle(state, T0 + SECOND));
+    }
+
+    #[test]
+    fn units_count_until_their_window_ends() {
+        let window = FixedWindow::new(10, SECOND.times(10));
+        let at = T0 + SECOND.times(4);
+        let counted = window.counting_window(&window.fresh(at), at);
+        let expected = CountingWindow { index: window.window_of(at), end: T0 + SECOND.times(10), renews: true };
+        assert_eq!(counted, Some(expected));
+        // After a clock step back, units go into the window the state holds.
+        let later = take(&window, window.fresh(T0 + SECOND.times(10)), T0 + SECOND.times(10), 1);
+        assert_eq!(window.counting_window(&later, at).map(|w| w.end), Some(T0 + SECOND.times(20)));
     }
 }

@@ -10,7 +10,8 @@
 //! The bucket table and the limiter see algorithms only as [`Policy`]: the
 //! same operations on stored bytes, so buckets of any algorithm live in one
 //! byte table. Adding an algorithm is one new file that implements
-//! [`Algorithm`] and [`FromParams`], plus one line in [`ALGORITHMS`].
+//! [`Algorithm`] and [`FromParams`], plus one line in [`ALGORITHMS`]: the
+//! filter and the quota service both take algorithms only from there.
 
 mod concurrency;
 mod fixed_window;
@@ -36,16 +37,17 @@ pub use warm_up::{WarmState, WarmUp};
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
-/// Every algorithm a rule can name, in the order the README lists them.
+/// Every algorithm a rule can name, in the order the README lists them:
+/// name, stored tag, key in the quota service's store, and a small example.
 pub const ALGORITHMS: &[Registration] = &[
-    registration::<TokenBucket>("token_bucket", 1, r#"{"period": "10s", "burst": 4}"#),
-    registration::<Gcra>("leaky_bucket", 2, r#"{"period": "10s", "burst": 3}"#),
-    registration::<FixedWindow>("fixed_window", 3, r#"{"period": "10s"}"#),
-    registration::<Shaper>("shaper", 4, r#"{"period": "10s", "burst": 2, "max_delay": "5s"}"#),
-    registration::<sliding_window::SlidingWindow>("sliding_window", 5, r#"{"period": "10s"}"#),
-    registration::<sliding_log::SlidingLog>("sliding_log", 6, r#"{"period": "10s"}"#),
-    registration::<WarmUp>("warm_up", 7, r#"{"period": "10s", "burst": 6, "warmup": "20s"}"#),
-    registration::<Concurrency>("concurrency", 8, r#"{"slot_ttl": "10s"}"#),
+    registration::<TokenBucket>("token_bucket", 1, "tb", r#"{"period": "10s", "burst": 4}"#),
+    registration::<Gcra>("leaky_bucket", 2, "lb", r#"{"period": "10s", "burst": 3}"#),
+    registration::<FixedWindow>("fixed_window", 3, "fw", r#"{"period": "10s"}"#),
+    registration::<Shaper>("shaper", 4, "sh", r#"{"period": "10s", "burst": 2, "max_delay": "5s"}"#),
+    registration::<sliding_window::SlidingWindow>("sliding_window", 5, "sw", r#"{"period": "10s"}"#),
+    registration::<sliding_log::SlidingLog>("sliding_log", 6, "sl", r#"{"period": "10s"}"#),
+    registration::<WarmUp>("warm_up", 7, "wu", r#"{"period": "10s", "burst": 6, "warmup": "20s"}"#),
+    registration::<Concurrency>("concurrency", 8, "cc", r#"{"slot_ttl": "10s"}"#),
 ];
 
 /// Whether and when a request may go on.
@@ -150,6 +152,24 @@ pub enum Release {
     Done,
 }
 
+/// The window an algorithm counts units in, for algorithms that count in
+/// windows aligned to the epoch: units taken at one instant are counted in
+/// it and only until it ends, so units leased then and used after its end
+/// would be counted nowhere (a lease of them must end with it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountingWindow {
+    /// Which window: its start divided by its length (the same for every
+    /// instance that shares the clock).
+    pub index: u64,
+    /// When it ends.
+    pub end: Nanos,
+    /// True when everything counted in it stops counting at its end, so
+    /// what remains is all there is until then (a fixed window); false
+    /// when its counts fade out over the windows that follow, so what
+    /// remains grows back gradually (a sliding window).
+    pub renews: bool,
+}
+
 /// What a rule's limit looks like to a client: `q` and `w` of the IETF
 /// `RateLimit-Policy` field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,12 +239,24 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// arrivals: the guarantee the README states. Property tests hold every
     /// algorithm to it.
     fn admitted_bound(&self, span: Nanos) -> u64;
+
+    /// The window units taken at `now` on `state` are counted in, for
+    /// algorithms that count in windows; `None` (the default) when units
+    /// count from the instant they are taken, wherever they are spent
+    /// (buckets, logs).
+    fn counting_window(&self, _state: &Self::State, _now: Nanos) -> Option<CountingWindow> {
+        None
+    }
 }
 
 /// Builds an algorithm from a rule's configuration.
 pub trait FromParams: Algorithm + Sized {
     /// The fields this algorithm takes besides `limit` (for error messages).
     const FIELDS: &'static [&'static str];
+
+    /// Why the quota service cannot offer this algorithm (a check or a lease
+    /// can only admit or deny, now); `None` when it can.
+    const LOCAL_ONLY: Option<&'static str> = None;
 
     /// Takes this algorithm's fields from `params` and validates them.
     fn from_params(params: &mut Params) -> Result<Self, ConfigError>;
@@ -257,6 +289,9 @@ pub trait Policy: fmt::Debug + Send + Sync {
     fn held(&self, slot: &[u8]) -> u64;
     /// See [`Algorithm::admitted_bound`].
     fn admitted_bound(&self, span: Nanos) -> u64;
+    /// See [`Algorithm::counting_window`]; a fresh bucket's for bytes that
+    /// do not decode.
+    fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
 }
 
 impl<A: Algorithm> Policy for A {
@@ -313,6 +348,11 @@ impl<A: Algorithm> Policy for A {
     fn admitted_bound(&self, span: Nanos) -> u64 {
         Algorithm::admitted_bound(self, span)
     }
+
+    fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow> {
+        let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
+        Algorithm::counting_window(self, &state, now)
+    }
 }
 
 /// An algorithm's entry in [`ALGORITHMS`].
@@ -320,14 +360,23 @@ impl<A: Algorithm> Policy for A {
 pub struct Registration {
     /// The name rules use (`"algorithm": "token_bucket"`).
     pub name: &'static str,
-    /// Tags stored bucket groups, so state of another algorithm is never
-    /// read as this one's. Unique; change it when the state layout changes.
+    /// Tags stored state (the filter's bucket groups, the quota service's
+    /// buckets), so state of another algorithm, or of another layout, is
+    /// never read as this one's. Unique; change it when the state layout
+    /// changes.
     pub tag: u8,
+    /// The algorithm's part of the quota service's store keys
+    /// (`fg:{edge}:tb:…`), so buckets of different algorithms never share a
+    /// key. Unique, and kept when the layout changes: the tag tells layouts
+    /// apart.
+    pub key: &'static str,
     /// The fields the algorithm takes besides `limit`.
     pub fields: &'static [&'static str],
     /// A small valid instance's fields (JSON, without `limit`): what tests
     /// and fuzzing build every algorithm from.
     pub example: &'static str,
+    /// See [`FromParams::LOCAL_ONLY`].
+    pub local_only: Option<&'static str>,
     build: fn(&mut Params) -> Result<Arc<dyn Policy>, ConfigError>,
 }
 
@@ -337,8 +386,13 @@ impl fmt::Debug for Registration {
     }
 }
 
-const fn registration<A: FromParams>(name: &'static str, tag: u8, example: &'static str) -> Registration {
-    Registration { name, tag, fields: A::FIELDS, example, build: build::<A> }
+const fn registration<A: FromParams>(
+    name: &'static str,
+    tag: u8,
+    key: &'static str,
+    example: &'static str,
+) -> Registration {
+    Registration { name, tag, key, fields: A::FIELDS, example, local_only: A::LOCAL_ONLY, build: build::<A> }
 }
 
 fn build<A: FromParams>(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigError> {
@@ -349,7 +403,15 @@ fn build<A: FromParams>(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigEr
 /// algorithm (a global rule's lease pools): it tags stored groups but
 /// cannot be built from a rule's fields.
 pub(crate) const fn unlisted(name: &'static str, tag: u8) -> Registration {
-    Registration { name, tag, fields: &[], example: "{}", build: not_buildable }
+    Registration {
+        name,
+        tag,
+        key: name,
+        fields: &[],
+        example: "{}",
+        local_only: Some("it is not an algorithm a rule can name"),
+        build: not_buildable,
+    }
 }
 
 fn not_buildable(params: &mut Params) -> Result<Arc<dyn Policy>, ConfigError> {
@@ -404,6 +466,8 @@ pub(crate) fn get_u64(bytes: &[u8], at: usize) -> Option<u64> {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     pub(crate) fn policy(json: &str) -> Arc<dyn Policy> {
         let fields: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json).unwrap();
@@ -416,11 +480,12 @@ mod tests {
     }
 
     #[test]
-    fn names_and_tags_are_unique() {
+    fn names_tags_and_keys_are_unique() {
         for (i, a) in ALGORITHMS.iter().enumerate() {
             for b in &ALGORITHMS[i + 1..] {
                 assert_ne!(a.name, b.name);
                 assert_ne!(a.tag, b.tag, "{} and {}", a.name, b.name);
+                assert_ne!(a.key, b.key, "{} and {}", a.name, b.name);
             }
         }
     }

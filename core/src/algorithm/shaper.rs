@@ -77,6 +77,11 @@ impl Algorithm for Shaper {
 impl FromParams for Shaper {
     const FIELDS: &'static [&'static str] = &["period", "burst", "max_delay"];
 
+    const LOCAL_ONLY: Option<&'static str> = Some(
+        "a shaper delays requests in the proxy, and a check or lease can only admit or deny; use leaky_bucket \
+         (the same schedule, denying instead of delaying)",
+    );
+
     /// `period` and `max_delay` (required), `burst` (default 1: every
     /// request after the first is paced).
     fn from_params(params: &mut Params) -> Result<Self, ConfigError> {
@@ -91,6 +96,8 @@ mod tests {
     use super::*;
     use crate::algorithm::Admission;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
 

@@ -56,7 +56,7 @@
 //! in the last nanosecond of a counter with a burst, and bursting every `N`
 //! counters after, reaches the bound for every `D`).
 
-use super::{nanos_u128, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use super::{nanos_u128, Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
@@ -332,6 +332,15 @@ impl Algorithm for SlidingWindow {
         };
         u64::try_from(bound).unwrap_or(u64::MAX)
     }
+
+    /// The newest counter (a period, or a sub-window): units count there,
+    /// and the bounds above hold for units spent within it; its counts then
+    /// fade out over the counters that follow.
+    fn counting_window(&self, state: &SlidingState, now: Nanos) -> Option<CountingWindow> {
+        let newest = self.view(*state, now).0.newest;
+        let end = nanos_u128(self.start_of(newest.saturating_add(1)));
+        Some(CountingWindow { index: newest, end, renews: false })
+    }
 }
 
 impl FromParams for SlidingWindow {
@@ -352,6 +361,8 @@ impl FromParams for SlidingWindow {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
 
@@ -533,5 +544,19 @@ mod tests {
         let error = build(r#"{"period": "1s", "sub_windows": 61}"#).unwrap_err();
         assert_eq!(error.field, "rules[0].sub_windows");
         assert_eq!(error.message, "must be between 2 and 60, got 61");
+    }
+
+    #[test]
+    fn units_count_in_the_newest_counter_until_it_ends() {
+        let at = T0 + SECOND.times(4);
+        let weighted = SlidingWindow::weighted(10, SECOND.times(10));
+        let counted = weighted.counting_window(&weighted.fresh(at), at);
+        assert_eq!(
+            counted,
+            Some(CountingWindow { index: at.0 / SECOND.times(10).0, end: T0 + SECOND.times(10), renews: false })
+        );
+        let sub = SlidingWindow::with_sub_windows(10, SECOND.times(10), 5);
+        let counted = sub.counting_window(&sub.fresh(at), at);
+        assert_eq!(counted.map(|w| (w.index, w.end)), Some((at.0 / SECOND.times(2).0, T0 + SECOND.times(6))));
     }
 }

@@ -238,6 +238,8 @@ pub fn read_probe(status: Option<u16>) -> Result<(), CallError> {
 mod tests {
     use super::*;
     use crate::time::SECOND;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     fn service() -> QuotaService {
         QuotaService {

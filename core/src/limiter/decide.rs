@@ -190,6 +190,8 @@ mod tests {
     use super::*;
     use std::cell::Cell;
     use std::rc::Rc;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn each_key_gets_exactly_its_limit() {

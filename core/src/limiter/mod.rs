@@ -199,6 +199,8 @@ impl<H> Limiter<H> {
 mod tests {
     use super::testing::*;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn prepare_creates_every_group_once_and_keeps_the_seed() {

@@ -81,6 +81,8 @@ impl<H> Limiter<H> {
 mod tests {
     use super::super::testing::*;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn a_failing_service_switches_the_rule_to_its_local_fallback_and_back() {

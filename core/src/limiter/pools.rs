@@ -158,6 +158,8 @@ impl<H> Limiter<H> {
 mod tests {
     use super::super::testing::*;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn an_empty_pool_is_pending_and_claims_one_refresh_then_spends_the_grant() {

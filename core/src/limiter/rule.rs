@@ -140,6 +140,8 @@ impl<H> CompiledRule<H> {
 mod tests {
     use super::super::testing::*;
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn the_longest_key_fits() {

@@ -3,80 +3,56 @@
 //! `floodgate_core::algorithm` and `floodgate_core::lease`. Both stores run
 //! these same functions (the memory store under its shard locks, the Redis
 //! store between a read and a compare-and-swap write), so they cannot
-//! disagree.
-//!
-//! Time at this boundary is nanoseconds since the Unix epoch, the core's
-//! unit; the rest of the service counts microseconds ([`nanos`] converts) and
-//! answers in microseconds rounded up (never early).
+//! disagree. Times are the core's nanoseconds since the Unix epoch.
 
-use floodgate_core::algorithm::{self, Algorithm as _, FixedWindow, Grant, Policy, Release};
+use floodgate_core::algorithm::{Decision, Grant, Release};
 use floodgate_core::lease::{grant_cap, lease_target, paced_until};
-use floodgate_core::time::Nanos as CoreNanos;
+use floodgate_core::time::Nanos;
 
-use super::{Decision, NEVER};
-use crate::clock::Micros;
 use crate::config::Limit;
 
-/// Nanoseconds since the Unix epoch (instants) or plain spans.
-pub type Nanos = u64;
+/// Every stored value starts with a tag byte: a bucket's is its algorithm's
+/// (`Registration::tag`), a lease record's [`RECORD_TAG`]. A value stored
+/// before values carried one reads with this tag (the Redis store keeps the
+/// tag in a field of its own, beside the value as it was laid out before).
+pub const UNTAGGED: u8 = 0;
 
-/// Microseconds as nanoseconds.
-pub fn nanos(us: Micros) -> Nanos {
-    us.saturating_mul(1_000)
-}
+/// The tag of a lease record (no algorithm has it).
+const RECORD_TAG: u8 = u8::MAX;
 
-/// Nanoseconds as microseconds, rounded up; "never" stays [`NEVER`].
-fn micros_up(ns: Nanos) -> Micros {
-    if ns == Nanos::MAX {
-        NEVER
-    } else {
-        ns.div_ceil(1_000)
-    }
-}
+/// Untagged states were written by the layouts of the tags registered then
+/// (1 to 8): one is read only while its algorithm still has such a tag.
+const LAST_UNTAGGED_LAYOUT: u8 = 8;
 
-/// The one algorithm whose leased tokens belong to a window: a fixed
-/// window's tokens count only in the window they were taken in, so its
-/// leases end with the window and report which window it is. Every other
-/// algorithm's tokens are just units taken now.
-fn fixed_window(limit: &Limit) -> Option<FixedWindow> {
-    (limit.algorithm() == "fixed_window").then(|| FixedWindow::new(limit.limit(), CoreNanos(nanos(limit.period()))))
-}
-
-fn decision(d: algorithm::Decision) -> Decision {
-    Decision {
-        allowed: d.allowed(),
-        remaining: d.remaining,
-        reset: micros_up(d.reset.get()),
-        retry_after: micros_up(d.retry_after().get()),
-    }
-}
-
-/// A bucket as stored: the algorithm's state (`Policy::state_len` bytes,
-/// as the core lays them out), then the lease pace's "paced until" instant
-/// (8 bytes, little-endian; see `floodgate_core::lease::paced_until`).
+/// A bucket as stored: the algorithm's tag (its registration's, so a state
+/// of another layout is never misread), the algorithm's state
+/// (`Policy::state_len` bytes, as the core lays them out), then the lease
+/// pace's "paced until" instant (8 bytes, little-endian; see
+/// `floodgate_core::lease::paced_until`).
 struct Stored {
     state: Vec<u8>,
     paced_until: Nanos,
 }
 
 impl Stored {
-    /// The stored bucket when it fits the policy, else (never stored,
-    /// expired, or of another shape: a `sliding_log` whose
-    /// `requests_per_unit` or `unit` changed, a `sliding_window` whose
-    /// `sub_windows` changed) a fresh bucket.
-    fn load(policy: &dyn Policy, stored: Option<&[u8]>, now: Nanos) -> Self {
+    /// The stored bucket when it is of the limit's algorithm and shape, else
+    /// (never stored, expired, another layout, or another shape: a state
+    /// whose size depends on fields that a reload changed) a fresh bucket.
+    fn load(limit: &Limit, stored: Option<&[u8]>, now: Nanos) -> Self {
+        let (policy, tag) = (limit.policy(), limit.algorithm().tag);
         let len = policy.state_len();
-        let paced = |bytes: &[u8]| bytes.get(len..len + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-        match stored {
-            Some(bytes) if bytes.len() == len + 8 => {
-                Stored { state: bytes[..len].to_vec(), paced_until: paced(bytes).unwrap_or(0) }
-            }
-            _ => {
-                let mut state = vec![0; len];
-                policy.write_fresh(&mut state, CoreNanos(now));
-                Stored { state, paced_until: 0 }
-            }
-        }
+        let readable = |first: u8| first == tag || (first == UNTAGGED && tag <= LAST_UNTAGGED_LAYOUT);
+        let found = stored.and_then(|bytes| {
+            let (&first, rest) = bytes.split_first()?;
+            let paced: [u8; 8] = rest.get(len..)?.try_into().ok()?;
+            readable(first)
+                .then(|| Stored { state: rest[..len].to_vec(), paced_until: Nanos(u64::from_le_bytes(paced)) })
+        });
+        found.unwrap_or_else(|| {
+            let mut state = vec![0; len];
+            policy.write_fresh(&mut state, now);
+            Stored { state, paced_until: Nanos::ZERO }
+        })
     }
 
     fn into_next(self, limit: &Limit, now: Nanos) -> Next {
@@ -84,9 +60,11 @@ impl Stored {
         // bucket, left alone, is indistinguishable from a fresh one (and
         // stays so), so a key expiring then forgets no count. Every write
         // sets the time again, so a bucket written later lives longer.
-        let idle_at = limit.policy().idle_at(&self.state, CoreNanos(now)).get();
-        let mut bytes = self.state;
-        bytes.extend_from_slice(&self.paced_until.to_le_bytes());
+        let idle_at = limit.policy().idle_at(&self.state, now);
+        let mut bytes = Vec::with_capacity(1 + self.state.len() + 8);
+        bytes.push(limit.algorithm().tag);
+        bytes.extend_from_slice(&self.state);
+        bytes.extend_from_slice(&self.paced_until.get().to_le_bytes());
         Next { bytes, idle_at }
     }
 }
@@ -104,10 +82,9 @@ pub struct Next {
 /// Takes `cost` units if the bucket has them. Returns the decision and the
 /// bucket after it (to store only if the whole check commits).
 pub fn check(limit: &Limit, stored: Option<&[u8]>, now: Nanos, cost: u64) -> (Decision, Next) {
-    let policy = limit.policy();
-    let mut bucket = Stored::load(policy, stored, now);
-    let d = policy.decide(&mut bucket.state, CoreNanos(now), cost);
-    (decision(d), bucket.into_next(limit, now))
+    let mut bucket = Stored::load(limit, stored, now);
+    let d = limit.policy().decide(&mut bucket.state, now, cost);
+    (d, bucket.into_next(limit, now))
 }
 
 /// What a lease got, and the bucket after it.
@@ -117,7 +94,8 @@ pub struct Leased {
     pub granted: u64,
     /// The bucket's state after the grant.
     pub decision: Decision,
-    /// The fixed window the tokens belong to (0 for the other algorithms).
+    /// The algorithm's window the tokens are counted in (see
+    /// `CountingWindow`; 0 for algorithms without one).
     pub window: u64,
     /// How long the tokens may be used.
     pub valid: Nanos,
@@ -129,39 +107,41 @@ pub struct Leased {
 /// consumes `rate` per second, for leases living `ttl`: sized by the core's
 /// [`lease_target`] and [`grant_cap`], paced per bucket by [`paced_until`].
 ///
-/// Validity and pacing horizon: a fixed window's tokens are valid until its
-/// window ends (at most `ttl`) and its tail is paced over the rest of the
-/// window. Every other algorithm's tokens are units taken now: valid for
-/// `ttl`, and the tail is paced over the algorithm's window (its period, the
-/// time in which it earns or frees `requests_per_unit`). The target is the
-/// caller's rate over the validity, not the whole `ttl`: tokens a lease cut
-/// short by its window's end could not spend would be stranded in one proxy
-/// until they expire, counted against the window all the same.
+/// Validity and pacing horizon: tokens of an algorithm that counts in
+/// windows (its `counting_window`) are valid until the window they are
+/// counted in ends (at most `ttl`); a window whose counts all end with it (a
+/// fixed window) paces its tail over the rest of the window. Every other
+/// algorithm's tokens are units taken now, valid for `ttl`, and the tail is
+/// paced over the algorithm's window (its period, the time in which it earns
+/// or frees `requests_per_unit`). The target is the caller's rate over the
+/// validity, not the whole `ttl`: tokens a lease cut short by its window's
+/// end could not spend would be stranded in one proxy until they expire,
+/// counted against the window all the same.
 pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate: Option<f64>, ttl: Nanos) -> Leased {
     let policy = limit.policy();
     let capacity = policy.capacity();
-    let mut bucket = Stored::load(policy, stored, now);
+    let mut bucket = Stored::load(limit, stored, now);
     // A zero-cost decision on a copy: what the bucket holds now.
     let mut probe = bucket.state.clone();
-    let remaining = policy.decide(&mut probe, CoreNanos(now), 0).remaining;
-    let (horizon, window, valid) = match fixed_window(limit) {
-        Some(fw) => {
-            let window = fw.decode(&probe).map_or(0, |s| s.window);
-            let end = u64::try_from((u128::from(window) + 1) * u128::from(nanos(limit.period()))).unwrap_or(u64::MAX);
-            let horizon = end.saturating_sub(now);
-            (horizon, window, ttl.min(horizon))
+    let remaining = policy.decide(&mut probe, now, 0).remaining;
+    let period = policy.quota().window.unwrap_or(limit.period());
+    let (horizon, window, valid) = match policy.counting_window(&probe, now) {
+        Some(counted) => {
+            let left = counted.end - now;
+            (if counted.renews { left } else { period }, counted.index, ttl.min(left))
         }
-        None => (policy.quota().window.map_or(nanos(limit.period()), CoreNanos::get), 0, ttl),
+        None => (period, 0, ttl),
     };
-    let target = lease_target(wanted, rate, valid, capacity);
-    let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
+    let target = lease_target(wanted, rate, valid.get(), capacity);
+    let cap = grant_cap(remaining, capacity, horizon.get(), ttl.get(), bucket.paced_until.get(), now.get());
     let granted = target.min(cap);
-    let d = policy.decide(&mut bucket.state, CoreNanos(now), granted);
+    let d = policy.decide(&mut bucket.state, now, granted);
     // A denied grant (an algorithm that admits fewer than `remaining` at
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
-    bucket.paced_until = paced_until(granted, remaining, capacity, horizon, bucket.paced_until, now);
-    Leased { granted, decision: decision(d), window, valid, next: bucket.into_next(limit, now) }
+    let paced = paced_until(granted, remaining, capacity, horizon.get(), bucket.paced_until.get(), now.get());
+    bucket.paced_until = Nanos(paced);
+    Leased { granted, decision: d, window, valid, next: bucket.into_next(limit, now) }
 }
 
 /// The bucket as it stands, without taking anything.
@@ -193,30 +173,31 @@ pub struct LeaseRecord {
     pub expires_at: Nanos,
 }
 
-/// First byte of a record in the current layout. Records of the first
-/// release start with 1 (token bucket) or 2 (fixed window) and are still
-/// read, so a lease retried across an upgrade is not granted twice.
+/// First byte of a record in the current layout.
 const RECORD_FORMAT: u8 = 3;
 const RECORD_HEAD: usize = 2 + 7 * 8;
+/// The record keeps the period in microseconds, as its layout did from the start.
+const MICROSECOND: u64 = 1_000;
 
 impl LeaseRecord {
-    /// Bytes: [`RECORD_FORMAT`], returned flag, then limit, period (µs),
+    /// Bytes: [`RECORD_TAG`], [`RECORD_FORMAT`], returned flag, then limit, period (µs),
     /// window, granted, granted_at, valid_until, expires_at as little-endian
     /// u64, the algorithm's name (a length byte, then the name), its fields
     /// (a little-endian u16 length, then the JSON), then the bucket key.
     pub fn encode(&self) -> Vec<u8> {
-        let (name, fields) = (self.limit.algorithm().as_bytes(), self.limit.fields().as_bytes());
-        let mut out = Vec::with_capacity(RECORD_HEAD + 3 + name.len() + fields.len() + self.bucket.len());
+        let (name, fields) = (self.limit.algorithm().name.as_bytes(), self.limit.fields().as_bytes());
+        let mut out = Vec::with_capacity(1 + RECORD_HEAD + 3 + name.len() + fields.len() + self.bucket.len());
+        out.push(RECORD_TAG);
         out.push(RECORD_FORMAT);
         out.push(u8::from(self.returned));
         for v in [
             self.limit.limit(),
-            self.limit.period(),
+            self.limit.period().get() / MICROSECOND,
             self.window,
             self.granted,
-            self.granted_at,
-            self.valid_until,
-            self.expires_at,
+            self.granted_at.get(),
+            self.valid_until.get(),
+            self.expires_at.get(),
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -229,52 +210,31 @@ impl LeaseRecord {
         out
     }
 
-    /// Reads [`LeaseRecord::encode`]'s bytes (or a first release's); `None`
-    /// for anything else.
+    /// Reads [`LeaseRecord::encode`]'s bytes; `None` for anything else.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
+        let (&tag, bytes) = bytes.split_first()?;
+        if !matches!(tag, RECORD_TAG | UNTAGGED) || *bytes.first()? != RECORD_FORMAT {
+            return None;
+        }
         let returned = *bytes.get(1)? == 1;
         let word = |i: usize| -> Option<u64> {
             let raw: [u8; 8] = bytes.get(2 + i * 8..2 + i * 8 + 8)?.try_into().ok()?;
             Some(u64::from_le_bytes(raw))
         };
         let text = |range: std::ops::Range<usize>| std::str::from_utf8(bytes.get(range)?).ok();
-        let first_release = |algorithm: &str| -> Option<Self> {
-            // limit, period, capacity, window, granted, valid_until, expires_at.
-            let (limit, period, window) = (word(0)?, word(1)?, word(3)?);
-            let (fields, granted_at) = if algorithm == "token_bucket" {
-                (format!(r#"{{"burst":{}}}"#, word(2)?), word(5)?)
-            } else {
-                ("{}".to_string(), u64::try_from(u128::from(window) * u128::from(nanos(period))).ok()?)
-            };
-            Some(LeaseRecord {
-                limit: Limit::new(algorithm, limit, period, &fields).ok()?,
-                window,
-                granted: word(4)?,
-                granted_at,
-                valid_until: word(5)?,
-                expires_at: word(6)?,
-                returned,
-                bucket: text(RECORD_HEAD..bytes.len())?.to_string(),
-            })
-        };
-        match *bytes.first()? {
-            1 => return first_release("token_bucket"),
-            2 => return first_release("fixed_window"),
-            RECORD_FORMAT => {}
-            _ => return None,
-        }
         let name_len = usize::from(*bytes.get(RECORD_HEAD)?);
         let name_end = RECORD_HEAD + 1 + name_len;
         let fields_len = usize::from(u16::from_le_bytes(bytes.get(name_end..name_end + 2)?.try_into().ok()?));
         let fields_end = name_end + 2 + fields_len;
-        let limit = Limit::new(text(RECORD_HEAD + 1..name_end)?, word(0)?, word(1)?, text(name_end + 2..fields_end)?);
+        let period = Nanos::from_micros(word(1)?);
+        let limit = Limit::new(text(RECORD_HEAD + 1..name_end)?, word(0)?, period, text(name_end + 2..fields_end)?);
         Some(LeaseRecord {
             limit: limit.ok()?,
             window: word(2)?,
             granted: word(3)?,
-            granted_at: word(4)?,
-            valid_until: word(5)?,
-            expires_at: word(6)?,
+            granted_at: Nanos(word(4)?),
+            valid_until: Nanos(word(5)?),
+            expires_at: Nanos(word(6)?),
             returned,
             bucket: text(fields_end..bytes.len())?.to_string(),
         })
@@ -297,11 +257,10 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
     // No bucket: it is idle (fresh); nothing to return into.
     let Some(stored) = stored.filter(|_| !record.returned) else { return (0, None) };
     let limit = &record.limit;
-    let policy = limit.policy();
-    let grant = Grant { cost: tokens.min(record.granted), at: CoreNanos(record.granted_at) };
+    let grant = Grant { cost: tokens.min(record.granted), at: record.granted_at };
     let before = peek(limit, Some(stored), now).remaining;
-    let mut bucket = Stored::load(policy, Some(stored), now);
-    if grant.cost == 0 || !policy.release(&mut bucket.state, CoreNanos(now), grant, Release::Undo) {
+    let mut bucket = Stored::load(limit, Some(stored), now);
+    if grant.cost == 0 || !limit.policy().release(&mut bucket.state, now, grant, Release::Undo) {
         return (0, None);
     }
     let next = bucket.into_next(limit, now);
@@ -312,81 +271,90 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::SECOND_US;
+    use floodgate_core::algorithm::ALGORITHMS;
+    use floodgate_core::time::SECOND;
 
-    const NOW: Nanos = 1_700_002_800 * 1_000_000_000;
+    const NOW: Nanos = Nanos(1_700_002_800 * SECOND.get());
 
-    fn limit(algorithm: &str, limit: u64, period: Micros, fields: &str) -> Limit {
+    fn limit(algorithm: &str, limit: u64, period: Nanos, fields: &str) -> Limit {
         Limit::new(algorithm, limit, period, fields).unwrap()
     }
 
     #[test]
     fn a_record_round_trips_and_garbage_is_no_record() {
         for limit in [
-            limit("fixed_window", 7, 60 * SECOND_US, "{}"),
-            limit("sliding_window", 7, 60 * SECOND_US, r#"{"sub_windows":6}"#),
-            limit("warm_up", 7, SECOND_US, r#"{"burst":3,"cold_factor":4,"warmup":"20s"}"#),
+            limit("fixed_window", 7, SECOND.times(60), "{}"),
+            limit("sliding_window", 7, SECOND.times(60), r#"{"sub_windows":6}"#),
+            limit("warm_up", 7, SECOND, r#"{"burst":3,"cold_factor":4,"warmup":"20s"}"#),
         ] {
             let record = LeaseRecord {
                 bucket: r#"fg:{edge}:fw:[["k","v"]]"#.into(),
                 limit,
                 window: 42,
                 granted: 3,
-                granted_at: NOW - 5,
+                granted_at: NOW - Nanos(5),
                 returned: true,
-                valid_until: NOW + 1,
-                expires_at: NOW + 2,
+                valid_until: NOW + Nanos(1),
+                expires_at: NOW + Nanos(2),
             };
             assert_eq!(LeaseRecord::decode(&record.encode()), Some(record.clone()));
-            assert_eq!(LeaseRecord::live(Some(&record.encode()), NOW + 2), None, "expired");
+            assert_eq!(LeaseRecord::live(Some(&record.encode()), NOW + Nanos(2)), None, "expired");
             assert_eq!(LeaseRecord::decode(&record.encode()[..20]), None);
+            let mut untagged = record.encode();
+            untagged[0] = UNTAGGED;
+            assert_eq!(LeaseRecord::decode(&untagged), Some(record.clone()), "stored before values carried a tag");
         }
         assert_eq!(LeaseRecord::decode(&[9; 80]), None);
     }
 
     #[test]
-    fn a_first_release_record_still_reads() {
-        // Token bucket (1), not returned: limit, period, capacity, window,
-        // granted, valid_until, expires_at, then the bucket.
-        let mut bytes = vec![1, 0];
-        for v in [5, SECOND_US, 9, 0, 4, NOW + 1, NOW + 2] {
-            bytes.extend_from_slice(&v.to_le_bytes());
-        }
-        bytes.extend_from_slice(b"fg:{t}:tb:x");
-        let record = LeaseRecord::decode(&bytes).unwrap();
-        assert_eq!(record.limit, limit("token_bucket", 5, SECOND_US, r#"{"burst":9}"#));
-        assert_eq!((record.granted, record.valid_until, record.bucket.as_str()), (4, NOW + 1, "fg:{t}:tb:x"));
-    }
-
-    #[test]
     fn idle_at_is_when_the_bucket_is_fresh_again() {
-        let bucket = limit("token_bucket", 7, 3 * SECOND_US, r#"{"burst":10}"#);
+        let bucket = limit("token_bucket", 7, SECOND.times(3), r#"{"burst":10}"#);
         let (_, next) = check(&bucket, None, NOW, 4);
         assert!(next.idle_at > NOW);
-        assert_eq!(next.bytes.len(), 16 + 8, "the state, then the pace");
-        assert!(check(&bucket, Some(&next.bytes), next.idle_at - 1, 0).0.remaining < 10);
+        assert_eq!(next.bytes.len(), 1 + 16 + 8, "the tag, the state, then the pace");
+        assert!(check(&bucket, Some(&next.bytes), next.idle_at - Nanos(1), 0).0.remaining < 10);
         assert_eq!(check(&bucket, Some(&next.bytes), next.idle_at, 0).0.remaining, 10);
-        let window = limit("fixed_window", 7, 60 * SECOND_US, "{}");
-        let (_, next) = check(&window, None, NOW + 5, 1);
-        assert_eq!(next.idle_at, NOW + 60 * 1_000_000_000);
+        let window = limit("fixed_window", 7, SECOND.times(60), "{}");
+        let (_, next) = check(&window, None, NOW + Nanos(5), 1);
+        assert_eq!(next.idle_at, NOW + SECOND.times(60));
         assert_eq!(check(&window, None, NOW, 0).1.idle_at, NOW, "an unused window is idle now");
         // Weighted sliding window: the count weighs until the next window ends.
-        let sliding = limit("sliding_window", 7, 60 * SECOND_US, "{}");
-        let (_, next) = check(&sliding, None, NOW + 5, 1);
-        assert_eq!(next.idle_at, NOW + 120 * 1_000_000_000);
+        let sliding = limit("sliding_window", 7, SECOND.times(60), "{}");
+        let (_, next) = check(&sliding, None, NOW + Nanos(5), 1);
+        assert_eq!(next.idle_at, NOW + SECOND.times(120));
     }
 
     #[test]
     fn every_offered_algorithm_keeps_a_used_bucket_until_it_is_idle() {
-        let fields = [("token_bucket", "{}"), ("leaky_bucket", r#"{"burst":3}"#), ("warm_up", r#"{"warmup":"5s"}"#)];
-        for (name, _) in crate::config::ALGORITHMS {
-            let extra = fields.iter().find(|(n, _)| n == name).map_or("{}", |(_, f)| f);
-            let limit = limit(name, 5, 60 * SECOND_US, extra);
-            let (_, next) = check(&limit, None, NOW + 5, 1);
-            let state = &next.bytes[..limit.policy().state_len()];
-            assert!(next.idle_at > NOW + 5, "{name}");
-            assert!(!limit.policy().is_idle(state, CoreNanos(next.idle_at - 1)), "{name}");
-            assert!(limit.policy().is_idle(state, CoreNanos(next.idle_at)), "{name}");
+        for registration in ALGORITHMS.iter().filter(|r| r.local_only.is_none()) {
+            let mut fields: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(registration.example).unwrap();
+            fields.remove("period");
+            let limit = limit(registration.name, 5, SECOND.times(60), &serde_json::Value::Object(fields).to_string());
+            let (_, next) = check(&limit, None, NOW + Nanos(5), 1);
+            let state = &next.bytes[1..=limit.policy().state_len()];
+            let name = registration.name;
+            assert!(next.idle_at > NOW + Nanos(5), "{name}");
+            assert!(!limit.policy().is_idle(state, next.idle_at - Nanos(1)), "{name}");
+            assert!(limit.policy().is_idle(state, next.idle_at), "{name}");
         }
+    }
+
+    #[test]
+    fn a_state_of_another_layout_is_never_misread() {
+        let bucket = limit("token_bucket", 7, SECOND.times(3), r#"{"burst":10}"#);
+        let (_, next) = check(&bucket, None, NOW, 10);
+        assert_eq!(check(&bucket, Some(&next.bytes), NOW, 0).0.remaining, 0);
+        // The same bytes under another tag (a layout change gets a new one)
+        // are not this bucket's: read as fresh.
+        let mut other = next.bytes.clone();
+        other[0] = 200;
+        assert_eq!(check(&bucket, Some(&other), NOW, 0).0.remaining, 10);
+        // A state stored before states carried their tag is of the layout
+        // its algorithm had then, which every registered tag still is.
+        let mut untagged = next.bytes.clone();
+        untagged[0] = UNTAGGED;
+        assert_eq!(check(&bucket, Some(&untagged), NOW, 0).0.remaining, 0);
     }
 }

@@ -16,9 +16,9 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::decide::{nanos, Nanos};
-use super::{StoreError, Writes};
-use crate::clock::Clock;
+use floodgate_core::time::{Clock, Nanos};
+
+use super::{StoreFailure, Writes};
 
 /// Shards: enough that unrelated keys rarely share a lock on two cores or
 /// twenty, few enough that a sweep visits them all in microseconds.
@@ -65,16 +65,16 @@ impl Shard {
     }
 }
 
-/// Counters in this process.
+/// The memory store (`--store memory`): counters in this process.
 #[derive(Debug)]
-pub struct MemoryStore {
+pub struct LocalStore {
     clock: Arc<dyn Clock>,
     shards: Vec<Mutex<Shard>>,
     hasher: RandomState,
     /// Entries held, over all shards.
     len: AtomicUsize,
     max_entries: usize,
-    /// Entries looked at to drop idle ones, ever (see [`MemoryStore::examined`]).
+    /// Entries looked at to drop idle ones, ever (see [`LocalStore::examined`]).
     examined: AtomicUsize,
 }
 
@@ -84,10 +84,10 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
     shard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-impl MemoryStore {
+impl LocalStore {
     /// A store reading time from `clock` and holding at most `max_entries`
     /// buckets and lease records (idle ones are dropped first; see
-    /// [`MemoryStore::sweep`]).
+    /// [`LocalStore::sweep`]).
     pub fn new(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
         Self {
             clock,
@@ -131,7 +131,7 @@ impl MemoryStore {
     /// one, an expired lease record), a bounded step per shard lock. Costs
     /// what it drops, not what the store holds. Returns how many it dropped.
     pub fn sweep(&self) -> usize {
-        let now = nanos(self.clock.now_us());
+        let now = self.clock.now();
         let mut total = 0;
         for shard in &self.shards {
             loop {
@@ -148,7 +148,7 @@ impl MemoryStore {
     /// Room for `new` more entries: reserved from the count, dropping idle
     /// entries first from the shards already locked, then from any shard
     /// free right now (never waiting for one: that could deadlock).
-    fn reserve(&self, new: usize, held: &mut [(usize, MutexGuard<'_, Shard>)], now: Nanos) -> Result<(), StoreError> {
+    fn reserve(&self, new: usize, held: &mut [(usize, MutexGuard<'_, Shard>)], now: Nanos) -> Result<(), StoreFailure> {
         let fits = |len: usize| (len + new <= self.max_entries).then_some(len + new);
         if self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok() {
             return Ok(());
@@ -167,7 +167,7 @@ impl MemoryStore {
                 }
             }
         }
-        self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreError::Full)
+        self.len.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).map(|_| ()).map_err(|_| StoreFailure::Full)
     }
 
     /// See [`super::Store`]: runs `decide` on the values of `keys` (which
@@ -176,7 +176,7 @@ impl MemoryStore {
         &self,
         keys: &[String],
         mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
-    ) -> Result<A, StoreError> {
+    ) -> Result<A, StoreFailure> {
         let shard_of: Vec<usize> = keys.iter().map(|k| self.shard_of(k)).collect();
         let mut order = shard_of.clone();
         order.sort_unstable();
@@ -186,7 +186,7 @@ impl MemoryStore {
         let mut held: Vec<(usize, MutexGuard<'_, Shard>)> =
             order.iter().filter_map(|i| self.shards.get(*i).map(|s| (*i, lock(s)))).collect();
         let position = |shard: usize| order.binary_search(&shard).ok();
-        let now = nanos(self.clock.now_us());
+        let now = self.clock.now();
 
         let values: Vec<Option<Vec<u8>>> = keys
             .iter()
@@ -228,44 +228,44 @@ impl MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{ManualClock, Micros, SECOND_US};
     use crate::config::Limit;
-    use crate::store::{CheckItem, Store};
+    use crate::store::{BucketCheck, QuotaStore};
+    use floodgate_core::time::{FakeClock, SECOND};
 
-    const T0: Micros = 1_700_002_800 * SECOND_US;
+    const T0: Nanos = Nanos(1_700_002_800 * SECOND.get());
 
     fn window(limit: u64) -> Limit {
-        Limit::new("fixed_window", limit, SECOND_US, "{}").unwrap()
+        Limit::new("fixed_window", limit, SECOND, "{}").unwrap()
     }
 
-    fn item(key: &str, cost: u64) -> CheckItem {
-        CheckItem { key: key.into(), limit: window(2), cost, shadow: false }
+    fn item(key: &str, cost: u64) -> BucketCheck {
+        BucketCheck { key: key.into(), limit: window(2), cost, shadow: false }
     }
 
-    fn store(clock: &Arc<ManualClock>, max: usize) -> Store {
-        Store::Memory(MemoryStore::new(clock.clone(), max))
+    fn store(clock: &Arc<FakeClock>, max: usize) -> QuotaStore {
+        QuotaStore::Memory(LocalStore::new(clock.clone(), max))
     }
 
-    fn memory(store: &Store) -> &MemoryStore {
+    fn memory(store: &QuotaStore) -> &LocalStore {
         match store {
-            Store::Memory(m) => m,
-            Store::Redis(_) => unreachable!(),
+            QuotaStore::Memory(m) => m,
+            QuotaStore::Redis(_) => unreachable!(),
         }
     }
 
     #[tokio::test]
     async fn a_full_store_drops_idle_buckets_then_refuses() {
-        let clock = Arc::new(ManualClock::new(T0));
+        let clock = Arc::new(FakeClock::new(T0));
         let store = store(&clock, 2);
         assert!(store.check(&[item("a", 1)]).await.unwrap().committed);
         assert!(store.check(&[item("b", 1)]).await.unwrap().committed);
-        assert_eq!(store.check(&[item("c", 1)]).await, Err(StoreError::Full));
+        assert_eq!(store.check(&[item("c", 1)]).await, Err(StoreFailure::Full));
         // A denied check stores nothing, so it needs no room.
         assert!(!store.check(&[item("c", 3)]).await.unwrap().committed);
         // Existing buckets still decide.
         assert!(store.check(&[item("a", 1)]).await.unwrap().committed);
         // Next window: a and b are idle; as much as needed makes room.
-        clock.advance(SECOND_US);
+        clock.advance(SECOND);
         assert!(store.check(&[item("c", 1)]).await.unwrap().committed);
         assert!(memory(&store).sweep() <= 1);
         assert_eq!(memory(&store).len(), 1);
@@ -273,45 +273,45 @@ mod tests {
 
     #[tokio::test]
     async fn a_clock_step_back_does_not_reopen_a_used_window() {
-        let clock = Arc::new(ManualClock::new(T0 + SECOND_US));
+        let clock = Arc::new(FakeClock::new(T0 + SECOND));
         let store = store(&clock, 100);
         assert!(store.check(&[item("a", 2)]).await.unwrap().committed);
         // The wall clock steps back into the previous window.
-        clock.set(T0 + SECOND_US / 2);
+        clock.set(T0 + Nanos(SECOND.get() / 2));
         assert!(!store.check(&[item("a", 1)]).await.unwrap().committed);
     }
 
     #[tokio::test]
     async fn sweep_drops_only_idle_buckets() {
-        let clock = Arc::new(ManualClock::new(T0));
+        let clock = Arc::new(FakeClock::new(T0));
         let store = store(&clock, 100);
-        let bucket = Limit::new("token_bucket", 1, SECOND_US, r#"{"burst":2}"#).unwrap();
+        let bucket = Limit::new("token_bucket", 1, SECOND, r#"{"burst":2}"#).unwrap();
         store
-            .check(&[item("w", 1), CheckItem { key: "t".into(), limit: bucket, cost: 2, shadow: false }])
+            .check(&[item("w", 1), BucketCheck { key: "t".into(), limit: bucket, cost: 2, shadow: false }])
             .await
             .unwrap();
         assert_eq!(memory(&store).sweep(), 0);
-        clock.advance(SECOND_US);
+        clock.advance(SECOND);
         // The window rolled over; the bucket has earned one of two tokens.
         assert_eq!(memory(&store).sweep(), 1);
-        clock.advance(SECOND_US);
+        clock.advance(SECOND);
         assert_eq!(memory(&store).sweep(), 1);
         assert!(memory(&store).is_empty());
     }
 
     #[tokio::test]
     async fn a_bucket_used_again_is_queued_again_not_dropped() {
-        let clock = Arc::new(ManualClock::new(T0));
+        let clock = Arc::new(FakeClock::new(T0));
         let store = store(&clock, 100);
-        let bucket = Limit::new("token_bucket", 1, SECOND_US, r#"{"burst":2}"#).unwrap();
-        let take = |cost| [CheckItem { key: "t".into(), limit: bucket.clone(), cost, shadow: false }];
+        let bucket = Limit::new("token_bucket", 1, SECOND, r#"{"burst":2}"#).unwrap();
+        let take = |cost| [BucketCheck { key: "t".into(), limit: bucket.clone(), cost, shadow: false }];
         store.check(&take(1)).await.unwrap(); // idle in 1 s
-        clock.advance(SECOND_US / 2);
+        clock.advance(Nanos(SECOND.get() / 2));
         store.check(&take(1)).await.unwrap(); // empty: now idle at T0 + 2 s
-        clock.advance(SECOND_US / 2);
+        clock.advance(Nanos(SECOND.get() / 2));
         assert_eq!(memory(&store).sweep(), 0, "busier than queued: kept");
         assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
-        clock.advance(2 * SECOND_US);
+        clock.advance(SECOND.times(2));
         assert_eq!(memory(&store).sweep(), 1);
     }
 }

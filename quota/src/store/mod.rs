@@ -1,4 +1,4 @@
-//! Where counters live: in this process ([`MemoryStore`]) or in Redis
+//! Where counters live: in this process ([`LocalStore`]) or in Redis
 //! ([`RedisStore`]). The stores only keep bytes under keys; every decision
 //! is made here, by one Rust code path ([`decide`], the core's algorithms),
 //! inside a store transaction: the memory store runs it under its shard
@@ -10,32 +10,31 @@ mod memory;
 mod redis;
 
 use self::decide::LeaseRecord;
-pub use self::decide::{Nanos, Next};
-pub use self::memory::MemoryStore;
+pub use self::decide::Next;
+pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::clock::Micros;
-use crate::config::Limit;
+use floodgate_core::algorithm::Decision;
+use floodgate_core::time::Nanos;
 
-/// A retry-after that never comes (a cost above the capacity).
-pub const NEVER: Micros = Micros::MAX;
+use crate::config::Limit;
 
 /// The store key of a bucket: the domain as a Redis Cluster hash tag (every
 /// bucket one call touches must sit in one slot for the script to be atomic),
-/// the algorithm's tag (buckets of different algorithms hold different
-/// state; see [`crate::config::ALGORITHMS`]), and the descriptor's entries as
-/// JSON (unambiguous whatever the values contain).
+/// the algorithm's key (buckets of different algorithms hold different
+/// state; see `Registration::key`), and the descriptor's entries as JSON
+/// (unambiguous whatever the values contain).
 pub fn bucket_key(domain: &str, limit: &Limit, entries: &[(String, String)]) -> String {
     let entries = serde_json::to_string(entries).unwrap_or_default();
-    format!("fg:{{{domain}}}:{}:{entries}", limit.tag())
+    format!("fg:{{{domain}}}:{}:{entries}", limit.algorithm().key)
 }
 
 /// How long a lease's record outlives the lease: a caller may retry an
 /// ambiguous lease, or return its unused tokens, until then.
-pub const LEASE_RECORD_MARGIN: Micros = 30 * crate::clock::SECOND_US;
+pub const LEASE_RECORD_MARGIN: Nanos = Nanos::from_secs(30);
 
 /// The store key of a lease's record: in the domain's hash tag (beside the
 /// buckets it names), then the caller's id (`A-Za-z0-9_-`, so it cannot
@@ -46,7 +45,7 @@ pub fn lease_key(domain: &str, id: &str) -> String {
 
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckItem {
+pub struct BucketCheck {
     /// See [`bucket_key`].
     pub key: String,
     /// The rule's limit.
@@ -59,7 +58,7 @@ pub struct CheckItem {
 
 /// One bucket of a lease.
 #[derive(Debug, Clone, PartialEq)]
-pub struct LeaseItem {
+pub struct BucketLease {
     /// See [`bucket_key`].
     pub key: String,
     /// The rule's limit.
@@ -75,17 +74,18 @@ pub struct LeaseItem {
 
 /// What one lease got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
+pub struct LeaseOutcome {
     /// Tokens granted (0 when nothing is left).
     pub granted: u64,
     /// Tokens left in the bucket after the grant.
     pub remaining: u64,
     /// Time until more quota becomes available.
-    pub reset: Micros,
-    /// The fixed window the tokens belong to (0 for the other algorithms).
+    pub reset: Nanos,
+    /// The algorithm's window the tokens are counted in (0 for algorithms
+    /// without windows).
     pub window: u64,
     /// How long the caller may use the tokens.
-    pub valid: Micros,
+    pub valid: Nanos,
     /// The lease was already recorded: this repeats its grant, nothing was taken.
     pub replayed: bool,
 }
@@ -93,28 +93,15 @@ pub struct Grant {
 /// Unused leased tokens to give back: once per lease, at most what it
 /// granted, and only where the tokens still count.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReturnItem {
+pub struct LeaseReturn {
     /// The lease's record (see [`lease_key`]).
     pub record: String,
     /// Tokens to give back.
     pub tokens: u64,
 }
 
-/// What was decided for one bucket (times in microseconds, rounded up).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decision {
-    /// Whether the cost was admitted.
-    pub allowed: bool,
-    /// Units left after the decision.
-    pub remaining: u64,
-    /// Time until more quota becomes available (0 when the bucket is full).
-    pub reset: Micros,
-    /// When denied, when the same cost would be admitted ([`NEVER`]: never).
-    pub retry_after: Micros,
-}
-
 /// The result of a check: whether the costs were taken, and each bucket's
-/// decision (times in microseconds; `retry_after` [`NEVER`] for never).
+/// decision (the core's: `retry_after` is `Nanos::MAX` for never).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckOutcome {
     /// True when every non-shadow bucket admitted and the costs were taken.
@@ -127,7 +114,7 @@ pub struct CheckOutcome {
 /// Why the store could not decide. Every variant maps to 503: the caller
 /// falls back to its local limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
+pub enum StoreFailure {
     /// The store did not answer within the configured time.
     Timeout,
     /// The store answered with an error or could not be reached.
@@ -138,46 +125,46 @@ pub enum StoreError {
     Contended,
 }
 
-impl fmt::Display for StoreError {
+impl fmt::Display for StoreFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::Timeout => write!(f, "the store did not answer in time"),
-            StoreError::Unavailable(why) => write!(f, "the store is unavailable: {why}"),
-            StoreError::Full => write!(f, "the memory store is full (every bucket is in use)"),
-            StoreError::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
+            StoreFailure::Timeout => write!(f, "the store did not answer in time"),
+            StoreFailure::Unavailable(why) => write!(f, "the store is unavailable: {why}"),
+            StoreFailure::Full => write!(f, "the memory store is full (every bucket is in use)"),
+            StoreFailure::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for StoreFailure {}
 
-impl StoreError {
+impl StoreFailure {
     /// A short label for metrics.
     pub fn kind(&self) -> &'static str {
         match self {
-            StoreError::Timeout => "timeout",
-            StoreError::Unavailable(_) => "unavailable",
-            StoreError::Full => "full",
-            StoreError::Contended => "contended",
+            StoreFailure::Timeout => "timeout",
+            StoreFailure::Unavailable(_) => "unavailable",
+            StoreFailure::Full => "full",
+            StoreFailure::Contended => "contended",
         }
     }
 }
 
 /// The configured store.
 #[derive(Debug)]
-pub enum Store {
+pub enum QuotaStore {
     /// Counters in this process.
-    Memory(MemoryStore),
+    Memory(LocalStore),
     /// Counters in Redis, shared by every service instance using it.
     Redis(Box<RedisStore>),
 }
 
-impl Store {
+impl QuotaStore {
     /// `memory` or `redis`, for metrics and logs.
     pub fn name(&self) -> &'static str {
         match self {
-            Store::Memory(_) => "memory",
-            Store::Redis(_) => "redis",
+            QuotaStore::Memory(_) => "memory",
+            QuotaStore::Redis(_) => "redis",
         }
     }
 
@@ -188,16 +175,16 @@ impl Store {
         &self,
         keys: &[String],
         decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
-    ) -> Result<A, StoreError> {
+    ) -> Result<A, StoreFailure> {
         match self {
-            Store::Memory(m) => m.transact(keys, decide),
-            Store::Redis(r) => r.transact(keys, decide).await,
+            QuotaStore::Memory(m) => m.transact(keys, decide),
+            QuotaStore::Redis(r) => r.transact(keys, decide).await,
         }
     }
 
     /// Takes each item's cost from its bucket if all non-shadow buckets
     /// admit. Items must name distinct buckets.
-    pub async fn check(&self, items: &[CheckItem]) -> Result<CheckOutcome, StoreError> {
+    pub async fn check(&self, items: &[BucketCheck]) -> Result<CheckOutcome, StoreFailure> {
         let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
         self.transact(&keys, |values, now| check(items, values, now)).await
     }
@@ -206,16 +193,15 @@ impl Store {
     /// its lease's record key; a lease already recorded is answered from its
     /// record. Leases are taken in order: two of one bucket both see what
     /// the first took.
-    pub async fn lease(&self, items: &[LeaseItem], ttl: Micros) -> Result<Vec<Grant>, StoreError> {
+    pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<Vec<LeaseOutcome>, StoreFailure> {
         let mut keys = Keys::default();
         let slots: Vec<(usize, usize)> = items.iter().map(|i| (keys.add(&i.key), keys.add(&i.record))).collect();
-        let ttl = decide::nanos(ttl);
         self.transact(&keys.list, |values, now| lease(items, &slots, values, now, ttl)).await
     }
 
     /// Gives back unused tokens of recorded leases; returns how many each
     /// took back.
-    pub async fn give_back(&self, items: &[ReturnItem]) -> Result<Vec<u64>, StoreError> {
+    pub async fn give_back(&self, items: &[LeaseReturn]) -> Result<Vec<u64>, StoreFailure> {
         let mut records = Keys::default();
         let at: Vec<usize> = items.iter().map(|i| records.add(&i.record)).collect();
         for _ in 0..RETURN_ATTEMPTS {
@@ -236,14 +222,14 @@ impl Store {
                 return Ok(taken);
             }
         }
-        Err(StoreError::Contended)
+        Err(StoreFailure::Contended)
     }
 
     /// Whether the store answers now.
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub async fn ping(&self) -> Result<(), StoreFailure> {
         match self {
-            Store::Memory(_) => Ok(()),
-            Store::Redis(r) => r.ping().await,
+            QuotaStore::Memory(_) => Ok(()),
+            QuotaStore::Redis(r) => r.ping().await,
         }
     }
 }
@@ -278,14 +264,14 @@ fn stored(values: &[Option<Vec<u8>>], at: usize) -> Option<&[u8]> {
     values.get(at).and_then(|v| v.as_deref())
 }
 
-fn check(items: &[CheckItem], values: &[Option<Vec<u8>>], now: Nanos) -> (CheckOutcome, Writes) {
+fn check(items: &[BucketCheck], values: &[Option<Vec<u8>>], now: Nanos) -> (CheckOutcome, Writes) {
     let mut decisions = Vec::with_capacity(items.len());
     let mut writes: Writes = vec![None; values.len()];
     let mut committed = true;
     for (at, item) in items.iter().enumerate() {
         let (d, next) = decide::check(&item.limit, stored(values, at), now, item.cost);
-        committed &= d.allowed || item.shadow;
-        if d.allowed && stored(values, at) != Some(next.bytes.as_slice()) {
+        committed &= d.allowed() || item.shadow;
+        if d.allowed() && stored(values, at) != Some(next.bytes.as_slice()) {
             if let Some(slot) = writes.get_mut(at) {
                 *slot = Some(next);
             }
@@ -297,7 +283,7 @@ fn check(items: &[CheckItem], values: &[Option<Vec<u8>>], now: Nanos) -> (CheckO
         // untouched state.
         writes.iter_mut().for_each(|w| *w = None);
         for (at, (item, d)) in items.iter().zip(decisions.iter_mut()).enumerate() {
-            if d.allowed {
+            if d.allowed() {
                 *d = decide::peek(&item.limit, stored(values, at), now);
             }
         }
@@ -316,31 +302,31 @@ fn put(values: &mut [Option<Vec<u8>>], writes: &mut Writes, at: usize, next: Nex
 }
 
 fn lease(
-    items: &[LeaseItem],
+    items: &[BucketLease],
     slots: &[(usize, usize)],
     values: &[Option<Vec<u8>>],
     now: Nanos,
     ttl: Nanos,
-) -> (Vec<Grant>, Writes) {
+) -> (Vec<LeaseOutcome>, Writes) {
     let mut values = values.to_vec();
     let mut writes: Writes = vec![None; values.len()];
     let mut grants = Vec::with_capacity(items.len());
     for (item, &(bucket, record)) in items.iter().zip(slots) {
         if let Some(done) = LeaseRecord::live(stored(&values, record), now) {
             let d = decide::peek(&item.limit, stored(&values, bucket), now);
-            grants.push(Grant {
+            grants.push(LeaseOutcome {
                 granted: done.granted,
                 remaining: d.remaining,
                 reset: d.reset,
                 window: done.window,
-                valid: done.valid_until.saturating_sub(now) / 1_000,
+                valid: done.valid_until - now,
                 replayed: true,
             });
             continue;
         }
         let leased = decide::lease(&item.limit, stored(&values, bucket), now, item.wanted, item.rate, ttl);
         if leased.granted > 0 {
-            let valid_until = now.saturating_add(leased.valid);
+            let valid_until = now + leased.valid;
             let done = LeaseRecord {
                 bucket: item.key.clone(),
                 limit: item.limit.clone(),
@@ -349,18 +335,18 @@ fn lease(
                 granted_at: now,
                 returned: false,
                 valid_until,
-                expires_at: valid_until.saturating_add(decide::nanos(LEASE_RECORD_MARGIN)),
+                expires_at: valid_until + LEASE_RECORD_MARGIN,
             };
             let idle_at = done.expires_at;
             put(&mut values, &mut writes, bucket, leased.next);
             put(&mut values, &mut writes, record, Next { bytes: done.encode(), idle_at });
         }
-        grants.push(Grant {
+        grants.push(LeaseOutcome {
             granted: leased.granted,
             remaining: leased.decision.remaining,
             reset: leased.decision.reset,
             window: leased.window,
-            valid: leased.valid / 1_000,
+            valid: leased.valid,
             replayed: false,
         });
     }
@@ -369,7 +355,7 @@ fn lease(
 
 /// `None` when a record no longer names the bucket read for it: start over.
 fn give_back(
-    items: &[ReturnItem],
+    items: &[LeaseReturn],
     slots: &[(usize, Option<usize>)],
     keys: &[String],
     values: &[Option<Vec<u8>>],

@@ -30,9 +30,10 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::sync::Mutex;
 
-use super::decide::{nanos, Nanos};
-use super::{StoreError, Writes};
-use crate::clock::Clock;
+use floodgate_core::time::{Clock, Nanos};
+
+use super::decide::UNTAGGED;
+use super::{StoreFailure, Writes};
 
 /// Most reads and writes one transaction makes before giving up on a key
 /// that keeps changing (each lost race means another writer won).
@@ -142,12 +143,12 @@ fn hash_tag(key: &str) -> &str {
 /// domain's hash tag, but a domain starting with `}` leaves its keys with an
 /// empty tag, so each would be hashed whole. Refused by name rather than
 /// with Redis's bare `CROSSSLOT`.
-fn same_slot(keys: &[String]) -> Result<(), StoreError> {
+fn same_slot(keys: &[String]) -> Result<(), StoreFailure> {
     let Some((first, rest)) = keys.split_first() else { return Ok(()) };
     let tag = hash_tag(first);
     match rest.iter().find(|k| hash_tag(k) != tag) {
         None => Ok(()),
-        Some(other) => Err(StoreError::Unavailable(format!(
+        Some(other) => Err(StoreFailure::Unavailable(format!(
             "keys {first:?} and {other:?} have different Redis Cluster hash tags, so they may sit in different \
              slots and cannot be read and written atomically; a domain must not start with '}}'"
         ))),
@@ -162,12 +163,10 @@ pub struct RedisStore {
     connection: std::sync::RwLock<Option<Connection>>,
     /// Held while connecting, so that one caller connects and the others wait.
     connecting: Mutex<()>,
-    /// When the last connection attempt failed: attempts are spaced so that a
-    /// dead Redis costs callers a refused connect, not a pile of them.
     /// When and how the last connection attempt failed: attempts are spaced
     /// so that a dead Redis costs callers a refused connect, not a pile of
     /// them, and the callers in between get the same error.
-    last_failure: std::sync::Mutex<Option<(Instant, StoreError)>>,
+    last_failure: std::sync::Mutex<Option<(Instant, StoreFailure)>>,
     cas: Script,
     /// Versions are `seed-counter`: unique to this process and write, so a
     /// key deleted and written again never matches a stale read.
@@ -184,19 +183,30 @@ impl std::fmt::Debug for RedisStore {
     }
 }
 
+/// A stored value as the decisions read it: its tag byte (field `t`; absent
+/// for a value stored before values carried one), then the value (field `v`,
+/// laid out as before tags, so that an instance of the previous release
+/// reads it unchanged).
+fn tagged(tag: Option<u8>, value: Vec<u8>) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(1 + value.len());
+    bytes.push(tag.unwrap_or(UNTAGGED));
+    bytes.extend(value);
+    bytes
+}
+
 /// One kind per failure, whichever timer fired first: redis-rs's own
 /// response and connection timeouts are the same `--store-timeout` as ours,
 /// so a frozen Redis is always a `timeout`.
-fn unavailable(e: redis::RedisError) -> StoreError {
+fn unavailable(e: redis::RedisError) -> StoreFailure {
     if e.is_timeout() {
-        StoreError::Timeout
+        StoreFailure::Timeout
     } else {
-        StoreError::Unavailable(e.to_string())
+        StoreFailure::Unavailable(e.to_string())
     }
 }
 
-fn bad_reply(what: &str) -> StoreError {
-    StoreError::Unavailable(format!("unexpected reply to {what}"))
+fn bad_reply(what: &str) -> StoreFailure {
+    StoreFailure::Unavailable(format!("unexpected reply to {what}"))
 }
 
 impl RedisStore {
@@ -245,7 +255,7 @@ impl RedisStore {
         self.connection.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    async fn connection(&self) -> Result<Connection, StoreError> {
+    async fn connection(&self) -> Result<Connection, StoreFailure> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
@@ -283,14 +293,14 @@ impl RedisStore {
                 Ok(conn)
             }
             Ok(Err(e)) => Err(self.failed_to_connect(match unavailable(e) {
-                StoreError::Unavailable(why) => StoreError::Unavailable(format!("cannot connect to Redis: {why}")),
+                StoreFailure::Unavailable(why) => StoreFailure::Unavailable(format!("cannot connect to Redis: {why}")),
                 other => other,
             })),
-            Err(_) => Err(self.failed_to_connect(StoreError::Timeout)),
+            Err(_) => Err(self.failed_to_connect(StoreFailure::Timeout)),
         }
     }
 
-    fn failed_to_connect(&self, error: StoreError) -> StoreError {
+    fn failed_to_connect(&self, error: StoreFailure) -> StoreFailure {
         *self.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), error.clone()));
         error
     }
@@ -301,7 +311,7 @@ impl RedisStore {
         &self,
         keys: &[String],
         mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes),
-    ) -> Result<A, StoreError> {
+    ) -> Result<A, StoreFailure> {
         if matches!(self.client, Client::Cluster(_)) {
             same_slot(keys)?;
         }
@@ -330,9 +340,9 @@ impl RedisStore {
                 let wait = RandomState::new().hash_one(attempt) % most;
                 tokio::time::sleep(Duration::from_micros(wait)).await;
             }
-            Err(StoreError::Contended)
+            Err(StoreFailure::Contended)
         };
-        tokio::time::timeout(self.options.timeout, attempts).await.map_err(|_| StoreError::Timeout)?
+        tokio::time::timeout(self.options.timeout, attempts).await.map_err(|_| StoreFailure::Timeout)?
     }
 
     /// One atomic round trip: the clock (Redis's `TIME` unless a local clock
@@ -341,15 +351,15 @@ impl RedisStore {
         &self,
         conn: &mut Connection,
         keys: &[String],
-    ) -> Result<(Nanos, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>), StoreError> {
-        let local = self.options.clock.as_ref().map(|c| nanos(c.now_us()));
+    ) -> Result<(Nanos, Vec<Option<Vec<u8>>>, Vec<Option<Vec<u8>>>), StoreFailure> {
+        let local = self.options.clock.as_ref().map(|c| c.now());
         let mut pipe = redis::pipe();
         pipe.atomic();
         if local.is_none() {
             pipe.cmd("TIME");
         }
         for key in keys {
-            pipe.cmd("HMGET").arg(key).arg("v").arg("n");
+            pipe.cmd("HMGET").arg(key).arg("v").arg("n").arg("t");
         }
         // A connection dropped while this instance was idle (a Redis
         // restart) fails the first command with a broken pipe: it is sent
@@ -365,7 +375,7 @@ impl RedisStore {
             None => {
                 let (time, rest) = replies.split_first().ok_or_else(|| bad_reply("TIME"))?;
                 let (secs, micros): (u64, u64) = redis::from_redis_value(time).map_err(unavailable)?;
-                (secs.saturating_mul(1_000_000_000).saturating_add(micros.saturating_mul(1_000)), rest)
+                (Nanos::from_secs(secs) + Nanos::from_micros(micros), rest)
             }
         };
         if rest.len() != keys.len() {
@@ -374,10 +384,10 @@ impl RedisStore {
         let mut values = Vec::with_capacity(keys.len());
         let mut versions = Vec::with_capacity(keys.len());
         for reply in rest {
-            let (value, version): (Option<Vec<u8>>, Option<Vec<u8>>) =
+            let (value, version, tag): (Option<Vec<u8>>, Option<Vec<u8>>, Option<u8>) =
                 redis::from_redis_value(reply).map_err(unavailable)?;
             // A value without a version is not ours (an older layout): absent.
-            values.push(value.filter(|_| version.is_some()));
+            values.push(value.filter(|_| version.is_some()).map(|value| tagged(tag, value)));
             versions.push(version);
         }
         Ok((now, values, versions))
@@ -392,18 +402,19 @@ impl RedisStore {
         versions: &[Option<Vec<u8>>],
         writes: &Writes,
         now: Nanos,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, StoreFailure> {
         let mut invocation = self.cas.prepare_invoke();
         for ((key, version), write) in keys.iter().zip(versions).zip(writes) {
             invocation.key(key).arg(version.as_deref().unwrap_or_default());
             match write {
                 Some(next) => {
                     let n = self.writes.fetch_add(1, Ordering::Relaxed);
-                    let ttl_ms = next.idle_at.saturating_sub(now).div_ceil(1_000_000).saturating_add(TTL_SLACK_MS);
-                    invocation.arg(format!("{:x}-{n:x}", self.seed)).arg(next.bytes.as_slice()).arg(ttl_ms);
+                    let ttl_ms = (next.idle_at - now).ceil_millis().saturating_add(TTL_SLACK_MS);
+                    let (tag, value) = next.bytes.split_first().map_or((UNTAGGED, &[][..]), |(t, v)| (*t, v));
+                    invocation.arg(format!("{:x}-{n:x}", self.seed)).arg(value).arg(ttl_ms).arg(tag);
                 }
                 None => {
-                    invocation.arg("").arg("").arg(0);
+                    invocation.arg("").arg("").arg(0).arg(0);
                 }
             }
         }
@@ -412,7 +423,7 @@ impl RedisStore {
     }
 
     /// Sends `PING` (once more after a dropped connection, as [`Self::read`]).
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub async fn ping(&self) -> Result<(), StoreFailure> {
         let call = async {
             let mut conn = self.connection().await?;
             let ping = redis::cmd("PING");
@@ -422,7 +433,7 @@ impl RedisStore {
             }
             .map_err(unavailable)
         };
-        tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreError::Timeout)?.map(|_| ())
+        tokio::time::timeout(self.options.timeout, call).await.map_err(|_| StoreFailure::Timeout)?.map(|_| ())
     }
 }
 
@@ -466,7 +477,7 @@ mod tests {
     #[test]
     fn a_domain_that_empties_the_hash_tag_is_refused_by_name() {
         let keys = [lease_key("}odd", "a"), lease_key("}odd", "b")];
-        let Err(StoreError::Unavailable(why)) = same_slot(&keys) else { panic!("accepted") };
+        let Err(StoreFailure::Unavailable(why)) = same_slot(&keys) else { panic!("accepted") };
         assert!(why.contains("must not start with '}'"), "{why}");
         assert!(same_slot(&keys[..1]).is_ok(), "one key is always in one slot");
     }

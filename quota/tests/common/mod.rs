@@ -10,17 +10,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use floodgate_quota::clock::{Clock, ManualClock, SECOND_US};
-use floodgate_quota::config::Config;
+use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
+use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::Metrics;
 use floodgate_quota::server::{serve, Limits};
 use floodgate_quota::service::{Service, Settings};
-use floodgate_quota::store::{MemoryStore, RedisOptions, RedisStore, Store};
+use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore};
 use serde_json::Value;
 
 /// An instant on every period boundary a test uses (a multiple of one hour).
-pub const T0: u64 = 1_700_002_800 * SECOND_US;
+pub const T0: Nanos = Nanos::from_secs(1_700_002_800);
 
 /// A port nobody listens on right now.
 pub fn free_port() -> u16 {
@@ -415,7 +415,7 @@ pub enum Backend {
 /// A service served on loopback, with its clock and (for Redis) its server.
 pub struct Fixture {
     pub base: String,
-    pub clock: Arc<ManualClock>,
+    pub clock: Arc<FakeClock>,
     pub service: Arc<Service>,
     pub redis: Option<RedisServer>,
     pub cluster: Option<RedisCluster>,
@@ -430,13 +430,13 @@ impl Drop for Fixture {
 }
 
 /// One domain per YAML document (documents separated by `---` lines).
-pub fn config(yaml: &str) -> Config {
-    Config::from_domains(yaml.split("\n---\n").map(|doc| Config::parse_one("test", doc).expect("test config parses")))
+pub fn domains(yaml: &str) -> Domains {
+    Domains::from_domains(yaml.split("\n---\n").map(|doc| Domains::parse_one("test", doc).expect("test config parses")))
 }
 
 pub struct Options {
     pub auth_token: Option<&'static str>,
-    pub lease_ttl: u64,
+    pub lease_ttl: Nanos,
     pub store_timeout: Duration,
     /// Use Redis's own clock instead of the manual one.
     pub redis_time: bool,
@@ -449,7 +449,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             auth_token: None,
-            lease_ttl: SECOND_US,
+            lease_ttl: SECOND,
             // Ample for a loaded two-core CI machine: the functional tests
             // must not turn a slow moment into a 503. The outage tests,
             // which are about the timeout, set a short one of their own.
@@ -480,20 +480,20 @@ impl Fixture {
 
     /// A service using the Redis at `url` (which may be down).
     pub async fn serve(url: Option<String>, redis: Option<RedisServer>, yaml: &str, options: Options) -> Fixture {
-        let clock = Arc::new(ManualClock::new(T0));
+        let clock = Arc::new(FakeClock::new(T0));
         let shared: Arc<dyn Clock> = clock.clone();
         let store = match url {
-            None => Store::Memory(MemoryStore::new(shared, options.max_buckets)),
+            None => QuotaStore::Memory(LocalStore::new(shared, options.max_buckets)),
             Some(url) => {
                 let redis_options = RedisOptions {
                     timeout: options.store_timeout,
                     clock: if options.redis_time { None } else { Some(shared) },
                 };
-                Store::Redis(Box::new(RedisStore::new(&url, redis_options).expect("redis store")))
+                QuotaStore::Redis(Box::new(RedisStore::new(&url, redis_options).expect("redis store")))
             }
         };
         let metrics = Metrics::new().expect("metrics");
-        let service = Arc::new(Service::new(config(yaml), store, metrics, Settings { lease_ttl: options.lease_ttl }));
+        let service = Arc::new(Service::new(domains(yaml), store, metrics, Settings { lease_ttl: options.lease_ttl }));
         let state = AppState { service: service.clone(), auth_token: options.auth_token.map(Arc::from) };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));

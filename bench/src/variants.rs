@@ -1,0 +1,466 @@
+//! The variants: one row per Envoy set-up the bench can measure, with
+//! everything the harness needs to know about it. The rest of the harness
+//! reads these fields and never tests a variant's id.
+
+use crate::envoy::{EnvoyBucket, Filters, HOT_KEY};
+use crate::targets::{Bound, Measure, Metric, Table, Target};
+
+/// The API keys wrk and the latency client cycle through, and how many the
+/// many-keys variants use.
+pub const KEYS: u32 = 16;
+pub const MANY_KEYS: u32 = 1000;
+
+/// Calls per request of each host-call probe variant.
+pub const PROBE_REPEATS: u32 = 10;
+
+/// The lease lifetime of the long-lease service instance: its `--lease-ttl`
+/// and the rule's `lease_horizon` of the variant asking it.
+pub const LONG_LEASE: &str = "10s";
+
+/// The ports of the processes some variants need, known once they run; 0
+/// when no selected variant needs them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Ports {
+    /// The upstream Envoy of the proxied variants.
+    pub upstream: u16,
+    /// floodgate-quota's gRPC API.
+    pub grpc: u16,
+    /// floodgate-quota's HTTP API.
+    pub quota_http: u16,
+    /// The HTTP API of the instance with [`LONG_LEASE`] leases.
+    pub long_lease_http: u16,
+}
+
+/// Which floodgate-quota instance a variant's Envoy asks, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Service {
+    /// None.
+    None,
+    /// Envoy's own `ratelimit` filter asks the shared instance's gRPC API.
+    Rls,
+    /// Floodgate's global rules ask the shared instance's HTTP API.
+    Leases,
+    /// Floodgate's global rules ask the instance with [`LONG_LEASE`] leases.
+    LongLeases,
+}
+
+impl Service {
+    /// Whether the variant's callouts are counted (Floodgate's global mode).
+    pub fn counts_callouts(self) -> bool {
+        matches!(self, Service::Leases | Service::LongLeases)
+    }
+}
+
+/// One variant of the bench.
+#[derive(Clone, Copy, Debug)]
+pub struct Variant {
+    /// A short id, as `BENCH_VARIANTS` names it and the tables show it.
+    pub id: &'static str,
+    /// What it is, for the tables.
+    pub label: &'static str,
+    /// Its HTTP filters (and the clusters they need), given the ports.
+    pub filters: fn(&Ports) -> Filters,
+    /// The API keys the load cycles through.
+    pub keys: u32,
+    /// Whether its route proxies to the upstream Envoy.
+    pub proxied: bool,
+    /// The floodgate-quota instance it asks.
+    pub service: Service,
+    /// Whether it is meant to answer most requests with a 429.
+    pub limits: bool,
+    /// The variant it is measured against (the `÷ reference` figures): a
+    /// global rule's local counterpart (same keys and rule shape), the no-op
+    /// filter for Floodgate's local variants and the probes, Envoy without a
+    /// filter for the no-op filter, a proxied path's ceiling.
+    pub reference: Option<&'static str>,
+    /// The tables that show every variant's req/s as a ratio to this one.
+    pub column_of: &'static [Table],
+    /// Whether it is a host-call probe (the probe module; cost per call reported).
+    pub probe: bool,
+    /// Whether it is in the latency part.
+    pub latency: bool,
+    /// Whether it runs when `BENCH_VARIANTS` is not set.
+    pub default: bool,
+    /// The issues' targets on it.
+    pub targets: &'static [Target],
+}
+
+/// The fields most rows share: a direct response, 16 keys, no service, not
+/// limiting, no reference, opt-in.
+const ROW: Variant = Variant {
+    id: "",
+    label: "",
+    filters: |_| Filters::None,
+    keys: KEYS,
+    proxied: false,
+    service: Service::None,
+    limits: false,
+    reference: None,
+    column_of: &[],
+    probe: false,
+    latency: false,
+    default: false,
+    targets: &[],
+};
+
+const fn throughput_ratio(issue: u32, against: &'static str, bound: Bound) -> Target {
+    Target::new(issue, Measure::Ratio { metric: Metric::Rps, against }, bound)
+}
+
+const fn p99_ratio(issue: u32, against: &'static str, bound: Bound) -> Target {
+    Target::new(issue, Measure::Ratio { metric: Metric::P99, against }, bound)
+}
+
+/// Issue 7's lease-mode targets at steady load: callouts per request.
+const LEASE_CALLOUTS: Target = Target::new(7, Measure::Value(Metric::CalloutsSteady), Bound::AtMost(0.02));
+
+/// Issue 15's targets with per-second windows.
+const fn per_second(target: Target) -> Target {
+    Target { quota_unit: Some("second"), ..target }
+}
+
+/// Every variant, in the order they run each round: issue 4's (a)–(f),
+/// Envoy's global filter against the quota service with its ceiling
+/// (issue 10), Floodgate's global mode with its local references (issue 7),
+/// then opt-in diagnostics.
+pub static VARIANTS: &[Variant] = &[
+    Variant {
+        id: "a",
+        label: "no rate-limit filter",
+        column_of: &[Table::Throughput, Table::Global],
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "b",
+        label: "Envoy local_ratelimit, per key, never limits",
+        filters: |_| {
+            Filters::EnvoyLocal(EnvoyBucket {
+                max_tokens: 1_000_000_000,
+                tokens_per_fill: 1_000_000_000,
+                fill_interval: "1s",
+            })
+        },
+        column_of: &[Table::Throughput],
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "c",
+        label: "no-op wasm filter",
+        filters: |_| Filters::Noop,
+        reference: Some("a"),
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "d",
+        label: "Floodgate, per key, never limits",
+        filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
+        reference: Some("c"),
+        column_of: &[Table::Global],
+        default: true,
+        targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.90)), p99_ratio(14, "c", Bound::AtMost(1.20))],
+        ..ROW
+    },
+    Variant {
+        id: "d2",
+        label: "Floodgate as (d), no headers on allowed",
+        filters: |_| {
+            floodgate(&format!(r#"{{"rules": [{}], "response": {{"headers_on_allowed": false}}}}"#, per_key_rule()))
+        },
+        reference: Some("c"),
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "e",
+        label: "Floodgate, per key, limits most (10/s per key)",
+        filters: |_| {
+            floodgate(&format!(
+                r#"{{"rules": [{{"name": "per-api-key", "descriptors": {PER_KEY}, "limit": 10, "period": "1s"}}]}}"#
+            ))
+        },
+        limits: true,
+        reference: Some("c"),
+        default: true,
+        targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.90))],
+        ..ROW
+    },
+    Variant {
+        id: "f",
+        label: "Floodgate, three rules on each request",
+        filters: |_| {
+            floodgate(&format!(
+                r#"{{"rules": [{}, {}, {}]}}"#,
+                per_key_rule(),
+                never_limiting_rule("per-key-and-path", PER_KEY_AND_PATH),
+                never_limiting_rule("whole-site", WHOLE_SITE),
+            ))
+        },
+        reference: Some("c"),
+        default: true,
+        targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.80))],
+        ..ROW
+    },
+    // Issue 14's opt-in per-worker batches on one hot key. Not in the
+    // default list until the filter accepts the rule field `worker_batch`
+    // (Envoy refuses the configuration until then): set `default: true`.
+    Variant {
+        id: "db",
+        label: "Floodgate, per key, per-worker batches of 16, one hot key",
+        filters: |_| {
+            floodgate(&format!(
+                r#"{{"rules": [{{"name": "per-api-key", "descriptors": {PER_KEY}, "limit": 1000000000, "period": "1s",
+                     "worker_batch": 16}}]}}"#
+            ))
+        },
+        keys: 1,
+        reference: Some("c"),
+        targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.95))],
+        ..ROW
+    },
+    // Envoy's own global rate limit filter, a gRPC call to floodgate-quota
+    // (memory store) per request, and its ceiling: both proxy to an upstream
+    // Envoy, as the filter needs a route entry.
+    Variant {
+        id: "u",
+        label: "no filter, proxied to an upstream Envoy",
+        filters: |p| Filters::Routed { upstream: p.upstream },
+        proxied: true,
+        latency: true,
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "r",
+        label: "Envoy global ratelimit → floodgate-quota gRPC, per key, never limits",
+        filters: |p| Filters::EnvoyGlobal { upstream: p.upstream, grpc: p.grpc },
+        proxied: true,
+        service: Service::Rls,
+        reference: Some("u"),
+        latency: true,
+        default: true,
+        ..ROW
+    },
+    // Floodgate's global mode (issue 7) against floodgate-quota's HTTP API
+    // (the process of (r)), the limit in the service's limits file far
+    // above the load: the cost of global decisions, not of limiting. Each
+    // beside its local reference: (dk) for (gk), (i) for (gl), (gc).
+    Variant {
+        id: "dk",
+        label: "Floodgate local as (d), 1000 keys",
+        filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
+        keys: MANY_KEYS,
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "gk",
+        label: "Floodgate global, lease, per key (1000 keys)",
+        filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
+        keys: MANY_KEYS,
+        service: Service::Leases,
+        reference: Some("dk"),
+        default: true,
+        targets: &[
+            per_second(throughput_ratio(15, "dk", Bound::AtLeast(0.90))),
+            per_second(Target { issue: 15, ..LEASE_CALLOUTS }),
+            per_second(Target::new(15, Measure::Value(Metric::Waited), Bound::AtMost(0.005))),
+            per_second(p99_ratio(15, "dk", Bound::AtMost(1.5))),
+        ],
+        ..ROW
+    },
+    // (i): one bucket for everything: both workers on one shared-data key
+    // (host mutex, compare-and-swap conflicts).
+    Variant {
+        id: "i",
+        label: "Floodgate, one global bucket (hot key)",
+        filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, never_limiting_rule("whole-site", WHOLE_SITE))),
+        latency: true,
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "gl",
+        label: "Floodgate global, lease, one hot key",
+        filters: |p| global_rule(p.quota_http, "whole-site", "lease", &hot_key(), ""),
+        service: Service::Leases,
+        reference: Some("i"),
+        latency: true,
+        default: true,
+        targets: &[throughput_ratio(15, "i", Bound::AtLeast(0.95)), LEASE_CALLOUTS],
+        ..ROW
+    },
+    Variant {
+        id: "gc",
+        label: "Floodgate global, check mode, one hot key",
+        filters: |p| global_rule(p.quota_http, "whole-site", "check", &hot_key(), ""),
+        service: Service::Leases,
+        reference: Some("i"),
+        latency: true,
+        default: true,
+        targets: &[
+            // (gc) answers directly, (r) proxies: each against its own ceiling.
+            Target::new(
+                15,
+                Measure::OverCeilings { ceiling: "a", other: "r", other_ceiling: "u" },
+                Bound::AtLeast(1.0),
+            ),
+            Target::new(15, Measure::Ratio { metric: Metric::LatencyP50, against: "r" }, Bound::AtMost(1.2)),
+        ],
+        ..ROW
+    },
+    // Diagnostics. (g): the filter runs but no rule applies — no header
+    // read, no hashing, no shared data, one counter: the fixed cost.
+    Variant {
+        id: "g",
+        label: "Floodgate, rule never applies (fixed cost)",
+        filters: |_| {
+            floodgate(&format!(
+                r#"{{"rules": [{{"name": "per-api-key", "match": {{"path_exact": "/never"}}, "descriptors": {PER_KEY},
+                     "limit": 1000000000, "period": "1s"}}]}}"#
+            ))
+        },
+        reference: Some("c"),
+        ..ROW
+    },
+    // (h): as (d2) and no rate-limit headers at all (none on 429s either).
+    Variant {
+        id: "h",
+        label: "Floodgate as (d), headers none",
+        filters: |_| floodgate(&format!(r#"{{"rules": [{}], "response": {{"headers": "none"}}}}"#, per_key_rule())),
+        reference: Some("c"),
+        ..ROW
+    },
+    // Host-call probes: each repeats one call PROBE_REPEATS times per
+    // request; (probe − c) / PROBE_REPEATS is that call's cost.
+    Variant { id: "pt", label: "probe: 10 × get_current_time", filters: |_| probe("time"), ..PROBE },
+    Variant { id: "ph", label: "probe: 10 × get request header", filters: |_| probe("header"), ..PROBE },
+    Variant { id: "pm", label: "probe: 10 × increment_metric", filters: |_| probe("metric"), ..PROBE },
+    Variant { id: "pg", label: "probe: 10 × get_shared_data", filters: |_| probe("shared_get"), ..PROBE },
+    Variant {
+        id: "ps",
+        label: "probe: 10 × get_shared_data + set_shared_data (cas)",
+        filters: |_| probe("shared_cas"),
+        ..PROBE
+    },
+    Variant { id: "pr", label: "probe: 10 × set response header", filters: |_| probe("response_header"), ..PROBE },
+    // (gkt): as (gk) with leases living 10 s instead of 1 s (a second
+    // service instance): how much of (gk)'s callouts the lifetime causes.
+    Variant {
+        id: "gkt",
+        label: "Floodgate global as (gk), leases of 10 s",
+        filters: |p| {
+            global_rule(
+                p.long_lease_http,
+                "per-api-key",
+                "lease",
+                PER_KEY,
+                &format!(r#", "lease_horizon": "{LONG_LEASE}""#),
+            )
+        },
+        keys: MANY_KEYS,
+        service: Service::LongLeases,
+        reference: Some("dk"),
+        targets: &[throughput_ratio(7, "dk", Bound::AtLeast(0.95)), LEASE_CALLOUTS],
+        ..ROW
+    },
+];
+
+/// The fields of the host-call probes.
+const PROBE: Variant = Variant { probe: true, reference: Some("c"), ..ROW };
+
+/// The ids that run when `BENCH_VARIANTS` is not set, comma-separated.
+pub fn default_ids() -> String {
+    VARIANTS.iter().filter(|v| v.default).map(|v| v.id).collect::<Vec<_>>().join(",")
+}
+
+/// The per-key descriptor every per-key Floodgate rule here uses, like
+/// Envoy's `request_headers` action of variant (b).
+pub const PER_KEY: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
+
+/// Key and path: a second per-client rule for variant (f).
+const PER_KEY_AND_PATH: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}},
+    {"request_headers": {"header_name": ":path", "descriptor_key": "path"}}]"#;
+
+/// One bucket for every request.
+const WHOLE_SITE: &str = r#"[{"generic_key": {"descriptor_value": "all"}}]"#;
+
+/// A Floodgate rule that never limits: 10⁹ per second, burst 10⁹.
+fn never_limiting_rule(name: &str, descriptors: &str) -> String {
+    format!(r#"{{"name": "{name}", "descriptors": {descriptors}, "limit": 1000000000, "period": "1s"}}"#)
+}
+
+/// The never-limiting per-key rule of (d).
+fn per_key_rule() -> String {
+    never_limiting_rule("per-api-key", PER_KEY)
+}
+
+/// The service's hot key as a `generic_key` descriptor.
+fn hot_key() -> String {
+    format!(r#"[{{"generic_key": {{"descriptor_key": "{}", "descriptor_value": "{}"}}}}]"#, HOT_KEY.0, HOT_KEY.1)
+}
+
+fn floodgate(config: &str) -> Filters {
+    Filters::Floodgate(config.to_string())
+}
+
+fn probe(call: &str) -> Filters {
+    Filters::Probe(format!("{call}={PROBE_REPEATS}"))
+}
+
+/// A Floodgate global rule named `name` in `mode`, asking floodgate-quota on
+/// `quota` (domain `bench`, default timeouts, plus `global_extra` fields of
+/// the `global` section). Its limit is the service's; with fallback `deny`,
+/// a decision the service could not make shows as a 429.
+fn global_rule(quota: u16, name: &str, mode: &str, descriptors: &str, global_extra: &str) -> Filters {
+    Filters::FloodgateGlobal {
+        config: format!(
+            r#"{{"rules": [{{"name": "{name}", "scope": "global", "mode": "{mode}", "fallback": "deny",
+                 "descriptors": {descriptors}}}],
+               "global": {{"cluster": "floodgate-quota", "domain": "bench"{global_extra}}}}}"#
+        ),
+        quota,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn find(id: &str) -> Option<&'static Variant> {
+        VARIANTS.iter().find(|v| v.id == id)
+    }
+
+    #[test]
+    fn ids_are_unique_and_every_id_a_row_names_is_a_row() {
+        for (n, v) in VARIANTS.iter().enumerate() {
+            assert!(VARIANTS[..n].iter().all(|w| w.id != v.id), "({}) twice", v.id);
+            let named = v.targets.iter().flat_map(|t| match t.measure {
+                Measure::Value(_) => vec![],
+                Measure::Ratio { against, .. } => vec![against],
+                Measure::OverCeilings { ceiling, other, other_ceiling } => vec![ceiling, other, other_ceiling],
+            });
+            for id in v.reference.into_iter().chain(named) {
+                assert!(find(id).is_some(), "({}) names ({id}), which is no row", v.id);
+            }
+        }
+    }
+
+    #[test]
+    fn the_default_list_is_the_one_make_bench_always_ran() {
+        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,u,r,dk,gk,i,gl,gc");
+    }
+
+    #[test]
+    fn every_configuration_is_json() {
+        let ports = Ports { upstream: 1, grpc: 2, quota_http: 3, long_lease_http: 4 };
+        for v in VARIANTS {
+            if let Filters::Floodgate(config) | Filters::FloodgateGlobal { config, .. } = (v.filters)(&ports) {
+                serde_json::from_str::<serde_json::Value>(&config)
+                    .unwrap_or_else(|e| panic!("({}): {e}: {config}", v.id));
+            }
+        }
+    }
+}
