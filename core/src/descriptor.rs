@@ -734,6 +734,7 @@ mod tests {
         assert_eq!(protocol_descriptor(&entries, &mut without_key), None);
         assert_eq!(fingerprint(KEY, "r", &entries, &mut without_key), None);
     }
+
     /// A request with `path` as header 0 and the given attributes.
     fn with_attributes(path: Option<&str>, attributes: &[(Attribute, &[u8])]) -> StaticRequest {
         let mut request = request(&[path.map(str::as_bytes)], None);

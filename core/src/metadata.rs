@@ -312,6 +312,8 @@ pub mod build {
 mod tests {
     use super::build::{metadata, Value};
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// Dynamic metadata as Envoy 1.40 served it to a wasm filter (the
     /// `metadata` property), after `header_to_metadata` (namespace `hdr`:

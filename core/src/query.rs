@@ -84,6 +84,8 @@ fn hex_digit(byte: u8) -> Option<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// The decoded first value of `name` in `path`, as a string.
     fn value(path: &str, name: &str) -> Option<Vec<u8>> {

@@ -239,6 +239,8 @@ mod tests {
     use crate::config::Config;
     use crate::descriptor::{DescriptorEntry, HeaderId, MetadataValueMatch, StringMatch};
     use crate::metadata::{MetadataKey, MetadataSource};
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
     fn every_new_entry_and_condition_parses_with_envoys_defaults() {
