@@ -4,6 +4,8 @@
 //! Every error names the field (as a path like `rules[1].period`) and the
 //! value it rejected.
 
+mod entries;
+
 use std::collections::HashMap;
 
 use serde::Deserialize;
@@ -91,6 +93,8 @@ struct RawMatch {
     path_prefix: Option<String>,
     methods: Option<Vec<String>>,
     authority: Option<String>,
+    route_name: Option<String>,
+    route_metadata: Option<entries::RawMetadataMatcher>,
 }
 
 #[derive(Deserialize)]
@@ -108,10 +112,15 @@ enum RawDescriptor {
     MaskedRemoteAddress(RawMasked),
     GenericKey(RawGenericKey),
     HeaderValueMatch(RawHeaderValueMatch),
+    Metadata(entries::RawMetadata),
+    QueryParameters(entries::RawQueryParameters),
+    QueryParameterValueMatch(entries::RawQueryParameterValueMatch),
+    DestinationCluster(RawEmpty),
+    SourceCluster(RawEmpty),
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an empty object {}")]
 struct RawEmpty {}
 
 #[derive(Deserialize)]
@@ -534,7 +543,10 @@ fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<Requ
         Some(p) => Some((headers.id(at, ":path")?, p)),
         None => None,
     };
-    Ok(RequestMatch { path, methods, authority })
+    let route_name = raw.route_name.map(|name| entries::route_name(&format!("{at}.route_name"), name)).transpose()?;
+    let route_metadata =
+        raw.route_metadata.map(|m| entries::route_metadata(&format!("{at}.route_metadata"), m)).transpose()?;
+    Ok(RequestMatch { path, methods, authority, route_name, route_metadata })
 }
 
 fn check_path(field: &str, path: String) -> Result<String, ConfigError> {
@@ -623,6 +635,13 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
                 headers: matchers,
             }
         }
+        RawDescriptor::Metadata(m) => entries::metadata(&format!("{at}.metadata"), m)?,
+        RawDescriptor::QueryParameters(q) => entries::query_parameters(&format!("{at}.query_parameters"), q, headers)?,
+        RawDescriptor::QueryParameterValueMatch(q) => {
+            entries::query_parameter_value_match(&format!("{at}.query_parameter_value_match"), q, headers)?
+        }
+        RawDescriptor::DestinationCluster(RawEmpty {}) => DescriptorEntry::DestinationCluster,
+        RawDescriptor::SourceCluster(RawEmpty {}) => DescriptorEntry::SourceCluster,
     })
 }
 

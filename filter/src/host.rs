@@ -1,10 +1,11 @@
 //! Envoy's side of the core's traits: shared data as the [`Store`], request
-//! headers and the downstream address as the [`Request`], the host clock.
+//! headers, the downstream address and Envoy's attributes (metadata, route,
+//! clusters) as the [`Request`], the host clock.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::UNIX_EPOCH;
 
-use floodgate_core::descriptor::{HeaderId, Request};
+use floodgate_core::descriptor::{Attribute, HeaderId, Request};
 use floodgate_core::store::{Cas, Store, StoreError};
 use floodgate_core::time::Nanos;
 use proxy_wasm::hostcalls;
@@ -60,12 +61,13 @@ pub fn entropy() -> [u8; 16] {
 /// a request allocates no room for it.
 pub type HeaderReads = Vec<Option<Option<Vec<u8>>>>;
 
-/// The request as Envoy holds it. Each header the configuration needs is
-/// fetched at most once, when a rule first asks for it.
+/// The request as Envoy holds it. Each header and attribute the
+/// configuration needs is fetched at most once, when a rule first asks for it.
 pub struct HostRequest<'a> {
     names: &'a [String],
     headers: HeaderReads,
     remote_address: Option<Option<Vec<u8>>>,
+    attributes: [Option<Option<Vec<u8>>>; Attribute::COUNT],
 }
 
 impl<'a> HostRequest<'a> {
@@ -74,12 +76,26 @@ impl<'a> HostRequest<'a> {
     pub fn new(names: &'a [String], mut reads: HeaderReads) -> Self {
         reads.clear();
         reads.resize(names.len(), None);
-        Self { names, headers: reads, remote_address: None }
+        Self { names, headers: reads, remote_address: None, attributes: Default::default() }
     }
 
     /// Gives the room for header values back, for the next request.
     pub fn into_reads(self) -> HeaderReads {
         self.headers
+    }
+}
+
+/// The property that holds `attribute` (measured on Envoy 1.40; see
+/// `docs/envoy-attributes.md`). The metadata properties are whole
+/// serialized `Metadata` messages: a single value read by path would come
+/// back without its type.
+fn property_path(attribute: Attribute) -> &'static [&'static str] {
+    match attribute {
+        Attribute::DynamicMetadata => &["metadata"],
+        Attribute::RouteMetadata => &["xds", "route_metadata"],
+        Attribute::RouteName => &["xds", "route_name"],
+        Attribute::DestinationCluster => &["xds", "cluster_name"],
+        Attribute::SourceCluster => &["xds", "node", "cluster"],
     }
 }
 
@@ -97,6 +113,16 @@ impl Request for HostRequest<'_> {
     fn remote_address(&mut self) -> Option<&[u8]> {
         self.remote_address
             .get_or_insert_with(|| hostcalls::get_property(vec!["source", "address"]).ok().flatten())
+            .as_deref()
+    }
+
+    /// Missing, empty and unserializable properties are all `None`.
+    fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]> {
+        self.attributes
+            .get_mut(attribute.index())?
+            .get_or_insert_with(|| {
+                hostcalls::get_property(property_path(attribute).to_vec()).ok().flatten().filter(|v| !v.is_empty())
+            })
             .as_deref()
     }
 }

@@ -738,3 +738,50 @@ fn a_warm_worker_allocates_nothing_per_request() {
         });
     }
 }
+
+/// Envoy's attributes come from its properties (the whole metadata message,
+/// the route's name and cluster), each read at most once per request, and
+/// only once a rule needs it: a request on another route reads the route's
+/// name and nothing else, however many rules ask.
+#[test]
+fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
+    use floodgate_core::metadata::build::{metadata, Value};
+    on_a_worker(|| {
+        let user =
+            r#"{"metadata": {"descriptor_key": "user", "metadata_key": {"key": "jwt", "path": [{"key": "sub"}]}}}"#;
+        let mut worker = Worker::local(&format!(
+            r#"{{"rules": [
+                {{"name": "per-user", "match": {{"route_name": "api"}}, "limit": 2, "period": "1m",
+                  "descriptors": [{user}, {{"destination_cluster": {{}}}}]}},
+                {{"name": "per-user-hourly", "match": {{"route_name": "api"}}, "limit": 100, "period": "1h",
+                  "descriptors": [{user}]}}]}}"#
+        ));
+        let reads = || mock_host::with(|host| std::mem::take(&mut host.property_reads));
+        let set = |path: &str, value: &[u8]| {
+            mock_host::with(|host| host.properties.insert(path.to_string(), value.to_vec()));
+        };
+        set("xds.route_name", b"other");
+        let (context, action) = worker.request();
+        assert_eq!(action, Action::Continue);
+        assert_eq!(reads(), ["xds.route_name"]);
+        worker.end(context);
+
+        set("xds.route_name", b"api");
+        set("xds.cluster_name", b"svc-a");
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"alice".to_vec()))])]));
+        let mut actions = Vec::new();
+        for _ in 0..3 {
+            let (context, action) = worker.request();
+            actions.push(action);
+            let mut read = reads();
+            read.sort();
+            assert_eq!(read, ["metadata", "xds.cluster_name", "xds.route_name"]);
+            worker.end(context);
+        }
+        assert_eq!(actions, [Action::Continue, Action::Continue, Action::Pause], "alice's third is limited");
+        // Another user has a bucket of her own.
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"bob".to_vec()))])]));
+        assert_eq!(worker.request().1, Action::Continue);
+        assert_eq!(worker.metric("floodgate.rule.per-user.limited"), 1);
+    });
+}

@@ -199,6 +199,9 @@ fn invalid_plugin_configs_are_refused_and_name_the_field() {
         "unknown-rule-field",
         "duplicate-rule-names",
         "empty-rules",
+        "metadata-lowercase-source",
+        "query-parameters-empty-name",
+        "route-name-empty",
     ] {
         let json = fs::read_to_string(fixtures.join(format!("{name}.json"))).unwrap();
         let expected = fs::read_to_string(fixtures.join(format!("{name}.error"))).unwrap();
