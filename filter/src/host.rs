@@ -86,18 +86,21 @@ impl<'a> HostRequest<'a> {
 }
 
 /// The property that holds `attribute` (measured on Envoy 1.40; see
-/// `docs/envoy-attributes.md`). The metadata properties are whole
-/// serialized `Metadata` messages: a single value read by path would come
-/// back without its type.
-fn property_path(attribute: Attribute) -> &'static [&'static str] {
+/// `docs/envoy-attributes.md`), its segments joined by NUL as the ABI takes
+/// a path. The metadata properties are whole serialized `Metadata`
+/// messages: a single value read by path would come back without its type.
+fn property_path(attribute: Attribute) -> &'static [u8] {
     match attribute {
-        Attribute::DynamicMetadata => &["metadata"],
-        Attribute::RouteMetadata => &["xds", "route_metadata"],
-        Attribute::RouteName => &["xds", "route_name"],
-        Attribute::DestinationCluster => &["xds", "cluster_name"],
-        Attribute::SourceCluster => &["xds", "node", "cluster"],
+        Attribute::DynamicMetadata => b"metadata",
+        Attribute::RouteMetadata => b"xds\0route_metadata",
+        Attribute::RouteName => b"xds\0route_name",
+        Attribute::DestinationCluster => b"xds\0cluster_name",
+        Attribute::SourceCluster => b"xds\0node\0cluster",
     }
 }
+
+/// `source.address`, as a property path.
+const SOURCE_ADDRESS: &[u8] = b"source\0address";
 
 impl Request for HostRequest<'_> {
     fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
@@ -111,23 +114,27 @@ impl Request for HostRequest<'_> {
     /// the connection's peer, or the client address Envoy took from
     /// `x-forwarded-for` when the connection manager is configured to trust it.
     fn remote_address(&mut self) -> Option<&[u8]> {
-        self.remote_address
-            .get_or_insert_with(|| hostcalls::get_property(vec!["source", "address"]).ok().flatten())
-            .as_deref()
+        self.remote_address.get_or_insert_with(|| get_property(SOURCE_ADDRESS)).as_deref()
     }
 
     /// Missing, empty and unserializable properties are all `None`.
     fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]> {
         self.attributes
             .get_mut(attribute.index())?
-            .get_or_insert_with(|| {
-                hostcalls::get_property(property_path(attribute).to_vec()).ok().flatten().filter(|v| !v.is_empty())
-            })
+            .get_or_insert_with(|| get_property(property_path(attribute)).filter(|v| !v.is_empty()))
             .as_deref()
     }
 }
 
 extern "C" {
+    /// The host ABI's property read.
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> Status;
+
     /// The host ABI's local reply (Envoy's `sendLocalResponse`).
     fn proxy_send_local_response(
         status_code: u32,
@@ -139,6 +146,22 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> Status;
+}
+
+/// Reads property `path` (segments joined by NUL) through the host ABI
+/// itself: the path is a constant, where the SDK's `get_property` builds it
+/// per call. `None` when the host has no such property, or refuses.
+fn get_property(path: &'static [u8]) -> Option<Vec<u8>> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the path is valid for its length; the host writes a buffer it
+    // allocated through the SDK's `proxy_on_memory_allocate` (a Vec of
+    // exactly `size` bytes, forgotten) into `data` and `size`.
+    match unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) } {
+        // SAFETY: as above: ours to own, as the SDK's own getters do.
+        Status::Ok if !data.is_null() => Some(unsafe { Vec::from_raw_parts(data, size, size) }),
+        _ => None,
+    }
 }
 
 /// Answers the current request with `status`, `headers` and `body`, through

@@ -722,9 +722,21 @@ fn a_warm_worker_allocates_nothing_per_request() {
             "descriptors": [{{"generic_key": {{"descriptor_value": "all"}}}}]}}"#
     );
     let limited = PER_KEY.replace("1000000000", "1");
-    for (name, rules) in [("one rule", PER_KEY.to_string()), ("three rules", three), ("limited", limited)] {
+    let address_and_route = r#"{"name": "per-address", "match": {"route_name": "api"}, "limit": 1000000000,
+        "period": "1s", "descriptors": [{"remote_address": {}}, {"destination_cluster": {}}]}"#;
+    let cases = [
+        ("one rule", PER_KEY.to_string()),
+        ("three rules", three),
+        ("limited", limited),
+        ("address and route", address_and_route.to_string()),
+    ];
+    for (name, rules) in cases {
         on_a_worker(move || {
             let mut worker = Worker::local(&format!(r#"{{"rules": [{rules}]}}"#));
+            mock_host::with(|host| {
+                host.properties.insert("xds.route_name".into(), b"api".to_vec());
+                host.properties.insert("xds.cluster_name".into(), b"backend".to_vec());
+            });
             // Warm: the keys have their buckets. (A new key's group grows by
             // an entry, at most three times in the table's life; after that
             // new keys take idle entries in place.)
