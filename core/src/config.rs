@@ -27,6 +27,8 @@ pub const DEFAULT_CAS_RETRIES: u32 = 8;
 /// Requests one worker keeps waiting for a shaper when none is configured.
 pub const DEFAULT_MAX_DELAYED: u32 = 1024;
 const MAX_RULES: usize = 64;
+/// The most units a worker may take ahead at once.
+const MAX_WORKER_BATCH: u64 = 1_000_000;
 const MAX_DESCRIPTORS: usize = 16;
 const MAX_BODY: usize = 4096;
 
@@ -69,6 +71,7 @@ struct RawRule {
     #[serde(default)]
     shadow_mode: bool,
     max_keys: Option<u64>,
+    worker_batch: Option<u64>,
     #[serde(default)]
     scope: Scope,
     #[serde(flatten)]
@@ -292,6 +295,9 @@ pub struct Rule {
     pub table: Table,
     /// For a global rule, how it asks the quota service and falls back.
     pub global: Option<GlobalRule>,
+    /// Units a worker takes from a bucket at once and spends from its own
+    /// memory (`worker_batch`), if set.
+    pub worker_batch: Option<u64>,
 }
 
 impl Rule {
@@ -507,7 +513,36 @@ fn validate_rule(
             Cost::FromHeader { header, default: fixed_cost, max }
         }
     };
-    Ok(Rule { table, name, request_match, descriptors, algorithm, cost, shadow_mode: raw.shadow_mode, global })
+    let worker_batch = match raw.worker_batch {
+        None => None,
+        Some(_) if global.is_some() => {
+            return Err(error(
+                format!("{at}.worker_batch"),
+                "applies only to local rules (a global rule's pools are its batches)",
+            ))
+        }
+        Some(_) if !table.policy().batchable() => {
+            return Err(error(
+                format!("{at}.worker_batch"),
+                format!(
+                    "does not apply to {}: its units cannot be taken ahead and spent later without breaking its limit",
+                    algorithm.name
+                ),
+            ))
+        }
+        Some(n) => Some(check_range(&format!("{at}.worker_batch"), n, 2, capacity.min(MAX_WORKER_BATCH))?),
+    };
+    Ok(Rule {
+        table,
+        name,
+        request_match,
+        descriptors,
+        algorithm,
+        cost,
+        shadow_mode: raw.shadow_mode,
+        global,
+        worker_batch,
+    })
 }
 
 fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<RequestMatch, ConfigError> {

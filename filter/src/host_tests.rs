@@ -707,6 +707,27 @@ fn a_local_request_makes_only_the_host_calls_it_needs() {
     });
 }
 
+/// With `worker_batch`, a request served from the worker's reserve makes no
+/// shared-data call at all: the key header and the clock (and the response
+/// headers); one in a batch goes to the shared bucket.
+#[test]
+fn a_request_served_from_a_worker_batch_makes_no_shared_data_call() {
+    on_a_worker(|| {
+        let batched = PER_KEY.replace(r#""period": "1s""#, r#""period": "1s", "worker_batch": 4"#);
+        let mut worker = Worker::local(&format!(r#"{{"rules": [{batched}]}}"#));
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!((calls.get("get_shared_data"), calls.get("set_shared_data")), (Some(&1), Some(&1)), "{calls:?}");
+        let decision = [("get_header_map_value", 1), ("get_current_time_nanoseconds", 1), ("add_header_map_value", 2)];
+        for _ in 0..3 {
+            let (calls, allocations) = one_request(&mut worker, "alice");
+            assert_host_calls(&calls, &decision, "batched");
+            assert_eq!(allocations, 0);
+        }
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!(calls.get("set_shared_data"), Some(&1), "the batch is spent: the next is taken");
+    });
+}
+
 /// Once a worker and its keys are warm, a request of one to three local
 /// rules allocates nothing on the heap, allowed or limited: keys, permits,
 /// verdicts and header values live in fixed or reused buffers. (The buffers

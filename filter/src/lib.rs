@@ -531,6 +531,7 @@ impl Context for FloodgateRoot {
     /// context stays until the service has answered (as far as Envoy waits).
     fn on_done(&mut self) -> bool {
         let Some(plugin) = self.plugin.clone() else { return true };
+        plugin.limiter.return_reserves(&SharedData, host::now(), true, &mut plugin.metrics.counters());
         plugin.metrics.flush(&plugin.limiter);
         match plugin.give_back_all() {
             0 => true,
@@ -663,6 +664,7 @@ impl RootContext for FloodgateRoot {
         plugin.finish_due(now, false);
         let _ = hostcalls::set_effective_context(self.context_id);
         plugin.send_queued();
+        plugin.limiter.return_reserves(&SharedData, now, false, &mut plugin.metrics.counters());
         plugin.settle_root(now);
     }
 
@@ -703,8 +705,8 @@ fn register_queue(root_id: u32) -> Option<u32> {
 
 /// Sets this worker's tick: soon when calls are queued and not posted, or a
 /// paused request is due; every [`GLOBAL_TICK`] while global rules exist;
-/// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed; else
-/// not at all.
+/// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed or the
+/// worker holds units taken ahead; else not at all.
 fn schedule_ticks(plugin: &Plugin, now: Nanos) {
     let period = if plugin.callouts.borrow().has_outgoing() && !plugin.posted.get() {
         Some(Duration::from_millis(1))
@@ -712,7 +714,8 @@ fn schedule_ticks(plugin: &Plugin, now: Nanos) {
         plugin.waiting.borrow().next_tick(now)
     };
     let global = plugin.limiter.quota_service().map(|_| GLOBAL_TICK);
-    let flush = plugin.unflushed.get().then_some(metrics::FLUSH_PERIOD);
+    // Counts to flush, or units taken ahead to give back when they end.
+    let flush = (plugin.unflushed.get() || plugin.limiter.holds_reserves()).then_some(metrics::FLUSH_PERIOD);
     let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
     if let Err(status) = hostcalls::set_tick_period(period) {
         log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");

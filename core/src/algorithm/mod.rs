@@ -247,6 +247,16 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     fn counting_window(&self, _state: &Self::State, _now: Nanos) -> Option<CountingWindow> {
         None
     }
+
+    /// True when units taken now may be spent a little later by one worker
+    /// (`worker_batch`): what is admitted is still what was taken. A window
+    /// algorithm stays within its stated bound as long as they are spent in
+    /// their counting window; a bucket's burst may grow by the units workers
+    /// hold. False (the default) where a unit's instant is the limit itself
+    /// (a log, a shaper's schedule) or units are held until requests end.
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 /// Builds an algorithm from a rule's configuration.
@@ -292,6 +302,8 @@ pub trait Policy: fmt::Debug + Send + Sync {
     /// See [`Algorithm::counting_window`]; a fresh bucket's for bytes that
     /// do not decode.
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
+    /// See [`Algorithm::batchable`].
+    fn batchable(&self) -> bool;
 }
 
 impl<A: Algorithm> Policy for A {
@@ -352,6 +364,10 @@ impl<A: Algorithm> Policy for A {
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow> {
         let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
         Algorithm::counting_window(self, &state, now)
+    }
+
+    fn batchable(&self) -> bool {
+        Algorithm::batchable(self)
     }
 }
 
