@@ -118,6 +118,7 @@ impl QuotaService {
                     descriptor: r.descriptor.clone(),
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
+                    window: None,
                 })
                 .collect(),
         };
