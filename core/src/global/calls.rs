@@ -118,7 +118,7 @@ impl QuotaService {
                     descriptor: r.descriptor.clone(),
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
-                    window: None,
+                    window: r.claim.window,
                 })
                 .collect(),
         };
@@ -191,6 +191,8 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 lease: refresh.lease,
                 granted,
                 valid: Nanos::from_millis(grant.valid_ms),
+                starts: Nanos::from_millis(grant.starts_ms),
+                index: grant.window.unwrap_or(0),
                 limit: grant.limit.unwrap_or(0),
                 window,
                 unleased,
@@ -259,7 +261,7 @@ mod tests {
             rule: 0,
             group: 0,
             fingerprint: 7,
-            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0 },
+            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0, window: None },
             lease,
             descriptor: vec![("api_key".into(), "alice".into())],
         }
@@ -291,6 +293,8 @@ mod tests {
                 lease: 9,
                 granted: 30,
                 valid: SECOND,
+                starts: Nanos::ZERO,
+                index: 3,
                 limit: 100,
                 window: SECOND.times(60),
                 unleased: 20,
