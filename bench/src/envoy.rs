@@ -384,8 +384,10 @@ impl Envoy {
         Some((response.status, String::from_utf8_lossy(&response.body).into_owned()))
     }
 
-    /// Every counter and gauge in `/stats`.
+    /// Every counter and gauge in `/stats`, once Floodgate's workers have
+    /// flushed their counts (within 100 ms of counting, on their tick).
     pub fn stats(&self) -> HashMap<String, u64> {
+        std::thread::sleep(std::time::Duration::from_millis(250));
         let (_, body) = self.admin("/stats").unwrap_or_default();
         body.lines()
             .filter_map(|line| {

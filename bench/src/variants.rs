@@ -203,9 +203,7 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.80))],
         ..ROW
     },
-    // Issue 14's opt-in per-worker batches on one hot key. Not in the
-    // default list until the filter accepts the rule field `worker_batch`
-    // (Envoy refuses the configuration until then): set `default: true`.
+    // Issue 14's opt-in per-worker batches on one hot key.
     Variant {
         id: "db",
         label: "Floodgate, per key, per-worker batches of 16, one hot key",
@@ -217,6 +215,7 @@ pub static VARIANTS: &[Variant] = &[
         },
         keys: 1,
         reference: Some("c"),
+        default: true,
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.95))],
         ..ROW
     },

@@ -39,7 +39,7 @@ pub struct HeaderBlock {
 
 impl HeaderBlock {
     /// The fields, in order, as (name, value).
-    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> {
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + Clone {
         self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice(start, end)))
     }
 

@@ -216,16 +216,20 @@ grep -qx 'ratelimit-policy: "per-api-key";q=5;w=60' <<<"$headers" || fail "no Ra
 grep -q '^retry-after: [0-9]' <<<"$headers" || fail "no Retry-After: $headers"
 bob=$(curl -si --max-time 5 -H 'x-api-key: bob' http://127.0.0.1:10001/api/items | tr -d '\r')
 grep -qx 'ratelimit: "per-api-key";r=4;t=12' <<<"$bob" || fail "bob's first request does not leave him 4: $bob"
-# Prints a sidecar's counter floodgate_rule_limited of a rule, from its admin port.
+# Prints a sidecar's counter floodgate_rule_limited of a rule, from its admin
+# port (after the filter's flush: counts reach Envoy within 100 ms).
 rule_limited() {
+  sleep 0.3
   curl -s --max-time 5 "http://127.0.0.1:$1/stats/prometheus" |
     awk -v series="floodgate_rule_limited{rule=\"$2\"}" '$1 == series { print $2 }'
 }
 expect_eq "sidecar 1's floodgate_rule_limited{rule=per-api-key}" "$(rule_limited 9901 per-api-key)" 3
 log "per-client limit: 5 of 7 on each sidecar, IETF headers, metrics"
 
-# Prints a sidecar's stat NAME (wasmcustom.floodgate.NAME) from its admin's /stats.
+# Prints a sidecar's stat NAME (wasmcustom.floodgate.NAME) from its admin's
+# /stats (after the filter's flush: counts reach Envoy within 100 ms).
 stat() {
+  sleep 0.3
   curl -s --max-time 5 "http://127.0.0.1:$1/stats" |
     awk -v name="wasmcustom.floodgate.$2:" '$1 == name { print $2 }'
 }

@@ -110,6 +110,15 @@ impl Worker {
 
     /// A request to `/login` arrives; its context and what the filter returned.
     fn request(&mut self) -> (u32, Action) {
+        let (context, action, _) = self.request_with(&[]);
+        (context, action)
+    }
+
+    /// A request to `/login` with `extra` headers arrives; its context, what
+    /// the filter returned, and the heap allocations the filter made in its
+    /// request handler (and the event-loop turn after it). The context's own
+    /// creation is not counted: the SDK boxes every context, as for any filter.
+    fn request_with(&mut self, extra: &[(&str, &str)]) -> (u32, Action, u64) {
         let context = self.next_context;
         self.next_context += 1;
         mock_host::with(|host| {
@@ -117,12 +126,14 @@ impl Worker {
             host.effective = context;
             host.handler = "on_request_headers";
             let headers = [(":method", "POST"), (":path", "/login"), (":authority", "example")];
-            host.request_headers.insert(context, headers.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect());
+            let headers = headers.iter().chain(extra).map(|(n, v)| (n.to_string(), v.to_string())).collect();
+            host.request_headers.insert(context, headers);
         });
         unsafe { proxy_on_context_create(context, ROOT) };
+        let before = mock_host::allocations();
         let action = unsafe { proxy_on_request_headers(context, 3, true) };
         self.turn();
-        (context, action)
+        (context, action, mock_host::allocations() - before)
     }
 
     /// The worker's event loop turns: what handlers posted to shared queues
@@ -215,7 +226,10 @@ impl Worker {
         self.turn();
     }
 
+    /// Metric `name` as Envoy shows it once the worker has flushed its
+    /// counts (on its tick: the flush period is the lag).
     fn metric(&self, name: &str) -> i64 {
+        self.tick();
         mock_host::with(|host| host.metric(name))
     }
 
@@ -626,5 +640,181 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         let returned = returns[0]["tokens"].as_u64().unwrap();
         assert!((90..98).contains(&returned), "98 left, a few kept: {returned} returned");
         worker.end(third);
+    });
+}
+
+/// One request of an API key through `config`, served to its end: the host
+/// calls it made by kind, and the heap allocations of its handlers.
+fn one_request(worker: &mut Worker, key: &str) -> (std::collections::BTreeMap<&'static str, u32>, u64) {
+    mock_host::with(|host| host.host_calls.clear());
+    let (context, _, mut allocations) = worker.request_with(&[("x-api-key", key)]);
+    let before = mock_host::allocations();
+    worker.respond(context);
+    worker.end(context);
+    allocations += mock_host::allocations() - before;
+    (mock_host::with(|host| std::mem::take(&mut host.host_calls)), allocations)
+}
+
+/// Asserts `calls` are `budget`, naming every call that is new or more
+/// frequent than budgeted.
+fn assert_host_calls(calls: &std::collections::BTreeMap<&'static str, u32>, budget: &[(&str, u32)], path: &str) {
+    let over: Vec<String> = calls
+        .iter()
+        .filter(|(kind, n)| budget.iter().find(|(b, _)| b == *kind).is_none_or(|(_, allowed)| *n > allowed))
+        .map(|(kind, n)| format!("{kind} ×{n}"))
+        .collect();
+    assert!(over.is_empty(), "the {path} path makes host calls beyond its budget {budget:?}: {}", over.join(", "));
+    let under: Vec<&str> =
+        budget.iter().filter(|(kind, n)| calls.get(kind) != Some(n)).map(|(kind, _)| *kind).collect();
+    assert!(under.is_empty(), "the {path} path no longer makes {under:?} as budgeted: {calls:?}");
+}
+
+const PER_KEY: &str = r#"{"name": "per-api-key", "limit": 1000000000, "period": "1s",
+    "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]}"#;
+
+/// A request one local rule admits makes the host calls it cannot do
+/// without — the key header, the clock, one shared-data read and one
+/// compare-and-swap — and, when allowed responses carry rate-limit headers,
+/// one call per header; a limited one, the read and the local reply. Counts
+/// reach Envoy on the worker's tick, not per request.
+#[test]
+fn a_local_request_makes_only_the_host_calls_it_needs() {
+    const DECISION: [(&str, u32); 3] =
+        [("get_header_map_value", 1), ("get_current_time_nanoseconds", 1), ("get_shared_data", 1)];
+    on_a_worker(|| {
+        let mut worker = Worker::local(&format!(r#"{{"rules": [{PER_KEY}]}}"#));
+        one_request(&mut worker, "warm-up");
+        let (calls, _) = one_request(&mut worker, "alice");
+        let budget = [&DECISION[..], &[("set_shared_data", 1), ("add_header_map_value", 2)]].concat();
+        assert_host_calls(&calls, &budget, "allowed");
+    });
+    on_a_worker(|| {
+        let quiet = format!(r#"{{"rules": [{PER_KEY}], "response": {{"headers_on_allowed": false}}}}"#);
+        let mut worker = Worker::local(&quiet);
+        one_request(&mut worker, "warm-up");
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_host_calls(&calls, &[&DECISION[..], &[("set_shared_data", 1)]].concat(), "allowed, no headers");
+    });
+    on_a_worker(|| {
+        let limited = PER_KEY.replace("1000000000", "1");
+        let mut worker = Worker::local(&format!(r#"{{"rules": [{limited}]}}"#));
+        one_request(&mut worker, "alice");
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_host_calls(&calls, &[&DECISION[..], &[("send_local_response", 1)]].concat(), "limited");
+        assert_eq!(worker.tick_ms(), 100, "the counts are flushed within 100 ms");
+        assert_eq!(mock_host::with(|host| host.metric("floodgate.limited")), 0, "not per request");
+        assert_eq!(worker.metric("floodgate.limited"), 1, "on the tick");
+    });
+}
+
+/// With `worker_batch`, a request served from the worker's reserve makes no
+/// shared-data call at all: the key header and the clock (and the response
+/// headers); one in a batch goes to the shared bucket.
+#[test]
+fn a_request_served_from_a_worker_batch_makes_no_shared_data_call() {
+    on_a_worker(|| {
+        let batched = PER_KEY.replace(r#""period": "1s""#, r#""period": "1s", "worker_batch": 4"#);
+        let mut worker = Worker::local(&format!(r#"{{"rules": [{batched}]}}"#));
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!((calls.get("get_shared_data"), calls.get("set_shared_data")), (Some(&1), Some(&1)), "{calls:?}");
+        let decision = [("get_header_map_value", 1), ("get_current_time_nanoseconds", 1), ("add_header_map_value", 2)];
+        for _ in 0..3 {
+            let (calls, allocations) = one_request(&mut worker, "alice");
+            assert_host_calls(&calls, &decision, "batched");
+            assert_eq!(allocations, 0);
+        }
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!(calls.get("set_shared_data"), Some(&1), "the batch is spent: the next is taken");
+    });
+}
+
+/// Once a worker and its keys are warm, a request of one to three local
+/// rules allocates nothing on the heap, allowed or limited: keys, permits,
+/// verdicts and header values live in fixed or reused buffers. (The buffers
+/// the host hands over, and the context the SDK boxes per request, are not
+/// the filter's allocations.)
+#[test]
+fn a_warm_worker_allocates_nothing_per_request() {
+    let three = format!(
+        r#"{PER_KEY}, {{"name": "per-key-and-path", "limit": 1000000000, "period": "1s",
+            "descriptors": [{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "k"}}}},
+                            {{"request_headers": {{"header_name": ":path", "descriptor_key": "p"}}}}]}},
+           {{"name": "whole-site", "limit": 1000000000, "period": "1s",
+            "descriptors": [{{"generic_key": {{"descriptor_value": "all"}}}}]}}"#
+    );
+    let limited = PER_KEY.replace("1000000000", "1");
+    let address_and_route = r#"{"name": "per-address", "match": {"route_name": "api"}, "limit": 1000000000,
+        "period": "1s", "descriptors": [{"remote_address": {}}, {"destination_cluster": {}}]}"#;
+    let cases = [
+        ("one rule", PER_KEY.to_string()),
+        ("three rules", three),
+        ("limited", limited),
+        ("address and route", address_and_route.to_string()),
+    ];
+    for (name, rules) in cases {
+        on_a_worker(move || {
+            let mut worker = Worker::local(&format!(r#"{{"rules": [{rules}]}}"#));
+            mock_host::with(|host| {
+                host.properties.insert("xds.route_name".into(), b"api".to_vec());
+                host.properties.insert("xds.cluster_name".into(), b"backend".to_vec());
+            });
+            // Warm: the keys have their buckets. (A new key's group grows by
+            // an entry, at most three times in the table's life; after that
+            // new keys take idle entries in place.)
+            for key in ["alice", "bob", "alice"] {
+                one_request(&mut worker, key);
+            }
+            for key in ["alice", "alice", "bob"] {
+                let (_, allocations) = one_request(&mut worker, key);
+                assert_eq!(allocations, 0, "{name}: a warm request of {key} allocated");
+            }
+        });
+    }
+}
+
+/// Envoy's attributes come from its properties (the whole metadata message,
+/// the route's name and cluster), each read at most once per request, and
+/// only once a rule needs it: a request on another route reads the route's
+/// name and nothing else, however many rules ask.
+#[test]
+fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
+    use floodgate_core::metadata::build::{metadata, Value};
+    on_a_worker(|| {
+        let user =
+            r#"{"metadata": {"descriptor_key": "user", "metadata_key": {"key": "jwt", "path": [{"key": "sub"}]}}}"#;
+        let mut worker = Worker::local(&format!(
+            r#"{{"rules": [
+                {{"name": "per-user", "match": {{"route_name": "api"}}, "limit": 2, "period": "1m",
+                  "descriptors": [{user}, {{"destination_cluster": {{}}}}]}},
+                {{"name": "per-user-hourly", "match": {{"route_name": "api"}}, "limit": 100, "period": "1h",
+                  "descriptors": [{user}]}}]}}"#
+        ));
+        let reads = || mock_host::with(|host| std::mem::take(&mut host.property_reads));
+        let set = |path: &str, value: &[u8]| {
+            mock_host::with(|host| host.properties.insert(path.to_string(), value.to_vec()));
+        };
+        set("xds.route_name", b"other");
+        let (context, action) = worker.request();
+        assert_eq!(action, Action::Continue);
+        assert_eq!(reads(), ["xds.route_name"]);
+        worker.end(context);
+
+        set("xds.route_name", b"api");
+        set("xds.cluster_name", b"svc-a");
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"alice".to_vec()))])]));
+        let mut actions = Vec::new();
+        for _ in 0..3 {
+            let (context, action) = worker.request();
+            actions.push(action);
+            let mut read = reads();
+            read.sort();
+            assert_eq!(read, ["metadata", "xds.cluster_name", "xds.route_name"]);
+            worker.end(context);
+        }
+        assert_eq!(actions, [Action::Continue, Action::Continue, Action::Pause], "alice's third is limited");
+        // Another user has a bucket of her own.
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"bob".to_vec()))])]));
+        assert_eq!(worker.request().1, Action::Continue);
+        assert_eq!(worker.metric("floodgate.rule.per-user.limited"), 1);
     });
 }

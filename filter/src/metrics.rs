@@ -1,10 +1,19 @@
 //! Envoy metrics for the limiter's counts, defined once per configuration.
 //!
+//! Counts add up in the worker ([`Metric`]) and reach Envoy when the worker
+//! flushes them: on its tick, at most [`FLUSH_PERIOD`] after the first count
+//! since the last flush, and at the end of every root-context callback. So a
+//! request makes no host call for its counts; Envoy's stats lag the worker
+//! by at most the flush period.
+//!
 //! In `/stats` a counter `floodgate.allowed` appears as
 //! `wasmcustom.floodgate.allowed`; in `/stats/prometheus` as
 //! `wasmcustom_floodgate_allowed` (or with a `rule` label for the per-rule
 //! counters, given the `stats_tags` in the shipped Envoy configs). Rules
 //! whose algorithm holds units in flight also get an `in_flight` gauge.
+
+use std::cell::Cell;
+use std::time::Duration;
 
 use floodgate_core::config::Rule;
 use floodgate_core::global::calls::CallError;
@@ -31,35 +40,64 @@ const RULE_EVENTS: [(RuleEvent, &str); 5] = [
 
 const FAILURES: [&str; 5] = ["not_sent", "refused", "timeout", "bad_status", "bad_answer"];
 
-/// A metric id; `None` is a metric the host refused to define, and counting
-/// it is skipped.
-type Id = Option<u32>;
+/// The longest Envoy's stats lag the worker's counts.
+pub const FLUSH_PERIOD: Duration = Duration::from_millis(100);
 
-fn counter(name: &str) -> Id {
-    hostcalls::define_metric(MetricType::Counter, name).ok()
+/// A counter, or a gauge that changes by offsets, as this worker counts it:
+/// what it has added since its last flush. A metric the host refused to
+/// define counts nothing.
+#[derive(Debug, Default)]
+pub struct Metric {
+    id: Option<u32>,
+    pending: Cell<i64>,
+}
+
+impl Metric {
+    fn define(kind: MetricType, name: &str) -> Self {
+        Metric { id: hostcalls::define_metric(kind, name).ok(), pending: Cell::new(0) }
+    }
+
+    /// Adds `by` (a gauge: may be negative).
+    fn add(&self, by: i64) {
+        if self.id.is_some() {
+            self.pending.set(self.pending.get().saturating_add(by));
+        }
+    }
+
+    /// Hands what was added to Envoy (Envoy adds a positive offset to a
+    /// gauge and subtracts a negative one).
+    fn flush(&self) {
+        let pending = self.pending.replace(0);
+        if let (Some(id), 1.. | ..=-1) = (self.id, pending) {
+            // A failed increment loses these counts; nothing to do about it here.
+            let _ = hostcalls::increment_metric(id, pending);
+        }
+    }
+}
+
+fn counter(name: &str) -> Metric {
+    Metric::define(MetricType::Counter, name)
 }
 
 /// A gauge. Every worker's VM defines it under the same name, and Envoy keeps
 /// one gauge per name for the process, so each worker's changes add up.
-fn gauge(name: &str) -> Id {
-    hostcalls::define_metric(MetricType::Gauge, name).ok()
+fn gauge(name: &str) -> Metric {
+    Metric::define(MetricType::Gauge, name)
 }
 
-/// Adds `by` to counter `id`.
-pub fn increment(id: Id, by: u64) {
-    if let (Some(id), Ok(by @ 1..)) = (id, i64::try_from(by)) {
-        // A failed increment loses one count; nothing to do about it here.
-        let _ = hostcalls::increment_metric(id, by);
-    }
+/// Adds `by` to counter `metric`.
+pub fn increment(metric: &Metric, by: u64) {
+    metric.add(i64::try_from(by).unwrap_or(i64::MAX));
 }
 
 /// One rule's metrics: the host data of its [`CompiledRule`].
 pub struct RuleMetrics {
-    events: [Id; RULE_EVENTS.len()],
-    /// For a global rule: 1 while its fall-back is in force, else 0.
-    fallback_active: Id,
+    events: [Metric; RULE_EVENTS.len()],
+    /// For a global rule: 1 while its fall-back is in force, else 0 (set
+    /// directly, not flushed).
+    fallback_active: Option<u32>,
     /// Units in flight, for algorithms that hold units until requests end.
-    in_flight: Id,
+    in_flight: Metric,
 }
 
 impl RuleMetrics {
@@ -71,47 +109,55 @@ impl RuleMetrics {
         let name = |metric: &str| format!("floodgate.rule.{}.{metric}", rule.name);
         Self {
             events: RULE_EVENTS.map(|(_, event)| counter(&name(event))),
-            in_flight: if rule.policy().holds_until_done() { gauge(&name("in_flight")) } else { None },
-            fallback_active: rule.global.as_ref().and_then(|_| gauge(&name("fallback_active"))),
+            in_flight: if rule.policy().holds_until_done() { gauge(&name("in_flight")) } else { Metric::default() },
+            fallback_active: rule
+                .global
+                .as_ref()
+                .and_then(|_| hostcalls::define_metric(MetricType::Gauge, &name("fallback_active")).ok()),
         }
+    }
+
+    fn flush(&self) {
+        self.events.iter().for_each(Metric::flush);
+        self.in_flight.flush();
     }
 }
 
 /// The plugin-wide counters.
 pub struct Metrics {
-    allowed: Id,
-    limited: Id,
-    shadow_limited: Id,
-    store: [Id; STORE_EVENTS.len()],
+    allowed: Metric,
+    limited: Metric,
+    shadow_limited: Metric,
+    store: [Metric; STORE_EVENTS.len()],
     /// Requests a shaper delayed, and that went on after waiting.
-    pub delayed: Id,
+    pub delayed: Metric,
     /// Milliseconds of delay the shaper asked for, summed.
-    pub delay_requested_ms: Id,
+    pub delay_requested_ms: Metric,
     /// Milliseconds delayed requests actually waited, summed.
-    pub delay_actual_ms: Id,
+    pub delay_actual_ms: Metric,
     /// Delayed requests whose client left while they waited.
-    pub delay_abandoned: Id,
+    pub delay_abandoned: Metric,
     /// Requests denied because this worker already had
     /// `max_delayed_per_worker` requests waiting.
-    pub delay_queue_full: Id,
+    pub delay_queue_full: Metric,
     /// Lease-pool refreshes claimed.
-    pub refreshes: Id,
+    pub refreshes: Metric,
     /// Calls sent to the quota service.
-    pub callouts_sent: Id,
+    pub callouts_sent: Metric,
     /// Calls answered usably.
-    pub callouts_ok: Id,
+    pub callouts_ok: Metric,
     /// Calls failed, by kind (see [`Metrics::count_failed_callout`]).
-    callouts_failed: [Id; 5],
+    callouts_failed: [Metric; 5],
     /// Tokens granted to this Envoy's pools.
-    pub tokens_leased: Id,
+    pub tokens_leased: Metric,
     /// Unspent tokens given back to the service.
-    pub tokens_returned: Id,
+    pub tokens_returned: Metric,
     /// Tokens whose lease ended before they were spent.
-    pub tokens_expired: Id,
+    pub tokens_expired: Metric,
     /// Requests that waited for an empty pool's refill.
-    pub refill_waits: Id,
+    pub refill_waits: Metric,
     /// Milliseconds they waited, summed.
-    pub refill_wait_ms: Id,
+    pub refill_wait_ms: Metric,
 }
 
 impl Metrics {
@@ -150,7 +196,53 @@ impl Metrics {
             CallError::Status(_) => 3,
             CallError::Body(_) => 4,
         };
-        increment(self.callouts_failed[kind], 1);
+        increment(&self.callouts_failed[kind], 1);
+    }
+
+    /// Hands every count of this worker to Envoy: the plugin-wide ones and
+    /// those of `limiter`'s rules. (Every field is named, so a new metric
+    /// cannot be left out of the flush.)
+    pub fn flush(&self, limiter: &Limiter<RuleMetrics>) {
+        let Metrics {
+            allowed,
+            limited,
+            shadow_limited,
+            store,
+            delayed,
+            delay_requested_ms,
+            delay_actual_ms,
+            delay_abandoned,
+            delay_queue_full,
+            refreshes,
+            callouts_sent,
+            callouts_ok,
+            callouts_failed,
+            tokens_leased,
+            tokens_returned,
+            tokens_expired,
+            refill_waits,
+            refill_wait_ms,
+        } = self;
+        let single = [
+            allowed,
+            limited,
+            shadow_limited,
+            delayed,
+            delay_requested_ms,
+            delay_actual_ms,
+            delay_abandoned,
+            delay_queue_full,
+            refreshes,
+            callouts_sent,
+            callouts_ok,
+            tokens_leased,
+            tokens_returned,
+            tokens_expired,
+            refill_waits,
+            refill_wait_ms,
+        ];
+        single.into_iter().chain(store).chain(callouts_failed).for_each(Metric::flush);
+        limiter.rules().iter().for_each(|rule| rule.host.flush());
     }
 
     /// Sets every global rule's `fallback_active` gauge from this worker's view.
@@ -164,9 +256,9 @@ impl Metrics {
 
     /// Counts a request's verdict: allowed (now or after a delay) or limited.
     pub fn count_verdict(&self, verdict: &Verdict) {
-        increment(if verdict.allowed() { self.allowed } else { self.limited }, 1);
+        increment(if verdict.allowed() { &self.allowed } else { &self.limited }, 1);
         if verdict.shadow_limited.is_some() {
-            increment(self.shadow_limited, 1);
+            increment(&self.shadow_limited, 1);
         }
     }
 
@@ -181,21 +273,19 @@ pub struct MetricCounters<'a>(&'a Metrics);
 
 impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
-        let index = RULE_EVENTS.iter().position(|(e, _)| *e == event);
-        increment(index.and_then(|i| rule.host.events.get(i).copied().flatten()), 1);
-    }
-
-    /// Moves the rule's in-flight gauge (Envoy adds a positive offset to a
-    /// gauge and subtracts a negative one).
-    fn in_flight(&mut self, rule: &CompiledRule<RuleMetrics>, change: i64) {
-        if let Some(id) = rule.host.in_flight {
-            // A failed update loses this change; nothing to do about it here.
-            let _ = hostcalls::increment_metric(id, change);
+        if let Some(metric) = RULE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| rule.host.events.get(i)) {
+            increment(metric, 1);
         }
     }
 
+    /// Moves the rule's in-flight gauge.
+    fn in_flight(&mut self, rule: &CompiledRule<RuleMetrics>, change: i64) {
+        rule.host.in_flight.add(change);
+    }
+
     fn store(&mut self, event: StoreEvent, count: u64) {
-        let index = STORE_EVENTS.iter().position(|(e, _)| *e == event);
-        increment(index.and_then(|i| self.0.store[i]), count);
+        if let Some(metric) = STORE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| self.0.store.get(i)) {
+            increment(metric, count);
+        }
     }
 }

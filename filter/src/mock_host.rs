@@ -21,7 +21,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, unsafe_code)]
 
-use std::cell::RefCell;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -125,6 +126,13 @@ pub struct Host {
     pub logs: Vec<(u32, String)>,
     /// `proxy_done` was called.
     pub done: bool,
+    /// Host calls by kind (the ABI function's name without `proxy_`).
+    pub host_calls: std::collections::BTreeMap<&'static str, u32>,
+    /// Properties the host has besides `source.address` (always
+    /// `10.0.0.7:4242`), by path with its segments joined by `.`.
+    pub properties: HashMap<String, Vec<u8>>,
+    /// Every property read, in order (paths joined by `.`).
+    pub property_reads: Vec<String>,
     /// Shared queues by id: the registering context, and what waits in it.
     pub queues: HashMap<u32, (u32, Vec<Vec<u8>>)>,
     /// Queues posted to since the event loop last turned, in order: Envoy
@@ -135,6 +143,73 @@ pub struct Host {
 
 thread_local! {
     static HOST: RefCell<Host> = RefCell::new(Host::default());
+}
+
+thread_local! {
+    /// Heap allocations this worker's guest code made, and whether the host
+    /// is running now (its own allocations, and the buffers it hands the
+    /// guest, are the host's, as Envoy's are: not counted).
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+    static IN_HOST: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Counts the guest's heap allocations per worker (thread), so tests can
+/// assert a request path allocates nothing.
+struct CountingAllocator;
+
+// SAFETY: every call is forwarded to the system allocator unchanged.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_allocation();
+        System.realloc(ptr, layout, new_size)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+fn count_allocation() {
+    // `try_with`: a thread being torn down has no counters left.
+    let _ = IN_HOST.try_with(|in_host| {
+        if !in_host.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+/// Heap allocations this worker's guest code has made so far.
+pub fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// A host function running: counted by kind, and what it allocates is the
+/// host's until the guard is dropped.
+struct InHost(bool);
+
+fn enter(kind: &'static str) -> InHost {
+    let outer = IN_HOST.with(|in_host| in_host.replace(true));
+    with(|host| *host.host_calls.entry(kind).or_default() += 1);
+    InHost(outer)
+}
+
+impl Drop for InHost {
+    fn drop(&mut self) {
+        IN_HOST.with(|in_host| in_host.set(self.0));
+    }
 }
 
 /// Runs `f` on this worker's host.
@@ -211,6 +286,7 @@ fn header_map(host: &Host, map: MapType) -> Result<&[(String, String)], Status> 
 
 #[no_mangle]
 unsafe extern "C" fn proxy_log(level: LogLevel, data: *const u8, size: usize) -> Status {
+    let _host = enter("log");
     let line = text(data, size).to_string();
     eprintln!("[mock host {level:?}] {line}");
     with(|host| host.logs.push((level as u32, line)));
@@ -219,18 +295,21 @@ unsafe extern "C" fn proxy_log(level: LogLevel, data: *const u8, size: usize) ->
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_log_level(level: *mut LogLevel) -> Status {
+    let _host = enter("get_log_level");
     *level = LogLevel::Debug;
     Status::Ok
 }
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_current_time_nanoseconds(time: *mut u64) -> Status {
+    let _host = enter("get_current_time_nanoseconds");
     *time = with(|host| host.now);
     Status::Ok
 }
 
 #[no_mangle]
 extern "C" fn proxy_set_tick_period_milliseconds(period: u32) -> Status {
+    let _host = enter("set_tick_period_milliseconds");
     with(|host| host.tick_ms = period);
     Status::Ok
 }
@@ -243,6 +322,7 @@ unsafe extern "C" fn proxy_get_buffer_bytes(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
+    let _host = enter("get_buffer_bytes");
     let content = with(|host| match buffer {
         BufferType::PluginConfiguration => Some(host.configuration.clone()),
         BufferType::HttpCallResponseBody => {
@@ -270,6 +350,7 @@ unsafe extern "C" fn proxy_get_header_map_value(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
+    let _host = enter("get_header_map_value");
     let key = text(key, key_size);
     let found = with(|host| header_map(host, map).map(|headers| value(headers, key).map(str::to_string)));
     match found {
@@ -290,6 +371,7 @@ unsafe extern "C" fn proxy_add_header_map_value(
     value: *const u8,
     value_size: usize,
 ) -> Status {
+    let _host = enter("add_header_map_value");
     assert_eq!(map, MapType::HttpResponseHeaders, "the filter adds response headers only");
     let pair = (text(key, key_size).to_string(), text(value, value_size).to_string());
     with(|host| host.response_headers.entry(host.effective).or_default().push(pair));
@@ -303,11 +385,18 @@ unsafe extern "C" fn proxy_get_property(
     data: *mut *mut u8,
     size: *mut usize,
 ) -> Status {
-    if bytes(path, path_size) == b"source\0address" {
-        give(b"10.0.0.7:4242", data, size);
-        return Status::Ok;
+    let _host = enter("get_property");
+    let path = text(path, path_size).replace('\0', ".");
+    let value = with(|host| {
+        host.property_reads.push(path.clone());
+        host.properties.get(&path).cloned()
+    });
+    match (path.as_str(), value) {
+        ("source.address", _) => give(b"10.0.0.7:4242", data, size),
+        (_, Some(value)) => give(&value, data, size),
+        (_, None) => return Status::NotFound,
     }
-    Status::NotFound
+    Status::Ok
 }
 
 #[no_mangle]
@@ -318,6 +407,7 @@ unsafe extern "C" fn proxy_get_shared_data(
     size: *mut usize,
     cas: *mut u32,
 ) -> Status {
+    let _host = enter("get_shared_data");
     let key = text(key, key_size);
     let entry = with(|host| host.shared.lock().unwrap().get(key).cloned());
     match entry {
@@ -338,6 +428,7 @@ unsafe extern "C" fn proxy_set_shared_data(
     value_size: usize,
     cas: u32,
 ) -> Status {
+    let _host = enter("set_shared_data");
     let key = text(key, key_size).to_string();
     let value = bytes(value, value_size).to_vec();
     with(|host| {
@@ -353,6 +444,7 @@ unsafe extern "C" fn proxy_set_shared_data(
 
 #[no_mangle]
 extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
+    let _host = enter("set_effective_context");
     with(|host| {
         if host.live.contains(&context_id) {
             host.effective = context_id;
@@ -365,6 +457,7 @@ extern "C" fn proxy_set_effective_context(context_id: u32) -> Status {
 
 #[no_mangle]
 extern "C" fn proxy_continue_stream(stream: StreamType) -> Status {
+    let _host = enter("continue_stream");
     assert_eq!(stream, StreamType::HttpRequest, "the filter resumes requests only");
     with(|host| {
         host.resumed.push(host.effective);
@@ -385,6 +478,7 @@ unsafe extern "C" fn proxy_send_local_response(
     headers_size: usize,
     _grpc_status: i32,
 ) -> Status {
+    let _host = enter("send_local_response");
     let headers = read_map(headers, headers_size);
     with(|host| host.responses.push(LocalResponse { context_id: host.effective, status, headers }));
     Status::Ok
@@ -403,6 +497,7 @@ unsafe extern "C" fn proxy_http_call(
     timeout_ms: u32,
     token: *mut u32,
 ) -> Status {
+    let _host = enter("http_call");
     let cluster = text(upstream, upstream_size).to_string();
     let headers = read_map(headers, headers_size);
     let body = bytes(body, body_size).to_vec();
@@ -420,6 +515,7 @@ unsafe extern "C" fn proxy_http_call(
 
 #[no_mangle]
 unsafe extern "C" fn proxy_register_shared_queue(name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let _host = enter("register_shared_queue");
     let _ = text(name, name_size);
     *id = with(|host| {
         host.next_token += 1;
@@ -432,6 +528,7 @@ unsafe extern "C" fn proxy_register_shared_queue(name: *const u8, name_size: usi
 
 #[no_mangle]
 unsafe extern "C" fn proxy_enqueue_shared_queue(id: u32, data: *const u8, size: usize) -> Status {
+    let _host = enter("enqueue_shared_queue");
     let value = bytes(data, size).to_vec();
     with(|host| match host.queues.get_mut(&id) {
         Some((_, items)) => {
@@ -445,6 +542,7 @@ unsafe extern "C" fn proxy_enqueue_shared_queue(id: u32, data: *const u8, size: 
 
 #[no_mangle]
 unsafe extern "C" fn proxy_dequeue_shared_queue(id: u32, data: *mut *mut u8, size: *mut usize) -> Status {
+    let _host = enter("dequeue_shared_queue");
     let item = with(|host| match host.queues.get_mut(&id) {
         None => Err(Status::NotFound),
         Some((_, items)) if items.is_empty() => Err(Status::Empty),
@@ -461,12 +559,14 @@ unsafe extern "C" fn proxy_dequeue_shared_queue(id: u32, data: *mut *mut u8, siz
 
 #[no_mangle]
 extern "C" fn proxy_done() -> Status {
+    let _host = enter("done");
     with(|host| host.done = true);
     Status::Ok
 }
 
 #[no_mangle]
 unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, name_size: usize, id: *mut u32) -> Status {
+    let _host = enter("define_metric");
     let name = text(name, name_size).to_string();
     *id = with(|host| match host.metric_names.iter().position(|n| *n == name) {
         Some(index) => index as u32 + 1,
@@ -480,6 +580,7 @@ unsafe extern "C" fn proxy_define_metric(_kind: MetricType, name: *const u8, nam
 
 #[no_mangle]
 extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
+    let _host = enter("increment_metric");
     with(|host| {
         if !host.defines(id) {
             return Status::NotFound;
@@ -491,6 +592,7 @@ extern "C" fn proxy_increment_metric(id: u32, offset: i64) -> Status {
 
 #[no_mangle]
 extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
+    let _host = enter("record_metric");
     with(|host| {
         if !host.defines(id) {
             return Status::NotFound;
@@ -502,6 +604,7 @@ extern "C" fn proxy_record_metric(id: u32, value: u64) -> Status {
 
 #[no_mangle]
 unsafe extern "C" fn proxy_get_metric(id: u32, value: *mut u64) -> Status {
+    let _host = enter("get_metric");
     *value = with(|host| host.metric_values.get(&id).copied().unwrap_or(0)) as u64;
     Status::Ok
 }

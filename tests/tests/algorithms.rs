@@ -43,8 +43,8 @@ fn burst(envoy: &Envoy, clients: usize, path: &'static str) -> Vec<(Response, Du
 /// Waits until stat `name` reads `value` (or fails after 10 s).
 fn wait_for_stat(envoy: &Envoy, name: &str, value: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat(name) != value {
-        assert!(Instant::now() < deadline, "{name} is {}, never {value}", envoy.stat(name));
+    while envoy.stat_now(name) != value {
+        assert!(Instant::now() < deadline, "{name} is {}, never {value}", envoy.stat_now(name));
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -99,7 +99,7 @@ fn a_client_that_leaves_while_delayed_frees_its_place() {
         drop(conn);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat("wasmcustom.floodgate.delay_abandoned") < 5 {
+    while envoy.stat_now("wasmcustom.floodgate.delay_abandoned") < 5 {
         assert!(Instant::now() < deadline, "abandoned waits were not counted");
         thread::sleep(Duration::from_millis(20));
     }

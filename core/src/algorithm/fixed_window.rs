@@ -136,6 +136,10 @@ impl Algorithm for FixedWindow {
         self.limit.saturating_mul((span.0 / self.period.0).saturating_add(2))
     }
 
+    fn batchable(&self) -> bool {
+        true
+    }
+
     /// The window that counts at `now`: units count only there.
     fn counting_window(&self, state: &WindowState, now: Nanos) -> Option<CountingWindow> {
         let window = self.current(*state, now).window;

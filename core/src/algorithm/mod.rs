@@ -257,6 +257,16 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     fn count(&self, state: Self::State, at: Nanos, units: u64) -> Self::State {
         self.decide(state, at, units).1
     }
+
+    /// True when units taken now may be spent a little later by one worker
+    /// (`worker_batch`): what is admitted is still what was taken. A window
+    /// algorithm stays within its stated bound as long as they are spent in
+    /// their counting window; a bucket's burst may grow by the units workers
+    /// hold. False (the default) where a unit's instant is the limit itself
+    /// (a log, a shaper's schedule) or units are held until requests end.
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 /// Builds an algorithm from a rule's configuration.
@@ -304,6 +314,8 @@ pub trait Policy: fmt::Debug + Send + Sync {
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
     /// See [`Algorithm::count`]; bytes that do not decode are a fresh bucket.
     fn count(&self, slot: &mut [u8], at: Nanos, units: u64);
+    /// See [`Algorithm::batchable`].
+    fn batchable(&self) -> bool;
 }
 
 impl<A: Algorithm> Policy for A {
@@ -370,6 +382,10 @@ impl<A: Algorithm> Policy for A {
         let state = self.decode(slot).unwrap_or_else(|| self.fresh(at));
         let after = Algorithm::count(self, state, at, units);
         self.encode(&after, slot);
+    }
+
+    fn batchable(&self) -> bool {
+        Algorithm::batchable(self)
     }
 }
 

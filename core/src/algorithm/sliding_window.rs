@@ -334,6 +334,10 @@ impl Algorithm for SlidingWindow {
         u64::try_from(bound).unwrap_or(u64::MAX)
     }
 
+    fn batchable(&self) -> bool {
+        true
+    }
+
     /// The newest counter (a period, or a sub-window): units count there,
     /// and the bounds above hold for units spent within it; its counts then
     /// fade out over the counters that follow.

@@ -114,7 +114,7 @@ impl<H> Limiter<H> {
     /// entry of a permit: `check` decides each rule once, and `settle` adds
     /// only check-mode rules, which `check` left to it.
     pub(super) fn count_admitted(&self, permit: &Permit, counters: &mut dyn Counters<H>) {
-        for held in &permit.held {
+        for held in permit.held() {
             let Some(compiled) = self.rules.get(held.rule) else { continue };
             counters.rule(compiled, RuleEvent::Allowed);
             if held.delayed {

@@ -94,12 +94,29 @@ impl<H> Limiter<H> {
         pass.finish()
     }
 
+    /// Whether releasing `permit` for `why` would touch any bucket: when a
+    /// request ends, only rules that hold units in flight give any back. A
+    /// host may skip the release (and reading its clock) when not.
+    pub fn needs_release(&self, permit: &Permit, why: Release) -> bool {
+        permit.held().any(|held| {
+            let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
+            let undone = why == Release::Undo && (held.bucket == Bucket::Reserve || table.is_some());
+            undone || table.is_some_and(|table| table.policy().holds_until_done())
+        })
+    }
+
     /// Gives back what `permit` holds, for `why`: the one way units return,
     /// whether a request ended ([`Release::Done`]: only rules that hold units
     /// in flight are touched) or was not served after all ([`Release::Undo`]).
     pub fn release(&self, store: &dyn Store, now: Nanos, permit: Permit, why: Release, counters: &mut dyn Counters<H>) {
-        for held in permit.held.iter().rev() {
+        for held in permit.held().rev() {
             let Some(compiled) = self.rules.get(held.rule) else { continue };
+            if held.bucket == Bucket::Reserve {
+                if why == Release::Undo {
+                    self.refund_reserve(compiled, held.fingerprint, held.grant);
+                }
+                continue;
+            }
             let Some(table) = compiled.table(held.bucket) else { continue };
             if why == Release::Done && !table.policy().holds_until_done() {
                 continue;
@@ -138,7 +155,12 @@ impl<H> Pass<'_, H> {
     /// later), or from its lease pool.
     fn rule(&mut self, target: &Target<H>, request: &mut dyn Request, waited_out: bool) -> Ruling {
         let compiled = target.compiled;
-        let Some(global) = &compiled.rule.global else { return self.decide_local(target, Bucket::Main) };
+        let Some(global) = &compiled.rule.global else {
+            return match compiled.rule.worker_batch {
+                Some(batch) => self.decide_batched(target, batch),
+                None => self.decide_local(target, Bucket::Main),
+            };
+        };
         if compiled.in_fallback() {
             return self.fall_back(target, &global.fallback);
         }
@@ -428,7 +450,7 @@ mod tests {
         let key = "fg:per-key:".to_string();
         let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
         assert!(verdict.allowed());
-        let Some(held) = permit.held.first().copied() else { panic!("the permit holds the rule's units") };
+        let Some(held) = permit.held().next().copied() else { panic!("the permit holds the rule's units") };
         let group = format!("{key}{}", limiter.rules()[0].rule.table.group_of(held.fingerprint));
         let before = store.get(&group).unwrap();
         limiter.release(&store, T0, permit, Release::Done, &mut tally);

@@ -29,6 +29,7 @@
 //! - `decide`: the decision path — check, settle, release;
 //! - `pools`: a global rule's lease pools — spending, grants, returns;
 //! - `modes`: a global rule's mode — fall-back and probes;
+//! - `reserves`: per-worker batches of a rule's units (`worker_batch`);
 //! - [`counting`]: what the limiter counts, and the host's counters.
 //!
 //! [`Admission::Pending`]: crate::algorithm::Admission::Pending
@@ -40,6 +41,7 @@ mod decide;
 mod modes;
 mod pass;
 mod pools;
+mod reserves;
 pub mod rule;
 #[cfg(test)]
 mod testing;

@@ -88,7 +88,7 @@ impl<'a, H> Pass<'a, H> {
             }
             let grant = Grant { cost: target.cost, at: self.now };
             let fingerprint = target.fingerprint;
-            self.permit.held.push(Held { rule: target.index, bucket, fingerprint, grant, delayed });
+            self.permit.push(Held { rule: target.index, bucket, fingerprint, grant, delayed });
             self.verdict.report = Some(Report::more_restrictive(self.verdict.report, report));
         } else if target.shadow {
             self.counters.rule(target.compiled, RuleEvent::ShadowLimited);

@@ -71,7 +71,7 @@ pub(super) fn request(limiter: &Limiter<usize>, headers: &[(&str, &str)]) -> Sta
         .iter()
         .map(|name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_bytes().to_vec()))
         .collect();
-    StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()) }
+    StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()), ..Default::default() }
 }
 
 pub(super) fn admitted(

@@ -95,18 +95,37 @@ pub(super) struct Held {
     pub delayed: bool,
 }
 
+/// How many rules' holdings a permit keeps without allocating: a request
+/// under more rules than this spills the rest to the heap.
+const INLINE_HOLDINGS: usize = 4;
+
 /// What an admitted request took from each rule, to be given back through
 /// [`super::Limiter::release`]. Not `Clone`: units are given back once.
+/// Kept inline for the common request of a few rules: a permit costs no
+/// allocation.
 #[derive(Debug, Default, PartialEq, Eq)]
 #[must_use = "a permit holds units until it is released"]
 pub struct Permit {
-    pub(super) held: Vec<Held>,
+    inline: [Option<Held>; INLINE_HOLDINGS],
+    spilled: Vec<Held>,
 }
 
 impl Permit {
     /// True when it holds nothing to give back (rules the quota service
     /// decided hold nothing here).
     pub fn is_empty(&self) -> bool {
-        self.held.iter().all(|held| held.bucket == Bucket::Service)
+        self.held().all(|held| held.bucket == Bucket::Service)
+    }
+
+    /// What each rule took, in the order the rules decided.
+    pub(super) fn held(&self) -> impl DoubleEndedIterator<Item = &Held> {
+        self.inline.iter().flatten().chain(&self.spilled)
+    }
+
+    pub(super) fn push(&mut self, held: Held) {
+        match self.inline.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(held),
+            None => self.spilled.push(held),
+        }
     }
 }
