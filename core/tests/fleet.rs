@@ -179,6 +179,7 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
     let mut rng = Rng(seed.wrapping_mul(2).wrapping_add(1));
     let mut states: Vec<PoolState> = (0..pools).map(|_| pool.fresh(start)).collect();
     let mut claims: HashMap<u64, Claim> = HashMap::new();
+    let mut sent: HashMap<u64, Nanos> = HashMap::new();
     let mut answers: HashMap<u64, LeaseGrant> = HashMap::new();
     let mut queue = BinaryHeap::new();
     let mean = Nanos((SECOND.get() as f64 / rate) as u64);
@@ -209,8 +210,10 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
                     seen.claims += 1;
                     let id = next_id;
                     next_id += 1;
+                    // Held back as long as it may be, to share a call.
                     claims.insert(id, claim);
-                    queue.push(Reverse((now + rng.delay(), Event::Claimed { pool: p, id })));
+                    sent.insert(id, claim.send_by);
+                    queue.push(Reverse((claim.send_by + rng.delay(), Event::Claimed { pool: p, id })));
                 }
             }
             Event::Claimed { pool: p, id } => {
@@ -219,7 +222,7 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
             }
             Event::Answered { pool: p, id } => {
                 let grant = answers[&id];
-                let (applied, after) = pool.apply(states[p], now, claims[&id].started, &grant);
+                let (applied, after) = pool.apply(states[p], now, (claims[&id].started, sent[&id]), &grant);
                 states[p] = after;
                 let returns = match applied {
                     Applied::Replaced(left) => left.returns.to_vec(),

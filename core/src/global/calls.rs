@@ -30,8 +30,11 @@ pub struct Refresh {
     pub group: u32,
     /// The descriptor's fingerprint.
     pub fingerprint: u64,
-    /// The claim (when, how much, at what rate).
+    /// The claim (when, how much, at what rate, and by when to send it).
     pub claim: Claim,
+    /// When the call carrying it left: the host sets it as it sends it
+    /// (the claim's instant until then). The grant counts from there.
+    pub sent: Nanos,
     /// The id to lease with (unique per claim; the service deduplicates by it).
     pub lease: u64,
     /// The descriptor's `[key, value]` pairs.
@@ -261,7 +264,8 @@ mod tests {
             rule: 0,
             group: 0,
             fingerprint: 7,
-            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0, window: None },
+            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0, window: None, send_by: Nanos::ZERO },
+            sent: Nanos::ZERO,
             lease,
             descriptor: vec![("api_key".into(), "alice".into())],
         }

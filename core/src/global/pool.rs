@@ -24,7 +24,7 @@
 //! boundary the pool switches from one window's tokens to the next without
 //! asking, and a token is never spent outside the window it was granted
 //! for: a lease counts from the answer's arrival plus `starts` (never
-//! earlier than the service meant) until the claim's instant plus `valid`
+//! earlier than the service meant) until its call's departure plus `valid`
 //! (never later, however long the answer took). Should the held tokens run
 //! out before the next window starts, the pool asks for more of the current
 //! window, and those go where the held ones were.
@@ -116,7 +116,18 @@ pub struct Claim {
     /// The window asked for: the next one, ahead of its start; `None` for
     /// the window that counts now.
     pub window: Option<u64>,
+    /// The latest instant its call should leave, for the answer to come
+    /// before the pool needs it (at twice the latency refreshes have been
+    /// taking): `started` when a request waits for it, at most
+    /// [`MAX_BATCH_DELAY`] later otherwise. Until then a host may hold it
+    /// back, to send it with others in one call.
+    pub send_by: Nanos,
 }
+
+/// The longest a claim that no request waits for is held back to share a
+/// call with others (see [`Claim::send_by`]): a small fraction of any
+/// lease's life, and far below any claim's time to live.
+pub const MAX_BATCH_DELAY: Nanos = Nanos(20_000_000);
 
 /// How a request fared on a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,19 +253,23 @@ impl LeasePool {
             return None;
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
-        let window = self.due(state, now, rate)?;
+        let (window, needed_at) = self.due(state, now, rate)?;
         state.refresh_until = now + self.claim_ttl;
         // What the pool holds now is spent first, unless the ask is for the
         // next window, where none of it counts.
         let usable = if window.is_some() { 0 } else { self.usable(state, now) };
-        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate, window })
+        let send_by = (needed_at - self.refresh.turnaround(state.latency)).clamp(now, now + MAX_BATCH_DELAY);
+        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate, window, send_by })
     }
 
-    /// Whether a refresh is due at `now` at `rate`, and for which window:
-    /// `Some(None)` for the one that counts now, `Some(Some(w))` for the
-    /// next one, `w`, ahead of its start.
-    fn due(&self, state: &PoolState, now: Nanos, rate: f64) -> Option<Option<u64>> {
+    /// Whether a refresh is due at `now` at `rate`, for which window
+    /// (`None` for the one that counts now, `Some(w)` for the next one, `w`,
+    /// ahead of its start), and when the pool will need its answer: when
+    /// what it holds runs out at that rate, or its lease ends.
+    fn due(&self, state: &PoolState, now: Nanos, rate: f64) -> Option<(Option<u64>, Nanos)> {
         let per_second = |span: Nanos| rate * span.get() as f64 / SECOND.get() as f64;
+        // `as` saturates: no rate means the tokens never run out.
+        let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos((tokens as f64 / rate * 1e9) as u64) };
         let denied = now < state.denied_until;
         if self.pending(state, now) {
             // The next window's lease is in place: only a gap before its
@@ -264,10 +279,8 @@ impl LeasePool {
             let turnaround = self.refresh.turnaround(state.latency);
             let held = self.held(state, now);
             let dry = held as f64 <= per_second(turnaround.max(RefreshPolicy::few_requests(rate)));
-            // `as` saturates: no rate means the held tokens never run out.
-            let runs_out = if held == 0 { Nanos::ZERO } else { Nanos((held as f64 / rate * 1e9) as u64) };
-            let gap = state.starts_at - now - runs_out;
-            return (dry && !denied && gap > turnaround).then_some(None);
+            let dry_at = runs_out(held);
+            return (dry && !denied && state.starts_at - dry_at > turnaround).then_some((None, dry_at));
         }
         let start = state.leased_at.max(state.starts_at);
         let usable = self.usable(state, now);
@@ -281,18 +294,19 @@ impl LeasePool {
             && lasts
             && self.refresh.next_due(start, state.expires_at, rate, state.latency, now);
         if ahead {
-            return Some(Some(state.window_index.saturating_add(1)));
+            return Some((Some(state.window_index.saturating_add(1)), state.expires_at));
         }
         let due = !denied && self.refresh.due(usable, start, state.expires_at, rate, state.latency, now);
-        due.then_some(None)
+        due.then_some((None, runs_out(usable).min(state.expires_at)))
     }
 
-    /// Applies the service's answer to the claim made at `claim_started`.
+    /// Applies the service's answer to the claim made at `claim_started`,
+    /// whose call left at `sent`.
     pub fn apply(
         &self,
         state: PoolState,
         now: Nanos,
-        claim_started: Nanos,
+        (claim_started, sent): (Nanos, Nanos),
         grant: &LeaseGrant,
     ) -> (Applied, PoolState) {
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
@@ -302,12 +316,12 @@ impl LeasePool {
             return (Applied::Stale, state);
         }
         // The service's times count from its decision, which came after the
-        // claim and before the answer: the tokens start no earlier, and end
-        // no later, than it meant.
+        // call left and before the answer: the tokens start no earlier, and
+        // end no later, than it meant.
         let starts_at = now + grant.starts;
-        let expires_at = claim_started + grant.valid;
+        let expires_at = sent + grant.valid;
         let (spent, rate_since) = self.refresh.carry(state.spent, state.rate_since, now);
-        let latency = now - claim_started;
+        let latency = now - sent;
         if starts_at <= now && self.pending(&state, now) {
             return self.bridge(state, now, grant, expires_at, (spent, rate_since, latency));
         }
@@ -587,6 +601,11 @@ mod tests {
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
     const MS: Nanos = Nanos(1_000_000);
 
+    /// A claim made at `at` whose call left at once.
+    fn sent(at: Nanos) -> (Nanos, Nanos) {
+        (at, at)
+    }
+
     fn pool() -> LeasePool {
         LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) }
     }
@@ -609,7 +628,7 @@ mod tests {
     fn leased(tokens: u64) -> PoolState {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
-        let (applied, state) = p.apply(claimed, T0, claim.unwrap().started, &grant(1, tokens));
+        let (applied, state) = p.apply(claimed, T0, sent(claim.unwrap().started), &grant(1, tokens));
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         state
     }
@@ -631,7 +650,7 @@ mod tests {
     fn windowed(tokens: u64, at: Nanos) -> PoolState {
         let p = pool();
         let claimed = PoolState { spent: 100, rate_since: at - SECOND, refresh_until: at + MS, ..p.fresh(at) };
-        let (_, state) = p.apply(claimed, at, at, &windowed_grant(1, tokens, K, at));
+        let (_, state) = p.apply(claimed, at, sent(at), &windowed_grant(1, tokens, K, at));
         state
     }
 
@@ -662,6 +681,8 @@ mod tests {
         assert_eq!(claim.window, Some(K + 1), "the next window, by the index the service gave");
         // A whole horizon at the observed rate: none of what is held now counts then.
         assert_eq!(claim.wanted, 100);
+        // Needed in 300 ms: it may wait to share a call with others.
+        assert_eq!(claim.send_by, now + MAX_BATCH_DELAY);
     }
 
     #[test]
@@ -683,7 +704,7 @@ mod tests {
         // The service grants 100 of the next window, 5 ms later.
         let answered = at + MS.times(5);
         let grant = windowed_grant(2, 100, K + 1, at + MS.times(2));
-        let (applied, mut state) = p.apply(claimed, answered, claim.started, &grant);
+        let (applied, mut state) = p.apply(claimed, answered, sent(claim.started), &grant);
         assert_eq!(applied, Applied::Replaced(Leftover::default()), "what is left of this window is kept");
         assert_eq!((state.held_lease, state.held_tokens, state.held_until), (1, 30, T0 + SECOND));
         // It counts from the window's start as the answer saw it: the 3 ms
@@ -713,17 +734,19 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_counts_from_the_answer_plus_its_start_until_the_claim_plus_its_validity() {
+    fn a_lease_counts_from_the_answer_plus_its_start_until_its_call_plus_its_validity() {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0 + MS.times(900), 1);
         let claim = claim.unwrap();
-        // The service decided 40 ms after the claim; the answer took 60 ms more.
-        let decided = T0 + MS.times(940);
-        let (_, state) =
-            p.apply(claimed, decided + MS.times(60), claim.started, &windowed_grant(1, 10, K + 1, decided));
+        // The call left 10 ms after the claim, the service decided 30 ms
+        // later, and the answer took 60 ms more.
+        let (left, decided) = (claim.started + MS.times(10), T0 + MS.times(940));
+        let grant = windowed_grant(1, 10, K + 1, decided);
+        let (_, state) = p.apply(claimed, decided + MS.times(60), (claim.started, left), &grant);
         // The service meant [T0 + 1 s, T0 + 2 s): the pool's view lies inside it.
         assert_eq!(state.starts_at, T0 + SECOND + MS.times(60));
-        assert_eq!(state.expires_at, T0 + SECOND.times(2) - MS.times(40));
+        assert_eq!(state.expires_at, T0 + SECOND.times(2) - MS.times(30));
+        assert_eq!(state.latency, MS.times(90), "what the call took, not the claim");
     }
 
     #[test]
@@ -732,7 +755,7 @@ mod tests {
         let at = T0 + MS.times(300);
         let (_, claim, claimed) = p.spend(PoolState { spent: 100, rate_since: at - SECOND, ..p.fresh(at) }, at, 1);
         // The window is used up: nothing, until it ends.
-        let (_, state) = p.apply(claimed, at, claim.unwrap().started, &windowed_grant(1, 0, K, at));
+        let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
         let (spend, claim, _) = p.spend(state, T0 + MS.times(650), 1);
         assert!(matches!(spend, Spend::Denied(_)));
         assert_eq!(claim, None, "denied, and not yet near the end");
@@ -744,7 +767,7 @@ mod tests {
         assert_eq!(claim.unwrap().window, Some(K + 1));
         // The answer arrives 1 ms after the service decided: the lease
         // counts from 1 ms after the window's start.
-        let (_, state) = p.apply(claimed, near + MS, near, &windowed_grant(2, 50, K + 1, near));
+        let (_, state) = p.apply(claimed, near + MS, sent(near), &windowed_grant(2, 50, K + 1, near));
         assert!(matches!(p.spend(state, T0 + SECOND - Nanos(1), 1).0, Spend::Denied(_)), "still this window's denial");
         // Past the denied window's end a request waits that moment, not denied.
         assert_eq!(p.spend(state, T0 + SECOND, 1).0, Spend::Empty);
@@ -756,15 +779,15 @@ mod tests {
         let p = pool();
         let (claim, claimed) = until_claimed();
         let ahead = windowed_grant(2, 100, K + 1, claim.started);
-        let (_, state) = p.apply(claimed, claim.started, claim.started, &ahead);
+        let (_, state) = p.apply(claimed, claim.started, sent(claim.started), &ahead);
         // A burst spends the held tokens 200 ms before the next window: a
         // refresh of this window is due, not of the next.
         let (spend, claim, claimed) = p.spend(PoolState { held_tokens: 0, ..state }, T0 + MS.times(800), 1);
         assert_eq!(spend, Spend::Empty);
         let claim = claim.unwrap();
-        assert_eq!(claim.window, None);
+        assert_eq!((claim.window, claim.send_by), (None, claim.started), "nothing held: sent at once");
         let now = T0 + MS.times(805);
-        let (applied, after) = p.apply(claimed, now, claim.started, &windowed_grant(3, 40, K, claim.started));
+        let (applied, after) = p.apply(claimed, now, sent(claim.started), &windowed_grant(3, 40, K, claim.started));
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         assert_eq!((after.held_lease, after.held_tokens, after.held_until), (3, 40, T0 + SECOND));
         assert_eq!((after.lease, after.tokens, after.starts_at), (2, 100, T0 + SECOND), "the lease ahead stays");
@@ -779,7 +802,7 @@ mod tests {
         let p = pool();
         let at = T0 + MS.times(800);
         let (_, claim, claimed) = p.spend(windowed(100, T0), at, 1);
-        let (applied, state) = p.apply(claimed, at, claim.unwrap().started, &windowed_grant(2, 70, K + 1, at));
+        let (applied, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(2, 70, K + 1, at));
         // 101 spent in 1.8 s: 12 spent in the 200 ms left; twice that and 3
         // more kept, the other 72 returned.
         assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0), (1, 72)], expired: 0 }));
@@ -800,6 +823,7 @@ mod tests {
         assert_eq!(spend, Spend::Empty);
         let claim = claim.unwrap();
         assert_eq!(claim.started, T0);
+        assert_eq!(claim.send_by, T0, "a request waits for it: sent at once");
         assert_eq!(state.refresh_until, T0 + MS.times(600));
         // Another worker, 1 ms later, sees the claim: it waits, no second callout.
         let (spend, second, _) = p.spend(state, T0 + MS, 1);
@@ -835,9 +859,9 @@ mod tests {
         assert_eq!(late.unwrap().started, T0 + MS.times(600));
         // The first refresher's answer then arrives: the newer claim's lease is
         // not yet in place, so it applies; the second answer is then stale.
-        let (applied, state) = p.apply(taken_over, T0 + MS.times(700), T0, &grant(1, 50));
+        let (applied, state) = p.apply(taken_over, T0 + MS.times(700), sent(T0), &grant(1, 50));
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
-        let (applied, after) = p.apply(state, T0 + MS.times(800), T0 + MS.times(600), &grant(2, 70));
+        let (applied, after) = p.apply(state, T0 + MS.times(800), sent(T0 + MS.times(600)), &grant(2, 70));
         assert_eq!(applied, Applied::Stale, "a newer lease is in place: return all 70");
         assert_eq!(after, state);
     }
@@ -851,7 +875,8 @@ mod tests {
         let (_, claim, claimed) = p.spend(state, T0 + MS.times(800), 1);
         let claim = claim.unwrap();
         assert_eq!(claim.wanted, 22, "61/s for a second, less the 39 held");
-        let (applied, after) = p.apply(claimed, T0 + MS.times(820), claim.started, &grant(2, 80));
+        assert_eq!(claim.send_by, claim.started + MAX_BATCH_DELAY, "39 held: time to share a call");
+        let (applied, after) = p.apply(claimed, T0 + MS.times(820), sent(claim.started), &grant(2, 80));
         // 61/s spends 11 in the 180 ms the old lease still counts: those
         // stay, held; 28 go back to the service.
         let back = Leftover { returns: [(0, 0), (1, 28)], expired: 0 };
@@ -860,9 +885,9 @@ mod tests {
         assert_eq!((after.held_lease, after.held_tokens, after.held_until), (1, 11, T0 + SECOND));
         // The same answer again (a replay) changes nothing and returns nothing.
         assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
-        assert_eq!(p.apply(after, T0 + MS.times(830), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+        assert_eq!(p.apply(after, T0 + MS.times(830), sent(claim.started), &grant(2, 80)).0, Applied::Duplicate);
         // So does a replay of the held lease's: its tokens are in use, not to be returned.
-        assert_eq!(p.apply(after, T0 + MS.times(830), T0, &grant(1, 100)).0, Applied::Duplicate);
+        assert_eq!(p.apply(after, T0 + MS.times(830), sent(T0), &grant(1, 100)).0, Applied::Duplicate);
     }
 
     #[test]
@@ -891,7 +916,7 @@ mod tests {
             let now = T0 + MS.times(10 * i);
             if let Some(claim) = pending.take() {
                 // The answer comes 5 ms after the claim: what the service grants.
-                let (applied, after) = p.apply(state, now - MS.times(5), claim.started, &grant(i, claim.wanted));
+                let (applied, after) = p.apply(state, now - MS.times(5), sent(claim.started), &grant(i, claim.wanted));
                 let Applied::Replaced(left) = applied else { panic!("{applied:?}") };
                 returned += left.returns.iter().map(|(_, t)| t).sum::<u64>();
                 expired += left.expired;
@@ -929,7 +954,7 @@ mod tests {
         assert_eq!(p.usable(&state, later), 0);
         let (spend, claim, claimed) = p.spend(state, later, 1);
         assert_eq!(spend, Spend::Empty);
-        let (applied, after) = p.apply(claimed, later, claim.unwrap().started, &grant(2, 10));
+        let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
         assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0); 2], expired: 103 }));
         assert_eq!((after.held_lease, after.held_tokens), (0, 0));
     }
@@ -939,7 +964,7 @@ mod tests {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
         let none = LeaseGrant { reset: SECOND.times(2), ..grant(1, 0) };
-        let (_, state) = p.apply(claimed, T0 + MS, claim.unwrap().started, &none);
+        let (_, state) = p.apply(claimed, T0 + MS, sent(claim.unwrap().started), &none);
         let (spend, again, _) = p.spend(state, T0 + SECOND, 1);
         let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
         assert_eq!(decision.retry_after(), SECOND + MS);
