@@ -167,9 +167,9 @@ pub fn lease(
     let policy = limit.policy();
     let capacity = policy.capacity();
     let mut bucket = Stored::load(limit, stored, now);
-    if let Some(ahead) = booking::ahead(policy, &bucket.state, bucket.booking, now) {
-        let next = ahead.window.index;
-        if window == Some(next) && ahead.starts - now <= ttl {
+    if let Some(named) = window {
+        let ahead = booking::ahead(policy, &bucket.state, bucket.booking, now);
+        if let Some(ahead) = ahead.filter(|a| a.window.index == named && a.starts - now <= ttl) {
             return lease_ahead(limit, bucket, now, wanted, rate, ttl, &ahead);
         }
     }
