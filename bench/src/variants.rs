@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn the_default_list_is_the_one_make_bench_always_ran() {
-        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,u,r,dk,gk,i,gl,gc");
+        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,db,u,r,dk,gk,i,gl,gc");
     }
 
     #[test]
