@@ -237,7 +237,8 @@ impl Plugin {
 }
 
 /// Sets this worker's tick: soon when calls are queued and not posted, or a
-/// paused request is due; every [`GLOBAL_TICK`] while global rules exist;
+/// paused request is due, or calls held back must leave; every
+/// [`GLOBAL_TICK`] while global rules exist;
 /// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed or the
 /// worker holds units taken ahead; else not at all.
 pub(crate) fn schedule_ticks(plugin: &Plugin, now: Nanos) {
