@@ -6,6 +6,7 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
+pub mod booking;
 pub mod bounds;
 pub mod config;
 pub mod descriptor;

@@ -608,7 +608,9 @@ fn a_shaped_request_is_resumed_by_the_tick_when_its_delay_is_over() {
 
 /// A new lease replacing one whose tokens expired counts them as expired
 /// and returns nothing; replacing one that still counts keeps what the
-/// rate will spend of it and returns the rest in one `/v1/return`.
+/// rate will spend of it and returns the rest in one `/v1/return`. Calls no
+/// request waits for are held back, at most 20 ms, to share one with others,
+/// and leave on the tick set for then.
 #[test]
 fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not_keep() {
     on_a_worker(|| {
@@ -632,8 +634,15 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         worker.advance(800);
         let (third, action) = worker.request();
         assert_eq!(action, Action::Continue);
+        assert!(worker.new_calls().is_empty(), "tokens are left: the refresh may wait for company");
+        assert_eq!(worker.tick_ms(), 20, "until the latest it may leave");
+        worker.advance(20);
+        worker.tick();
         let lease = worker.take_call("/v1/lease");
         worker.answer(&lease, Some(200), &grant(50));
+        assert!(worker.new_calls().is_empty(), "the return may wait too");
+        worker.advance(20);
+        worker.tick();
         let give_back = worker.take_call("/v1/return");
         let returns = &json(&give_back)["returns"];
         assert_eq!(returns[0]["id"], second_lease.as_str());

@@ -52,10 +52,15 @@ impl HttpContext for FloodgateHttp {
         }
         let plugin = Rc::clone(&self.plugin);
         let now = host::now();
+        let held = plugin.callouts.borrow().hold_until();
         let action = plugin.decide(self.context_id, &self.state, now, now, false);
-        plugin.post();
+        plugin.post(now);
         let first_count = !plugin.unflushed.replace(true);
-        if first_count || self.state.borrow().stage == Stage::Waiting || plugin.callouts.borrow().has_outgoing() {
+        // Calls to send, or held back until a new instant: the tick must know.
+        let callouts = plugin.callouts.borrow();
+        let calls = callouts.has_outgoing(now) || callouts.hold_until() != held;
+        drop(callouts);
+        if first_count || self.state.borrow().stage == Stage::Waiting || calls {
             schedule_ticks(&plugin, now);
         }
         action

@@ -73,7 +73,7 @@ impl Plugin {
         *self.header_reads.borrow_mut() = request.into_reads();
         if !verdict.refreshes.is_empty() {
             increment(&self.metrics.refreshes, verdict.refreshes.len() as u64);
-            self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes));
+            self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes), now);
         }
         let wait = match verdict.admission {
             Admission::Delayed(delay) => Some(Wait::Delay { resume_at: now + delay }),
@@ -177,8 +177,8 @@ impl Plugin {
     /// request's handler posts to the root's shared queue (once, until the
     /// root has run), and the root dispatches in `on_queue_ready`. Without a
     /// queue, the root's next tick (1 ms) sends them.
-    pub(crate) fn post(&self) {
-        if self.posted.get() || !self.callouts.borrow().has_outgoing() {
+    pub(crate) fn post(&self, now: Nanos) {
+        if self.posted.get() || !self.callouts.borrow().has_outgoing(now) {
             return;
         }
         let Some(queue) = self.queue else { return };
@@ -237,15 +237,21 @@ impl Plugin {
 }
 
 /// Sets this worker's tick: soon when calls are queued and not posted, or a
-/// paused request is due; every [`GLOBAL_TICK`] while global rules exist;
+/// paused request is due, or calls held back must leave; every
+/// [`GLOBAL_TICK`] while global rules exist;
 /// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed or the
 /// worker holds units taken ahead; else not at all.
 pub(crate) fn schedule_ticks(plugin: &Plugin, now: Nanos) {
-    let period = if plugin.callouts.borrow().has_outgoing() && !plugin.posted.get() {
+    let callouts = plugin.callouts.borrow();
+    let period = if callouts.has_outgoing(now) && !plugin.posted.get() {
         Some(Duration::from_millis(1))
     } else {
-        plugin.waiting.borrow().next_tick(now)
+        // What is held back for a shared call leaves on the tick when its time comes.
+        let held =
+            callouts.hold_until().map(|until| Duration::from_nanos((until - now).get()).max(Duration::from_millis(1)));
+        [plugin.waiting.borrow().next_tick(now), held].into_iter().flatten().min()
     };
+    drop(callouts);
     let global = plugin.limiter.quota_service().map(|_| GLOBAL_TICK);
     // Counts to flush, or units taken ahead to give back when they end.
     let flush = (plugin.unflushed.get() || plugin.limiter.holds_reserves()).then_some(metrics::FLUSH_PERIOD);

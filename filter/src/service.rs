@@ -75,10 +75,15 @@ impl Plugin {
     /// Sends everything queued for the quota service.
     pub(crate) fn send_queued(&self) {
         let Some(service) = self.limiter.quota_service() else { return };
-        let outgoing = self.callouts.borrow_mut().take_outgoing();
+        let now = host::now();
+        let outgoing = self.callouts.borrow_mut().take_outgoing(now);
         for call in outgoing {
             let (request, callout) = match call {
-                Outgoing::Leases(refreshes) => (service.lease_call(&refreshes), Callout::Leases(refreshes)),
+                Outgoing::Leases(mut refreshes) => {
+                    // The grants count from here (see `Refresh::sent`).
+                    refreshes.iter_mut().for_each(|refresh| refresh.sent = now);
+                    (service.lease_call(&refreshes), Callout::Leases(refreshes))
+                }
                 Outgoing::Returns(returns) => {
                     let tokens = returns.iter().map(|(_, t)| t).sum();
                     (service.return_call(&returns), Callout::Status(StatusCall::Returns(tokens)))
@@ -148,12 +153,12 @@ impl Plugin {
                 Some(Applied::Replaced(left)) => {
                     increment(&self.metrics.tokens_expired, left.expired);
                     for (lease, tokens) in left.returns {
-                        callouts.give_back(lease, tokens);
+                        callouts.give_back(lease, tokens, now);
                     }
                 }
                 // A newer lease is in place, or the pool could not
                 // take it: the grant goes back whole.
-                Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted),
+                Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted, now),
                 Some(Applied::Duplicate) => {}
             }
         }

@@ -320,8 +320,10 @@ impl Envoy {
         fs::write(&config, bootstrap).unwrap();
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_bin())
-            // No hot restart: several test Envoys run side by side.
-            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1", "-c"])
+            // No hot restart: several test Envoys run side by side. Access
+            // logs a test configures reach their files within 100 ms.
+            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1"])
+            .args(["--file-flush-interval-msec", "100", "-c"])
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())

@@ -145,6 +145,12 @@ impl Algorithm for FixedWindow {
         let window = self.current(*state, now).window;
         Some(CountingWindow { index: window, end: self.period.times(window.saturating_add(1)), renews: true })
     }
+
+    /// The units in the window that counts at `at`, over the limit if need be.
+    fn count(&self, state: WindowState, at: Nanos, units: u64) -> WindowState {
+        let state = self.current(state, at);
+        WindowState { used: state.used.saturating_add(units), ..state }
+    }
 }
 
 impl FromParams for FixedWindow {

@@ -90,6 +90,8 @@ pub(super) fn lease(id: u64, granted: u64) -> LeaseGrant {
         lease: id,
         granted,
         valid: SECOND.times(10),
+        starts: Nanos::ZERO,
+        index: 0,
         limit: 100,
         window: SECOND.times(60),
         unleased: 50,
