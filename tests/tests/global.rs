@@ -354,7 +354,9 @@ fn a_dead_quota_service_means_the_local_fallback_then_global_mode_again() {
     service.kill();
     let during = load(&[&envoy], 2, Duration::from_secs(3), |_, _| String::new());
     assert_eq!(during.other, 0, "no failed request while the service is down: {during:?}");
-    assert!(eventually(Duration::from_secs(2), || envoy.stat_now("wasmcustom.floodgate.rule.fleet.fallback_active") == 1));
+    assert!(
+        eventually(Duration::from_secs(2), || envoy.stat_now("wasmcustom.floodgate.rule.fleet.fallback_active") == 1)
+    );
     assert!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback") > 0);
     assert!(envoy.stat("wasmcustom.floodgate.global.callouts_refused") > 0, "a refused connection is a 503");
 
