@@ -265,7 +265,7 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[
             per_second(throughput_ratio(15, "dk", Bound::AtLeast(0.90))),
             per_second(Target { issue: 15, ..LEASE_CALLOUTS }),
-            per_second(Target::new(15, Measure::Value(Metric::Waited), Bound::AtMost(0.005))),
+            per_second(Target::new(15, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005))),
             per_second(p99_ratio(15, "dk", Bound::AtMost(1.5))),
         ],
         ..ROW
