@@ -13,7 +13,7 @@ ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scr
 export ENVOY_BIN
 
 .PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
-.PHONY: images image-wasm image-quota test-manifests test-deploy
+.PHONY: images image-wasm image-quota test-manifests test-deploy core-bench
 
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
@@ -142,11 +142,18 @@ fuzz-quick: deps-fuzz
 fuzz:
 	$(MAKE) --no-print-directory fuzz-quick FUZZ_SECONDS=300
 
-# Filter: throughput against Envoy's own limiter, accuracy, memory (about 5
-# minutes). Quota service: decisions per second and p99 on both stores.
+# The core's per-request path (criterion). Filter: throughput against Envoy's
+# own limiter, latency, accuracy, memory. Quota service: decisions per second
+# and p99 on every store.
 bench: deps-envoy deps-redis
+	$(MAKE) --no-print-directory core-bench
 	$(MAKE) --no-print-directory filter-bench
 	$(MAKE) --no-print-directory quota-bench
+
+# The core's per-request path natively, stage by stage (criterion; ns per
+# request; see core/benches/hot_path.rs).
+core-bench:
+	cargo bench -p floodgate-core --bench hot_path -- --warm-up-time 1 --measurement-time 3
 
 # The README's "Choosing an algorithm" pictures: one scripted traffic through
 # a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.

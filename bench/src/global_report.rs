@@ -36,9 +36,10 @@ pub fn report(out: &mut String, s: &Settings, results: &Results) -> (Value, Vec<
         out,
         "| variant | req/s | p50 ms | p99 ms |{heads} ÷ local reference (per-round median) | \
          callouts / request | callouts / request, second halves | service calls / request | requests that waited \
-         for a refresh (mean wait ms) | fallback decisions | non-2xx |"
+         for a refresh (mean wait ms) | requests that waited, second halves | fallback decisions | non-2xx |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|{}---:|---:|---:|---:|---:|---:|---:|", "---:|".repeat(columns.len()));
+    let _ =
+        writeln!(out, "|---|---:|---:|---:|{}---:|---:|---:|---:|---:|---:|---:|---:|", "---:|".repeat(columns.len()));
     let summary: Vec<Value> = global.iter().map(|r| row(out, results, r, &columns)).collect();
     let variants: Vec<_> = global.iter().map(|r| r.variant).collect();
     let targets = verdicts::report(out, Table::Global, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
@@ -67,7 +68,7 @@ fn row(out: &mut String, results: &Results, r: &VariantResult, columns: &[&str])
     let _ = writeln!(
         out,
         "| ({id}) {} | {rps:.0} | {} | {} |{cells} {} | {:.5} | {:.5} | {service_per_request:.5} | \
-         {:.2}% ({:.1}) | {} | {non_2xx} |",
+         {:.2}% ({:.1}) | {:.2}% | {} | {non_2xx} |",
         r.variant.label,
         ms(r.median(|w| w.p50_us as f64)),
         ms(r.median(|w| w.p99_us as f64)),
@@ -76,6 +77,7 @@ fn row(out: &mut String, results: &Results, r: &VariantResult, columns: &[&str])
         steady.per_request(),
         100.0 * total.waited_share(),
         total.wait_ms as f64 / total.waits.max(1) as f64,
+        100.0 * steady.waited_share(),
         total.fallback,
     );
     let mut summary = json!({

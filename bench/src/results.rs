@@ -56,7 +56,7 @@ impl Results {
             Metric::Rps => Some(r.per_round(WrkResult::rps)),
             Metric::P99 => Some(r.per_round(|w| w.p99_us as f64)),
             Metric::CalloutsSteady => Some(r.callouts_second_half.iter().map(Callouts::per_request).collect()),
-            Metric::Waited => Some(r.callouts.iter().map(Callouts::waited_share).collect()),
+            Metric::WaitedSteady => Some(r.callouts_second_half.iter().map(Callouts::waited_share).collect()),
             Metric::LatencyP50 => None,
         }
     }

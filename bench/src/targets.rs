@@ -24,8 +24,10 @@ pub enum Metric {
     P99,
     /// The filter's callouts per request over the round's second half (steady load).
     CalloutsSteady,
-    /// The share of the round's requests that waited for a pool's refresh.
-    Waited,
+    /// The share of requests that waited for a pool's refresh over the
+    /// round's second half (steady load: a round's first requests find 1,000
+    /// cold pools, whose first leases they wait for).
+    WaitedSteady,
     /// The median latency of sequential requests on one connection.
     LatencyP50,
 }
@@ -36,7 +38,7 @@ impl Metric {
             Metric::Rps => "req/s",
             Metric::P99 => "p99 under load",
             Metric::CalloutsSteady => "callouts per request at steady load (second halves)",
-            Metric::Waited => "requests that waited for a refresh",
+            Metric::WaitedSteady => "requests that waited for a refresh at steady load (second halves)",
             Metric::LatencyP50 => "p50 on one connection",
         }
     }
@@ -45,7 +47,7 @@ impl Metric {
     fn table(self) -> Table {
         match self {
             Metric::Rps | Metric::P99 => Table::Throughput,
-            Metric::CalloutsSteady | Metric::Waited => Table::Global,
+            Metric::CalloutsSteady | Metric::WaitedSteady => Table::Global,
             Metric::LatencyP50 => Table::Latency,
         }
     }
@@ -166,7 +168,7 @@ impl Target {
             Bound::AtMost(b) => ("≤", b),
         };
         let bound = match self.measure {
-            Measure::Value(Metric::Waited) => format!("{:.1}%", 100.0 * bound),
+            Measure::Value(Metric::WaitedSteady) => format!("{:.1}%", 100.0 * bound),
             _ => format!("{bound:.2}"),
         };
         format!("{what} {sign} {bound}")
@@ -175,7 +177,7 @@ impl Target {
     /// A measured figure: a share in percent, callouts to five places, ratios to three.
     pub fn format(&self, value: f64) -> String {
         match self.measure {
-            Measure::Value(Metric::Waited) => format!("{:.2}%", 100.0 * value),
+            Measure::Value(Metric::WaitedSteady) => format!("{:.2}%", 100.0 * value),
             Measure::Value(_) => format!("{value:.5}"),
             _ => format!("{value:.3}"),
         }
@@ -190,7 +192,7 @@ mod tests {
         match (id, metric) {
             ("x", Metric::Rps) => Some(vec![90.0, 80.0, 100.0]),
             ("y", Metric::Rps) => Some(vec![100.0, 100.0, 100.0]),
-            ("x", Metric::Waited) => Some(vec![0.01, 0.002, 0.004]),
+            ("x", Metric::WaitedSteady) => Some(vec![0.01, 0.002, 0.004]),
             _ => None,
         }
     }
@@ -207,7 +209,7 @@ mod tests {
 
     #[test]
     fn an_upper_bound_and_a_missing_variant() {
-        let waited = Target::new(15, Measure::Value(Metric::Waited), Bound::AtMost(0.005));
+        let waited = Target::new(15, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005));
         assert!(waited.evaluate("x", &figures).unwrap().met, "median 0.004");
         let ratio = Target::new(15, Measure::Ratio { metric: Metric::Rps, against: "z" }, Bound::AtLeast(1.0));
         assert_eq!(ratio.evaluate("x", &figures).unwrap_err(), "z");

@@ -51,6 +51,7 @@ fn request(limiter: &Limiter) -> StaticRequest {
     StaticRequest {
         headers: limiter.header_names().iter().map(|name| value(name)).collect(),
         remote_address: Some(b"10.0.0.1:5555".to_vec()),
+        attributes: Default::default(),
     }
 }
 

@@ -4,6 +4,8 @@
 //! Every error names the field (as a path like `rules[1].period`) and the
 //! value it rejected.
 
+mod entries;
+
 use std::collections::HashMap;
 
 use serde::Deserialize;
@@ -25,6 +27,8 @@ pub const DEFAULT_CAS_RETRIES: u32 = 8;
 /// Requests one worker keeps waiting for a shaper when none is configured.
 pub const DEFAULT_MAX_DELAYED: u32 = 1024;
 const MAX_RULES: usize = 64;
+/// The most units a worker may take ahead at once.
+const MAX_WORKER_BATCH: u64 = 1_000_000;
 const MAX_DESCRIPTORS: usize = 16;
 const MAX_BODY: usize = 4096;
 
@@ -67,6 +71,7 @@ struct RawRule {
     #[serde(default)]
     shadow_mode: bool,
     max_keys: Option<u64>,
+    worker_batch: Option<u64>,
     #[serde(default)]
     scope: Scope,
     #[serde(flatten)]
@@ -91,6 +96,8 @@ struct RawMatch {
     path_prefix: Option<String>,
     methods: Option<Vec<String>>,
     authority: Option<String>,
+    route_name: Option<String>,
+    route_metadata: Option<entries::RawMetadataMatcher>,
 }
 
 #[derive(Deserialize)]
@@ -108,10 +115,15 @@ enum RawDescriptor {
     MaskedRemoteAddress(RawMasked),
     GenericKey(RawGenericKey),
     HeaderValueMatch(RawHeaderValueMatch),
+    Metadata(entries::RawMetadata),
+    QueryParameters(entries::RawQueryParameters),
+    QueryParameterValueMatch(entries::RawQueryParameterValueMatch),
+    DestinationCluster(RawEmpty),
+    SourceCluster(RawEmpty),
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "an empty object {}")]
 struct RawEmpty {}
 
 #[derive(Deserialize)]
@@ -283,6 +295,9 @@ pub struct Rule {
     pub table: Table,
     /// For a global rule, how it asks the quota service and falls back.
     pub global: Option<GlobalRule>,
+    /// Units a worker takes from a bucket at once and spends from its own
+    /// memory (`worker_batch`), if set.
+    pub worker_batch: Option<u64>,
 }
 
 impl Rule {
@@ -498,7 +513,36 @@ fn validate_rule(
             Cost::FromHeader { header, default: fixed_cost, max }
         }
     };
-    Ok(Rule { table, name, request_match, descriptors, algorithm, cost, shadow_mode: raw.shadow_mode, global })
+    let worker_batch = match raw.worker_batch {
+        None => None,
+        Some(_) if global.is_some() => {
+            return Err(error(
+                format!("{at}.worker_batch"),
+                "applies only to local rules (a global rule's pools are its batches)",
+            ))
+        }
+        Some(_) if !table.policy().batchable() => {
+            return Err(error(
+                format!("{at}.worker_batch"),
+                format!(
+                    "does not apply to {}: its units cannot be taken ahead and spent later without breaking its limit",
+                    algorithm.name
+                ),
+            ))
+        }
+        Some(n) => Some(check_range(&format!("{at}.worker_batch"), n, 2, capacity.min(MAX_WORKER_BATCH))?),
+    };
+    Ok(Rule {
+        table,
+        name,
+        request_match,
+        descriptors,
+        algorithm,
+        cost,
+        shadow_mode: raw.shadow_mode,
+        global,
+        worker_batch,
+    })
 }
 
 fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<RequestMatch, ConfigError> {
@@ -534,7 +578,10 @@ fn validate_match(at: &str, raw: RawMatch, headers: &mut Headers) -> Result<Requ
         Some(p) => Some((headers.id(at, ":path")?, p)),
         None => None,
     };
-    Ok(RequestMatch { path, methods, authority })
+    let route_name = raw.route_name.map(|name| entries::route_name(&format!("{at}.route_name"), name)).transpose()?;
+    let route_metadata =
+        raw.route_metadata.map(|m| entries::route_metadata(&format!("{at}.route_metadata"), m)).transpose()?;
+    Ok(RequestMatch { path, methods, authority, route_name, route_metadata })
 }
 
 fn check_path(field: &str, path: String) -> Result<String, ConfigError> {
@@ -623,6 +670,13 @@ fn validate_descriptor(at: &str, raw: RawDescriptor, headers: &mut Headers) -> R
                 headers: matchers,
             }
         }
+        RawDescriptor::Metadata(m) => entries::metadata(&format!("{at}.metadata"), m)?,
+        RawDescriptor::QueryParameters(q) => entries::query_parameters(&format!("{at}.query_parameters"), q, headers)?,
+        RawDescriptor::QueryParameterValueMatch(q) => {
+            entries::query_parameter_value_match(&format!("{at}.query_parameter_value_match"), q, headers)?
+        }
+        RawDescriptor::DestinationCluster(RawEmpty {}) => DescriptorEntry::DestinationCluster,
+        RawDescriptor::SourceCluster(RawEmpty {}) => DescriptorEntry::SourceCluster,
     })
 }
 

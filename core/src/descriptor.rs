@@ -1,18 +1,59 @@
 //! Descriptors: what identifies a bucket, taken from the request the way
 //! Envoy's rate-limit actions take it (`request_headers`, `remote_address`,
-//! `masked_remote_address`, `generic_key`, `header_value_match`), and the
-//! request matching that decides whether a rule applies at all, and what a
-//! request costs.
+//! `masked_remote_address`, `generic_key`, `header_value_match`, `metadata`,
+//! `query_parameters`, `query_parameter_value_match`, `destination_cluster`,
+//! `source_cluster`), the request matching that decides whether a rule
+//! applies at all, and what a request costs.
+//!
+//! Every value an entry contributes is bounded ([`crate::value`]).
 
 use std::net::IpAddr;
 
 use crate::hash::SipHasher;
+use crate::metadata::{self, Found, MetadataKey, MetadataSource};
+use crate::query;
+use crate::value::{bounded_text, BoundedValue};
 
 /// A header the configuration refers to, as an index into the list of header
 /// names it needs ([`crate::config::Config::header_names`]). The filter fetches
 /// each one from Envoy at most once per request, and only if a rule asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HeaderId(pub usize);
+
+/// What Envoy knows of a request besides its headers and address, for the
+/// entries and conditions that read it. `docs/envoy-attributes.md` says how
+/// Envoy serves each one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Attribute {
+    /// The request's dynamic metadata, a serialized `envoy.config.core.v3.Metadata`.
+    DynamicMetadata,
+    /// The matched route's metadata, a serialized `Metadata`.
+    RouteMetadata,
+    /// The matched route's name.
+    RouteName,
+    /// The matched route's upstream cluster.
+    DestinationCluster,
+    /// This Envoy's service cluster (`node.cluster`, or `--service-cluster`).
+    SourceCluster,
+}
+
+impl Attribute {
+    /// How many attributes there are; [`Attribute::index`] is below it.
+    pub const COUNT: usize = 5;
+
+    /// A dense index, for a per-request cache.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The metadata a `metadata` entry or condition with `source` reads.
+    pub fn metadata(source: MetadataSource) -> Attribute {
+        match source {
+            MetadataSource::Dynamic => Attribute::DynamicMetadata,
+            MetadataSource::RouteEntry => Attribute::RouteMetadata,
+        }
+    }
+}
 
 /// The request as the limiter sees it. Values are raw bytes: header values
 /// need not be UTF-8 and are never required to be.
@@ -23,6 +64,9 @@ pub trait Request {
     /// The downstream remote address as Envoy determined it (`ip:port`,
     /// `[v6]:port`, or a bare ip), or `None` when it is not an IP address.
     fn remote_address(&mut self) -> Option<&[u8]>;
+
+    /// `attribute`'s bytes, or `None` when Envoy has none (or only empty bytes).
+    fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]>;
 }
 
 /// How much a request takes from a bucket.
@@ -89,10 +133,10 @@ pub struct HeaderMatcher {
     pub invert_match: bool,
 }
 
-impl HeaderMatcher {
-    fn matches(&self, request: &mut dyn Request) -> bool {
-        let value = request.header(self.header);
-        let matched = match (&self.string_match, value) {
+impl StringMatch {
+    /// Whether `value` (`None`: absent) matches.
+    pub fn matches(&self, value: Option<&[u8]>) -> bool {
+        match (self, value) {
             (StringMatch::Present(present), value) => value.is_some() == *present,
             (_, None) => false,
             (StringMatch::Exact(want), Some(v)) => v == want.as_slice(),
@@ -101,8 +145,69 @@ impl HeaderMatcher {
             (StringMatch::Contains(want), Some(v)) => {
                 want.is_empty() || v.windows(want.len()).any(|w| w == want.as_slice())
             }
+        }
+    }
+}
+
+impl HeaderMatcher {
+    fn matches(&self, request: &mut dyn Request) -> bool {
+        self.string_match.matches(request.header(self.header)) != self.invert_match
+    }
+}
+
+/// One parameter condition of a `query_parameter_value_match` descriptor:
+/// on the parameter's first value, percent-decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueryMatcher {
+    /// The parameter's name (decoded).
+    pub name: String,
+    /// How to compare its value; `Present(false)` holds when it is absent.
+    pub string_match: StringMatch,
+}
+
+impl QueryMatcher {
+    fn matches(&self, path: Option<&[u8]>) -> bool {
+        let Some(raw) = path.and_then(|p| query::first_value(p, self.name.as_bytes())) else {
+            return self.string_match.matches(None);
         };
-        matched != self.invert_match
+        let value = BoundedValue::collect(query::Decoded::new(raw));
+        self.string_match.matches(Some(value.as_bytes()))
+    }
+}
+
+/// A condition on a value in metadata (Envoy's `MetadataMatcher`, in part).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetadataMatcher {
+    /// Where the value is.
+    pub key: MetadataKey,
+    /// What it must be.
+    pub value: MetadataValueMatch,
+    /// Inverts the result.
+    pub invert: bool,
+}
+
+/// What a [`MetadataMatcher`] asks of the value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MetadataValueMatch {
+    /// A string matching this (`Present` is not used here).
+    String(StringMatch),
+    /// This boolean.
+    Bool(bool),
+    /// Any string, number or boolean.
+    Present,
+}
+
+impl MetadataMatcher {
+    /// Whether the serialized metadata `metadata` (`None`: none) matches.
+    pub fn matches(&self, metadata: Option<&[u8]>) -> bool {
+        let found = metadata.map_or(Found::Absent, |m| metadata::lookup(m, &self.key));
+        let matched = match (&self.value, found) {
+            (MetadataValueMatch::String(want), Found::String(s)) => want.matches(Some(s)),
+            (MetadataValueMatch::Bool(want), Found::Bool(b)) => *want == b,
+            (MetadataValueMatch::Present, Found::String(_) | Found::Number(_) | Found::Bool(_)) => true,
+            _ => false,
+        };
+        matched != self.invert
     }
 }
 
@@ -147,6 +252,57 @@ pub enum DescriptorEntry {
         /// All must match for the headers to match.
         headers: Vec<HeaderMatcher>,
     },
+    /// A string in the request's dynamic metadata or the route's metadata
+    /// (Envoy's `metadata` action). A number, a boolean, a struct or an empty
+    /// string counts as absent, as in Envoy; absent, the entry is
+    /// `default_value`, or dropped with `skip_if_absent`, or else the rule
+    /// is skipped.
+    Metadata {
+        /// The descriptor key.
+        key: String,
+        /// Which metadata.
+        source: MetadataSource,
+        /// Where in it.
+        metadata_key: MetadataKey,
+        /// The value when the metadata has none.
+        default_value: Option<String>,
+        /// Drop this entry instead of the rule when there is no value.
+        skip_if_absent: bool,
+    },
+    /// The first value of a query parameter, percent-decoded. A request
+    /// without the parameter skips the rule, unless `skip_if_absent`, which
+    /// drops just this entry.
+    QueryParameters {
+        /// The `:path` header, which holds the query.
+        path: HeaderId,
+        /// The parameter's name (decoded).
+        name: String,
+        /// The descriptor key.
+        key: String,
+        /// Drop this entry instead of the rule when the parameter is absent.
+        skip_if_absent: bool,
+    },
+    /// A constant entry produced only when the query parameters match
+    /// (`expect_match: true`) or do not match (`false`); otherwise the rule
+    /// is skipped.
+    QueryParameterValueMatch {
+        /// The `:path` header, which holds the query.
+        path: HeaderId,
+        /// The descriptor key.
+        key: String,
+        /// The constant value.
+        value: String,
+        /// Whether the parameters must match or must not.
+        expect_match: bool,
+        /// All must match for the parameters to match.
+        parameters: Vec<QueryMatcher>,
+    },
+    /// The matched route's upstream cluster, keyed `destination_cluster`. A
+    /// request whose route has none (no route, a direct response) skips the rule.
+    DestinationCluster,
+    /// This Envoy's service cluster, keyed `source_cluster` (empty when
+    /// Envoy has none, as Envoy sends it).
+    SourceCluster,
 }
 
 /// One descriptor entry's value as taken from a request.
@@ -163,10 +319,11 @@ pub enum Value<'a> {
 impl Value<'_> {
     /// The value as the quota service's protocol carries it: text. Addresses
     /// are written as Envoy writes them (`10.0.0.7`, `10.1.2.0/24`); bytes
-    /// that are not UTF-8 have each invalid sequence replaced by U+FFFD.
+    /// that are not UTF-8 have each invalid sequence replaced by U+FFFD (and
+    /// the text is kept within [`crate::value::MAX_VALUE_BYTES`]).
     pub fn to_text(&self) -> String {
         match self {
-            Value::Bytes(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+            Value::Bytes(bytes) => bounded_text(bytes),
             Value::Address(ip) => ip.to_string(),
             Value::Subnet(ip, prefix) => format!("{ip}/{prefix}"),
         }
@@ -182,10 +339,12 @@ impl Value<'_> {
 /// pairs into a fingerprint ([`fingerprint`]), global mode sends them to the
 /// quota service ([`protocol_descriptor`]).
 pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit: impl FnMut(&str, Value<'_>)) -> bool {
+    // Where a value too long to contribute as it is gets its stand-in.
+    let mut spare = BoundedValue::default();
     for entry in entries {
         match entry {
             DescriptorEntry::RequestHeaders { header, key, skip_if_absent } => match request.header(*header) {
-                Some(value) => visit(key, Value::Bytes(value)),
+                Some(value) => visit(key, Value::Bytes(BoundedValue::bound(value, &mut spare))),
                 None if *skip_if_absent => {}
                 None => return false,
             },
@@ -205,6 +364,42 @@ pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit
                     return false;
                 }
                 visit(key, Value::Bytes(value.as_bytes()));
+            }
+            DescriptorEntry::Metadata { key, source, metadata_key, default_value, skip_if_absent } => {
+                let found = request
+                    .attribute(Attribute::metadata(*source))
+                    .and_then(|blob| metadata::lookup(blob, metadata_key).non_empty_string());
+                match (found, default_value) {
+                    (Some(value), _) => visit(key, Value::Bytes(BoundedValue::bound(value, &mut spare))),
+                    (None, Some(default)) => visit(key, Value::Bytes(default.as_bytes())),
+                    (None, None) if *skip_if_absent => {}
+                    (None, None) => return false,
+                }
+            }
+            DescriptorEntry::QueryParameters { path, name, key, skip_if_absent } => {
+                match request.header(*path).and_then(|p| query::first_value(p, name.as_bytes())) {
+                    Some(raw) => {
+                        spare = BoundedValue::collect(query::Decoded::new(raw));
+                        visit(key, Value::Bytes(spare.as_bytes()));
+                    }
+                    None if *skip_if_absent => {}
+                    None => return false,
+                }
+            }
+            DescriptorEntry::QueryParameterValueMatch { path, key, value, expect_match, parameters } => {
+                let path = request.header(*path);
+                if parameters.iter().all(|m| m.matches(path)) != *expect_match {
+                    return false;
+                }
+                visit(key, Value::Bytes(value.as_bytes()));
+            }
+            DescriptorEntry::DestinationCluster => match request.attribute(Attribute::DestinationCluster) {
+                Some(cluster) => visit("destination_cluster", Value::Bytes(BoundedValue::bound(cluster, &mut spare))),
+                None => return false,
+            },
+            DescriptorEntry::SourceCluster => {
+                let cluster = request.attribute(Attribute::SourceCluster).unwrap_or_default();
+                visit("source_cluster", Value::Bytes(BoundedValue::bound(cluster, &mut spare)));
             }
         }
     }
@@ -249,9 +444,18 @@ pub fn protocol_descriptor(entries: &[DescriptorEntry], request: &mut dyn Reques
     extract(entries, request, |key, value| pairs.push((key.to_string(), value.to_text()))).then_some(pairs)
 }
 
-/// True when every entry is a constant: the rule has one bucket, whatever the request.
+/// True when every entry is a constant: the rule has one bucket, whatever
+/// the request. (This Envoy's service cluster does not change while it runs.)
 pub fn is_constant(entries: &[DescriptorEntry]) -> bool {
-    entries.iter().all(|e| matches!(e, DescriptorEntry::GenericKey { .. } | DescriptorEntry::HeaderValueMatch { .. }))
+    entries.iter().all(|e| {
+        matches!(
+            e,
+            DescriptorEntry::GenericKey { .. }
+                | DescriptorEntry::HeaderValueMatch { .. }
+                | DescriptorEntry::QueryParameterValueMatch { .. }
+                | DescriptorEntry::SourceCluster
+        )
+    })
 }
 
 fn write_ip(hasher: &mut SipHasher, ip: IpAddr) {
@@ -299,7 +503,7 @@ pub enum PathMatch {
 }
 
 /// Which requests a rule applies to. Every condition given must hold.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RequestMatch {
     /// The `:path` condition and the header it reads.
     pub path: Option<(HeaderId, PathMatch)>,
@@ -307,6 +511,10 @@ pub struct RequestMatch {
     pub methods: Option<(HeaderId, Vec<String>)>,
     /// The `:authority`, compared without case, and the header it reads.
     pub authority: Option<(HeaderId, String)>,
+    /// The matched route's name.
+    pub route_name: Option<String>,
+    /// A condition on the matched route's metadata.
+    pub route_metadata: Option<MetadataMatcher>,
 }
 
 impl RequestMatch {
@@ -338,6 +546,16 @@ impl RequestMatch {
                 return false;
             }
         }
+        if let Some(name) = &self.route_name {
+            if request.attribute(Attribute::RouteName) != Some(name.as_bytes()) {
+                return false;
+            }
+        }
+        if let Some(matcher) = &self.route_metadata {
+            if !matcher.matches(request.attribute(Attribute::RouteMetadata)) {
+                return false;
+            }
+        }
         true
     }
 }
@@ -349,6 +567,8 @@ pub struct StaticRequest {
     pub headers: Vec<Option<Vec<u8>>>,
     /// The remote address.
     pub remote_address: Option<Vec<u8>>,
+    /// Attribute values by [`Attribute::index`] (`None`: absent).
+    pub attributes: [Option<Vec<u8>>; Attribute::COUNT],
 }
 
 impl Request for StaticRequest {
@@ -358,6 +578,10 @@ impl Request for StaticRequest {
 
     fn remote_address(&mut self) -> Option<&[u8]> {
         self.remote_address.as_deref()
+    }
+
+    fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]> {
+        self.attributes.get(attribute.index())?.as_deref().filter(|v| !v.is_empty())
     }
 }
 
@@ -373,6 +597,7 @@ mod tests {
         StaticRequest {
             headers: headers.iter().map(|h| h.map(<[u8]>::to_vec)).collect(),
             remote_address: remote.map(|r| r.as_bytes().to_vec()),
+            ..Default::default()
         }
     }
 
@@ -472,6 +697,7 @@ mod tests {
             path: Some((HeaderId(0), PathMatch::Exact("/login".into()))),
             methods: Some((HeaderId(1), vec!["POST".into()])),
             authority: Some((HeaderId(2), "api.example.com".into())),
+            ..Default::default()
         };
         let hit = |path: &[u8], method: &[u8], host: Option<&[u8]>| {
             rule.matches(&mut request(&[Some(path), Some(method), host], None))
@@ -507,5 +733,240 @@ mod tests {
         let mut without_key = request(&[None], Some("10.1.2.3:80"));
         assert_eq!(protocol_descriptor(&entries, &mut without_key), None);
         assert_eq!(fingerprint(KEY, "r", &entries, &mut without_key), None);
+    }
+
+    /// A request with `path` as header 0 and the given attributes.
+    fn with_attributes(path: Option<&str>, attributes: &[(Attribute, &[u8])]) -> StaticRequest {
+        let mut request = request(&[path.map(str::as_bytes)], None);
+        for (attribute, value) in attributes {
+            request.attributes[attribute.index()] = Some(value.to_vec());
+        }
+        request
+    }
+
+    fn pairs(entries: &[DescriptorEntry], request: &mut StaticRequest) -> Option<Vec<(String, String)>> {
+        protocol_descriptor(entries, request)
+    }
+
+    fn pair(key: &str, value: &str) -> (String, String) {
+        (key.to_string(), value.to_string())
+    }
+
+    fn claims() -> Vec<u8> {
+        use crate::metadata::build::{metadata, Value};
+        let text = |s: &str| Value::String(s.as_bytes().to_vec());
+        metadata(&[(
+            b"envoy.filters.http.jwt_authn",
+            vec![(
+                b"jwt_payload".to_vec(),
+                Value::Struct(vec![
+                    (b"sub".to_vec(), text("alice")),
+                    (b"customer".to_vec(), Value::Number(42.0)),
+                    (b"admin".to_vec(), Value::Bool(true)),
+                    (b"org".to_vec(), Value::Struct(vec![(b"id".to_vec(), text("acme"))])),
+                    (b"blank".to_vec(), text("")),
+                ]),
+            )],
+        )])
+    }
+
+    fn claim(path: &[&str], default_value: Option<&str>, skip_if_absent: bool) -> Vec<DescriptorEntry> {
+        let mut full = vec!["jwt_payload".to_string()];
+        full.extend(path.iter().map(|s| s.to_string()));
+        vec![DescriptorEntry::Metadata {
+            key: "user".into(),
+            source: MetadataSource::Dynamic,
+            metadata_key: MetadataKey { namespace: "envoy.filters.http.jwt_authn".into(), path: full },
+            default_value: default_value.map(str::to_string),
+            skip_if_absent,
+        }]
+    }
+
+    #[test]
+    fn a_metadata_string_is_the_value_and_anything_else_is_absent_as_in_envoy() {
+        let blob = claims();
+        let mut req = with_attributes(None, &[(Attribute::DynamicMetadata, &blob)]);
+        assert_eq!(pairs(&claim(&["sub"], None, false), &mut req), Some(vec![pair("user", "alice")]));
+        assert_eq!(pairs(&claim(&["org", "id"], None, false), &mut req), Some(vec![pair("user", "acme")]));
+        for absent in [&["missing"][..], &["customer"], &["admin"], &["org"], &["blank"], &["sub", "deeper"]] {
+            assert_eq!(pairs(&claim(absent, None, false), &mut req), None, "{absent:?} skips the rule");
+            assert_eq!(pairs(&claim(absent, None, true), &mut req), Some(vec![]), "{absent:?}: entry dropped");
+            assert_eq!(
+                pairs(&claim(absent, Some("anonymous"), false), &mut req),
+                Some(vec![pair("user", "anonymous")]),
+                "{absent:?}: the default"
+            );
+        }
+        // No dynamic metadata at all: the same as an absent value.
+        let mut bare = with_attributes(None, &[]);
+        assert_eq!(pairs(&claim(&["sub"], Some("anonymous"), false), &mut bare), Some(vec![pair("user", "anonymous")]));
+        assert_eq!(fingerprint(KEY, "r", &claim(&["sub"], None, false), &mut bare), None);
+    }
+
+    #[test]
+    fn metadata_from_the_route_and_malformed_metadata() {
+        use crate::metadata::build::{metadata, Value};
+        let route = metadata(&[(b"floodgate", vec![(b"tier".to_vec(), Value::String(b"gold".to_vec()))])]);
+        let entries = vec![DescriptorEntry::Metadata {
+            key: "tier".into(),
+            source: MetadataSource::RouteEntry,
+            metadata_key: MetadataKey { namespace: "floodgate".into(), path: vec!["tier".into()] },
+            default_value: None,
+            skip_if_absent: false,
+        }];
+        let mut req =
+            with_attributes(None, &[(Attribute::RouteMetadata, &route), (Attribute::DynamicMetadata, b"junk")]);
+        assert_eq!(pairs(&entries, &mut req), Some(vec![pair("tier", "gold")]));
+        let mut junk = with_attributes(None, &[(Attribute::RouteMetadata, b"\x0a\xff\xff")]);
+        assert_eq!(pairs(&entries, &mut junk), None);
+    }
+
+    #[test]
+    fn a_huge_claim_contributes_a_bounded_distinct_value() {
+        use crate::metadata::build::{metadata, Value};
+        use crate::value::MAX_VALUE_BYTES;
+        let blob = |sub: &[u8]| {
+            metadata(&[(
+                b"envoy.filters.http.jwt_authn",
+                vec![(b"jwt_payload".to_vec(), Value::Struct(vec![(b"sub".to_vec(), Value::String(sub.to_vec()))]))],
+            )])
+        };
+        let (a, b) = ([vec![b'u'; 5000], b"a".to_vec()].concat(), [vec![b'u'; 5000], b"b".to_vec()].concat());
+        let (blob_a, blob_b) = (blob(&a), blob(&b));
+        let mut req_a = with_attributes(None, &[(Attribute::DynamicMetadata, &blob_a)]);
+        let mut req_b = with_attributes(None, &[(Attribute::DynamicMetadata, &blob_b)]);
+        let entries = claim(&["sub"], None, false);
+        let text_a = pairs(&entries, &mut req_a).unwrap().remove(0).1;
+        let text_b = pairs(&entries, &mut req_b).unwrap().remove(0).1;
+        assert_eq!(text_a.len(), MAX_VALUE_BYTES);
+        assert_ne!(text_a, text_b);
+        assert_ne!(fingerprint(KEY, "r", &entries, &mut req_a), fingerprint(KEY, "r", &entries, &mut req_b));
+    }
+
+    fn user_param(skip_if_absent: bool) -> Vec<DescriptorEntry> {
+        vec![DescriptorEntry::QueryParameters {
+            path: HeaderId(0),
+            name: "user".into(),
+            key: "user".into(),
+            skip_if_absent,
+        }]
+    }
+
+    #[test]
+    fn a_query_parameter_is_its_first_decoded_value() {
+        let value = |path: &str| pairs(&user_param(false), &mut with_attributes(Some(path), &[]));
+        assert_eq!(value("/a?user=bob"), Some(vec![pair("user", "bob")]));
+        assert_eq!(value("/a?x=1&user=b%C3%B6b&user=eve"), Some(vec![pair("user", "böb")]));
+        assert_eq!(value("/a?user=%zz+1"), Some(vec![pair("user", "%zz+1")]));
+        assert_eq!(value("/a?user"), Some(vec![pair("user", "")]));
+        assert_eq!(value("/a?user=%ff"), Some(vec![pair("user", "\u{fffd}")]));
+        assert_eq!(value("/a?users=bob"), None);
+        assert_eq!(value("/a"), None);
+        assert_eq!(pairs(&user_param(false), &mut with_attributes(None, &[])), None, "no :path");
+        assert_eq!(pairs(&user_param(true), &mut with_attributes(Some("/a"), &[])), Some(vec![]));
+        // Encoded or not, one value is one bucket; another value another.
+        let fp = |path: &str| fingerprint(KEY, "r", &user_param(false), &mut with_attributes(Some(path), &[]));
+        assert_eq!(fp("/?user=a%20b"), fp("/?user=a b"));
+        assert_ne!(fp("/?user=a%20b"), fp("/?user=a+b"));
+        // A hostile value: bounded, and still told apart.
+        let long = |tail: &str| format!("/?user={}{tail}", "%41".repeat(10_000));
+        let text = value(&long("x")).unwrap().remove(0).1;
+        assert_eq!(text.len(), crate::value::MAX_VALUE_BYTES);
+        assert_ne!(fp(&long("x")), fp(&long("y")));
+    }
+
+    #[test]
+    fn query_parameter_value_match_applies_only_when_parameters_match() {
+        let entries = |expect_match: bool, string_match: StringMatch| {
+            vec![DescriptorEntry::QueryParameterValueMatch {
+                path: HeaderId(0),
+                key: "query_match".into(),
+                value: "debug".into(),
+                expect_match,
+                parameters: vec![QueryMatcher { name: "mode".into(), string_match }],
+            }]
+        };
+        let applies = |entries: &[DescriptorEntry], path: &str| {
+            pairs(entries, &mut with_attributes(Some(path), &[])) == Some(vec![pair("query_match", "debug")])
+        };
+        let exact = entries(true, StringMatch::Exact(b"a b".to_vec()));
+        assert!(applies(&exact, "/?mode=a%20b"));
+        assert!(!applies(&exact, "/?mode=a+b"));
+        assert!(!applies(&exact, "/"));
+        assert!(applies(&entries(false, StringMatch::Exact(b"a b".to_vec())), "/?mode=x"));
+        let present = entries(true, StringMatch::Present(true));
+        assert!(applies(&present, "/?mode"));
+        assert!(!applies(&present, "/?other"));
+        let absent = entries(true, StringMatch::Present(false));
+        assert!(applies(&absent, "/?other"));
+        assert!(!applies(&absent, "/?mode="));
+    }
+
+    #[test]
+    fn clusters_name_their_entries_as_envoy_does() {
+        let entries = vec![DescriptorEntry::DestinationCluster, DescriptorEntry::SourceCluster];
+        let mut req =
+            with_attributes(None, &[(Attribute::DestinationCluster, b"svc-a"), (Attribute::SourceCluster, b"edge")]);
+        assert_eq!(
+            pairs(&entries, &mut req),
+            Some(vec![pair("destination_cluster", "svc-a"), pair("source_cluster", "edge")])
+        );
+        // No route cluster (no route, a direct response): the rule is skipped.
+        assert_eq!(pairs(&entries, &mut with_attributes(None, &[(Attribute::SourceCluster, b"edge")])), None);
+        // No service cluster: an empty value, as Envoy sends it.
+        let mut no_source = with_attributes(None, &[]);
+        assert_eq!(pairs(&[DescriptorEntry::SourceCluster], &mut no_source), Some(vec![pair("source_cluster", "")]));
+        assert!(is_constant(&[DescriptorEntry::SourceCluster]));
+        assert!(!is_constant(&entries));
+    }
+
+    #[test]
+    fn route_name_and_route_metadata_conditions() {
+        use crate::metadata::build::{metadata, Value};
+        let route = metadata(&[(
+            b"floodgate",
+            vec![(b"tier".to_vec(), Value::String(b"gold".to_vec())), (b"paid".to_vec(), Value::Bool(true))],
+        )]);
+        let key = |name: &str| MetadataKey { namespace: "floodgate".into(), path: vec![name.into()] };
+        let by_name = RequestMatch { route_name: Some("api".into()), ..Default::default() };
+        let on = |attributes: &[(Attribute, &[u8])], rule: &RequestMatch| {
+            rule.matches(&mut with_attributes(None, attributes))
+        };
+        assert!(on(&[(Attribute::RouteName, b"api")], &by_name));
+        assert!(!on(&[(Attribute::RouteName, b"api2")], &by_name));
+        assert!(!on(&[], &by_name), "no route, no match");
+        let metadata_rule = |field: &str, value: MetadataValueMatch, invert: bool| RequestMatch {
+            route_metadata: Some(MetadataMatcher { key: key(field), value, invert }),
+            ..Default::default()
+        };
+        let gold = metadata_rule("tier", MetadataValueMatch::String(StringMatch::Exact(b"gold".to_vec())), false);
+        assert!(on(&[(Attribute::RouteMetadata, &route)], &gold));
+        assert!(!on(&[], &gold));
+        assert!(on(
+            &[],
+            &metadata_rule("tier", MetadataValueMatch::String(StringMatch::Exact(b"gold".to_vec())), true)
+        ));
+        assert!(on(
+            &[(Attribute::RouteMetadata, &route)],
+            &metadata_rule("paid", MetadataValueMatch::Bool(true), false)
+        ));
+        assert!(!on(
+            &[(Attribute::RouteMetadata, &route)],
+            &metadata_rule("tier", MetadataValueMatch::Bool(true), false)
+        ));
+        assert!(on(&[(Attribute::RouteMetadata, &route)], &metadata_rule("tier", MetadataValueMatch::Present, false)));
+        assert!(!on(&[(Attribute::RouteMetadata, &route)], &metadata_rule("nope", MetadataValueMatch::Present, false)));
+    }
+
+    #[test]
+    fn a_long_header_value_is_bounded_for_the_service_and_still_told_apart() {
+        // Two bearer tokens alike in their first 300 bytes.
+        let a = [vec![b't'; 300], b"alice".to_vec()].concat();
+        let b = [vec![b't'; 300], b"bob".to_vec()].concat();
+        let text = |v: &[u8]| protocol_descriptor(&api_key(), &mut request(&[Some(v)], None)).unwrap().remove(0).1;
+        assert_eq!(text(&a).len(), crate::value::MAX_VALUE_BYTES);
+        assert_ne!(text(&a), text(&b));
+        let fp = |v: &[u8]| fingerprint(KEY, "r", &api_key(), &mut request(&[Some(v)], None));
+        assert_ne!(fp(&a), fp(&b));
     }
 }

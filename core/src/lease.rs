@@ -10,6 +10,8 @@
 //!   out no faster than evenly over the time left, across all callers. The
 //!   pace is kept per bucket as one instant, "paced until": how far the even
 //!   schedule of what remains has been handed out.
+//! * [`ahead_cap`]: the same for a lease ahead, of the next window before it
+//!   starts: half of what that window has left, and nothing of its tail.
 
 /// Nanoseconds in a second.
 const SECOND_NS: u64 = 1_000_000_000;
@@ -71,6 +73,18 @@ pub fn grant_cap(remaining: u64, capacity: u64, horizon_ns: u64, ttl_ns: u64, pa
     let paced = u64::try_from(paced).unwrap_or(u64::MAX);
     let paced = if start == now { paced.max(1) } else { paced };
     half.min(paced)
+}
+
+/// The most a lease ahead may take of the next window, before it starts,
+/// when `remaining` of `capacity` are left there: never more than half, as
+/// any lease, and nothing below the low-water mark: a window's tail is
+/// handed out in the window, paced over its time by [`grant_cap`].
+pub fn ahead_cap(remaining: u64, capacity: u64) -> u64 {
+    if low_water(remaining, capacity) {
+        0
+    } else {
+        remaining.div_ceil(2)
+    }
 }
 
 /// The bucket's "paced until" after `granted` tokens were leased at `now`

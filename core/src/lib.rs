@@ -6,6 +6,7 @@
 //! `wasm32-wasip1` target the filter ships for.
 
 pub mod algorithm;
+pub mod booking;
 pub mod bounds;
 pub mod config;
 pub mod descriptor;
@@ -15,7 +16,10 @@ pub mod hash;
 pub mod headers;
 pub mod lease;
 pub mod limiter;
+pub mod metadata;
+pub mod query;
 pub mod store;
 pub mod table;
 pub mod text;
 pub mod time;
+pub mod value;

@@ -8,7 +8,9 @@ use std::collections::HashMap;
 
 use floodgate_core::global::calls::MAX_ITEMS;
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
+use floodgate_core::global::pool::MAX_BATCH_DELAY;
 use floodgate_core::limiter::{Permit, Verdict};
+use floodgate_core::time::Nanos;
 
 /// A request whose check-mode rules are being asked about.
 #[derive(Debug)]
@@ -54,11 +56,18 @@ pub enum StatusCall {
     Hello,
 }
 
-/// This worker's traffic with the quota service.
+/// This worker's traffic with the quota service. What a request waits for
+/// leaves at once; refreshes no request waits for yet (a lease ahead of its
+/// window, a pool that still holds tokens for a while) and returns are held
+/// back until their claim's `send_by` (at most `MAX_BATCH_DELAY`), so that
+/// many pools' leases share one call; anything that leaves takes them along.
 #[derive(Debug, Default)]
 pub struct Callouts {
     refreshes: Vec<Refresh>,
+    held: Vec<Refresh>,
     returns: Vec<(u64, u64)>,
+    /// When what is held back must leave.
+    hold_until: Option<Nanos>,
     checks: Vec<u32>,
     jobs: HashMap<u32, CheckJob>,
     in_flight: HashMap<u32, Callout>,
@@ -83,20 +92,43 @@ pub enum Outgoing {
 }
 
 impl Callouts {
-    /// True when something waits to be sent.
-    pub fn has_outgoing(&self) -> bool {
-        !self.refreshes.is_empty() || !self.returns.is_empty() || !self.checks.is_empty()
+    /// True when something must be sent at `now`: what a request waits for,
+    /// what was held back as long as it may be, or a call's worth of it.
+    pub fn has_outgoing(&self, now: Nanos) -> bool {
+        !self.refreshes.is_empty()
+            || !self.checks.is_empty()
+            || self.hold_until.is_some_and(|until| until <= now)
+            || self.held.len() >= MAX_ITEMS
+            || self.returns.len() >= MAX_ITEMS
     }
 
-    /// Queues the refreshes a request claimed.
-    pub fn refresh(&mut self, refreshes: impl IntoIterator<Item = Refresh>) {
-        self.refreshes.extend(refreshes);
+    /// When what is held back must leave, if anything is.
+    pub fn hold_until(&self) -> Option<Nanos> {
+        self.hold_until
     }
 
-    /// Queues unspent tokens to give back.
-    pub fn give_back(&mut self, lease: u64, tokens: u64) {
+    fn hold(&mut self, until: Nanos) {
+        self.hold_until = Some(self.hold_until.map_or(until, |held| held.min(until)));
+    }
+
+    /// Queues the refreshes a request claimed at `now`: at once, or held
+    /// back until their `send_by`.
+    pub fn refresh(&mut self, refreshes: impl IntoIterator<Item = Refresh>, now: Nanos) {
+        for refresh in refreshes {
+            if refresh.claim.send_by <= now {
+                self.refreshes.push(refresh);
+            } else {
+                self.hold(refresh.claim.send_by);
+                self.held.push(refresh);
+            }
+        }
+    }
+
+    /// Queues unspent tokens to give back, within `MAX_BATCH_DELAY` of `now`.
+    pub fn give_back(&mut self, lease: u64, tokens: u64, now: Nanos) {
         if tokens > 0 {
             self.returns.push((lease, tokens));
+            self.hold(now + MAX_BATCH_DELAY);
         }
     }
 
@@ -108,11 +140,17 @@ impl Callouts {
         self.checks.push(context_id);
     }
 
-    /// Takes everything queued as calls: at most [`MAX_ITEMS`] items each;
-    /// a check's items that cost the same go in one call.
-    pub fn take_outgoing(&mut self) -> Vec<Outgoing> {
+    /// Takes everything queued as calls, if anything must be sent at `now`
+    /// (what is held back goes along): at most [`MAX_ITEMS`] items each; a
+    /// check's items that cost the same go in one call.
+    pub fn take_outgoing(&mut self, now: Nanos) -> Vec<Outgoing> {
         let mut out = Vec::new();
-        let refreshes = std::mem::take(&mut self.refreshes);
+        if !self.has_outgoing(now) {
+            return out;
+        }
+        self.hold_until = None;
+        let mut refreshes = std::mem::take(&mut self.refreshes);
+        refreshes.append(&mut self.held);
         let mut chunks = refreshes.into_iter().peekable();
         while chunks.peek().is_some() {
             out.push(Outgoing::Leases(chunks.by_ref().take(MAX_ITEMS).collect()));
@@ -195,16 +233,19 @@ impl CheckJob {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use floodgate_core::global::pool::Claim;
+
+    const T0: Nanos = Nanos(1_700_000_000_000_000_000);
 
     #[test]
     fn returns_are_batched_and_nothing_is_sent_twice() {
         let mut callouts = Callouts::default();
         for lease in 0..(MAX_ITEMS as u64 + 3) {
-            callouts.give_back(lease + 1, 5);
+            callouts.give_back(lease + 1, 5, T0);
         }
-        callouts.give_back(99, 0);
-        assert!(callouts.has_outgoing());
-        let out = callouts.take_outgoing();
+        callouts.give_back(99, 0, T0);
+        assert!(callouts.has_outgoing(T0), "a call's worth leaves at once");
+        let out = callouts.take_outgoing(T0);
         let sizes: Vec<usize> = out
             .iter()
             .map(|o| match o {
@@ -213,8 +254,33 @@ mod tests {
             })
             .collect();
         assert_eq!(sizes, vec![MAX_ITEMS, 3]);
-        assert!(!callouts.has_outgoing());
-        assert!(callouts.take_outgoing().is_empty());
+        assert!(!callouts.has_outgoing(T0));
+        assert!(callouts.take_outgoing(T0).is_empty());
+    }
+
+    fn refresh(lease: u64, send_by: Nanos) -> Refresh {
+        let claim = Claim { started: T0, wanted: 1, rate: 1.0, window: None, send_by };
+        Refresh { rule: 0, group: 0, fingerprint: lease, claim, sent: T0, lease, descriptor: Vec::new() }
+    }
+
+    #[test]
+    fn refreshes_no_request_waits_for_are_held_back_to_share_a_call() {
+        let mut callouts = Callouts::default();
+        let later = T0 + MAX_BATCH_DELAY;
+        callouts.refresh([refresh(1, later), refresh(2, T0 + Nanos(5))], T0);
+        callouts.give_back(9, 3, T0);
+        assert!(!callouts.has_outgoing(T0), "nothing waits for them yet");
+        assert!(callouts.take_outgoing(T0).is_empty());
+        assert_eq!(callouts.hold_until(), Some(T0 + Nanos(5)));
+        assert!(callouts.has_outgoing(T0 + Nanos(5)), "the first one's time has come");
+        // A refresh a request waits for leaves at once, and takes the others along.
+        callouts.refresh([refresh(3, T0)], T0);
+        assert!(callouts.has_outgoing(T0));
+        let out = callouts.take_outgoing(T0);
+        let Outgoing::Leases(leases) = &out[0] else { panic!("{out:?}") };
+        assert_eq!(leases.iter().map(|r| r.lease).collect::<Vec<_>>(), vec![3, 1, 2]);
+        assert!(matches!(&out[1], Outgoing::Returns(r) if r == &[(9, 3)]));
+        assert_eq!((out.len(), callouts.hold_until()), (2, None));
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! Envoy's side of the core's traits: shared data as the [`Store`], request
-//! headers and the downstream address as the [`Request`], the host clock.
+//! headers, the downstream address and Envoy's attributes (metadata, route,
+//! clusters) as the [`Request`], the host clock.
 
 use std::hash::{BuildHasher, Hasher};
 use std::time::UNIX_EPOCH;
 
-use floodgate_core::descriptor::{HeaderId, Request};
+use floodgate_core::descriptor::{Attribute, HeaderId, Request};
 use floodgate_core::store::{Cas, Store, StoreError};
 use floodgate_core::time::Nanos;
 use proxy_wasm::hostcalls;
@@ -60,12 +61,13 @@ pub fn entropy() -> [u8; 16] {
 /// a request allocates no room for it.
 pub type HeaderReads = Vec<Option<Option<Vec<u8>>>>;
 
-/// The request as Envoy holds it. Each header the configuration needs is
-/// fetched at most once, when a rule first asks for it.
+/// The request as Envoy holds it. Each header and attribute the
+/// configuration needs is fetched at most once, when a rule first asks for it.
 pub struct HostRequest<'a> {
     names: &'a [String],
     headers: HeaderReads,
     remote_address: Option<Option<Vec<u8>>>,
+    attributes: [Option<Option<Vec<u8>>>; Attribute::COUNT],
 }
 
 impl<'a> HostRequest<'a> {
@@ -74,7 +76,7 @@ impl<'a> HostRequest<'a> {
     pub fn new(names: &'a [String], mut reads: HeaderReads) -> Self {
         reads.clear();
         reads.resize(names.len(), None);
-        Self { names, headers: reads, remote_address: None }
+        Self { names, headers: reads, remote_address: None, attributes: Default::default() }
     }
 
     /// Gives the room for header values back, for the next request.
@@ -82,6 +84,23 @@ impl<'a> HostRequest<'a> {
         self.headers
     }
 }
+
+/// The property that holds `attribute` (measured on Envoy 1.40; see
+/// `docs/envoy-attributes.md`), its segments joined by NUL as the ABI takes
+/// a path. The metadata properties are whole serialized `Metadata`
+/// messages: a single value read by path would come back without its type.
+fn property_path(attribute: Attribute) -> &'static [u8] {
+    match attribute {
+        Attribute::DynamicMetadata => b"metadata",
+        Attribute::RouteMetadata => b"xds\0route_metadata",
+        Attribute::RouteName => b"xds\0route_name",
+        Attribute::DestinationCluster => b"xds\0cluster_name",
+        Attribute::SourceCluster => b"xds\0node\0cluster",
+    }
+}
+
+/// `source.address`, as a property path.
+const SOURCE_ADDRESS: &[u8] = b"source\0address";
 
 impl Request for HostRequest<'_> {
     fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
@@ -95,13 +114,27 @@ impl Request for HostRequest<'_> {
     /// the connection's peer, or the client address Envoy took from
     /// `x-forwarded-for` when the connection manager is configured to trust it.
     fn remote_address(&mut self) -> Option<&[u8]> {
-        self.remote_address
-            .get_or_insert_with(|| hostcalls::get_property(vec!["source", "address"]).ok().flatten())
+        self.remote_address.get_or_insert_with(|| get_property(SOURCE_ADDRESS)).as_deref()
+    }
+
+    /// Missing, empty and unserializable properties are all `None`.
+    fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]> {
+        self.attributes
+            .get_mut(attribute.index())?
+            .get_or_insert_with(|| get_property(property_path(attribute)).filter(|v| !v.is_empty()))
             .as_deref()
     }
 }
 
 extern "C" {
+    /// The host ABI's property read.
+    fn proxy_get_property(
+        path_data: *const u8,
+        path_size: usize,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> Status;
+
     /// The host ABI's local reply (Envoy's `sendLocalResponse`).
     fn proxy_send_local_response(
         status_code: u32,
@@ -113,6 +146,22 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> Status;
+}
+
+/// Reads property `path` (segments joined by NUL) through the host ABI
+/// itself: the path is a constant, where the SDK's `get_property` builds it
+/// per call. `None` when the host has no such property, or refuses.
+fn get_property(path: &'static [u8]) -> Option<Vec<u8>> {
+    let mut data: *mut u8 = std::ptr::null_mut();
+    let mut size: usize = 0;
+    // SAFETY: the path is valid for its length; the host writes a buffer it
+    // allocated through the SDK's `proxy_on_memory_allocate` (a Vec of
+    // exactly `size` bytes, forgotten) into `data` and `size`.
+    match unsafe { proxy_get_property(path.as_ptr(), path.len(), &mut data, &mut size) } {
+        // SAFETY: as above: ours to own, as the SDK's own getters do.
+        Status::Ok if !data.is_null() => Some(unsafe { Vec::from_raw_parts(data, size, size) }),
+        _ => None,
+    }
 }
 
 /// Answers the current request with `status`, `headers` and `body`, through

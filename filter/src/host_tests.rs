@@ -608,7 +608,9 @@ fn a_shaped_request_is_resumed_by_the_tick_when_its_delay_is_over() {
 
 /// A new lease replacing one whose tokens expired counts them as expired
 /// and returns nothing; replacing one that still counts keeps what the
-/// rate will spend of it and returns the rest in one `/v1/return`.
+/// rate will spend of it and returns the rest in one `/v1/return`. Calls no
+/// request waits for are held back, at most 20 ms, to share one with others,
+/// and leave on the tick set for then.
 #[test]
 fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not_keep() {
     on_a_worker(|| {
@@ -632,8 +634,15 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         worker.advance(800);
         let (third, action) = worker.request();
         assert_eq!(action, Action::Continue);
+        assert!(worker.new_calls().is_empty(), "tokens are left: the refresh may wait for company");
+        assert_eq!(worker.tick_ms(), 20, "until the latest it may leave");
+        worker.advance(20);
+        worker.tick();
         let lease = worker.take_call("/v1/lease");
         worker.answer(&lease, Some(200), &grant(50));
+        assert!(worker.new_calls().is_empty(), "the return may wait too");
+        worker.advance(20);
+        worker.tick();
         let give_back = worker.take_call("/v1/return");
         let returns = &json(&give_back)["returns"];
         assert_eq!(returns[0]["id"], second_lease.as_str());
@@ -707,6 +716,27 @@ fn a_local_request_makes_only_the_host_calls_it_needs() {
     });
 }
 
+/// With `worker_batch`, a request served from the worker's reserve makes no
+/// shared-data call at all: the key header and the clock (and the response
+/// headers); one in a batch goes to the shared bucket.
+#[test]
+fn a_request_served_from_a_worker_batch_makes_no_shared_data_call() {
+    on_a_worker(|| {
+        let batched = PER_KEY.replace(r#""period": "1s""#, r#""period": "1s", "worker_batch": 4"#);
+        let mut worker = Worker::local(&format!(r#"{{"rules": [{batched}]}}"#));
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!((calls.get("get_shared_data"), calls.get("set_shared_data")), (Some(&1), Some(&1)), "{calls:?}");
+        let decision = [("get_header_map_value", 1), ("get_current_time_nanoseconds", 1), ("add_header_map_value", 2)];
+        for _ in 0..3 {
+            let (calls, allocations) = one_request(&mut worker, "alice");
+            assert_host_calls(&calls, &decision, "batched");
+            assert_eq!(allocations, 0);
+        }
+        let (calls, _) = one_request(&mut worker, "alice");
+        assert_eq!(calls.get("set_shared_data"), Some(&1), "the batch is spent: the next is taken");
+    });
+}
+
 /// Once a worker and its keys are warm, a request of one to three local
 /// rules allocates nothing on the heap, allowed or limited: keys, permits,
 /// verdicts and header values live in fixed or reused buffers. (The buffers
@@ -722,9 +752,21 @@ fn a_warm_worker_allocates_nothing_per_request() {
             "descriptors": [{{"generic_key": {{"descriptor_value": "all"}}}}]}}"#
     );
     let limited = PER_KEY.replace("1000000000", "1");
-    for (name, rules) in [("one rule", PER_KEY.to_string()), ("three rules", three), ("limited", limited)] {
+    let address_and_route = r#"{"name": "per-address", "match": {"route_name": "api"}, "limit": 1000000000,
+        "period": "1s", "descriptors": [{"remote_address": {}}, {"destination_cluster": {}}]}"#;
+    let cases = [
+        ("one rule", PER_KEY.to_string()),
+        ("three rules", three),
+        ("limited", limited),
+        ("address and route", address_and_route.to_string()),
+    ];
+    for (name, rules) in cases {
         on_a_worker(move || {
             let mut worker = Worker::local(&format!(r#"{{"rules": [{rules}]}}"#));
+            mock_host::with(|host| {
+                host.properties.insert("xds.route_name".into(), b"api".to_vec());
+                host.properties.insert("xds.cluster_name".into(), b"backend".to_vec());
+            });
             // Warm: the keys have their buckets. (A new key's group grows by
             // an entry, at most three times in the table's life; after that
             // new keys take idle entries in place.)
@@ -737,4 +779,51 @@ fn a_warm_worker_allocates_nothing_per_request() {
             }
         });
     }
+}
+
+/// Envoy's attributes come from its properties (the whole metadata message,
+/// the route's name and cluster), each read at most once per request, and
+/// only once a rule needs it: a request on another route reads the route's
+/// name and nothing else, however many rules ask.
+#[test]
+fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
+    use floodgate_core::metadata::build::{metadata, Value};
+    on_a_worker(|| {
+        let user =
+            r#"{"metadata": {"descriptor_key": "user", "metadata_key": {"key": "jwt", "path": [{"key": "sub"}]}}}"#;
+        let mut worker = Worker::local(&format!(
+            r#"{{"rules": [
+                {{"name": "per-user", "match": {{"route_name": "api"}}, "limit": 2, "period": "1m",
+                  "descriptors": [{user}, {{"destination_cluster": {{}}}}]}},
+                {{"name": "per-user-hourly", "match": {{"route_name": "api"}}, "limit": 100, "period": "1h",
+                  "descriptors": [{user}]}}]}}"#
+        ));
+        let reads = || mock_host::with(|host| std::mem::take(&mut host.property_reads));
+        let set = |path: &str, value: &[u8]| {
+            mock_host::with(|host| host.properties.insert(path.to_string(), value.to_vec()));
+        };
+        set("xds.route_name", b"other");
+        let (context, action) = worker.request();
+        assert_eq!(action, Action::Continue);
+        assert_eq!(reads(), ["xds.route_name"]);
+        worker.end(context);
+
+        set("xds.route_name", b"api");
+        set("xds.cluster_name", b"svc-a");
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"alice".to_vec()))])]));
+        let mut actions = Vec::new();
+        for _ in 0..3 {
+            let (context, action) = worker.request();
+            actions.push(action);
+            let mut read = reads();
+            read.sort();
+            assert_eq!(read, ["metadata", "xds.cluster_name", "xds.route_name"]);
+            worker.end(context);
+        }
+        assert_eq!(actions, [Action::Continue, Action::Continue, Action::Pause], "alice's third is limited");
+        // Another user has a bucket of her own.
+        set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"bob".to_vec()))])]));
+        assert_eq!(worker.request().1, Action::Continue);
+        assert_eq!(worker.metric("floodgate.rule.per-user.limited"), 1);
+    });
 }

@@ -128,6 +128,11 @@ pub struct Host {
     pub done: bool,
     /// Host calls by kind (the ABI function's name without `proxy_`).
     pub host_calls: std::collections::BTreeMap<&'static str, u32>,
+    /// Properties the host has besides `source.address` (always
+    /// `10.0.0.7:4242`), by path with its segments joined by `.`.
+    pub properties: HashMap<String, Vec<u8>>,
+    /// Every property read, in order (paths joined by `.`).
+    pub property_reads: Vec<String>,
     /// Shared queues by id: the registering context, and what waits in it.
     pub queues: HashMap<u32, (u32, Vec<Vec<u8>>)>,
     /// Queues posted to since the event loop last turned, in order: Envoy
@@ -381,11 +386,17 @@ unsafe extern "C" fn proxy_get_property(
     size: *mut usize,
 ) -> Status {
     let _host = enter("get_property");
-    if bytes(path, path_size) == b"source\0address" {
-        give(b"10.0.0.7:4242", data, size);
-        return Status::Ok;
+    let path = text(path, path_size).replace('\0', ".");
+    let value = with(|host| {
+        host.property_reads.push(path.clone());
+        host.properties.get(&path).cloned()
+    });
+    match (path.as_str(), value) {
+        ("source.address", _) => give(b"10.0.0.7:4242", data, size),
+        (_, Some(value)) => give(&value, data, size),
+        (_, None) => return Status::NotFound,
     }
-    Status::NotFound
+    Status::Ok
 }
 
 #[no_mangle]

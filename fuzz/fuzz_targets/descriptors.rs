@@ -1,11 +1,14 @@
-//! Descriptor extraction and the whole limiter over arbitrary header sets:
+//! Descriptor extraction and the whole limiter over arbitrary requests:
 //! every descriptor kind, match condition and the cost header read bytes a
-//! client controls.
+//! client controls (headers, the query), and so do Envoy's attributes here
+//! (metadata as arbitrary bytes or as a well-formed message of arbitrary
+//! values, route and cluster names).
 #![no_main]
 
 use arbitrary::Arbitrary;
 use floodgate_core::config::Config;
-use floodgate_core::descriptor::StaticRequest;
+use floodgate_core::descriptor::{Attribute, StaticRequest};
+use floodgate_core::metadata::build::{self, Fields};
 use floodgate_core::algorithm::Release;
 use floodgate_core::headers::HeaderBlock;
 use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
@@ -26,7 +29,23 @@ const CONFIG: &str = r#"{"rules": [
    "limit": 3, "period": "1s", "max_delay": "2s", "cost_from_header": {"header_name": "x-cost", "max": 4}, "max_keys": 4},
   {"name": "beta", "descriptors": [{"header_value_match": {"descriptor_value": "b", "expect_match": false,
      "headers": [{"name": "x-tenant", "string_match": {"contains": "beta"}, "invert_match": true},
-                 {"name": "x-flag", "present_match": true}]}}], "limit": 2, "period": "1h", "shadow_mode": true}
+                 {"name": "x-flag", "present_match": true}]}}], "limit": 2, "period": "1h", "shadow_mode": true},
+  {"name": "per-user", "match": {"route_name": "api", "route_metadata": {"filter": "jwt", "path": [{"key": "tier"}],
+     "value": {"string_match": {"prefix": "g"}}, "invert": true}},
+   "descriptors": [{"metadata": {"descriptor_key": "user", "metadata_key": {"key": "jwt", "path": [{"key": "p"}, {"key": "sub"}]}}},
+                   {"metadata": {"descriptor_key": "tier", "source": "ROUTE_ENTRY", "default_value": "free",
+                                 "metadata_key": {"key": "jwt", "path": [{"key": "tier"}]}}},
+                   {"query_parameters": {"query_parameter_name": "user", "descriptor_key": "q", "skip_if_absent": true}},
+                   {"destination_cluster": {}}],
+   "limit": 3, "period": "1s", "max_keys": 8},
+  {"name": "per-param", "algorithm": "sliding_window",
+   "descriptors": [{"query_parameter_value_match": {"descriptor_value": "dbg", "expect_match": false,
+                      "query_parameters": [{"name": "debug", "present_match": true}, {"name": "mode", "string_match": {"suffix": "x"}}]}},
+                   {"metadata": {"descriptor_key": "sub", "skip_if_absent": true,
+                                 "metadata_key": {"key": "jwt", "path": [{"key": "p"}, {"key": "p"}, {"key": "sub"}]}}},
+                   {"query_parameters": {"query_parameter_name": "k%", "descriptor_key": "k"}},
+                   {"source_cluster": {}}],
+   "limit": 4, "period": "10s", "max_keys": 4}
 ], "failure_mode": "deny"}"#;
 
 #[derive(Arbitrary, Debug)]
@@ -39,7 +58,78 @@ struct Request {
     /// One value per header name the config needs (missing entries: absent).
     headers: Vec<Option<Vec<u8>>>,
     remote_address: Option<Vec<u8>>,
+    dynamic_metadata: Option<Metadata>,
+    route_metadata: Option<Metadata>,
+    /// Whether the route's name is the one a rule matches (else `other`).
+    on_api_route: bool,
+    destination_cluster: Option<Vec<u8>>,
+    source_cluster: Option<Vec<u8>>,
     advance_ms: u16,
+}
+
+/// Metadata as Envoy would serialize it (namespace `jwt` holding these
+/// fields), or any bytes.
+#[derive(Arbitrary, Debug)]
+enum Metadata {
+    Fields(Vec<(Name, Value)>),
+    Raw(Vec<u8>),
+}
+
+impl Metadata {
+    fn bytes(self) -> Vec<u8> {
+        match self {
+            Metadata::Fields(f) => build::metadata(&[(b"jwt", fields(f))]),
+            Metadata::Raw(bytes) => bytes,
+        }
+    }
+}
+
+/// A field name: one of those the rules look for, or any bytes.
+#[derive(Arbitrary, Debug)]
+enum Name {
+    P,
+    Sub,
+    Tier,
+    Other(Vec<u8>),
+}
+
+/// A metadata value.
+#[derive(Arbitrary, Debug)]
+enum Value {
+    Null,
+    Number(f64),
+    String(Vec<u8>),
+    Bool(bool),
+    Struct(Vec<(Name, Value)>),
+    List(Vec<Value>),
+}
+
+fn fields(fields: Vec<(Name, Value)>) -> Fields {
+    fields.into_iter().map(|(name, value)| (name.bytes(), value.build())).collect()
+}
+
+impl Name {
+    fn bytes(self) -> Vec<u8> {
+        match self {
+            Name::P => b"p".to_vec(),
+            Name::Sub => b"sub".to_vec(),
+            Name::Tier => b"tier".to_vec(),
+            Name::Other(bytes) => bytes,
+        }
+    }
+}
+
+impl Value {
+    fn build(self) -> build::Value {
+        match self {
+            Value::Null => build::Value::Null,
+            Value::Number(n) => build::Value::Number(n),
+            Value::String(s) => build::Value::String(s),
+            Value::Bool(b) => build::Value::Bool(b),
+            Value::Struct(f) => build::Value::Struct(fields(f)),
+            Value::List(items) => build::Value::List(items.into_iter().map(Value::build).collect()),
+        }
+    }
 }
 
 struct Ignore;
@@ -61,7 +151,13 @@ fuzz_target!(|input: Input| {
             0 => Release::Undo,
             _ => Release::Done,
         };
-        let mut request = StaticRequest { headers: request.headers, remote_address: request.remote_address };
+        let mut attributes: [Option<Vec<u8>>; Attribute::COUNT] = Default::default();
+        attributes[Attribute::DynamicMetadata.index()] = request.dynamic_metadata.map(Metadata::bytes);
+        attributes[Attribute::RouteMetadata.index()] = request.route_metadata.map(Metadata::bytes);
+        attributes[Attribute::RouteName.index()] = Some(if request.on_api_route { b"api".to_vec() } else { b"other".to_vec() });
+        attributes[Attribute::DestinationCluster.index()] = request.destination_cluster;
+        attributes[Attribute::SourceCluster.index()] = request.source_cluster;
+        let mut request = StaticRequest { headers: request.headers, remote_address: request.remote_address, attributes };
         let (verdict, permit) = limiter.check(&store, now, &mut request, &mut Ignore);
         limiter.render_headers(&verdict, &mut headers);
         limiter.release(&store, now, permit, release, &mut Ignore);

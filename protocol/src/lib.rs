@@ -29,6 +29,10 @@ fn one() -> u64 {
     1
 }
 
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// `POST /v1/check`.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
 pub struct CheckRequest {
@@ -132,6 +136,12 @@ pub struct LeaseWant {
     /// The caller's observed consumption, tokens per second (optional).
     #[serde(default)]
     pub rate: Option<f64>,
+    /// The window the tokens are for, as grants name it ([`LeaseGrant::window`]):
+    /// the next window asks for tokens of that window before it starts (a
+    /// lease ahead). Absent: the window that counts now, as before this
+    /// field existed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub window: Option<u64>,
 }
 
 /// `POST /v1/lease`.
@@ -151,8 +161,12 @@ pub struct LeaseGrant {
     pub code: Code,
     /// Tokens granted.
     pub granted: u64,
-    /// Milliseconds the tokens may be used for.
+    /// Milliseconds (from now) until the tokens stop being usable.
     pub valid_ms: u64,
+    /// Milliseconds until the tokens may be used, for a lease ahead: they
+    /// count in a window that starts then. 0 (absent) for tokens usable now.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub starts_ms: u64,
     /// Units per window.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub limit: Option<u64>,

@@ -279,6 +279,7 @@ impl Service {
                         limit: limit.clone(),
                         wanted: lease.wanted,
                         rate: lease.rate,
+                        window: lease.window,
                         record: lease_key(&domain.name, &lease.id),
                     });
                     plan.push(Ok((items.len() - 1, limit.clone(), *shadow)));
@@ -308,6 +309,7 @@ impl Service {
                         code,
                         granted: lease.wanted,
                         valid_ms: ttl.ceil_millis(),
+                        starts_ms: 0,
                         limit: None,
                         window_ms: None,
                         remaining: None,
@@ -331,6 +333,8 @@ impl Service {
                         // Rounded down: a caller must stop using tokens no later
                         // than the window they belong to ends.
                         valid_ms: grant.valid.floor_millis(),
+                        // Rounded up: never before the window they belong to starts.
+                        starts_ms: grant.starts.ceil_millis(),
                         limit: Some(limit.limit()),
                         window_ms: Some(limit.period().ceil_millis()),
                         remaining: Some(grant.remaining),

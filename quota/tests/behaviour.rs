@@ -47,6 +47,10 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 60, algorithm: leaky_bucket, burst: 10}
   - key: wu10
     rate_limit: {unit: minute, requests_per_unit: 60, algorithm: warm_up, burst: 10, warmup: 2s}
+  - key: sec
+    rate_limit: {unit: second, requests_per_unit: 100}
+  - key: sws1
+    rate_limit: {unit: second, requests_per_unit: 10, algorithm: sliding_window}
 "#;
 
 /// Every algorithm the limits file offers, as `LIMITS` configures it: the
@@ -118,6 +122,18 @@ fn lease(key: &str, value: &str, wanted: u64, rate: f64) -> Value {
 
 fn lease_as(id: &str, key: &str, value: &str, wanted: u64, rate: f64) -> Value {
     json!({"domain": "test", "leases": [{"id": id, "descriptor": [[key, value]], "wanted": wanted, "rate": rate}]})
+}
+
+/// A lease with an id of its own, for the window numbered `window`.
+fn lease_for(window: u64, key: &str, value: &str, wanted: u64, rate: f64) -> Value {
+    let mut body = lease(key, value, wanted, rate);
+    body["leases"][0]["window"] = json!(window);
+    body
+}
+
+/// The per-second window holding `at`, as leases name it.
+fn second_of(at: Nanos) -> u64 {
+    at.get() / SECOND.get()
 }
 
 fn give_back(id: &str, tokens: u64) -> Value {
@@ -612,6 +628,180 @@ async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Back
     }
 }
 
+/// A lease naming the next window, shortly before it starts, gets tokens
+/// of that window: from its budget (not the current one's, which may be
+/// used up), usable from its start (`starts_ms`) for a lease lifetime, and
+/// counted there once it starts.
+async fn a_lease_ahead_is_granted_from_the_next_windows_budget(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let now = T0 + MS.times(800);
+    f.clock.set(now);
+    assert_eq!(f.check(check(json!([[["sec", "a"]]]), 100)).await["allowed"], true);
+    let next = second_of(now) + 1;
+    let r = f.lease(lease_for(next, "sec", "a", 500, 60.0)).await;
+    assert_eq!(
+        r["leases"][0],
+        json!({"code": "ok", "granted": 50, "valid_ms": 1200, "starts_ms": 200, "limit": 100, "window_ms": 1000,
+               "remaining": 50, "reset_ms": 1200, "window": next}),
+        "60/s over the second it may be used, at most half of the next window's 100"
+    );
+    let r = f.lease(lease_for(next, "sec", "a", 500, 60.0)).await;
+    assert_eq!((r["leases"][0]["granted"].clone(), r["leases"][0]["remaining"].clone()), (json!(25), json!(25)));
+    // The current window stays used up; the next one's checks see what was leased ahead.
+    assert_eq!(f.check(check(json!([[["sec", "a"]]]), 1)).await["allowed"], false);
+    f.clock.set(T0 + SECOND);
+    let r = f.check(check(json!([[["sec", "a"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 25, "{r}");
+    assert_eq!(f.check(check(json!([[["sec", "a"]]]), 25)).await["allowed"], true);
+    assert_eq!(f.check(check(json!([[["sec", "a"]]]), 1)).await["allowed"], false, "75 leased ahead + 25 checked");
+}
+
+/// Only the next window is leased ahead, and only when it starts within a
+/// lease lifetime: naming any other window, or none, leases the current
+/// window's tokens as before the field existed.
+async fn a_lease_naming_another_window_gets_the_current_ones(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let now = T0 + MS.times(800);
+    f.clock.set(now);
+    let current = second_of(now);
+    for (named, what) in
+        [(None, "none"), (Some(current), "the current"), (Some(current + 2), "two ahead"), (Some(0), "long past")]
+    {
+        let mut body = lease("sec", "b", 10, 10.0);
+        if let Some(window) = named {
+            body["leases"][0]["window"] = json!(window);
+        }
+        let r = f.lease(body).await;
+        let got = &r["leases"][0];
+        assert_eq!((got["window"].clone(), got["valid_ms"].clone()), (json!(current), json!(200)), "{what}: {r}");
+        assert_eq!(got.get("starts_ms"), None, "{what}: {r}");
+    }
+    // A minute's next window starts 40 s from now, past a lease lifetime.
+    f.clock.set(T0 + SECOND.times(20));
+    let minute = (T0 + SECOND.times(20)).get() / SECOND.times(60).get();
+    let r = f.lease(lease_for(minute + 1, "fw", "b", 1, 1.0)).await;
+    assert_eq!(r["leases"][0]["window"], minute, "{r}");
+    assert_eq!(r["leases"][0].get("starts_ms"), None, "{r}");
+}
+
+/// A lease ahead retried with its id is answered from its record (the time
+/// left until its window starts, nothing taken again); returned before its
+/// window starts it is taken off that window's budget, returned while its
+/// window counts it goes back there, and after that window it gives back
+/// nothing.
+async fn leases_ahead_replay_and_return_into_their_own_window(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let now = T0 + MS.times(700);
+    f.clock.set(now);
+    let next = second_of(now) + 1;
+    let ahead = |id: &str| {
+        let mut body = lease_as(id, "sec", "r", 40, 40.0);
+        body["leases"][0]["window"] = json!(next);
+        body
+    };
+    let first = f.lease(ahead("ahead-1")).await;
+    assert_eq!(
+        (first["leases"][0]["granted"].clone(), first["leases"][0]["starts_ms"].clone()),
+        (json!(40), json!(300))
+    );
+    f.clock.advance(MS.times(100));
+    let again = f.lease(ahead("ahead-1")).await;
+    let got = &again["leases"][0];
+    assert_eq!((got["granted"].clone(), got["replayed"].clone()), (json!(40), json!(true)), "{again}");
+    assert_eq!(
+        (got["starts_ms"].clone(), got["valid_ms"].clone(), got["window"].clone()),
+        (json!(200), json!(1200), json!(next))
+    );
+    // Before its window starts: off the booking, whole, once.
+    assert_eq!(f.give_back(give_back("ahead-1", 15)).await["returned"][0], 15);
+    assert_eq!(f.give_back(give_back("ahead-1", 15)).await["returned"][0], 0, "a lease gives back once");
+    // Half of the 75 the next window has left now.
+    assert_eq!(f.lease(ahead("ahead-2")).await["leases"][0]["granted"], 38);
+    f.clock.set(T0 + SECOND + MS.times(10));
+    let r = f.check(check(json!([[["sec", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 100 - 25 - 38, "{r}");
+    // While its window counts: back into it.
+    assert_eq!(f.give_back(give_back("ahead-2", 10)).await["returned"][0], 10);
+    assert_eq!(f.check(check(json!([[["sec", "r"]]]), 0)).await["results"][0]["remaining"], 47);
+    // After its window: nothing (the window that counts now never saw them).
+    let next = second_of(f.clock.now()) + 1;
+    let mut body = lease_as("ahead-3", "sec", "r", 30, 30.0);
+    body["leases"][0]["window"] = json!(next);
+    f.clock.set(T0 + SECOND + MS.times(900));
+    assert_eq!(f.lease(body).await["leases"][0]["granted"], 30);
+    f.clock.set(T0 + SECOND.times(3));
+    assert_eq!(f.give_back(give_back("ahead-3", 30)).await["returned"][0], 0);
+    assert_eq!(f.check(check(json!([[["sec", "r"]]]), 0)).await["results"][0]["remaining"], 100);
+}
+
+/// A sliding window's next window still weighs the current one's counts
+/// in full at its start: a lease ahead takes only what they leave there,
+/// and what it takes, the rest of the current window can no longer admit.
+async fn a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let now = T0 + MS.times(900);
+    f.clock.set(now);
+    assert_eq!(f.check(check(json!([[["sws1", "s"]]]), 6)).await["allowed"], true);
+    let next = second_of(now) + 1;
+    let r = f.lease(lease_for(next, "sws1", "s", 100, 100.0)).await;
+    let got = &r["leases"][0];
+    assert_eq!((got["window"].clone(), got["starts_ms"].clone()), (json!(next), json!(100)), "{r}");
+    // The 6 still weigh in full at the next start: 4 left there, half of them granted.
+    assert_eq!((got["granted"].clone(), got["remaining"].clone()), (json!(2), json!(2)), "{r}");
+    let r = f.check(check(json!([[["sws1", "s"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 2, "10 − 6 counted − 2 leased ahead: {r}");
+    let denied = f.check(check(json!([[["sws1", "s"]]]), 3)).await;
+    assert_eq!(denied["allowed"], false);
+    // Not before the next window starts; then 6 + 2 count, and the 6 fade.
+    let retry = denied["retry_after_ms"].as_u64().unwrap();
+    assert!(retry > 100, "{denied}");
+    f.clock.set(now + MS.times(retry));
+    assert_eq!(f.check(check(json!([[["sws1", "s"]]]), 3)).await["allowed"], true);
+}
+
+/// Whatever mix of checks, leases of the current window and leases ahead
+/// comes, over several windows: the grants and admissions counted in each
+/// window (leases ahead in the window they are for) never pass its limit.
+async fn the_grants_and_checks_of_a_window_never_pass_its_limit(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut random = move |n: u64| {
+        seed ^= seed >> 12;
+        seed ^= seed << 25;
+        seed ^= seed >> 27;
+        seed.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    };
+    let mut counted: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+    f.clock.set(T0 + MS.times(3));
+    for _ in 0..240 {
+        let now = f.clock.now();
+        let window = second_of(now);
+        match random(3) {
+            0 => {
+                let hits = 1 + random(20);
+                if f.check(check(json!([[["sec", "m"]]]), hits)).await["allowed"] == true {
+                    *counted.entry(window).or_default() += hits;
+                }
+            }
+            1 => {
+                let r = f.lease(lease("sec", "m", 1 + random(80), random(200) as f64)).await;
+                *counted.entry(window).or_default() += r["leases"][0]["granted"].as_u64().unwrap();
+            }
+            _ => {
+                let r = f.lease(lease_for(window + 1, "sec", "m", 1 + random(80), random(200) as f64)).await;
+                let got = &r["leases"][0];
+                *counted.entry(got["window"].as_u64().unwrap()).or_default() += got["granted"].as_u64().unwrap();
+            }
+        }
+        f.clock.advance(MS.times(1 + random(40)));
+    }
+    assert!(counted.len() >= 4, "{counted:?}");
+    for (window, used) in &counted {
+        assert!(*used <= 100, "window {window}: {used} granted and admitted: {counted:?}");
+    }
+    assert!(counted.values().filter(|used| **used >= 90).count() >= 3, "the windows were used: {counted:?}");
+}
+
 macro_rules! with_all_stores {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -660,6 +850,11 @@ with_all_stores!(
     the_tail_of_a_window_is_paced_per_time_not_per_call,
     every_algorithm_checks_exactly_as_the_core_decides,
     every_algorithm_leases_and_takes_returns_as_the_core_does,
+    a_lease_ahead_is_granted_from_the_next_windows_budget,
+    a_lease_naming_another_window_gets_the_current_ones,
+    leases_ahead_replay_and_return_into_their_own_window,
+    a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window,
+    the_grants_and_checks_of_a_window_never_pass_its_limit,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

@@ -1,5 +1,6 @@
 //! The two stores are one implementation: a long pseudo-random sequence of
-//! checks, leases (some retried), returns and clock steps, over limits drawn
+//! checks, leases (some retried, most of them naming the next window:
+//! leases ahead), returns and clock steps, over limits drawn
 //! from the whole configurable range (every offered algorithm, 1 to 10⁹
 //! units per second to per year, bursts up to 10⁹, any sub-windows,
 //! warm-ups and cold factors), is run against the memory store and
@@ -82,6 +83,22 @@ fn recent<T: Clone>(rng: &mut Rng, leases: &[T]) -> T {
     leases[leases.len() - 1 - back].clone()
 }
 
+/// The window a lease names: mostly the next one (a lease ahead, for the
+/// algorithms that count in windows), sometimes none, the current one, or
+/// one that is neither.
+fn named_window(rng: &mut Rng, limit: &Limit, now: Nanos) -> Option<u64> {
+    let policy = limit.policy();
+    let mut fresh = vec![0; policy.state_len()];
+    policy.write_fresh(&mut fresh, now);
+    let current = policy.counting_window(&fresh, now).map_or(0, |w| w.index);
+    match rng.below(6) {
+        0 => None,
+        1 => Some(current),
+        2 => Some(rng.next()),
+        _ => Some(current + 1),
+    }
+}
+
 fn stores(redis: &RedisServer, clock: &Arc<FakeClock>) -> (QuotaStore, QuotaStore) {
     let shared: Arc<dyn Clock> = clock.clone();
     let memory = QuotaStore::Memory(LocalStore::new(shared.clone(), 100_000));
@@ -100,8 +117,9 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     let mut leases: Vec<BucketLease> = Vec::new();
     let mut seen = [0usize; 4];
     // Outcomes worth comparing: admitted checks, denied checks, grants,
-    // replayed grants, tokens given back, ids of another lease refused.
-    let mut outcomes = [0usize; 6];
+    // replayed grants, tokens given back, grants ahead of their window,
+    // ids of another lease refused.
+    let mut outcomes = [0usize; 7];
 
     for step in 0..3_000 {
         let pick = |rng: &mut Rng| {
@@ -140,15 +158,17 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                             _ => Some(rng.magnitude(MAX_AMOUNT) as f64 / 7.0),
                         };
                         let wanted = cost(&mut rng, &limit);
+                        let window = named_window(&mut rng, &limit, clock.now());
                         let new = format!("fg:{{t}}:lease:{step}-{i}");
                         // Now and then a retry of an earlier lease, rarely
                         // with its id on another bucket.
                         match (rng.below(4), rng.below(5)) {
                             (0, 0) if !leases.is_empty() => {
-                                BucketLease { key, limit, wanted, rate, record: recent(&mut rng, &leases).record }
+                                let record = recent(&mut rng, &leases).record;
+                                BucketLease { key, limit, wanted, rate, window, record }
                             }
                             (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
-                            _ => BucketLease { key, limit, wanted, rate, record: new },
+                            _ => BucketLease { key, limit, wanted, rate, window, record: new },
                         }
                     })
                     .collect();
@@ -158,7 +178,8 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                 let grants = a.as_deref().unwrap_or_default();
                 outcomes[2] += grants.iter().filter(|g| g.granted > 0 && !g.replayed).count();
                 outcomes[3] += grants.iter().filter(|g| g.replayed).count();
-                outcomes[5] += usize::from(a.is_err());
+                outcomes[5] += grants.iter().filter(|g| g.granted > 0 && g.starts > Nanos::ZERO).count();
+                outcomes[6] += usize::from(a.is_err());
                 leases.extend(items);
                 seen[1] += 1;
             }

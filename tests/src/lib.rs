@@ -66,6 +66,17 @@ pub struct Setup {
     /// HTTP filters between Floodgate and the router, as YAML list items
     /// indented for `http_filters` (e.g. [`FAULT_DELAY_FROM_HEADER`]).
     pub extra_http_filters: String,
+    /// HTTP filters before Floodgate (e.g. `jwt_authn`), indented the same way.
+    pub filters_before: String,
+    /// The routes of the listener's one virtual host, as YAML list items
+    /// indented for `routes`; `None`: every request answered 200 by Envoy
+    /// itself (a direct response, so no cluster).
+    pub routes: Option<String>,
+    /// The bootstrap's `node.cluster` (Envoy's local service cluster).
+    pub node_cluster: Option<String>,
+    /// The port of a second listener that answers every request 200
+    /// `upstream`, once [`Setup::with_upstream`] named clusters for it.
+    upstream_port: Option<u16>,
 }
 
 /// Envoy's fault filter, delaying each request by the milliseconds in its
@@ -87,8 +98,23 @@ impl Setup {
             hcm_extra: String::new(),
             use_remote_address: true,
             extra_http_filters: String::new(),
+            filters_before: String::new(),
+            routes: None,
+            node_cluster: None,
             clusters: Vec::new(),
+            upstream_port: None,
         }
+    }
+
+    /// The same, with clusters `names` that lead to an upstream answering
+    /// every request 200 `upstream` (a listener of the same Envoy), for
+    /// routes that need a cluster.
+    pub fn with_upstream(mut self, names: &[&str]) -> Self {
+        let port = *self.upstream_port.get_or_insert_with(free_port);
+        for name in names {
+            self.clusters.push((name.to_string(), vec![port]));
+        }
+        self
     }
 
     /// The same, with a cluster `name` of loopback `ports` for the filter's callouts.
@@ -119,11 +145,43 @@ impl Setup {
 
     /// Renders the bootstrap YAML for the given ports.
     pub fn bootstrap(&self, port: u16, admin_port: u16) -> String {
+        let node = match &self.node_cluster {
+            Some(cluster) => format!("node: {{id: e2e, cluster: {cluster}}}\n"),
+            None => String::new(),
+        };
         format!(
-            "static_resources:\n  listeners:\n  - name: main\n{}{}{}",
+            "{node}static_resources:\n  listeners:\n  - name: main\n{}{}{}{}",
             self.listener_fields(port),
+            self.upstream_listener(),
             self.clusters_yaml(),
             admin(admin_port)
+        )
+    }
+
+    /// The listener that plays the upstream, if any.
+    fn upstream_listener(&self) -> String {
+        let Some(port) = self.upstream_port else { return String::new() };
+        format!(
+            r#"  - name: upstream
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: upstream
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#
         )
     }
 
@@ -146,10 +204,8 @@ impl Setup {
             - name: all
               domains: ["*"]
               routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
-          http_filters:
-          - name: envoy.filters.http.wasm
+{routes}          http_filters:
+{filters_before}          - name: envoy.filters.http.wasm
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
               config:
@@ -168,6 +224,8 @@ impl Setup {
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 "#,
             hcm_extra = self.hcm_extra,
+            routes = self.routes.as_deref().unwrap_or(DIRECT_RESPONSE_ROUTE),
+            filters_before = self.filters_before,
             extra_http_filters = self.extra_http_filters,
             use_remote_address = self.use_remote_address,
             wasm = wasm.display(),
@@ -182,6 +240,11 @@ impl Setup {
         )
     }
 }
+
+/// The default route: every request answered 200 `upstream` by Envoy itself.
+const DIRECT_RESPONSE_ROUTE: &str = r#"              - match: {prefix: "/"}
+                direct_response: {status: 200, body: {inline_string: "upstream"}}
+"#;
 
 fn admin(admin_port: u16) -> String {
     format!("admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}\n")
@@ -257,8 +320,10 @@ impl Envoy {
         fs::write(&config, bootstrap).unwrap();
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_bin())
-            // No hot restart: several test Envoys run side by side.
-            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1", "-c"])
+            // No hot restart: several test Envoys run side by side. Access
+            // logs a test configures reach their files within 100 ms.
+            .args(["--concurrency", "2", "--log-level", "info", "--disable-hot-restart", "--drain-time-s", "1"])
+            .args(["--file-flush-interval-msec", "100", "-c"])
             .arg(&config)
             .stdout(Stdio::null())
             .stderr(fs::File::create(&log).unwrap())
@@ -586,44 +651,176 @@ impl Drop for QuotaService {
     }
 }
 
+/// One request of a load: the label its answers are counted under, its
+/// path, and its headers.
+#[derive(Debug, Clone)]
+pub struct Shot {
+    /// What the answers are counted under.
+    pub label: String,
+    /// The request's path (and query).
+    pub path: String,
+    /// The request's headers.
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
 /// Sends `per_client` requests from each of `clients` concurrent keep-alive
-/// connections, started together; `key_of(client, i)` picks the x-api-key.
-/// Returns the number of 200s per key, and asserts every answer is 200 or 429.
+/// connections, started together; `shot(client, i)` says what each request
+/// is. Returns, per label, how many answers had each status.
+pub fn hammer_with(
+    envoy: &Envoy,
+    clients: usize,
+    per_client: usize,
+    shot: impl Fn(usize, usize) -> Shot + Send + Sync + 'static,
+) -> HashMap<String, HashMap<u16, usize>> {
+    let barrier = Arc::new(Barrier::new(clients));
+    let shot = Arc::new(shot);
+    let port = envoy.port;
+    let handles: Vec<_> = (0..clients)
+        .map(|client| {
+            let (barrier, shot) = (Arc::clone(&barrier), Arc::clone(&shot));
+            thread::spawn(move || {
+                let mut conn = Conn::open(port).unwrap();
+                barrier.wait();
+                let mut seen: HashMap<String, HashMap<u16, usize>> = HashMap::new();
+                for i in 0..per_client {
+                    let Shot { label, path, headers } = shot(client, i);
+                    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+                    let status = conn.get(&path, &headers).status;
+                    *seen.entry(label).or_default().entry(status).or_default() += 1;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut total: HashMap<String, HashMap<u16, usize>> = HashMap::new();
+    for handle in handles {
+        for (label, statuses) in handle.join().unwrap() {
+            for (status, n) in statuses {
+                *total.entry(label.clone()).or_default().entry(status).or_default() += n;
+            }
+        }
+    }
+    total
+}
+
+/// Sends `per_client` requests to `/api/items` from each of `clients`
+/// concurrent keep-alive connections, started together; `key_of(client, i)`
+/// picks the x-api-key. Returns the number of 200s per key (keys with none
+/// left out), and asserts every answer is 200 or 429.
 pub fn hammer(
     envoy: &Envoy,
     clients: usize,
     per_client: usize,
     key_of: fn(usize, usize) -> String,
 ) -> HashMap<String, usize> {
-    let barrier = Arc::new(Barrier::new(clients));
-    let port = envoy.port;
-    let handles: Vec<_> = (0..clients)
-        .map(|client| {
-            let barrier = Arc::clone(&barrier);
-            thread::spawn(move || {
-                let mut conn = Conn::open(port).unwrap();
-                barrier.wait();
-                let mut ok: HashMap<String, usize> = HashMap::new();
-                for i in 0..per_client {
-                    let key = key_of(client, i);
-                    let response = conn.get("/api/items", &[("x-api-key", key.as_bytes())]);
-                    match response.status {
-                        200 => *ok.entry(key).or_default() += 1,
-                        429 => {}
-                        other => panic!("unexpected status {other}"),
-                    }
-                }
-                ok
-            })
+    let seen = hammer_with(envoy, clients, per_client, move |client, i| {
+        let key = key_of(client, i);
+        Shot { path: "/api/items".into(), headers: vec![("x-api-key".into(), key.clone().into_bytes())], label: key }
+    });
+    seen.into_iter()
+        .filter_map(|(key, statuses)| {
+            for status in statuses.keys() {
+                assert!(matches!(status, 200 | 429), "unexpected status {status}");
+            }
+            statuses.get(&200).map(|&n| (key, n))
         })
-        .collect();
-    let mut total: HashMap<String, usize> = HashMap::new();
-    for handle in handles {
-        for (key, n) in handle.join().unwrap() {
-            *total.entry(key).or_default() += n;
+        .collect()
+}
+
+/// Issues RS256 tokens for Envoy's `jwt_authn`, as an identity provider
+/// would: a fresh 2048-bit RSA key made by the `openssl` command (no
+/// network), its JWKS, and tokens it signs.
+pub struct Issuer {
+    key: PathBuf,
+    modulus: Vec<u8>,
+}
+
+impl Issuer {
+    /// The `iss` of every token.
+    pub const ISS: &'static str = "https://issuer.test";
+
+    /// A new issuer with a key of its own.
+    pub fn generate() -> Issuer {
+        let key = scratch_dir().join("key.pem");
+        let made = Command::new("openssl")
+            .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out"])
+            .arg(&key)
+            .output()
+            .expect("the openssl command must be on PATH");
+        assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+        let out = Command::new("openssl").args(["rsa", "-noout", "-modulus", "-in"]).arg(&key).output().unwrap();
+        let text = String::from_utf8(out.stdout).unwrap();
+        let hex = text.trim().strip_prefix("Modulus=").expect("openssl printed the modulus");
+        let modulus = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        Issuer { key, modulus }
+    }
+
+    /// The JWKS with this issuer's public key (one line of JSON).
+    pub fn jwks(&self) -> String {
+        serde_json::json!({"keys": [{"kty": "RSA", "alg": "RS256", "use": "sig", "kid": "test",
+            "n": base64url(&self.modulus), "e": "AQAB"}]})
+        .to_string()
+    }
+
+    /// A token with these claims, plus `iss` and an `exp` an hour ahead
+    /// unless the claims set them.
+    pub fn token(&self, claims: serde_json::Value) -> String {
+        let mut claims = claims;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        let object = claims.as_object_mut().expect("claims are a JSON object");
+        object.entry("iss").or_insert(Self::ISS.into());
+        object.entry("exp").or_insert((now + 3600).into());
+        let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "kid": "test"});
+        let input =
+            format!("{}.{}", base64url(header.to_string().as_bytes()), base64url(claims.to_string().as_bytes()));
+        let mut signer = Command::new("openssl")
+            .args(["dgst", "-sha256", "-sign"])
+            .arg(&self.key)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        signer.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let signed = signer.wait_with_output().unwrap();
+        assert!(signed.status.success());
+        format!("{input}.{}", base64url(&signed.stdout))
+    }
+
+    /// Envoy's `jwt_authn` filter trusting this issuer, requiring a valid
+    /// token for paths under `prefix`, with the verified payload in dynamic
+    /// metadata (`envoy.filters.http.jwt_authn`, key `jwt_payload`): a list
+    /// item for [`Setup::filters_before`].
+    pub fn jwt_authn_filter(&self, prefix: &str) -> String {
+        format!(
+            r#"          - name: envoy.filters.http.jwt_authn
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication
+              providers:
+                test:
+                  issuer: {iss}
+                  local_jwks: {{inline_string: '{jwks}'}}
+                  payload_in_metadata: jwt_payload
+              rules:
+              - match: {{prefix: "{prefix}"}}
+                requires: {{provider_name: test}}
+"#,
+            iss = Self::ISS,
+            jwks = self.jwks(),
+        )
+    }
+}
+
+/// Base64url without padding (RFC 7515).
+fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let word = chunk.iter().enumerate().fold(0u32, |w, (i, &b)| w | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((word >> (18 - 6 * i)) & 63) as usize] as char);
         }
     }
-    total
+    out
 }
 
 /// Asserts both of Envoy's workers accepted connections during the test.
@@ -686,5 +883,20 @@ impl Drop for RedisServer {
         self.resume();
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::base64url;
+
+    #[test]
+    fn base64url_is_rfc_7515s() {
+        assert_eq!(base64url(b""), "");
+        assert_eq!(base64url(b"f"), "Zg");
+        assert_eq!(base64url(b"fo"), "Zm8");
+        assert_eq!(base64url(b"foo"), "Zm9v");
+        assert_eq!(base64url(b"foob"), "Zm9vYg");
+        assert_eq!(base64url(&[0xfb, 0xff, 0xbf]), "-_-_");
     }
 }

@@ -41,6 +41,31 @@ fn leaky_bucket_is_exact_across_both_workers() {
     assert_both_workers_served(&envoy);
 }
 
+/// With `worker_batch`, each worker takes up to 8 units of a key at once
+/// and spends them from its own memory. Over both workers a key never gets
+/// more than its limit, and at most what the other worker holds (7) less;
+/// once the reserves end (1 s), what they held comes back and the whole
+/// limit is used, never more.
+#[test]
+fn worker_batches_never_pass_the_limit_and_give_back_what_they_hold() {
+    let config = PER_KEY_TOKEN.replace(r#""limit": 20"#, r#""limit": 100, "worker_batch": 8"#);
+    let envoy = Envoy::start(&Setup::new(&config));
+    let ok = hammer(&envoy, 24, 20, |client, i| format!("key-{}", (client + i) % 3));
+    assert_both_workers_served(&envoy);
+    assert_eq!(ok.len(), 3, "{ok:?}");
+    for (key, n) in &ok {
+        assert!(*n <= 100, "key {key} got {n} through, over its limit of 100");
+        assert!(*n >= 100 - 7, "key {key} got {n}: more than the other worker's batch left unused");
+    }
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let more = hammer(&envoy, 24, 10, |client, i| format!("key-{}", (client + i) % 3));
+    for (key, n) in &ok {
+        let total = n + more.get(key).copied().unwrap_or(0);
+        assert_eq!(total, 100, "key {key}: {n}, then {total} once the reserves ended");
+    }
+    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 300);
+}
+
 #[test]
 fn remote_address_descriptor_limits_the_client_address() {
     let config = r#"{"rules": [{"name": "per-ip", "descriptors": [{"remote_address": {}}],
@@ -199,6 +224,9 @@ fn invalid_plugin_configs_are_refused_and_name_the_field() {
         "unknown-rule-field",
         "duplicate-rule-names",
         "empty-rules",
+        "metadata-lowercase-source",
+        "query-parameters-empty-name",
+        "route-name-empty",
     ] {
         let json = fs::read_to_string(fixtures.join(format!("{name}.json"))).unwrap();
         let expected = fs::read_to_string(fixtures.join(format!("{name}.error"))).unwrap();

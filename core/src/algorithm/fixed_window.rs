@@ -136,10 +136,20 @@ impl Algorithm for FixedWindow {
         self.limit.saturating_mul((span.0 / self.period.0).saturating_add(2))
     }
 
+    fn batchable(&self) -> bool {
+        true
+    }
+
     /// The window that counts at `now`: units count only there.
     fn counting_window(&self, state: &WindowState, now: Nanos) -> Option<CountingWindow> {
         let window = self.current(*state, now).window;
         Some(CountingWindow { index: window, end: self.period.times(window.saturating_add(1)), renews: true })
+    }
+
+    /// The units in the window that counts at `at`, over the limit if need be.
+    fn count(&self, state: WindowState, at: Nanos, units: u64) -> WindowState {
+        let state = self.current(state, at);
+        WindowState { used: state.used.saturating_add(units), ..state }
     }
 }
 

@@ -145,6 +145,10 @@ impl Algorithm for Gcra {
     fn admitted_bound(&self, span: Nanos) -> u64 {
         self.burst.saturating_add(self.units_in(self.max_delay + span))
     }
+
+    fn batchable(&self) -> bool {
+        true
+    }
 }
 
 impl FromParams for Gcra {

@@ -247,6 +247,26 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     fn counting_window(&self, _state: &Self::State, _now: Nanos) -> Option<CountingWindow> {
         None
     }
+
+    /// The state with `units` counted as taken at `at`, whatever the limit
+    /// says: units granted earlier that count there all the same (units a
+    /// lease ahead took for a window before it started, counted once it
+    /// has, even if a reload has lowered the limit since; see
+    /// [`crate::booking`]). Only algorithms with a counting window are
+    /// asked; the default decides, so it counts nothing the limit refuses.
+    fn count(&self, state: Self::State, at: Nanos, units: u64) -> Self::State {
+        self.decide(state, at, units).1
+    }
+
+    /// True when units taken now may be spent a little later by one worker
+    /// (`worker_batch`): what is admitted is still what was taken. A window
+    /// algorithm stays within its stated bound as long as they are spent in
+    /// their counting window; a bucket's burst may grow by the units workers
+    /// hold. False (the default) where a unit's instant is the limit itself
+    /// (a log, a shaper's schedule) or units are held until requests end.
+    fn batchable(&self) -> bool {
+        false
+    }
 }
 
 /// Builds an algorithm from a rule's configuration.
@@ -292,6 +312,10 @@ pub trait Policy: fmt::Debug + Send + Sync {
     /// See [`Algorithm::counting_window`]; a fresh bucket's for bytes that
     /// do not decode.
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
+    /// See [`Algorithm::count`]; bytes that do not decode are a fresh bucket.
+    fn count(&self, slot: &mut [u8], at: Nanos, units: u64);
+    /// See [`Algorithm::batchable`].
+    fn batchable(&self) -> bool;
 }
 
 impl<A: Algorithm> Policy for A {
@@ -352,6 +376,16 @@ impl<A: Algorithm> Policy for A {
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow> {
         let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
         Algorithm::counting_window(self, &state, now)
+    }
+
+    fn count(&self, slot: &mut [u8], at: Nanos, units: u64) {
+        let state = self.decode(slot).unwrap_or_else(|| self.fresh(at));
+        let after = Algorithm::count(self, state, at, units);
+        self.encode(&after, slot);
+    }
+
+    fn batchable(&self) -> bool {
+        Algorithm::batchable(self)
     }
 }
 

@@ -112,7 +112,7 @@ impl SlidingWindow {
     }
 
     /// The count of counter `index` (zero outside the last `slots`).
-    fn count(&self, state: &SlidingState, index: u64) -> u64 {
+    fn count_of(&self, state: &SlidingState, index: u64) -> u64 {
         let kept = index <= state.newest && state.newest - index < self.slots;
         if kept {
             state.counts.get(self.slot(index)).map_or(0, |c| u64::from(*c))
@@ -166,12 +166,12 @@ impl SlidingWindow {
     fn estimate(&self, state: &SlidingState, at: Nanos) -> u64 {
         if self.weighted {
             let newest = state.newest;
-            let previous = u128::from(self.count(state, newest.wrapping_sub(1)));
+            let previous = u128::from(self.count_of(state, newest.wrapping_sub(1)));
             let into = u128::from(at.0).saturating_sub(self.start_of(newest));
             let left = u128::from(self.period.0).saturating_sub(into);
             let weighted = super::div_ceil_u128(previous * left, u128::from(self.period.0));
             // ≤ a u32 count: fits.
-            (weighted as u64).saturating_add(self.count(state, newest))
+            (weighted as u64).saturating_add(self.count_of(state, newest))
         } else {
             state.counts.iter().take(self.slots as usize).map(|c| u64::from(*c)).sum()
         }
@@ -185,9 +185,9 @@ impl SlidingWindow {
             // Within the window holding the current count, or (when that
             // count alone is over budget) the next one, where it becomes the
             // previous count: find the offset where the weighted part fits.
-            let current = self.count(state, newest);
+            let current = self.count_of(state, newest);
             let (start, previous, current) = if current <= budget {
-                (self.start_of(newest), self.count(state, newest.wrapping_sub(1)), current)
+                (self.start_of(newest), self.count_of(state, newest.wrapping_sub(1)), current)
             } else {
                 (self.start_of(newest.saturating_add(1)), current, 0)
             };
@@ -202,7 +202,8 @@ impl SlidingWindow {
             let mut passed = 0;
             while counted > budget && passed < self.slots {
                 passed += 1;
-                let leaving = newest.saturating_add(passed).checked_sub(self.slots).map_or(0, |i| self.count(state, i));
+                let leaving =
+                    newest.saturating_add(passed).checked_sub(self.slots).map_or(0, |i| self.count_of(state, i));
                 counted -= leaving.min(counted);
             }
             if passed == 0 {
@@ -270,7 +271,7 @@ impl Algorithm for SlidingWindow {
             Some(after_count) => {
                 let mut after = state;
                 let slot = self.slot(state.newest);
-                let taken = self.count(&state, state.newest) + cost; // ≤ limit ≤ 10⁹
+                let taken = self.count_of(&state, state.newest) + cost; // ≤ limit ≤ 10⁹
                 if let Some(count) = after.counts.get_mut(slot) {
                     *count = u32::try_from(taken).unwrap_or(u32::MAX);
                 }
@@ -294,7 +295,7 @@ impl Algorithm for SlidingWindow {
         }
         let (mut state, _) = self.view(state, now);
         let taken_in = self.index_of(grant.at);
-        if self.count(&state, taken_in) == 0 {
+        if self.count_of(&state, taken_in) == 0 {
             return None;
         }
         let slot = self.slot(taken_in);
@@ -314,7 +315,7 @@ impl Algorithm for SlidingWindow {
     fn idle_at(&self, state: SlidingState, now: Nanos) -> Nanos {
         let (state, _) = self.view(state, now);
         let last_used =
-            (0..self.slots).map(|back| state.newest.wrapping_sub(back)).find(|i| self.count(&state, *i) > 0);
+            (0..self.slots).map(|back| state.newest.wrapping_sub(back)).find(|i| self.count_of(&state, *i) > 0);
         match last_used {
             Some(index) => nanos_u128(self.start_of(index.saturating_add(self.slots))).max(now),
             None => now,
@@ -333,6 +334,10 @@ impl Algorithm for SlidingWindow {
         u64::try_from(bound).unwrap_or(u64::MAX)
     }
 
+    fn batchable(&self) -> bool {
+        true
+    }
+
     /// The newest counter (a period, or a sub-window): units count there,
     /// and the bounds above hold for units spent within it; its counts then
     /// fade out over the counters that follow.
@@ -340,6 +345,18 @@ impl Algorithm for SlidingWindow {
         let newest = self.view(*state, now).0.newest;
         let end = nanos_u128(self.start_of(newest.saturating_add(1)));
         Some(CountingWindow { index: newest, end, renews: false })
+    }
+
+    /// The units in the newest counter at `at`, over the limit if need be
+    /// (a counter holds at most `u32::MAX`).
+    fn count(&self, state: SlidingState, at: Nanos, units: u64) -> SlidingState {
+        let (mut state, _) = self.view(state, at);
+        let slot = self.slot(state.newest);
+        let taken = self.count_of(&state, state.newest).saturating_add(units);
+        if let Some(count) = state.counts.get_mut(slot) {
+            *count = u32::try_from(taken).unwrap_or(u32::MAX);
+        }
+        state
     }
 }
 

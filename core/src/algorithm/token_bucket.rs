@@ -157,6 +157,10 @@ impl Algorithm for TokenBucket {
         let earned = u128::from(span.0) * u128::from(self.limit) / u128::from(self.period.0);
         self.capacity.saturating_add(u64::try_from(earned).unwrap_or(u64::MAX))
     }
+
+    fn batchable(&self) -> bool {
+        true
+    }
 }
 
 impl FromParams for TokenBucket {

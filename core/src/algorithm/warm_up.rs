@@ -225,6 +225,10 @@ impl Algorithm for WarmUp {
     fn admitted_bound(&self, span: Nanos) -> u64 {
         self.burst.saturating_add(span.0 / self.interval.0)
     }
+
+    fn batchable(&self) -> bool {
+        true
+    }
 }
 
 impl FromParams for WarmUp {

@@ -30,8 +30,11 @@ pub struct Refresh {
     pub group: u32,
     /// The descriptor's fingerprint.
     pub fingerprint: u64,
-    /// The claim (when, how much, at what rate).
+    /// The claim (when, how much, at what rate, and by when to send it).
     pub claim: Claim,
+    /// When the call carrying it left: the host sets it as it sends it
+    /// (the claim's instant until then). The grant counts from there.
+    pub sent: Nanos,
     /// The id to lease with (unique per claim; the service deduplicates by it).
     pub lease: u64,
     /// The descriptor's `[key, value]` pairs.
@@ -118,6 +121,7 @@ impl QuotaService {
                     descriptor: r.descriptor.clone(),
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
+                    window: r.claim.window,
                 })
                 .collect(),
         };
@@ -190,6 +194,8 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 lease: refresh.lease,
                 granted,
                 valid: Nanos::from_millis(grant.valid_ms),
+                starts: Nanos::from_millis(grant.starts_ms),
+                index: grant.window.unwrap_or(0),
                 limit: grant.limit.unwrap_or(0),
                 window,
                 unleased,
@@ -258,7 +264,8 @@ mod tests {
             rule: 0,
             group: 0,
             fingerprint: 7,
-            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0 },
+            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0, window: None, send_by: Nanos::ZERO },
+            sent: Nanos::ZERO,
             lease,
             descriptor: vec![("api_key".into(), "alice".into())],
         }
@@ -290,6 +297,8 @@ mod tests {
                 lease: 9,
                 granted: 30,
                 valid: SECOND,
+                starts: Nanos::ZERO,
+                index: 3,
                 limit: 100,
                 window: SECOND.times(60),
                 unleased: 20,

@@ -13,13 +13,28 @@
 //! arrives after a newer lease is in place is not applied: its tokens are
 //! returned whole. So the tokens a pool lets through never exceed those of
 //! the leases applied to it, nor does a token count past its lease's expiry.
+//!
+//! **Leases ahead.** A lease of an algorithm that counts in windows ends
+//! with its window (the service names the window, `index`). Before that
+//! end, while its tokens last, the pool asks for the *next* window's tokens
+//! (the claim names that window): the service grants them from the next
+//! window's budget, usable from its start (`starts`). Such a grant becomes
+//! the pool's lease at once, but counts only from its start; the lease it
+//! replaces is held until its own end, which is that start. So at the
+//! boundary the pool switches from one window's tokens to the next without
+//! asking, and a token is never spent outside the window it was granted
+//! for: a lease counts from the answer's arrival plus `starts` (never
+//! earlier than the service meant) until its call's departure plus `valid`
+//! (never later, however long the answer took). Should the held tokens run
+//! out before the next window starts, the pool asks for more of the current
+//! window, and those go where the held ones were.
 
-use super::refresh::RefreshPolicy;
+use super::refresh::{RefreshPolicy, THIN_REQUESTS};
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
 use crate::time::{Nanos, SECOND};
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 16 * 8;
+pub const STATE_LEN: usize = 18 * 8;
 
 /// One pool: the current lease and what the service said with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -56,6 +71,12 @@ pub struct PoolState {
     pub held_tokens: u64,
     /// When they stop counting (that lease's expiry).
     pub held_until: Nanos,
+    /// When the current lease's tokens start counting: when it was applied,
+    /// or for a lease ahead, when the window it is for starts.
+    pub starts_at: Nanos,
+    /// The window the current lease's tokens count in, as the service names
+    /// it (0: an algorithm without windows, or no lease yet).
+    pub window_index: u64,
 }
 
 /// What the service granted for one pool.
@@ -65,8 +86,13 @@ pub struct LeaseGrant {
     pub lease: u64,
     /// Tokens granted (may be 0 when nothing is left).
     pub granted: u64,
-    /// How long they may be used.
+    /// Until when they may be used, from the service's decision.
     pub valid: Nanos,
+    /// When they start counting, from the answer (zero: at once; a lease
+    /// ahead: when the window it is for starts).
+    pub starts: Nanos,
+    /// The window they count in (0: an algorithm without windows).
+    pub index: u64,
     /// The limit, per `window`.
     pub limit: u64,
     /// The window of the limit.
@@ -87,7 +113,21 @@ pub struct Claim {
     pub wanted: u64,
     /// The observed rate, tokens per second, to report.
     pub rate: f64,
+    /// The window asked for: the next one, ahead of its start; `None` for
+    /// the window that counts now.
+    pub window: Option<u64>,
+    /// The latest instant its call should leave, for the answer to come
+    /// before the pool needs it (at twice the latency refreshes have been
+    /// taking): `started` when a request waits for it, at most
+    /// [`MAX_BATCH_DELAY`] later otherwise. Until then a host may hold it
+    /// back, to send it with others in one call.
+    pub send_by: Nanos,
 }
+
+/// The longest a claim that no request waits for is held back to share a
+/// call with others (see [`Claim::send_by`]): a small fraction of any
+/// lease's life, and far below any claim's time to live.
+pub const MAX_BATCH_DELAY: Nanos = Nanos(20_000_000);
 
 /// How a request fared on a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,19 +178,25 @@ impl LeasePool {
         self.held(state, now).saturating_add(self.current(state, now))
     }
 
-    /// The `(lease, tokens)` that still count at `now`: the held lease's
-    /// and the current one's.
+    /// The `(lease, tokens)` not spent and not expired at `now`: the held
+    /// lease's and the current one's (a lease ahead's too, before its start).
     pub fn unspent(&self, state: &PoolState, now: Nanos) -> [(u64, u64); 2] {
-        [(state.held_lease, self.held(state, now)), (state.lease, self.current(state, now))]
+        let current = if now < state.expires_at { state.tokens } else { 0 };
+        [(state.held_lease, self.held(state, now)), (state.lease, current)]
     }
 
-    /// Tokens of the current lease that still count at `now`.
+    /// Tokens of the current lease that count at `now`.
     fn current(&self, state: &PoolState, now: Nanos) -> u64 {
-        if now < state.expires_at {
+        if state.starts_at <= now && now < state.expires_at {
             state.tokens
         } else {
             0
         }
+    }
+
+    /// Whether the current lease is one ahead, waiting for its window to start.
+    fn pending(&self, state: &PoolState, now: Nanos) -> bool {
+        state.lease != 0 && now < state.starts_at
     }
 
     /// Held tokens of the replaced lease that still count at `now`.
@@ -185,7 +231,9 @@ impl LeasePool {
         let spend = if held.saturating_add(current) >= cost {
             let from_held = held.min(cost);
             after.held_tokens = state.held_tokens - from_held;
-            after.tokens = current - (cost - from_held);
+            // Taken from the current lease only if it counts now (then
+            // `current` is all of its tokens): a lease ahead keeps its own.
+            after.tokens = state.tokens - (cost - from_held).min(current);
             after.spent = after.spent.saturating_add(cost);
             Spend::Taken(self.report(&after, now))
         } else if now < state.denied_until {
@@ -201,24 +249,64 @@ impl LeasePool {
     /// flight (or the one in flight outlived its claim); `unmet` units of
     /// this request found no tokens.
     fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
-        if now < state.refresh_until || now < state.denied_until {
+        if now < state.refresh_until {
             return None;
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
-        let usable = self.usable(state, now);
-        if !self.refresh.due(usable, state.leased_at, state.expires_at, rate, state.latency, now) {
-            return None;
-        }
+        let (window, needed_at) = self.due(state, now, rate)?;
         state.refresh_until = now + self.claim_ttl;
-        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate })
+        // What the pool holds now is spent first, unless the ask is for the
+        // next window, where none of it counts.
+        let usable = if window.is_some() { 0 } else { self.usable(state, now) };
+        let send_by = (needed_at - self.refresh.turnaround(state.latency)).clamp(now, now + MAX_BATCH_DELAY);
+        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate, window, send_by })
     }
 
-    /// Applies the service's answer to the claim made at `claim_started`.
+    /// Whether a refresh is due at `now` at `rate`, for which window
+    /// (`None` for the one that counts now, `Some(w)` for the next one, `w`,
+    /// ahead of its start), and when the pool will need its answer: when
+    /// what it holds runs out at that rate, or its lease ends.
+    fn due(&self, state: &PoolState, now: Nanos, rate: f64) -> Option<(Option<u64>, Nanos)> {
+        let per_second = |span: Nanos| rate * span.get() as f64 / SECOND.get() as f64;
+        // `as` saturates: no rate means the tokens never run out.
+        let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos((tokens as f64 / rate * 1e9) as u64) };
+        let denied = now < state.denied_until;
+        if self.pending(state, now) {
+            // The next window's lease is in place: only a gap before its
+            // start may need tokens of this window, when the held ones run
+            // dry longer than a refresh takes before it. Asked for while a
+            // refresh or a few requests' time is still held, as any refresh.
+            let turnaround = self.refresh.turnaround(state.latency);
+            let held = self.held(state, now);
+            let dry = held as f64 <= per_second(turnaround.max(RefreshPolicy::few_requests(rate)));
+            let dry_at = runs_out(held);
+            return (dry && !denied && state.starts_at - dry_at > turnaround).then_some((None, dry_at));
+        }
+        let start = state.leased_at.max(state.starts_at);
+        let usable = self.usable(state, now);
+        // A lease that ends with its window, and whose tokens last until
+        // then (or that got nothing in it): what is needed next is the next
+        // window's.
+        let lasts = usable as f64 >= per_second(state.expires_at - now) || denied;
+        let ahead = state.window_index != 0
+            && state.lease != 0
+            && now < state.expires_at
+            && lasts
+            && self.refresh.next_due(start, state.expires_at, rate, state.latency, now);
+        if ahead {
+            return Some((Some(state.window_index.saturating_add(1)), state.expires_at));
+        }
+        let due = !denied && self.refresh.due(usable, start, state.expires_at, rate, state.latency, now);
+        due.then_some((None, runs_out(usable).min(state.expires_at)))
+    }
+
+    /// Applies the service's answer to the claim made at `claim_started`,
+    /// whose call left at `sent`.
     pub fn apply(
         &self,
         state: PoolState,
         now: Nanos,
-        claim_started: Nanos,
+        (claim_started, sent): (Nanos, Nanos),
         grant: &LeaseGrant,
     ) -> (Applied, PoolState) {
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
@@ -227,14 +315,31 @@ impl LeasePool {
         if state.lease != 0 && state.leased_at >= claim_started {
             return (Applied::Stale, state);
         }
-        let (leftover, held) = self.keep(&state, now);
-        let denied_until = if grant.granted == 0 { now + grant.reset.max(self.refresh.lead) } else { Nanos::ZERO };
+        // The service's times count from its decision, which came after the
+        // call left and before the answer: the tokens start no earlier, and
+        // end no later, than it meant.
+        let starts_at = now + grant.starts;
+        let expires_at = sent + grant.valid;
         let (spent, rate_since) = self.refresh.carry(state.spent, state.rate_since, now);
+        let latency = now - sent;
+        if starts_at <= now && self.pending(&state, now) {
+            return self.bridge(state, now, grant, expires_at, (spent, rate_since, latency));
+        }
+        let (leftover, held) = self.keep(&state, now, starts_at > now);
+        let denied_until = if starts_at > now {
+            // The current window's denial lasts no longer than its lease:
+            // from then on, a request waits the moment until this one starts.
+            state.denied_until.min(state.expires_at.max(now))
+        } else if grant.granted == 0 {
+            now + grant.reset.max(self.refresh.lead)
+        } else {
+            Nanos::ZERO
+        };
         let after = PoolState {
             lease: grant.lease,
             tokens: grant.granted,
             leased_at: now,
-            expires_at: now + grant.valid,
+            expires_at,
             refresh_until: Nanos::ZERO,
             spent,
             rate_since,
@@ -243,10 +348,49 @@ impl LeasePool {
             unleased: grant.unleased,
             reset_at: now + grant.reset,
             denied_until,
-            latency: now - claim_started,
+            latency,
             held_lease: held.0,
             held_tokens: held.1,
             held_until: held.2,
+            starts_at,
+            window_index: grant.index,
+        };
+        (Applied::Replaced(leftover), after)
+    }
+
+    /// Applies a grant of the window that counts now while the next
+    /// window's lease waits for its start: it bridges the gap, in place of
+    /// the held tokens (handed back), and the lease ahead stays.
+    fn bridge(
+        &self,
+        state: PoolState,
+        now: Nanos,
+        grant: &LeaseGrant,
+        expires_at: Nanos,
+        (spent, rate_since, latency): (u64, Nanos, Nanos),
+    ) -> (Applied, PoolState) {
+        let mut leftover = Leftover::default();
+        let held = self.held(&state, now);
+        if held > 0 {
+            leftover.returns[0] = (state.held_lease, held);
+        } else if now >= state.held_until {
+            leftover.expired = state.held_tokens;
+        }
+        let denied_until = if grant.granted == 0 {
+            (now + grant.reset.max(self.refresh.lead)).min(state.starts_at)
+        } else {
+            Nanos::ZERO
+        };
+        let after = PoolState {
+            held_lease: grant.lease,
+            held_tokens: grant.granted,
+            held_until: expires_at,
+            refresh_until: Nanos::ZERO,
+            spent,
+            rate_since,
+            latency,
+            denied_until,
+            ..state
         };
         (Applied::Replaced(leftover), after)
     }
@@ -254,9 +398,13 @@ impl LeasePool {
     /// What of the tokens of `state`'s leases a pool replacing its lease at
     /// `now` keeps, held: the current lease's, as many as the observed rate
     /// spends before that lease expires; the rest, and what was held
-    /// already, is handed back. Returns what is handed back and the held
-    /// `(lease, tokens, until)`.
-    fn keep(&self, state: &PoolState, now: Nanos) -> (Leftover, (u64, u64, Nanos)) {
+    /// already, is handed back. When the new lease is one `ahead`, the held
+    /// tokens are all the pool has until that lease starts, so it keeps a
+    /// margin against the ups and downs of traffic: twice what the rate
+    /// spends, and a thin key's few requests more (with steady random
+    /// arrivals, more than that comes one window in a thousand or less).
+    /// Returns what is handed back and the held `(lease, tokens, until)`.
+    fn keep(&self, state: &PoolState, now: Nanos, ahead: bool) -> (Leftover, (u64, u64, Nanos)) {
         let mut leftover = Leftover::default();
         let mut hand_back = |slot: usize, lease: u64, tokens: u64, until: Nanos| {
             if tokens == 0 {
@@ -275,9 +423,15 @@ impl LeasePool {
         if state.lease != 0 && state.tokens > 0 {
             let rate = self.refresh.rate(state.spent, state.rate_since, now);
             let until = state.expires_at;
-            let spendable = (rate * (until - now).get() as f64 / SECOND.get() as f64).ceil();
-            // `as` saturates, and NaN becomes 0.
-            let kept = if now < until { state.tokens.min(spendable as u64) } else { 0 };
+            let mut spendable = (rate * (until - now).get() as f64 / SECOND.get() as f64).ceil();
+            if ahead {
+                spendable = 2.0 * spendable + THIN_REQUESTS;
+            }
+            // `as` saturates, and NaN becomes 0. Tokens that do not count
+            // yet are never held (held tokens are spent at once): a lease
+            // ahead being replaced goes back whole.
+            let started = state.starts_at <= now;
+            let kept = if now < until && started { state.tokens.min(spendable as u64) } else { 0 };
             hand_back(1, state.lease, state.tokens - kept, until);
             if kept > 0 {
                 held = (state.lease, kept, until);
@@ -298,6 +452,10 @@ impl LeasePool {
     /// had not leased at the last grant (a fleet-wide upper estimate), and
     /// when it expected more, while the lease counts.
     fn report(&self, state: &PoolState, now: Nanos) -> Decision {
+        if self.pending(state, now) {
+            // Before the next window starts: what is held here, until then.
+            return Decision::admit(self.held(state, now), state.starts_at - now);
+        }
         if now >= state.expires_at {
             return Decision::admit(self.held(state, now), Nanos::ZERO);
         }
@@ -331,6 +489,8 @@ impl Algorithm for LeasePool {
             held_lease: word(13)?,
             held_tokens: word(14)?,
             held_until: Nanos(word(15)?),
+            starts_at: Nanos(word(16)?),
+            window_index: word(17)?,
         })
     }
 
@@ -352,6 +512,8 @@ impl Algorithm for LeasePool {
             s.held_lease,
             s.held_tokens,
             s.held_until.get(),
+            s.starts_at.get(),
+            s.window_index,
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -391,20 +553,29 @@ impl Algorithm for LeasePool {
             return None;
         }
         let spent = state.spent.saturating_sub(grant.cost);
+        // Taken before the current lease started counting (a lease ahead),
+        // they can only have been held tokens.
+        let maybe_current = grant.at >= state.starts_at;
         let maybe_held = state.held_lease != 0 && grant.at < state.held_until;
-        if maybe_held && state.held_until <= state.expires_at {
+        if maybe_held && (!maybe_current || state.held_until <= state.expires_at) {
             return (now < state.held_until).then(|| PoolState {
                 held_tokens: state.held_tokens.saturating_add(grant.cost),
                 spent,
                 ..state
             });
         }
-        (now < state.expires_at).then(|| PoolState { tokens: state.tokens.saturating_add(grant.cost), spent, ..state })
+        (maybe_current && now < state.expires_at).then(|| PoolState {
+            tokens: state.tokens.saturating_add(grant.cost),
+            spent,
+            ..state
+        })
     }
 
-    /// Nothing usable, nothing in flight, nothing denied: losing it loses nothing.
+    /// Nothing unspent (now or ahead), nothing in flight, nothing denied:
+    /// losing it loses nothing.
     fn is_idle(&self, state: PoolState, now: Nanos) -> bool {
-        self.usable(&state, now) == 0 && now >= state.refresh_until && now >= state.denied_until
+        let unspent = self.unspent(&state, now).iter().all(|(_, tokens)| *tokens == 0);
+        unspent && now >= state.refresh_until && now >= state.denied_until
     }
 
     /// When the tokens expire and any claim or denial has run out.
@@ -430,6 +601,11 @@ mod tests {
     const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
     const MS: Nanos = Nanos(1_000_000);
 
+    /// A claim made at `at` whose call left at once.
+    fn sent(at: Nanos) -> (Nanos, Nanos) {
+        (at, at)
+    }
+
     fn pool() -> LeasePool {
         LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) }
     }
@@ -439,6 +615,8 @@ mod tests {
             lease,
             granted,
             valid: SECOND,
+            starts: Nanos::ZERO,
+            index: 0,
             limit: 1000,
             window: SECOND.times(60),
             unleased: 500,
@@ -450,9 +628,192 @@ mod tests {
     fn leased(tokens: u64) -> PoolState {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
-        let (applied, state) = p.apply(claimed, T0, claim.unwrap().started, &grant(1, tokens));
+        let (applied, state) = p.apply(claimed, T0, sent(claim.unwrap().started), &grant(1, tokens));
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         state
+    }
+
+    /// The per-second window starting at `T0`, as the service numbers it.
+    const K: u64 = T0.0 / SECOND.0;
+
+    /// A grant of window `index` (a per-second fixed window) made at `at`:
+    /// valid until that window ends, and for a window after `at`'s, starting
+    /// with it.
+    fn windowed_grant(lease: u64, granted: u64, index: u64, at: Nanos) -> LeaseGrant {
+        let (start, end) = (SECOND.times(index), SECOND.times(index + 1));
+        let grant = grant(lease, granted);
+        LeaseGrant { valid: end - at, starts: start - at, index, window: SECOND, reset: end - at, ..grant }
+    }
+
+    /// A pool that spent 100/s over the last second and holds a lease of
+    /// `tokens` of window `K`, claimed and answered at `at`.
+    fn windowed(tokens: u64, at: Nanos) -> PoolState {
+        let p = pool();
+        let claimed = PoolState { spent: 100, rate_since: at - SECOND, refresh_until: at + MS, ..p.fresh(at) };
+        let (_, state) = p.apply(claimed, at, sent(at), &windowed_grant(1, tokens, K, at));
+        state
+    }
+
+    /// Spends `windowed(100, T0)` at 100/s until it claims a refresh: the
+    /// claim and the state then.
+    fn until_claimed() -> (Claim, PoolState) {
+        let p = pool();
+        let mut state = windowed(100, T0);
+        let mut now = T0;
+        loop {
+            now = now + MS.times(10);
+            let (spend, claim, after) = p.spend(state, now, 1);
+            assert!(matches!(spend, Spend::Taken(_)), "at {now}");
+            state = after;
+            if let Some(claim) = claim {
+                return (claim, state);
+            }
+        }
+    }
+
+    #[test]
+    fn a_lease_that_ends_with_its_window_asks_for_the_next_one_before_the_end() {
+        let (claim, _) = until_claimed();
+        let now = claim.started;
+        // The callout timeout before the window ends (300 ms, within the
+        // last half of the lease's life).
+        assert_eq!(now, T0 + MS.times(700));
+        assert_eq!(claim.window, Some(K + 1), "the next window, by the index the service gave");
+        // A whole horizon at the observed rate: none of what is held now counts then.
+        assert_eq!(claim.wanted, 100);
+        // Needed in 300 ms: it may wait to share a call with others.
+        assert_eq!(claim.send_by, now + MAX_BATCH_DELAY);
+    }
+
+    #[test]
+    fn the_ahead_claim_comes_early_enough_for_the_observed_refresh_latency() {
+        let p = pool();
+        // Refreshes have been taking 400 ms: the last quarter (250 ms) is too late.
+        let state = PoolState { latency: MS.times(400), ..windowed(100, T0) };
+        let (_, early, _) = p.spend(state, T0 + MS.times(199), 1);
+        assert_eq!(early, None);
+        let (_, claim, _) = p.spend(state, T0 + MS.times(200), 1);
+        assert_eq!(claim.unwrap().window, Some(K + 1), "800 ms ahead: twice the latency");
+    }
+
+    #[test]
+    fn at_the_boundary_the_pool_switches_to_the_next_windows_lease_without_waiting() {
+        let p = pool();
+        let (claim, claimed) = until_claimed();
+        let at = claim.started;
+        // The service grants 100 of the next window, 5 ms later.
+        let answered = at + MS.times(5);
+        let grant = windowed_grant(2, 100, K + 1, at + MS.times(2));
+        let (applied, mut state) = p.apply(claimed, answered, sent(claim.started), &grant);
+        assert_eq!(applied, Applied::Replaced(Leftover::default()), "what is left of this window is kept");
+        assert_eq!((state.held_lease, state.held_tokens, state.held_until), (1, 30, T0 + SECOND));
+        // It counts from the window's start as the answer saw it: the 3 ms
+        // it took after the service decided are not the next window's.
+        assert_eq!((state.lease, state.tokens, state.starts_at), (2, 100, T0 + SECOND + MS.times(3)));
+        // Before the boundary only this window's tokens count; the next
+        // window's never do, even once these run out.
+        assert_eq!(p.usable(&state, T0 + SECOND - Nanos(1)), 30);
+        let (mut now, mut taken) = (answered, 0);
+        while now < T0 + SECOND {
+            let (spend, claim, after) = p.spend(state, now, 1);
+            assert_eq!(claim, None, "no refresh while the next window's lease waits");
+            taken += u64::from(matches!(spend, Spend::Taken(_)));
+            state = after;
+            now = now + MS.times(10);
+        }
+        assert_eq!((taken, state.tokens), (30, 100), "30 of this window's, none of the next's");
+        // At the boundary: the next window's tokens, as soon as they surely count.
+        let (spend, claim, _) = p.spend(state, T0 + SECOND, 1);
+        assert_eq!((spend, claim), (Spend::Empty, None), "no refresh for those 3 ms: the request waits");
+        let (spend, claim, after) = p.spend(state, T0 + SECOND + MS.times(3), 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        assert_eq!((claim, after.tokens, after.held_tokens), (None, 99, 0));
+        assert_eq!(p.usable(&after, T0 + SECOND + MS.times(3)), 99, "the old window's leftovers count no longer");
+        // And the next window's tokens end with it.
+        assert_eq!(p.usable(&after, T0 + SECOND.times(2)), 0);
+    }
+
+    #[test]
+    fn a_lease_counts_from_the_answer_plus_its_start_until_its_call_plus_its_validity() {
+        let p = pool();
+        let (_, claim, claimed) = p.spend(p.fresh(T0), T0 + MS.times(900), 1);
+        let claim = claim.unwrap();
+        // The call left 10 ms after the claim, the service decided 30 ms
+        // later, and the answer took 60 ms more.
+        let (left, decided) = (claim.started + MS.times(10), T0 + MS.times(940));
+        let grant = windowed_grant(1, 10, K + 1, decided);
+        let (_, state) = p.apply(claimed, decided + MS.times(60), (claim.started, left), &grant);
+        // The service meant [T0 + 1 s, T0 + 2 s): the pool's view lies inside it.
+        assert_eq!(state.starts_at, T0 + SECOND + MS.times(60));
+        assert_eq!(state.expires_at, T0 + SECOND.times(2) - MS.times(30));
+        assert_eq!(state.latency, MS.times(90), "what the call took, not the claim");
+    }
+
+    #[test]
+    fn a_pool_denied_for_the_rest_of_its_window_asks_ahead_and_is_served_at_the_boundary() {
+        let p = pool();
+        let at = T0 + MS.times(300);
+        let (_, claim, claimed) = p.spend(PoolState { spent: 100, rate_since: at - SECOND, ..p.fresh(at) }, at, 1);
+        // The window is used up: nothing, until it ends.
+        let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
+        let (spend, claim, _) = p.spend(state, T0 + MS.times(650), 1);
+        assert!(matches!(spend, Spend::Denied(_)));
+        assert_eq!(claim, None, "denied, and not yet near the end");
+        // The callout timeout before the window ends.
+        let near = T0 + MS.times(700);
+        let (spend, claim, claimed) = p.spend(state, near, 1);
+        let Spend::Denied(denied) = spend else { panic!("{spend:?}") };
+        assert_eq!(denied.retry_after(), MS.times(300));
+        assert_eq!(claim.unwrap().window, Some(K + 1));
+        // The answer arrives 1 ms after the service decided: the lease
+        // counts from 1 ms after the window's start.
+        let (_, state) = p.apply(claimed, near + MS, sent(near), &windowed_grant(2, 50, K + 1, near));
+        assert!(matches!(p.spend(state, T0 + SECOND - Nanos(1), 1).0, Spend::Denied(_)), "still this window's denial");
+        // Past the denied window's end a request waits that moment, not denied.
+        assert_eq!(p.spend(state, T0 + SECOND, 1).0, Spend::Empty);
+        assert!(matches!(p.spend(state, T0 + SECOND + MS, 1).0, Spend::Taken(_)), "served at once");
+    }
+
+    #[test]
+    fn held_tokens_that_run_dry_well_before_the_next_window_are_bridged_with_this_windows() {
+        let p = pool();
+        let (claim, claimed) = until_claimed();
+        let ahead = windowed_grant(2, 100, K + 1, claim.started);
+        let (_, state) = p.apply(claimed, claim.started, sent(claim.started), &ahead);
+        // A burst spends the held tokens 200 ms before the next window: a
+        // refresh of this window is due, not of the next.
+        let (spend, claim, claimed) = p.spend(PoolState { held_tokens: 0, ..state }, T0 + MS.times(800), 1);
+        assert_eq!(spend, Spend::Empty);
+        let claim = claim.unwrap();
+        assert_eq!((claim.window, claim.send_by), (None, claim.started), "nothing held: sent at once");
+        let now = T0 + MS.times(805);
+        let (applied, after) = p.apply(claimed, now, sent(claim.started), &windowed_grant(3, 40, K, claim.started));
+        assert_eq!(applied, Applied::Replaced(Leftover::default()));
+        assert_eq!((after.held_lease, after.held_tokens, after.held_until), (3, 40, T0 + SECOND));
+        assert_eq!((after.lease, after.tokens, after.starts_at), (2, 100, T0 + SECOND), "the lease ahead stays");
+        assert_eq!(p.usable(&after, now), 40);
+        // Just before the next window starts, an empty pool waits for it instead.
+        let (spend, claim, _) = p.spend(PoolState { held_tokens: 0, ..after }, T0 + SECOND - MS.times(5), 1);
+        assert_eq!((spend, claim), (Spend::Empty, None));
+    }
+
+    #[test]
+    fn a_lease_ahead_given_back_before_its_start_goes_back_whole() {
+        let p = pool();
+        let at = T0 + MS.times(800);
+        let (_, claim, claimed) = p.spend(windowed(100, T0), at, 1);
+        let (applied, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(2, 70, K + 1, at));
+        // 101 spent in 1.8 s: 12 spent in the 200 ms left; twice that and 3
+        // more kept, the other 72 returned.
+        assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0), (1, 72)], expired: 0 }));
+        assert_eq!(p.unspent(&state, at), [(1, 27), (2, 70)], "a configuration going away returns both");
+        assert!(!p.is_idle(state, T0 + SECOND - Nanos(1)), "tokens ahead are not nothing");
+        // An undo of a unit taken before the next window started goes back
+        // to the held tokens it came from, never to the lease ahead.
+        let (_, _, spent) = p.spend(state, at + MS, 1);
+        let back = p.release(spent, at + MS, Grant { cost: 1, at: at + MS }, Release::Undo).unwrap();
+        assert_eq!((back.held_tokens, back.tokens), (27, 70));
+        assert_eq!(p.release(spent, T0 + SECOND, Grant { cost: 1, at: at + MS }, Release::Undo), None);
     }
 
     #[test]
@@ -462,6 +823,7 @@ mod tests {
         assert_eq!(spend, Spend::Empty);
         let claim = claim.unwrap();
         assert_eq!(claim.started, T0);
+        assert_eq!(claim.send_by, T0, "a request waits for it: sent at once");
         assert_eq!(state.refresh_until, T0 + MS.times(600));
         // Another worker, 1 ms later, sees the claim: it waits, no second callout.
         let (spend, second, _) = p.spend(state, T0 + MS, 1);
@@ -497,9 +859,9 @@ mod tests {
         assert_eq!(late.unwrap().started, T0 + MS.times(600));
         // The first refresher's answer then arrives: the newer claim's lease is
         // not yet in place, so it applies; the second answer is then stale.
-        let (applied, state) = p.apply(taken_over, T0 + MS.times(700), T0, &grant(1, 50));
+        let (applied, state) = p.apply(taken_over, T0 + MS.times(700), sent(T0), &grant(1, 50));
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
-        let (applied, after) = p.apply(state, T0 + MS.times(800), T0 + MS.times(600), &grant(2, 70));
+        let (applied, after) = p.apply(state, T0 + MS.times(800), sent(T0 + MS.times(600)), &grant(2, 70));
         assert_eq!(applied, Applied::Stale, "a newer lease is in place: return all 70");
         assert_eq!(after, state);
     }
@@ -513,7 +875,8 @@ mod tests {
         let (_, claim, claimed) = p.spend(state, T0 + MS.times(800), 1);
         let claim = claim.unwrap();
         assert_eq!(claim.wanted, 22, "61/s for a second, less the 39 held");
-        let (applied, after) = p.apply(claimed, T0 + MS.times(820), claim.started, &grant(2, 80));
+        assert_eq!(claim.send_by, claim.started + MAX_BATCH_DELAY, "39 held: time to share a call");
+        let (applied, after) = p.apply(claimed, T0 + MS.times(820), sent(claim.started), &grant(2, 80));
         // 61/s spends 11 in the 180 ms the old lease still counts: those
         // stay, held; 28 go back to the service.
         let back = Leftover { returns: [(0, 0), (1, 28)], expired: 0 };
@@ -522,9 +885,9 @@ mod tests {
         assert_eq!((after.held_lease, after.held_tokens, after.held_until), (1, 11, T0 + SECOND));
         // The same answer again (a replay) changes nothing and returns nothing.
         assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
-        assert_eq!(p.apply(after, T0 + MS.times(830), claim.started, &grant(2, 80)).0, Applied::Duplicate);
+        assert_eq!(p.apply(after, T0 + MS.times(830), sent(claim.started), &grant(2, 80)).0, Applied::Duplicate);
         // So does a replay of the held lease's: its tokens are in use, not to be returned.
-        assert_eq!(p.apply(after, T0 + MS.times(830), T0, &grant(1, 100)).0, Applied::Duplicate);
+        assert_eq!(p.apply(after, T0 + MS.times(830), sent(T0), &grant(1, 100)).0, Applied::Duplicate);
     }
 
     #[test]
@@ -553,7 +916,7 @@ mod tests {
             let now = T0 + MS.times(10 * i);
             if let Some(claim) = pending.take() {
                 // The answer comes 5 ms after the claim: what the service grants.
-                let (applied, after) = p.apply(state, now - MS.times(5), claim.started, &grant(i, claim.wanted));
+                let (applied, after) = p.apply(state, now - MS.times(5), sent(claim.started), &grant(i, claim.wanted));
                 let Applied::Replaced(left) = applied else { panic!("{applied:?}") };
                 returned += left.returns.iter().map(|(_, t)| t).sum::<u64>();
                 expired += left.expired;
@@ -591,7 +954,7 @@ mod tests {
         assert_eq!(p.usable(&state, later), 0);
         let (spend, claim, claimed) = p.spend(state, later, 1);
         assert_eq!(spend, Spend::Empty);
-        let (applied, after) = p.apply(claimed, later, claim.unwrap().started, &grant(2, 10));
+        let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
         assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0); 2], expired: 103 }));
         assert_eq!((after.held_lease, after.held_tokens), (0, 0));
     }
@@ -601,7 +964,7 @@ mod tests {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
         let none = LeaseGrant { reset: SECOND.times(2), ..grant(1, 0) };
-        let (_, state) = p.apply(claimed, T0 + MS, claim.unwrap().started, &none);
+        let (_, state) = p.apply(claimed, T0 + MS, sent(claim.unwrap().started), &none);
         let (spend, again, _) = p.spend(state, T0 + SECOND, 1);
         let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
         assert_eq!(decision.retry_after(), SECOND + MS);

@@ -6,7 +6,8 @@
 //! thin key ([`THIN_REQUESTS`], within the last quarter of the lease's life),
 //! and before the lease expires (within the last callout timeout or those
 //! few requests' time, whichever is longer, but not before the last quarter
-//! of the lease's life).
+//! of the lease's life), and never later than twice the time refreshes
+//! have been taking before it.
 //! The ask tops the pool up to one lease horizon at the observed rate; the
 //! service then caps the grant so no Envoy takes more than its share.
 
@@ -51,18 +52,54 @@ impl RefreshPolicy {
         spent as f64 * SECOND.get() as f64 / window.get() as f64
     }
 
+    /// How long a refresh should be allowed to take: twice what refreshes
+    /// have been taking (`latency`, at least [`MIN_LATENCY`]).
+    pub fn turnaround(&self, latency: Nanos) -> Nanos {
+        latency.max(MIN_LATENCY).times(2)
+    }
+
+    /// The time a thin key's few requests ([`THIN_REQUESTS`]) take at `rate`.
+    pub fn few_requests(rate: f64) -> Nanos {
+        let few_requests = if rate > 0.0 { THIN_REQUESTS / rate } else { 0.0 };
+        // `as` saturates: a rate near zero makes it "forever" (callers cap it).
+        Nanos((few_requests * SECOND.get() as f64) as u64)
+    }
+
     /// Whether a pool should be refreshed at `now`: it holds `usable`
     /// tokens, its lease is valid from `leased_at` to `expires_at`, it is
     /// spent at `rate`, and refreshes have been taking `latency`.
     pub fn due(&self, usable: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
         let quarter = Nanos((expires_at - leased_at).get() / 4);
-        let few_requests = if rate > 0.0 { THIN_REQUESTS / rate } else { 0.0 };
-        // `as` saturates: a rate near zero makes it "forever", capped by the quarter.
-        let few_requests = Nanos((few_requests * SECOND.get() as f64) as u64).min(quarter);
-        let lead = latency.max(MIN_LATENCY).times(2).max(few_requests);
+        let lead = self.turnaround(latency).max(Self::few_requests(rate).min(quarter));
         let runs_dry_soon = usable as f64 <= rate * lead.get() as f64 / SECOND.get() as f64;
-        let margin = quarter.min(self.lead.max(few_requests));
-        usable == 0 || runs_dry_soon || expires_at - now <= margin
+        usable == 0 || runs_dry_soon || self.expires_soon(leased_at, expires_at, rate, latency, now)
+    }
+
+    /// Whether a lease valid from `leased_at` to `expires_at` is close
+    /// enough to its end at `now` to refresh it: within the last callout
+    /// timeout or a thin key's few requests' time (whichever is longer, but
+    /// not before the last quarter of its life), and never later than a
+    /// refresh's [`RefreshPolicy::turnaround`] before it.
+    pub fn expires_soon(&self, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        self.within(4, leased_at, expires_at, rate, latency, now)
+    }
+
+    /// Whether a lease that ends with its window is close enough to its end
+    /// at `now` to ask for the next window's: as [`RefreshPolicy::expires_soon`],
+    /// but as early as the last half of its life. A thin key's requests are
+    /// few, and one must come in that span to ask; asking early costs
+    /// nothing (one ask per window either way, and the tokens held meanwhile
+    /// are this window's, spent first).
+    pub fn next_due(&self, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        self.within(2, leased_at, expires_at, rate, latency, now)
+    }
+
+    /// Whether `now` is within the margin before `expires_at`, at most
+    /// `1 / part` of the lease's life (see [`RefreshPolicy::expires_soon`]).
+    fn within(&self, part: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        let share = Nanos((expires_at - leased_at).get() / part);
+        let margin = share.min(self.lead.max(Self::few_requests(rate)));
+        expires_at - now <= margin.max(self.turnaround(latency))
     }
 
     /// The rate observation to keep after a refresh at `now`: what was spent
@@ -182,6 +219,23 @@ mod tests {
         // Never earlier than the lease's last quarter: 0.1/s is not due with 3 left for 30 s.
         assert!(!p.due(3, T0, end, 0.1, ms(5), T0 + SECOND));
         assert!(p.due(100, T0, end, 0.1, ms(5), end - ms(2_500)));
+    }
+
+    #[test]
+    fn the_next_window_is_asked_for_from_the_last_half_of_a_lease_and_never_too_late() {
+        let p = policy();
+        let (start, end) = (T0, T0 + SECOND);
+        let ms = Nanos::from_millis;
+        // A busy key: the callout timeout before the end (not the quarter).
+        assert!(!p.next_due(start, end, 1000.0, ms(1), end - ms(301)));
+        assert!(p.next_due(start, end, 1000.0, ms(1), end - ms(300)));
+        assert!(!p.expires_soon(start, end, 1000.0, ms(1), end - ms(300)), "a refresh waits for the last quarter");
+        // A thin key: its few requests' time, up to half the lease's life.
+        assert!(p.next_due(start, end, 5.0, ms(1), end - ms(500)));
+        assert!(!p.next_due(start, end, 5.0, ms(1), end - ms(501)));
+        // Refreshes that take 400 ms: 800 ms ahead, whatever the share.
+        assert!(p.next_due(start, end, 1000.0, ms(400), end - ms(800)));
+        assert!(p.expires_soon(start, end, 1000.0, ms(400), end - ms(800)));
     }
 
     #[test]

@@ -15,8 +15,10 @@ use crate::error::ConfigError;
 use crate::table::Table;
 use crate::time::{parse_duration, Nanos, SECOND};
 
-/// Stored groups of lease pools carry this tag (never a registered algorithm's).
-pub const POOL_TAG: u8 = 200;
+/// Stored groups of lease pools carry this tag (never a registered
+/// algorithm's); it changes with the pool's state layout (201: a lease's
+/// start and window), so a layout of another release is never misread.
+pub const POOL_TAG: u8 = 201;
 
 /// The top-level `global` section as written.
 #[derive(Deserialize, Debug)]

@@ -100,7 +100,8 @@ impl<H> Limiter<H> {
     pub fn needs_release(&self, permit: &Permit, why: Release) -> bool {
         permit.held().any(|held| {
             let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
-            table.is_some_and(|table| why == Release::Undo || table.policy().holds_until_done())
+            let undone = why == Release::Undo && (held.bucket == Bucket::Reserve || table.is_some());
+            undone || table.is_some_and(|table| table.policy().holds_until_done())
         })
     }
 
@@ -110,6 +111,12 @@ impl<H> Limiter<H> {
     pub fn release(&self, store: &dyn Store, now: Nanos, permit: Permit, why: Release, counters: &mut dyn Counters<H>) {
         for held in permit.held().rev() {
             let Some(compiled) = self.rules.get(held.rule) else { continue };
+            if held.bucket == Bucket::Reserve {
+                if why == Release::Undo {
+                    self.refund_reserve(compiled, held.fingerprint, held.grant);
+                }
+                continue;
+            }
             let Some(table) = compiled.table(held.bucket) else { continue };
             if why == Release::Done && !table.policy().holds_until_done() {
                 continue;
@@ -148,7 +155,12 @@ impl<H> Pass<'_, H> {
     /// later), or from its lease pool.
     fn rule(&mut self, target: &Target<H>, request: &mut dyn Request, waited_out: bool) -> Ruling {
         let compiled = target.compiled;
-        let Some(global) = &compiled.rule.global else { return self.decide_local(target, Bucket::Main) };
+        let Some(global) = &compiled.rule.global else {
+            return match compiled.rule.worker_batch {
+                Some(batch) => self.decide_batched(target, batch),
+                None => self.decide_local(target, Bucket::Main),
+            };
+        };
         if compiled.in_fallback() {
             return self.fall_back(target, &global.fallback);
         }

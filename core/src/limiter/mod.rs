@@ -29,17 +29,21 @@
 //! - `decide`: the decision path — check, settle, release;
 //! - `pools`: a global rule's lease pools — spending, grants, returns;
 //! - `modes`: a global rule's mode — fall-back and probes;
+//! - `reserves` and `batches`: per-worker batches of a rule's units
+//!   (`worker_batch`): the worker's store of them, and their decisions;
 //! - [`counting`]: what the limiter counts, and the host's counters.
 //!
 //! [`Admission::Pending`]: crate::algorithm::Admission::Pending
 //! [`Release::Done`]: crate::algorithm::Release::Done
 //! [`Release::Undo`]: crate::algorithm::Release::Undo
 
+mod batches;
 pub mod counting;
 mod decide;
 mod modes;
 mod pass;
 mod pools;
+mod reserves;
 pub mod rule;
 #[cfg(test)]
 mod testing;

@@ -42,7 +42,8 @@ impl<H> Pass<'_, H> {
             if let Some(descriptor) = protocol_descriptor(&compiled.rule.descriptors, request) {
                 let lease = self.limiter.lease_id(&compiled.rule.name, fingerprint, claim.started);
                 let rule = target.index;
-                self.verdict.refreshes.push(Refresh { rule, group, fingerprint, claim, lease, descriptor });
+                let sent = claim.started;
+                self.verdict.refreshes.push(Refresh { rule, group, fingerprint, claim, sent, lease, descriptor });
             }
         }
         match spend {
@@ -72,7 +73,7 @@ impl<H> Limiter<H> {
         let result = compiled.on_group(store, Bucket::Main, refresh.group, self.max_cas_retries, |group| {
             compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
                 let state = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
-                let (applied, after) = pool.apply(state, now, refresh.claim.started, grant);
+                let (applied, after) = pool.apply(state, now, (refresh.claim.started, refresh.sent), grant);
                 let changed = after != state;
                 pool.encode(&after, slot);
                 (applied, changed)

@@ -3,7 +3,7 @@
 //! every decision reaches a bucket group — address the group's key, then run
 //! the measure-and-replace loop on it.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use crate::config::Rule;
 use crate::global::settings::Fallback;
@@ -11,6 +11,8 @@ use crate::headers::RuleHeaders;
 use crate::store::{measure_and_replace, LoopError, Replaced, Step, Store, StoreError};
 use crate::table::Table;
 use crate::text::InlineText;
+
+use super::reserves::Reserves;
 
 /// Room for a group's key, `fg:<rule>:fb:<group>`: a rule name is at most 64
 /// bytes and a group number at most 7 digits, 78 bytes in all.
@@ -26,6 +28,9 @@ pub(super) enum Bucket {
     /// No table here: the quota service decided (a check-mode rule), so
     /// nothing is held locally and nothing is given back.
     Service,
+    /// The worker's reserve of the rule's table (`worker_batch`): units it
+    /// took ahead; given back into the reserve.
+    Reserve,
 }
 
 /// One rule, prepared once per configuration with everything a request needs:
@@ -44,12 +49,16 @@ pub struct CompiledRule<H> {
     /// A global rule's fall-back is in force, as this worker last saw the
     /// rule's mode in shared data.
     in_fallback: Cell<bool>,
+    /// This worker's reserves, for a rule with `worker_batch`.
+    pub(super) reserves: RefCell<Reserves>,
 }
 
 impl<H> CompiledRule<H> {
     pub(super) fn new(rule: Rule, host: H, headers: RuleHeaders) -> Self {
         let key_prefix = format!("fg:{}:", rule.name);
-        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false) }
+        let reserves =
+            RefCell::new(if rule.worker_batch.is_some() { Reserves::with_room() } else { Reserves::default() });
+        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false), reserves }
     }
 
     /// True while this global rule uses its fall-back (as this worker knows).
@@ -69,7 +78,7 @@ impl<H> CompiledRule<H> {
                 Some(Fallback::Local(table)) => Some(table),
                 _ => None,
             },
-            Bucket::Service => None,
+            Bucket::Service | Bucket::Reserve => None,
         }
     }
 

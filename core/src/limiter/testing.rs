@@ -71,7 +71,7 @@ pub(super) fn request(limiter: &Limiter<usize>, headers: &[(&str, &str)]) -> Sta
         .iter()
         .map(|name| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_bytes().to_vec()))
         .collect();
-    StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()) }
+    StaticRequest { headers: values, remote_address: Some(b"10.0.0.1:5555".to_vec()), ..Default::default() }
 }
 
 pub(super) fn admitted(
@@ -90,6 +90,8 @@ pub(super) fn lease(id: u64, granted: u64) -> LeaseGrant {
         lease: id,
         granted,
         valid: SECOND.times(10),
+        starts: Nanos::ZERO,
+        index: 0,
         limit: 100,
         window: SECOND.times(60),
         unleased: 50,

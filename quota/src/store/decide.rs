@@ -6,7 +6,8 @@
 //! disagree. Times are the core's nanoseconds since the Unix epoch.
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
-use floodgate_core::lease::{grant_cap, lease_target, paced_until};
+use floodgate_core::booking::{self, Booking};
+use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::Nanos;
 
 use crate::config::Limit;
@@ -28,31 +29,57 @@ const LAST_UNTAGGED_LAYOUT: u8 = 8;
 /// of another layout is never misread), the algorithm's state
 /// (`Policy::state_len` bytes, as the core lays them out), then the lease
 /// pace's "paced until" instant (8 bytes, little-endian; see
-/// `floodgate_core::lease::paced_until`).
+/// `floodgate_core::lease::paced_until`), then, only while leases ahead
+/// have booked units of the next window, that window's start and the units
+/// (8 bytes each, little-endian; see `floodgate_core::booking`).
 struct Stored {
     state: Vec<u8>,
     paced_until: Nanos,
+    /// Pending: a booking whose window has started is counted in `state`
+    /// on load.
+    booking: Option<Booking>,
+}
+
+fn word(bytes: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
 }
 
 impl Stored {
-    /// The stored bucket when it is of the limit's algorithm and shape, else
-    /// (never stored, expired, another layout, or another shape: a state
-    /// whose size depends on fields that a reload changed) a fresh bucket.
+    /// The stored bucket at `now` when it is of the limit's algorithm and
+    /// shape, else (never stored, expired, another layout, or another
+    /// shape: a state whose size depends on fields that a reload changed)
+    /// a fresh bucket.
     fn load(limit: &Limit, stored: Option<&[u8]>, now: Nanos) -> Self {
         let (policy, tag) = (limit.policy(), limit.algorithm().tag);
         let len = policy.state_len();
         let readable = |first: u8| first == tag || (first == UNTAGGED && tag <= LAST_UNTAGGED_LAYOUT);
         let found = stored.and_then(|bytes| {
             let (&first, rest) = bytes.split_first()?;
-            let paced: [u8; 8] = rest.get(len..)?.try_into().ok()?;
-            readable(first)
-                .then(|| Stored { state: rest[..len].to_vec(), paced_until: Nanos(u64::from_le_bytes(paced)) })
+            let booking = match rest.len().checked_sub(len)? {
+                8 => None,
+                24 => Some(Booking { starts: Nanos(word(rest, len + 8)?), units: word(rest, len + 16)? }),
+                _ => return None,
+            };
+            let paced_until = Nanos(word(rest, len)?);
+            readable(first).then(|| Stored { state: rest[..len].to_vec(), paced_until, booking })
         });
-        found.unwrap_or_else(|| {
+        let mut bucket = found.unwrap_or_else(|| {
             let mut state = vec![0; len];
             policy.write_fresh(&mut state, now);
-            Stored { state, paced_until: Nanos::ZERO }
-        })
+            Stored { state, paced_until: Nanos::ZERO, booking: None }
+        });
+        bucket.booking = booking::settle(policy, &mut bucket.state, bucket.booking, now);
+        bucket
+    }
+
+    /// Decides `cost` units at `now` (see `floodgate_core::booking::decide`).
+    fn decide(&mut self, limit: &Limit, now: Nanos, cost: u64) -> Decision {
+        booking::decide(limit.policy(), &mut self.state, self.booking, now, cost)
+    }
+
+    /// What a zero-cost decision at `now` says, leaving the bucket as it is.
+    fn decide_copy(&self, limit: &Limit, now: Nanos) -> Decision {
+        booking::decide(limit.policy(), &mut self.state.clone(), self.booking, now, 0)
     }
 
     fn into_next(self, limit: &Limit, now: Nanos) -> Next {
@@ -61,11 +88,15 @@ impl Stored {
         // stays so), so a key expiring then forgets no count. Every write
         // sets the time again, so a bucket written later lives longer.
         let policy = limit.policy();
-        let idle_at = policy.idle_at(&self.state, now);
-        let mut bytes = Vec::with_capacity(1 + self.state.len() + 8);
+        let idle_at = booking::idle_at(policy, &self.state, self.booking, now);
+        let mut bytes = Vec::with_capacity(1 + self.state.len() + 24);
         bytes.push(limit.algorithm().tag);
         bytes.extend_from_slice(&self.state);
         bytes.extend_from_slice(&self.paced_until.get().to_le_bytes());
+        if let Some(booking) = self.booking {
+            bytes.extend_from_slice(&booking.starts.get().to_le_bytes());
+            bytes.extend_from_slice(&booking.units.to_le_bytes());
+        }
         // A key in use keeps its place for a window after its last use,
         // even once idle: between its windows it is still a live key.
         let window = policy.quota().window.unwrap_or(limit.period());
@@ -103,7 +134,7 @@ pub enum Kind {
 /// bucket after it (to store only if the whole check commits).
 pub fn check(limit: &Limit, stored: Option<&[u8]>, now: Nanos, cost: u64) -> (Decision, Next) {
     let mut bucket = Stored::load(limit, stored, now);
-    let d = limit.policy().decide(&mut bucket.state, now, cost);
+    let d = bucket.decide(limit, now, cost);
     (d, bucket.into_next(limit, now))
 }
 
@@ -117,7 +148,10 @@ pub struct Leased {
     /// The algorithm's window the tokens are counted in (see
     /// `CountingWindow`; 0 for algorithms without one).
     pub window: u64,
-    /// How long the tokens may be used.
+    /// When the tokens start counting: now, or for a lease ahead the start
+    /// of the window they are for.
+    pub starts_at: Nanos,
+    /// How long (from now) the tokens may be used.
     pub valid: Nanos,
     /// The bucket after the grant (store it when `granted > 0`).
     pub next: Next,
@@ -137,15 +171,32 @@ pub struct Leased {
 /// validity, not the whole `ttl`: tokens a lease cut short by its window's
 /// end could not spend would be stranded in one proxy until they expire,
 /// counted against the window all the same.
-pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate: Option<f64>, ttl: Nanos) -> Leased {
+///
+/// `window` names the window the caller wants tokens of. The next window,
+/// when it starts within `ttl`, is leased ahead ([`lease_ahead`]); any other
+/// (or none) gets tokens of the window that counts now, as above.
+pub fn lease(
+    limit: &Limit,
+    stored: Option<&[u8]>,
+    now: Nanos,
+    wanted: u64,
+    rate: Option<f64>,
+    window: Option<u64>,
+    ttl: Nanos,
+) -> Leased {
     let policy = limit.policy();
     let capacity = policy.capacity();
     let mut bucket = Stored::load(limit, stored, now);
+    if let Some(named) = window {
+        let ahead = booking::ahead(policy, &bucket.state, bucket.booking, now);
+        if let Some(ahead) = ahead.filter(|a| a.window.index == named && a.starts - now <= ttl) {
+            return lease_ahead(limit, bucket, now, wanted, rate, ttl, &ahead);
+        }
+    }
     // A zero-cost decision on a copy: what the bucket holds now.
-    let mut probe = bucket.state.clone();
-    let remaining = policy.decide(&mut probe, now, 0).remaining;
+    let remaining = bucket.decide_copy(limit, now).remaining;
     let period = policy.quota().window.unwrap_or(limit.period());
-    let (horizon, window, valid) = match policy.counting_window(&probe, now) {
+    let (horizon, window, valid) = match policy.counting_window(&bucket.state, now) {
         Some(counted) => {
             let left = counted.end - now;
             (if counted.renews { left } else { period }, counted.index, ttl.min(left))
@@ -155,13 +206,47 @@ pub fn lease(limit: &Limit, stored: Option<&[u8]>, now: Nanos, wanted: u64, rate
     let target = lease_target(wanted, rate, valid.get(), capacity);
     let cap = grant_cap(remaining, capacity, horizon.get(), ttl.get(), bucket.paced_until.get(), now.get());
     let granted = target.min(cap);
-    let d = policy.decide(&mut bucket.state, now, granted);
+    let d = bucket.decide(limit, now, granted);
     // A denied grant (an algorithm that admits fewer than `remaining` at
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
     let paced = paced_until(granted, remaining, capacity, horizon.get(), bucket.paced_until.get(), now.get());
     bucket.paced_until = Nanos(paced);
-    Leased { granted, decision: d, window, valid, next: bucket.into_next(limit, now) }
+    Leased { granted, decision: d, window, starts_at: now, valid, next: bucket.into_next(limit, now) }
+}
+
+/// A lease ahead: tokens of the window starting at `ahead.starts` (within a
+/// lease lifetime), booked now in that window's budget (the core's
+/// `booking` rule: what the bucket admits at that start, and for a sliding
+/// window what the current window's counts leave there). Sized as any lease
+/// to the caller's rate over the time they may be used, a lease lifetime
+/// from the window's start and never past its end; at most half of what
+/// that window has left, and nothing once it is below the low-water mark
+/// ([`ahead_cap`]: its tail is handed out in it, paced).
+fn lease_ahead(
+    limit: &Limit,
+    mut bucket: Stored,
+    now: Nanos,
+    wanted: u64,
+    rate: Option<f64>,
+    ttl: Nanos,
+    ahead: &booking::Ahead,
+) -> Leased {
+    let policy = limit.policy();
+    let usable = ttl.min(ahead.window.end - ahead.starts);
+    let target = lease_target(wanted, rate, usable.get(), policy.capacity());
+    let mut granted = target.min(ahead_cap(ahead.room, policy.capacity()));
+    match booking::book(policy, &bucket.state, bucket.booking, ahead, granted) {
+        Some(after) if granted > 0 => bucket.booking = Some(after),
+        _ => granted = 0,
+    }
+    // What the next window has left, and when it frees more, as seen from its start.
+    let mut settled = bucket.state.clone();
+    let pending = booking::settle(policy, &mut settled, bucket.booking, ahead.starts);
+    let then = booking::decide(policy, &mut settled, pending, ahead.starts, 0);
+    let decision = Decision::admit(then.remaining, (ahead.starts - now) + then.reset);
+    let (starts_at, valid) = (ahead.starts, (ahead.starts - now) + usable);
+    Leased { granted, decision, window: ahead.window.index, starts_at, valid, next: bucket.into_next(limit, now) }
 }
 
 /// The bucket as it stands, without taking anything.
@@ -181,9 +266,11 @@ pub struct LeaseRecord {
     pub window: u64,
     /// Tokens granted.
     pub granted: u64,
-    /// When they were taken: a return hands the core this grant, and each
-    /// algorithm decides where it may go back (a fixed window only into
-    /// this window, a sliding log removes the entries logged then…).
+    /// When they count as taken (when granted; for a lease ahead, when its
+    /// window starts, and until then a return takes them off the booking):
+    /// a return hands the core this grant, and each algorithm decides where
+    /// it may go back (a fixed window only into this window, a sliding log
+    /// removes the entries logged then…).
     pub granted_at: Nanos,
     /// Given back already: later returns give back nothing.
     pub returned: bool,
@@ -283,8 +370,18 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
     let Some(stored) = stored.filter(|_| !record.returned) else { return (0, None) };
     let limit = &record.limit;
     let grant = Grant { cost: tokens.min(record.granted), at: record.granted_at };
-    let before = peek(limit, Some(stored), now).remaining;
     let mut bucket = Stored::load(limit, Some(stored), now);
+    if now < grant.at {
+        // A lease ahead whose window has not started: its units come off
+        // the booking, and that window has them again.
+        let (booking, back) = booking::unbook(bucket.booking, grant.at, grant.cost);
+        if back == 0 {
+            return (0, None);
+        }
+        bucket.booking = booking;
+        return (back, Some(bucket.into_next(limit, now)));
+    }
+    let before = bucket.decide_copy(limit, now).remaining;
     if grant.cost == 0 || !limit.policy().release(&mut bucket.state, now, grant, Release::Undo) {
         return (0, None);
     }

@@ -69,6 +69,9 @@ pub struct BucketLease {
     pub wanted: u64,
     /// The caller's observed consumption, tokens per second.
     pub rate: Option<f64>,
+    /// The window the caller wants tokens of: the next one is leased ahead
+    /// (see `decide::lease`); `None` for the window that counts now.
+    pub window: Option<u64>,
     /// See [`lease_key`]: where the grant is recorded, atomically with it. A
     /// lease whose record exists is not granted again but answered from it.
     pub record: String,
@@ -86,8 +89,11 @@ pub struct LeaseOutcome {
     /// The algorithm's window the tokens are counted in (0 for algorithms
     /// without windows).
     pub window: u64,
-    /// How long the caller may use the tokens.
+    /// How long (from now) the caller may use the tokens.
     pub valid: Nanos,
+    /// How long until they may be used: zero, or for a lease ahead, the
+    /// time until the window they are for starts.
+    pub starts: Nanos,
     /// The lease was already recorded: this repeats its grant, nothing was taken.
     pub replayed: bool,
 }
@@ -369,11 +375,12 @@ fn lease(
                 reset: d.reset,
                 window: done.window,
                 valid,
+                starts: done.granted_at - now,
                 replayed: true,
             });
             continue;
         }
-        let leased = decide::lease(&item.limit, stored(&values, bucket), now, item.wanted, item.rate, ttl);
+        let leased = decide::lease(&item.limit, stored(&values, bucket), now, item.wanted, item.rate, item.window, ttl);
         if leased.granted > 0 {
             let valid_until = now + leased.valid;
             let done = LeaseRecord {
@@ -381,7 +388,7 @@ fn lease(
                 limit: item.limit.clone(),
                 window: leased.window,
                 granted: leased.granted,
-                granted_at: now,
+                granted_at: leased.starts_at,
                 returned: false,
                 valid_until,
                 expires_at: valid_until + LEASE_RECORD_MARGIN,
@@ -395,6 +402,7 @@ fn lease(
             reset: leased.decision.reset,
             window: leased.window,
             valid: leased.valid,
+            starts: leased.starts_at - now,
             replayed: false,
         });
     }

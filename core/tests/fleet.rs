@@ -1,0 +1,290 @@
+//! Several Envoys' lease pools for one descriptor, against a model of the
+//! quota service on a per-second fixed window, with random traffic and
+//! network delays: no window ever lets more through fleet-wide than its
+//! limit; under excess demand the fleet uses nearly all of every window;
+//! below the limit, pools switch from one window's lease to the next
+//! without waiting. The service model decides as the quota service does
+//! (`quota/src/store/decide.rs`), from the core's own pieces: the fixed
+//! window, lease sizing (`floodgate_core::lease`) and bookings of the next
+//! window (`floodgate_core::booking`); answers cross the wire in whole
+//! milliseconds, rounded as the protocol rounds them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+use floodgate_core::algorithm::{Algorithm, Grant, Params, Policy, Registration, Release};
+use floodgate_core::booking::{self, Booking};
+use floodgate_core::global::pool::{Applied, Claim, LeaseGrant, LeasePool, PoolState, Spend};
+use floodgate_core::global::refresh::RefreshPolicy;
+use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
+use floodgate_core::time::{Nanos, SECOND};
+use proptest::prelude::*;
+
+const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+const MS: Nanos = Nanos(1_000_000);
+const TTL: Nanos = SECOND;
+
+/// A lease the service granted: what a return may give back, and where.
+struct Record {
+    granted: u64,
+    granted_at: Nanos,
+    returned: bool,
+}
+
+/// The quota service's decisions on one bucket of `limit` per second.
+struct Service {
+    policy: Arc<dyn Policy>,
+    state: Vec<u8>,
+    paced_until: Nanos,
+    booking: Option<Booking>,
+    records: HashMap<u64, Record>,
+}
+
+impl Service {
+    fn new(limit: u64) -> Self {
+        let fields = serde_json::from_str(r#"{"period": "1s"}"#).unwrap();
+        let policy = Registration::find("fixed_window").unwrap().build(Params::new("rule", limit, fields)).unwrap();
+        let mut state = vec![0; policy.state_len()];
+        policy.write_fresh(&mut state, T0);
+        Service { policy, state, paced_until: Nanos::ZERO, booking: None, records: HashMap::new() }
+    }
+
+    fn settle(&mut self, now: Nanos) {
+        self.booking = booking::settle(self.policy.as_ref(), &mut self.state, self.booking, now);
+    }
+
+    /// `POST /v1/lease` of one lease: the answer as the filter reads it.
+    fn lease(&mut self, now: Nanos, id: u64, claim: &Claim) -> LeaseGrant {
+        self.settle(now);
+        let policy = self.policy.as_ref();
+        let capacity = policy.capacity();
+        let (granted, starts_at, valid, index, remaining, reset) =
+            match booking::ahead(policy, &self.state, self.booking, now) {
+                Some(ahead) if claim.window == Some(ahead.window.index) && ahead.starts - now <= TTL => {
+                    let usable = TTL.min(ahead.window.end - ahead.starts);
+                    let target = lease_target(claim.wanted, Some(claim.rate), usable.get(), capacity);
+                    let mut granted = target.min(ahead_cap(ahead.room, capacity));
+                    match booking::book(policy, &self.state, self.booking, &ahead, granted) {
+                        Some(after) if granted > 0 => self.booking = Some(after),
+                        _ => granted = 0,
+                    }
+                    let room = ahead.room - granted;
+                    (
+                        granted,
+                        ahead.starts,
+                        (ahead.starts - now) + usable,
+                        ahead.window.index,
+                        room,
+                        ahead.window.end - now,
+                    )
+                }
+                _ => {
+                    let window = policy.counting_window(&self.state, now).unwrap();
+                    let remaining = booking::decide(policy, &mut self.state.clone(), self.booking, now, 0).remaining;
+                    let left = window.end - now;
+                    let valid = TTL.min(left);
+                    let target = lease_target(claim.wanted, Some(claim.rate), valid.get(), capacity);
+                    let cap = grant_cap(remaining, capacity, left.get(), TTL.get(), self.paced_until.get(), now.get());
+                    let d = booking::decide(policy, &mut self.state, self.booking, now, target.min(cap));
+                    let granted = if d.allowed() { target.min(cap) } else { 0 };
+                    let paced =
+                        paced_until(granted, remaining, capacity, left.get(), self.paced_until.get(), now.get());
+                    self.paced_until = Nanos(paced);
+                    (granted, now, valid, window.index, d.remaining, d.reset)
+                }
+            };
+        if granted > 0 {
+            self.records.insert(id, Record { granted, granted_at: starts_at, returned: false });
+        }
+        // On the wire: whole milliseconds, `valid` rounded down, the rest up.
+        LeaseGrant {
+            lease: id,
+            granted,
+            valid: Nanos::from_millis(valid.floor_millis()),
+            starts: Nanos::from_millis((starts_at - now).ceil_millis()),
+            index,
+            limit: capacity,
+            window: SECOND,
+            unleased: remaining,
+            reset: Nanos::from_millis(reset.ceil_millis()),
+        }
+    }
+
+    /// `POST /v1/return` of one lease's unspent tokens.
+    fn give_back(&mut self, now: Nanos, id: u64, tokens: u64) {
+        self.settle(now);
+        let Some(record) = self.records.get_mut(&id).filter(|r| !r.returned) else { return };
+        record.returned = true;
+        let cost = tokens.min(record.granted);
+        if now < record.granted_at {
+            self.booking = booking::unbook(self.booking, record.granted_at, cost).0;
+        } else {
+            let grant = Grant { cost, at: record.granted_at };
+            self.policy.release(&mut self.state, now, grant, Release::Undo);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Event {
+    /// A request reaches Envoy `pool`.
+    Request(usize),
+    /// A claim reaches the service.
+    Claimed { pool: usize, id: u64 },
+    /// Its answer reaches the pool.
+    Answered { pool: usize, id: u64 },
+    /// A return reaches the service.
+    Returned { id: u64, tokens: u64 },
+}
+
+/// xorshift64*: deterministic from the test's seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// An exponential gap with mean `mean` (steady random arrivals).
+    fn gap(&mut self, mean: Nanos) -> Nanos {
+        let uniform = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
+        Nanos((-(1.0 - uniform).ln() * mean.get() as f64) as u64 + 1)
+    }
+
+    /// A one-way network delay: 50 µs to 1 ms (loopback, busy).
+    fn delay(&mut self) -> Nanos {
+        Nanos(50_000 + self.next() % 950_000)
+    }
+}
+
+/// What a run saw: admissions per window (by the instant Envoy admitted
+/// them), calls, and after the first two windows, requests that found their
+/// pool empty and requests.
+struct Run {
+    per_window: BTreeMap<u64, u64>,
+    claims: u64,
+    steady: (u64, u64),
+}
+
+/// `pools` Envoys, each receiving `rate` requests per second, for `secs`
+/// seconds from `start`.
+fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) -> Run {
+    let pool = LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) };
+    let mut service = Service::new(limit);
+    let mut rng = Rng(seed.wrapping_mul(2).wrapping_add(1));
+    let mut states: Vec<PoolState> = (0..pools).map(|_| pool.fresh(start)).collect();
+    let mut claims: HashMap<u64, Claim> = HashMap::new();
+    let mut sent: HashMap<u64, Nanos> = HashMap::new();
+    let mut answers: HashMap<u64, LeaseGrant> = HashMap::new();
+    let mut queue = BinaryHeap::new();
+    let mean = Nanos((SECOND.get() as f64 / rate) as u64);
+    for p in 0..pools {
+        queue.push(Reverse((start + rng.gap(mean), Event::Request(p))));
+    }
+    let end = start + SECOND.times(secs);
+    let steady_from = Nanos((start.get() / SECOND.get() + 2) * SECOND.get());
+    let mut seen = Run { per_window: BTreeMap::new(), claims: 0, steady: (0, 0) };
+    let mut next_id = 1;
+    while let Some(Reverse((now, event))) = queue.pop() {
+        match event {
+            Event::Request(p) => {
+                if now >= end {
+                    continue;
+                }
+                queue.push(Reverse((now + rng.gap(mean), Event::Request(p))));
+                let (spend, claim, after) = pool.spend(states[p], now, 1);
+                states[p] = after;
+                let steady = now >= steady_from;
+                seen.steady.1 += u64::from(steady);
+                match spend {
+                    Spend::Taken(_) => *seen.per_window.entry(now.get() / SECOND.get()).or_default() += 1,
+                    Spend::Empty => seen.steady.0 += u64::from(steady),
+                    Spend::Denied(_) => {}
+                }
+                if let Some(claim) = claim {
+                    seen.claims += 1;
+                    let id = next_id;
+                    next_id += 1;
+                    // Held back as long as it may be, to share a call.
+                    claims.insert(id, claim);
+                    sent.insert(id, claim.send_by);
+                    queue.push(Reverse((claim.send_by + rng.delay(), Event::Claimed { pool: p, id })));
+                }
+            }
+            Event::Claimed { pool: p, id } => {
+                answers.insert(id, service.lease(now, id, &claims[&id]));
+                queue.push(Reverse((now + rng.delay(), Event::Answered { pool: p, id })));
+            }
+            Event::Answered { pool: p, id } => {
+                let grant = answers[&id];
+                let (applied, after) = pool.apply(states[p], now, (claims[&id].started, sent[&id]), &grant);
+                states[p] = after;
+                let returns = match applied {
+                    Applied::Replaced(left) => left.returns.to_vec(),
+                    Applied::Stale => vec![(grant.lease, grant.granted)],
+                    Applied::Duplicate => Vec::new(),
+                };
+                for (id, tokens) in returns.into_iter().filter(|(_, t)| *t > 0) {
+                    queue.push(Reverse((now + rng.delay(), Event::Returned { id, tokens })));
+                }
+            }
+            Event::Returned { id, tokens } => service.give_back(now, id, tokens),
+        }
+    }
+    seen
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn no_window_lets_more_than_its_limit_through_and_excess_demand_uses_it(
+        limit in prop_oneof![Just(20u64), Just(100), Just(1_000)],
+        pools in 2usize..6,
+        excess in prop_oneof![Just(0.5f64), Just(0.9), Just(1.1), Just(1.5), Just(3.0), Just(10.0)],
+        offset in 0u64..SECOND.get(),
+        seed in any::<u64>(),
+    ) {
+        let rate = excess * limit as f64 / pools as f64;
+        let seen = run(limit, pools, rate, 6, T0 + Nanos(offset), seed);
+        let windows: Vec<(u64, u64)> = seen.per_window.iter().map(|(w, n)| (*w, *n)).collect();
+        for &(window, admitted) in &windows {
+            prop_assert!(admitted <= limit, "window {window}: {admitted} > {limit}: {windows:?}");
+        }
+        if excess >= 3.0 {
+            // Every whole window after the first: at least 90% used.
+            for &(window, admitted) in &windows[1..windows.len() - 1] {
+                prop_assert!(admitted * 10 >= limit * 9, "window {window}: only {admitted} of {limit}: {windows:?}");
+            }
+        }
+    }
+}
+
+/// Below the limit, a pool has the next window's lease in place when its
+/// window ends: once running (after two windows), a request finds its pool
+/// empty only in the moment an answer takes to cross the wire (a lease
+/// counts from its window's start as the answer saw it, the one before
+/// until that window's end as the claim saw it), or after a burst; without
+/// leases ahead, every window's first request of every pool waits, several
+/// in a hundred here. And pools make no storm of calls: a window costs each
+/// one or two.
+#[test]
+fn below_the_limit_pools_switch_windows_without_waiting() {
+    let (pools, secs) = (4, 12);
+    let (mut waited, mut requests) = (0, 0);
+    for seed in 1..=20u64 {
+        // 1000 per second; 4 Envoys at 30 requests per second each.
+        let seen = run(1_000, pools, 30.0, secs, T0 + MS.times(370), seed);
+        let (w, r) = seen.steady;
+        assert!(w * 100 <= r, "seed {seed}: {w} of {r} requests waited");
+        let most = 3 * pools as u64 * (secs + 1);
+        assert!(seen.claims <= most, "seed {seed}: {} calls, more than {most}", seen.claims);
+        (waited, requests) = (waited + w, requests + r);
+    }
+    assert!(waited * 200 <= requests, "{waited} of {requests} requests waited");
+}

@@ -1,0 +1,220 @@
+//! One configuration's root context on one VM (Envoy's main thread or a
+//! worker): it builds the plugin from the configuration, runs the worker's
+//! tick, sends what requests posted, receives every answer of the quota
+//! service, and creates each request's context.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+
+use floodgate_core::config::Config;
+use floodgate_core::global::calls::{CallError, MAX_ANSWER_BYTES};
+use floodgate_core::limiter::Limiter;
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{BufferType, ContextType, MapType};
+
+use crate::global::{Callout, Callouts, StatusCall};
+use crate::host::{self, SharedData};
+use crate::http::FloodgateHttp;
+use crate::metrics::{increment, Metrics, RuleMetrics};
+use crate::plugin::{schedule_ticks, Plugin, RateLimitedLog};
+use crate::service::dispatch;
+use crate::waiting::{Shared, Waiting};
+use crate::PassThrough;
+
+/// One plugin configuration on one VM (Envoy's main thread or a worker).
+/// Per-plugin state lives here, not in statics: plugins with the same code
+/// and `vm_id` share a VM.
+pub(crate) struct FloodgateRoot {
+    context_id: u32,
+    plugin: Option<Rc<Plugin>>,
+    /// Whether this VM has checked that Envoy has the quota service's cluster.
+    cluster_checked: bool,
+    /// This root's shared queue, through which its requests post calls to it
+    /// (see the module docs); `None` until configured, or if Envoy refused it.
+    queue: Option<u32>,
+}
+
+impl FloodgateRoot {
+    pub(crate) fn new(context_id: u32) -> Self {
+        FloodgateRoot { context_id, plugin: None, cluster_checked: false, queue: None }
+    }
+}
+
+impl Context for FloodgateRoot {
+    /// The configuration goes away (a rule removed or changed, or Envoy
+    /// stopping): unspent leased tokens go back to the service, and the
+    /// context stays until the service has answered (as far as Envoy waits).
+    fn on_done(&mut self) -> bool {
+        let Some(plugin) = self.plugin.clone() else { return true };
+        plugin.limiter.return_reserves(&SharedData, host::now(), true, &mut plugin.metrics.counters());
+        plugin.metrics.flush(&plugin.limiter);
+        match plugin.give_back_all() {
+            0 => true,
+            calls => {
+                plugin.closing.set(Some(calls));
+                false
+            }
+        }
+    }
+
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let Some(plugin) = self.plugin.clone() else { return };
+        // A reset stream has no headers (and no body): the SDK's getters
+        // panic when asked for a map or buffer the host does not have, so
+        // they are asked only for what the host said is there.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+        };
+        let body = if body_size > MAX_ANSWER_BYTES {
+            Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
+        } else if body_size == 0 {
+            Ok(Vec::new())
+        } else {
+            Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
+        };
+        let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
+        let refilled = matches!(callout, Callout::Leases(_));
+        plugin.answered(callout, status, body);
+        plugin.metrics.set_modes(&plugin.limiter);
+        let now = host::now();
+        if refilled {
+            // The requests that waited for these pools go on now.
+            plugin.finish_due(now, true);
+        }
+        let _ = hostcalls::set_effective_context(self.context_id);
+        plugin.send_queued();
+        plugin.settle_root(now);
+    }
+}
+
+impl RootContext for FloodgateRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => Vec::new(),
+            Err(status) => {
+                log::error!("floodgate: cannot read the plugin configuration: {status:?}");
+                return false;
+            }
+        };
+        let config = match Config::parse(&raw) {
+            Ok(config) => config,
+            Err(error) => {
+                // Returning false makes Envoy refuse the configuration.
+                log::error!("{error}");
+                return false;
+            }
+        };
+        let limiter = match Limiter::prepare(config, &SharedData, host::entropy(), RuleMetrics::define) {
+            Ok(limiter) => limiter,
+            Err(error) => {
+                log::error!("floodgate: cannot prepare shared data: {error}");
+                return false;
+            }
+        };
+        for (index, compiled) in limiter.rules().iter().enumerate() {
+            let rule = &compiled.rule;
+            log::debug!(
+                "floodgate: rule {} ({}, {} buckets, at most {} bytes of shared data)",
+                rule.name,
+                rule.algorithm.name,
+                rule.table.capacity(),
+                limiter.shared_data_bytes(index)
+            );
+        }
+        let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
+        if self.queue.is_none() {
+            self.queue = register_queue(self.context_id);
+        }
+        let plugin = Rc::new(Plugin {
+            limiter,
+            queue: self.queue,
+            posted: Cell::new(false),
+            unflushed: Cell::new(false),
+            header_reads: RefCell::default(),
+            reply_buffer: RefCell::default(),
+            metrics: Metrics::define(),
+            shadow_log: RateLimitedLog::default(),
+            callout_log: RateLimitedLog::default(),
+            waiting,
+            callouts: RefCell::new(Callouts::default()),
+            closing: Cell::new(None),
+        });
+        schedule_ticks(&plugin, host::now());
+        self.plugin = Some(plugin);
+        true
+    }
+
+    /// Sends what is queued for the quota service, probes it for rules in
+    /// fall-back, refreshes this worker's view of their modes, and finishes
+    /// the paused requests whose time has come.
+    fn on_tick(&mut self) {
+        let Some(plugin) = self.plugin.clone() else { return };
+        let now = host::now();
+        if let Some(service) = plugin.limiter.quota_service() {
+            if !self.cluster_checked {
+                self.cluster_checked = true;
+                plugin.check_cluster(service);
+            }
+            plugin.limiter.read_modes(&SharedData);
+            plugin.metrics.set_modes(&plugin.limiter);
+            for rule in plugin.limiter.due_probes(&SharedData, now) {
+                match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+                    Ok(token) => {
+                        increment(&plugin.metrics.callouts_sent, 1);
+                        plugin.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Probe(rule)));
+                    }
+                    Err(why) => {
+                        plugin.callout_failed(Callout::Status(StatusCall::Probe(rule)), &CallError::NotSent(why))
+                    }
+                }
+            }
+            plugin.send_queued();
+        }
+        plugin.finish_due(now, false);
+        let _ = hostcalls::set_effective_context(self.context_id);
+        plugin.send_queued();
+        plugin.limiter.return_reserves(&SharedData, now, false, &mut plugin.metrics.counters());
+        plugin.settle_root(now);
+    }
+
+    /// A request posted calls: send them now.
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        let Some(plugin) = self.plugin.clone() else { return };
+        plugin.posted.set(false);
+        plugin.send_queued();
+        plugin.settle_root(host::now());
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(match &self.plugin {
+            Some(plugin) => Box::new(FloodgateHttp { plugin: Rc::clone(plugin), context_id, state: Shared::default() }),
+            // Unreachable in Envoy, which refuses a configuration that
+            // on_configure rejected; but the SDK panics on `None`, so a
+            // request would rather pass unlimited.
+            None => Box::new(PassThrough),
+        })
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+/// Registers root context `root_id`'s shared queue under a name no other
+/// worker uses: Envoy runs `on_queue_ready` on the registering worker, in
+/// the registering context, so a post reaches this root and no other.
+fn register_queue(root_id: u32) -> Option<u32> {
+    let [a, b, c, d, e, f, g, h, ..] = host::entropy();
+    let name = format!("floodgate:{root_id}:{:016x}", u64::from_le_bytes([a, b, c, d, e, f, g, h]));
+    hostcalls::register_shared_queue(&name)
+        .map_err(|status| log::warn!("floodgate: no shared queue ({status:?}): calls leave on the next tick"))
+        .ok()
+}

@@ -1,0 +1,237 @@
+//! The quota service, as one worker of a configuration calls it: what is
+//! queued is sent, answers are read by the kind of call they answer, grants
+//! become leases, check answers finish their request, and a call that fails
+//! brings the rules' fall-back in. Every decision about the calls is in
+//! `floodgate_core::global`.
+
+use std::time::Duration;
+
+use floodgate_core::algorithm::Release;
+use floodgate_core::global::calls::{self, Call, CallError, CheckAnswer, Refresh};
+use floodgate_core::global::pool::{Applied, LeaseGrant};
+use floodgate_core::global::settings::QuotaService;
+use floodgate_core::time::Nanos;
+use proxy_wasm::hostcalls;
+
+use crate::global::{Callout, Outgoing, StatusCall};
+use crate::host::{self, SharedData};
+use crate::metrics::increment;
+use crate::plugin::Plugin;
+
+impl Plugin {
+    /// Probes the quota service once, first thing: Envoy refuses at once a
+    /// call to a cluster it does not have, and a misspelt `global.cluster`
+    /// must be said plainly, not only counted. (`envoy --mode validate`
+    /// refuses every call, so this cannot be a configuration check.)
+    pub(crate) fn check_cluster(&self, service: &QuotaService) {
+        match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+            Ok(token) => {
+                increment(&self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Hello));
+            }
+            Err(why) => {
+                log::error!(
+                    "floodgate: global.cluster {:?} cannot be called ({why}): is it a cluster of Envoy's configuration? Global rules use their fall-back",
+                    service.cluster
+                );
+                let now = host::now();
+                for rule in 0..self.limiter.rules().len() {
+                    self.limiter.record_callout(&SharedData, now, rule, false);
+                }
+                self.metrics.count_failed_callout(&CallError::NotSent(why));
+            }
+        }
+    }
+
+    /// Gives back every pool's unspent tokens as this configuration goes
+    /// away; the number of calls made.
+    pub(crate) fn give_back_all(&self) -> usize {
+        let Some(service) = self.limiter.quota_service() else { return 0 };
+        let unspent = self.limiter.take_unspent(&SharedData, host::now());
+        let mut sent = 0;
+        for chunk in unspent.chunks(calls::MAX_ITEMS) {
+            let tokens = chunk.iter().map(|(_, t)| t).sum();
+            if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
+                increment(&self.metrics.callouts_sent, 1);
+                self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Returns(tokens)));
+                sent += 1;
+            }
+        }
+        sent
+    }
+
+    /// A return was answered (or failed): once the last of a closing
+    /// configuration's is, Envoy may tear the context down.
+    pub(crate) fn return_settled(&self) {
+        if let Some(left) = self.closing.get() {
+            let left = left.saturating_sub(1);
+            self.closing.set(Some(left));
+            if left == 0 {
+                let _ = hostcalls::done();
+            }
+        }
+    }
+
+    /// Sends everything queued for the quota service.
+    pub(crate) fn send_queued(&self) {
+        let Some(service) = self.limiter.quota_service() else { return };
+        let now = host::now();
+        let outgoing = self.callouts.borrow_mut().take_outgoing(now);
+        for call in outgoing {
+            let (request, callout) = match call {
+                Outgoing::Leases(mut refreshes) => {
+                    // The grants count from here (see `Refresh::sent`).
+                    refreshes.iter_mut().for_each(|refresh| refresh.sent = now);
+                    (service.lease_call(&refreshes), Callout::Leases(refreshes))
+                }
+                Outgoing::Returns(returns) => {
+                    let tokens = returns.iter().map(|(_, t)| t).sum();
+                    (service.return_call(&returns), Callout::Status(StatusCall::Returns(tokens)))
+                }
+                Outgoing::Check { context_id, indices, hits } => {
+                    let callouts = self.callouts.borrow();
+                    let Some(job) = callouts.job(context_id) else { continue };
+                    let items: Vec<_> = indices.iter().filter_map(|&i| job.verdict.checks.get(i)).collect();
+                    (service.check_call(&items, hits), Callout::Check { context_id, indices })
+                }
+            };
+            match dispatch(&service.cluster, &request, service.timeout) {
+                Ok(token) => {
+                    increment(&self.metrics.callouts_sent, 1);
+                    self.callouts.borrow_mut().sent(token, callout);
+                }
+                Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
+            }
+        }
+    }
+
+    /// Handles the answer to one of this worker's calls: each kind of call
+    /// reads its own answer; one that is not usable fails the call.
+    pub(crate) fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
+        let now = host::now();
+        let failed = match callout {
+            Callout::Leases(refreshes) => match body.and_then(|body| calls::read_leases(status, &body, &refreshes)) {
+                Ok(grants) => {
+                    self.leases_granted(&refreshes, grants, now);
+                    None
+                }
+                Err(why) => Some((Callout::Leases(refreshes), why)),
+            },
+            Callout::Check { context_id, indices } => {
+                match body.and_then(|body| calls::read_checks(status, &body, indices.len())) {
+                    Ok(answers) => {
+                        self.settle(context_id, &indices, Some(answers), now);
+                        None
+                    }
+                    Err(why) => Some((Callout::Check { context_id, indices }, why)),
+                }
+            }
+            Callout::Status(call) => match calls::read_probe(status) {
+                Ok(()) => {
+                    self.acknowledged(call, now);
+                    None
+                }
+                Err(why) => Some((Callout::Status(call), why)),
+            },
+        };
+        match failed {
+            None => increment(&self.metrics.callouts_ok, 1),
+            Some((callout, why)) => self.callout_failed(callout, &why),
+        }
+    }
+
+    /// Applies the grants of a lease call.
+    pub(crate) fn leases_granted(&self, refreshes: &[Refresh], grants: Vec<LeaseGrant>, now: Nanos) {
+        let counters = &mut self.metrics.counters();
+        for (refresh, grant) in refreshes.iter().zip(grants) {
+            self.limiter.record_callout(&SharedData, now, refresh.rule, true);
+            increment(&self.metrics.tokens_leased, grant.granted);
+            let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
+            let mut callouts = self.callouts.borrow_mut();
+            match applied {
+                // What the pool does not keep of the replaced leases.
+                Some(Applied::Replaced(left)) => {
+                    increment(&self.metrics.tokens_expired, left.expired);
+                    for (lease, tokens) in left.returns {
+                        callouts.give_back(lease, tokens, now);
+                    }
+                }
+                // A newer lease is in place, or the pool could not
+                // take it: the grant goes back whole.
+                Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted, now),
+                Some(Applied::Duplicate) => {}
+            }
+        }
+    }
+
+    /// A call answered by its status alone succeeded.
+    pub(crate) fn acknowledged(&self, call: StatusCall, now: Nanos) {
+        match call {
+            StatusCall::Returns(tokens) => {
+                increment(&self.metrics.tokens_returned, tokens);
+                self.return_settled();
+            }
+            StatusCall::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
+            StatusCall::Hello => {}
+        }
+    }
+
+    /// Records a check call's answers and finishes the request once all its
+    /// calls have answered.
+    pub(crate) fn settle(&self, context_id: u32, indices: &[usize], answers: Option<Vec<CheckAnswer>>, now: Nanos) {
+        let done = self.callouts.borrow_mut().record_check(context_id, indices, answers);
+        let Some((job, answers)) = done else { return };
+        let (context_id, verdict, permit) = job.into_parts();
+        let counters = &mut self.metrics.counters();
+        let (verdict, permit) = self.limiter.settle(&SharedData, now, verdict, permit, answers.as_deref(), counters);
+        let waiter = self.waiting.borrow_mut().remove(context_id);
+        match waiter {
+            Some(waiter) => self.finish_paused(context_id, &waiter.request, verdict, permit, now),
+            None => {
+                self.release(permit, Release::Undo);
+            }
+        }
+    }
+
+    /// A call got no usable answer: pools' claims end, rules fall back.
+    pub(crate) fn callout_failed(&self, callout: Callout, why: &CallError) {
+        let now = host::now();
+        self.metrics.count_failed_callout(why);
+        self.callout_log.record(now, log::Level::Warn, || format!("quota service call failed, rules fall back: {why}"));
+        let counters = &mut self.metrics.counters();
+        match callout {
+            Callout::Leases(refreshes) => {
+                for refresh in &refreshes {
+                    self.limiter.abandon_lease(&SharedData, now, refresh, counters);
+                    self.limiter.record_callout(&SharedData, now, refresh.rule, false);
+                }
+            }
+            // Tokens not given back are lost to this window: never more admitted.
+            Callout::Status(StatusCall::Returns(_)) => self.return_settled(),
+            // A failed first call says nothing the next calls will not.
+            Callout::Status(StatusCall::Hello) => {}
+            Callout::Status(StatusCall::Probe(rule)) => self.limiter.record_callout(&SharedData, now, rule, false),
+            Callout::Check { context_id, indices } => {
+                let rules: Vec<usize> = self
+                    .callouts
+                    .borrow()
+                    .job(context_id)
+                    .map(|job| indices.iter().filter_map(|&i| job.verdict.checks.get(i).map(|c| c.rule)).collect())
+                    .unwrap_or_default();
+                for rule in rules {
+                    self.limiter.record_callout(&SharedData, now, rule, false);
+                }
+                self.settle(context_id, &indices, None, now);
+            }
+        }
+    }
+}
+
+/// Dispatches `call` to `cluster` from the current (root) context.
+pub(crate) fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
+    let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+    let body = (!call.body.is_empty()).then_some(call.body.as_slice());
+    let timeout = Duration::from_nanos(timeout.get()).max(Duration::from_millis(1));
+    hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout)
+        .map_err(|status| format!("Envoy refused the call to cluster {cluster:?} ({status:?})"))
+}
