@@ -58,6 +58,12 @@ const CLOCK_TOLERANCE_US: u64 = 100_000;
 const CACHE_SHARDS: usize = 64;
 const CACHE_PER_SHARD: usize = 1_024;
 
+/// After this many lost races in a row a decision claims its turn: for
+/// `TURN_US` the keys take no other instance's write, so an instance whose
+/// rival writes back to back is not starved.
+const CLAIM_AFTER: usize = 2;
+const TURN_US: u64 = 50_000;
+
 /// A version no key ever has: sent to read keys without deciding.
 const NO_VERSION: &[u8] = b"?";
 
@@ -458,7 +464,8 @@ impl RedisStore {
             while attempt < ATTEMPTS {
                 // Without a time yet, the first round trip only reads.
                 let writes = now.map(|now| decide(&values_of(&known), now));
-                let invocation = self.invocation(&known, writes.as_ref(), now);
+                let claim = writes.is_some() && attempt >= CLAIM_AFTER;
+                let invocation = self.invocation(&known, writes.as_ref(), now, claim);
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
                 let reply = match self.send(&mut conn, keys, &invocation).await {
                     Err(e) if broken(&e) && !cluster && !resent => {
@@ -535,12 +542,16 @@ impl RedisStore {
     }
 
     /// The script's arguments for deciding `writes` on `known` at `now`
-    /// (no writes, no time: a read).
-    fn invocation(&self, known: &[Known], writes: Option<&Writes>, now: Option<Nanos>) -> Invocation {
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 5 * known.len());
+    /// (no writes, no time: a read). With `claim`, a decision that keeps
+    /// losing asks for its turn (see `cas.lua`).
+    fn invocation(&self, known: &[Known], writes: Option<&Writes>, now: Option<Nanos>, claim: bool) -> Invocation {
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(5 + 5 * known.len());
         let checked = now.filter(|_| self.options.clock.is_none() && writes.is_some());
         args.push(checked.map_or_else(Vec::new, |now| (now.get() / 1_000).to_string().into_bytes()));
         args.push(CLOCK_TOLERANCE_US.to_string().into_bytes());
+        args.push(format!("{:x}", self.seed).into_bytes());
+        args.push(if claim { b"1".to_vec() } else { Vec::new() });
+        args.push(TURN_US.to_string().into_bytes());
         let mut versions = Vec::with_capacity(known.len());
         for (at, known) in known.iter().enumerate() {
             let seen = match writes {
