@@ -467,18 +467,20 @@ impl RedisStore {
                 let claim = writes.is_some() && attempt >= CLAIM_AFTER;
                 let invocation = self.invocation(&known, writes.as_ref(), now, claim);
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
-                let reply = match self.send(&mut conn, keys, &invocation).await {
-                    Err(e) if broken(&e) && !cluster && !resent => {
-                        // Redis dropped the connection (a restart): once more
-                        // on a new one. If the first got through, the answer
-                        // shows this very write (see `applied`).
-                        resent = true;
-                        conn = self.connect().await?;
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(if broken(&e) && !cluster { self.failed(unavailable(e)) } else { unavailable(e) })
-                    }
+                let mut sent = self.send(&mut conn, keys, &invocation).await;
+                if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
+                    // Redis dropped the connection (a restart): the same
+                    // script once more, on a new connection. If the first
+                    // got through, the answer shows its very writes (see
+                    // `applied`), and they are not made twice.
+                    resent = true;
+                    conn = self.connect().await?;
+                    self.round_trips.fetch_add(1, Ordering::Relaxed);
+                    sent = self.send(&mut conn, keys, &invocation).await;
+                }
+                let reply = match sent {
+                    Err(e) if broken(&e) && !cluster => return Err(self.failed(unavailable(e))),
+                    Err(e) => return Err(unavailable(e)),
                     Ok(reply) => parse(reply, keys.len())?,
                 };
                 match reply {
@@ -709,5 +711,18 @@ mod tests {
         let Err(StoreFailure::Unavailable(why)) = same_slot(&keys) else { panic!("accepted") };
         assert!(why.contains("must not start with '}'"), "{why}");
         assert!(same_slot(&keys[..1]).is_ok(), "one key is always in one slot");
+    }
+
+    #[test]
+    fn a_resent_script_whose_first_send_got_through_is_recognised() {
+        let held = |version: Option<&str>| Known { value: None, version: version.map(|v| v.as_bytes().to_vec()) };
+        let mine = [Some(b"s-1".to_vec()), None, Some(b"s-2".to_vec())];
+        // The keys hold the versions this script writes: it was applied.
+        assert!(applied(&[held(Some("s-1")), held(Some("o-9")), held(Some("s-2"))], &mine));
+        // One of them holds another writer's version: it was not (or was
+        // overwritten since), decide again.
+        assert!(!applied(&[held(Some("s-1")), held(None), held(Some("o-3"))], &mine));
+        // A script that writes nothing is never taken for applied.
+        assert!(!applied(&[held(Some("s-1"))], &[None]));
     }
 }
