@@ -181,10 +181,8 @@ impl LocalStore {
         total
     }
 
-    /// Room for `new` more entries of each kind (buckets, records): reserved
-    /// from the counts, dropping due entries first from the shards already
-    /// locked, then from any other shard with something due that is free
-    /// right now (never waiting for one: that could deadlock).
+    /// Room for `new` more entries of each kind (buckets, records), reserved
+    /// from the counts; when there is not, due entries are dropped first.
     fn reserve(
         &self,
         new: [usize; 2],
@@ -192,49 +190,43 @@ impl LocalStore {
         now: Nanos,
     ) -> Result<(), StoreFailure> {
         let counts = [&self.held.buckets, &self.held.records];
-        let room = |count: &AtomicUsize, new: usize| {
-            let fits = |len: usize| (len + new <= self.max_entries).then_some(len + new);
-            new == 0 || count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok()
+        let take = |kind: usize| {
+            let fits = |len: usize| (len + new[kind] <= self.max_entries).then_some(len + new[kind]);
+            new[kind] == 0 || counts[kind].fetch_update(Ordering::Relaxed, Ordering::Relaxed, fits).is_ok()
         };
-        let mut reserved = [false; 2];
-        for kind in 0..2 {
-            reserved[kind] = room(counts[kind], new[kind]);
+        let mut taken = [take(0), take(1)];
+        if taken != [true, true] {
+            self.make_room(new.iter().zip(taken).filter(|(_, t)| !t).map(|(n, _)| n).sum(), held, now);
+            taken = [taken[0] || take(0), taken[1] || take(1)];
         }
-        if reserved.iter().all(|r| *r) {
+        if taken == [true, true] {
             return Ok(());
         }
-        let needed: usize = new.iter().zip(&reserved).filter(|(_, r)| !**r).map(|(n, _)| n).sum();
-        let mut dropped: usize =
-            held.iter_mut().map(|(i, shard)| self.drop_due(*i, shard, now, needed + SWEEP_STEP)).sum();
-        if dropped < needed {
-            for (index, shard) in self.shards.iter().enumerate() {
-                let due = self.due.get(index).map_or(u64::MAX, |d| d.load(Ordering::Relaxed));
-                if due > now.get() || held.iter().any(|(i, _)| *i == index) {
-                    continue;
-                }
-                if let Ok(mut shard) = shard.try_lock() {
-                    dropped += self.drop_due(index, &mut shard, now, needed + SWEEP_STEP);
-                }
-                if dropped >= needed {
-                    break;
-                }
-            }
-        }
-        for kind in 0..2 {
-            if !reserved[kind] {
-                reserved[kind] = room(counts[kind], new[kind]);
-            }
-        }
-        if reserved.iter().all(|r| *r) {
-            return Ok(());
-        }
-        // Give back what was reserved: nothing is written.
-        for kind in 0..2 {
-            if reserved[kind] && new[kind] > 0 {
-                counts[kind].fetch_sub(new[kind], Ordering::Relaxed);
-            }
+        // Nothing is written: give back what was taken.
+        for kind in (0..2).filter(|k| taken[*k]) {
+            counts[kind].fetch_sub(new[kind], Ordering::Relaxed);
         }
         Err(StoreFailure::Full)
+    }
+
+    /// Drops `needed` due entries, from the shards already locked, then from
+    /// any other shard with something due that is free right now (never
+    /// waiting for one: that could deadlock).
+    fn make_room(&self, needed: usize, held: &mut [(usize, MutexGuard<'_, Shard>)], now: Nanos) {
+        let most = needed + SWEEP_STEP;
+        let mut dropped: usize = held.iter_mut().map(|(i, shard)| self.drop_due(*i, shard, now, most)).sum();
+        for (index, shard) in self.shards.iter().enumerate() {
+            if dropped >= needed {
+                return;
+            }
+            let due = self.due.get(index).map_or(u64::MAX, |d| d.load(Ordering::Relaxed));
+            if due > now.get() || held.iter().any(|(i, _)| *i == index) {
+                continue;
+            }
+            if let Ok(mut shard) = shard.try_lock() {
+                dropped += self.drop_due(index, &mut shard, now, most);
+            }
+        }
     }
 
     /// Runs `job` now, with whatever queued on its lane behind it, or
