@@ -43,7 +43,7 @@ use floodgate_core::time::{Clock, Nanos};
 
 use super::decide::UNTAGGED;
 use super::lanes::{Batch, Job, Lanes};
-use super::{StoreFailure, Writes};
+use super::{Kind, StoreFailure, Writes};
 
 /// Most reads and writes one transaction makes before giving up on a key
 /// that keeps changing (each lost race means another writer won).
@@ -216,7 +216,11 @@ impl KnownKeys {
 
     fn set(&self, key: &str, known: Known) {
         let mut shard = self.shard(key);
-        if shard.len() >= CACHE_PER_SHARD && !shard.contains_key(key) {
+        if let Some(held) = shard.get_mut(key) {
+            *held = known;
+            return;
+        }
+        if shard.len() >= CACHE_PER_SHARD {
             shard.clear();
         }
         shard.insert(key.to_string(), known);
@@ -243,7 +247,13 @@ impl Clocks {
     }
 
     fn seen(&self, tag: &str, time: Nanos, at: Instant) {
-        lock(&self.by_tag).insert(tag.to_string(), (time, at));
+        let mut by_tag = lock(&self.by_tag);
+        match by_tag.get_mut(tag) {
+            Some(seen) => *seen = (time, at),
+            None => {
+                by_tag.insert(tag.to_string(), (time, at));
+            }
+        }
     }
 }
 
@@ -488,13 +498,13 @@ impl RedisStore {
                     Reply::Written(_) if writes.is_none() => return Err(bad_reply("cas.lua")),
                     Reply::Written(time) => {
                         self.clock_seen(&tag, time);
-                        self.remember(keys, &known, writes.as_ref(), &invocation.versions);
+                        self.remember(keys, writes.as_ref(), &invocation.versions);
                         return Ok(());
                     }
                     Reply::Changed(time, current) => {
                         self.clock_seen(&tag, time);
                         if applied(&current, &invocation.versions) {
-                            self.remember(keys, &known, writes.as_ref(), &invocation.versions);
+                            self.remember(keys, writes.as_ref(), &invocation.versions);
                             return Ok(());
                         }
                         for (key, known) in keys.iter().zip(&current) {
@@ -527,17 +537,13 @@ impl RedisStore {
     }
 
     /// Remembers what a successful script left in the keys.
-    fn remember(&self, keys: &[String], known: &[Known], writes: Option<&Writes>, versions: &[Option<Vec<u8>>]) {
-        for (at, key) in keys.iter().enumerate() {
-            let written = writes.and_then(|w| w.get(at)).and_then(Option::as_ref);
-            match (written, versions.get(at).cloned().flatten()) {
-                (Some(next), Some(version)) => {
-                    self.known.set(key, Known { value: Some(next.bytes.clone()), version: Some(version) })
-                }
-                _ => {
-                    if let Some(known) = known.get(at) {
-                        self.known.set(key, known.clone());
-                    }
+    /// (Keys not written are known already. A lease record is not kept: it
+    /// is written once, and read again only by the lease's return.)
+    fn remember(&self, keys: &[String], writes: Option<&Writes>, versions: &[Option<Vec<u8>>]) {
+        for ((key, write), version) in keys.iter().zip(writes.into_iter().flatten()).zip(versions) {
+            if let (Some(next), Some(version)) = (write, version) {
+                if next.kind == Kind::Bucket {
+                    self.known.set(key, Known { value: Some(next.bytes.clone()), version: Some(version.clone()) });
                 }
             }
         }
