@@ -2,8 +2,9 @@
 //!
 //! Nothing here talks to a proxy. The Envoy filter (`floodgate-filter`) and the
 //! quota service (`floodgate-quota`) are thin layers over these modules, which
-//! are tested natively with an in-memory store and a fake clock, and on the
-//! `wasm32-wasip1` target the filter ships for.
+//! are tested natively with an in-memory store and a fake clock, and in wasm
+//! (`wasm32-unknown-unknown` under `wasm-bindgen-test` in Node, the V8 engine
+//! Envoy embeds: `make test-core-wasm`).
 
 pub mod algorithm;
 pub mod booking;
