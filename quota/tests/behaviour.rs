@@ -436,6 +436,27 @@ async fn a_return_never_lets_more_through_than_the_burst(backend: Backend) {
     }
 }
 
+/// A lease that returns the part it did not use gets all of that part back
+/// while the tokens its bucket earned since the grant do not exceed the
+/// part it used: 1 s after the grant a bucket of 1 per second earned 1, the
+/// lease used 1, so its other tokens all go back (counting the 1 earned
+/// against the part returned would lose one).
+async fn a_partial_return_gives_back_the_unused_part(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let r = f.lease(lease_as("part", "tb10", "p", 8, 1_000.0)).await;
+    let granted = r["leases"][0]["granted"].as_u64().unwrap();
+    assert!(granted >= 2, "{r}");
+    while f.check(check(json!([[["tb10", "p"]]]), 1)).await["allowed"] == true {}
+    f.clock.advance(SECOND);
+    let returned = f.give_back(give_back("part", granted - 1)).await["returned"][0].as_u64().unwrap();
+    assert_eq!(returned, granted - 1);
+    let mut admitted = 0;
+    while f.check(check(json!([[["tb10", "p"]]]), 1)).await["allowed"] == true {
+        admitted += 1;
+    }
+    assert_eq!(admitted, granted, "the token earned and the {returned} returned");
+}
+
 /// Finding 2 of issue 10: tokens that were never leased cannot be "given
 /// back". (The body also carries the old `descriptor` and `window` fields,
 /// which the service ignores, so the same request is a valid return for the
@@ -843,6 +864,7 @@ with_all_stores!(
     a_lease_never_outlives_its_window,
     returned_tokens_are_available_again,
     a_return_never_lets_more_through_than_the_burst,
+    a_partial_return_gives_back_the_unused_part,
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
     a_lease_id_replays_only_its_own_lease,

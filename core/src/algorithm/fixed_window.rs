@@ -111,7 +111,7 @@ impl Algorithm for FixedWindow {
     /// later window never counted them.
     fn release(&self, state: WindowState, now: Nanos, grant: Grant, why: Release) -> Option<WindowState> {
         let state = self.current(state, now);
-        (why == Release::Undo && state.window == self.window_of(grant.at) && state.used > 0)
+        (why.gives_back() && state.window == self.window_of(grant.at) && state.used > 0)
             .then(|| WindowState { used: state.used.saturating_sub(grant.cost), ..state })
     }
 

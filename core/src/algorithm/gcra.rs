@@ -120,12 +120,14 @@ impl Algorithm for Gcra {
     /// drained it (a backlog drained to nothing loses the rest). An undo at
     /// the instant of the grant moves it back by the whole span; a request
     /// that waits (a shaper's) and leaves gives back what it had not waited.
+    /// The unused part of a larger grant ([`Release::Return`]) gives back its
+    /// own span, out of what is still ahead of the whole grant's.
     fn release(&self, tat: Nanos, now: Nanos, grant: Grant, why: Release) -> Option<Nanos> {
         if why == Release::Done {
             return None;
         }
         let span = self.span_of(grant.cost);
-        let ahead = (grant.at + span) - now;
+        let ahead = (grant.at + self.span_of(why.granted(grant))) - now;
         // A TAT at or before `now` means "no backlog", so lowering it past
         // `now` is harmless.
         (ahead > Nanos::ZERO).then(|| tat - span.min(ahead))

@@ -147,9 +147,36 @@ pub enum Release {
     /// The request was not served after all (a later rule denied it, or it
     /// could not wait): every algorithm gives its units back.
     Undo,
+    /// The unused part of a larger grant comes back (a lease's return to the
+    /// quota service): the grant given to `release` is that part, taken
+    /// with the rest of the `granted` units at the grant's instant. Like
+    /// [`Release::Undo`] of the part, except that an algorithm that earns
+    /// units back over time counts what it has earned since against the
+    /// units used, not against the part returned.
+    Return {
+        /// The whole grant the part was taken with.
+        granted: u64,
+    },
     /// The request finished: only algorithms that hold units while a request
     /// is in flight (concurrency) give them back.
     Done,
+}
+
+impl Release {
+    /// Whether units are given back for this reason ([`Release::Undo`] and
+    /// [`Release::Return`]).
+    pub fn gives_back(self) -> bool {
+        self != Release::Done
+    }
+
+    /// The whole grant `grant` was taken with: itself, or the larger grant
+    /// it is the unused part of.
+    pub fn granted(self, grant: Grant) -> u64 {
+        match self {
+            Release::Return { granted } => granted.max(grant.cost),
+            Release::Undo | Release::Done => grant.cost,
+        }
+    }
 }
 
 /// The window an algorithm counts units in, for algorithms that count in

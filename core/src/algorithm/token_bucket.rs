@@ -118,13 +118,15 @@ impl Algorithm for TokenBucket {
     /// been full since, its refill lost at the brim: as if the grant had been
     /// the last take from a full bucket, every token earned since counts as
     /// earned back. An undo at the instant of the grant puts all of it back.
+    /// The unused part of a larger grant ([`Release::Return`]) goes back
+    /// whole while the tokens earned since do not exceed the part used.
     fn release(&self, state: TokenState, now: Nanos, grant: Grant, why: Release) -> Option<TokenState> {
         if why == Release::Done {
             return None;
         }
         let since = now.checked_sub(grant.at).unwrap_or(Nanos::ZERO);
         let earned = div_ceil_u128(u128::from(since.0) * u128::from(self.limit), u128::from(self.period.0));
-        let back = u128::from(grant.cost).saturating_sub(earned);
+        let back = u128::from(grant.cost).min(u128::from(why.granted(grant)).saturating_sub(earned));
         if back == 0 {
             return None;
         }
@@ -276,6 +278,25 @@ mod tests {
         let (_, spent) = bucket.decide(leased, soon, 7);
         let undone = bucket.release(spent, soon, Grant { cost: 5, at: T0 }, Release::Undo).unwrap();
         assert_eq!(undone.tokens, 2);
+    }
+
+    #[test]
+    fn a_returned_part_of_a_grant_counts_what_was_earned_against_the_part_used() {
+        // 1 per second, burst 20: a lease of 10 and 10 more taken at T0.
+        let bucket = TokenBucket::new(60, SECOND.times(60), 20);
+        let (_, leased) = bucket.decide(bucket.fresh(T0), T0, 10);
+        let (_, empty) = bucket.decide(leased, T0, 10);
+        let part = Grant { cost: 5, at: T0 };
+        let returned = |after: u64| {
+            bucket.release(empty, T0 + SECOND.times(after), part, Release::Return { granted: 10 }).map(|s| s.tokens)
+        };
+        // 3 s later 3 tokens were earned, fewer than the 5 used: the 5
+        // unused all come back (an undo of 5 alone would give back 2).
+        assert_eq!(returned(3), Some(8));
+        // 8 s later 8 were earned: of the 10 granted only 2 are not earned
+        // again, and only those come back.
+        assert_eq!(returned(8), Some(10));
+        assert_eq!(returned(10), None);
     }
 
     #[test]

@@ -192,13 +192,16 @@ impl Algorithm for WarmUp {
     /// up meanwhile does not gain more units than were taken. If that empties
     /// the backlog, the bucket is as long without backlog as before the
     /// grant. A grant from before the current warm-up is not in this backlog.
+    /// The unused part of a larger grant ([`Release::Return`]) gives back its
+    /// own charge, out of what is still ahead of the whole grant's.
     fn release(&self, state: WarmState, now: Nanos, grant: Grant, why: Release) -> Option<WarmState> {
         if why == Release::Done || grant.at < state.warm_since || self.cold(&state, now) {
             return None;
         }
-        let charged = self.interval_since(state.warm_since, grant.at).times(grant.cost);
+        let interval = self.interval_since(state.warm_since, grant.at);
+        let charged = interval.times(grant.cost);
         let worth_now = self.interval_since(state.warm_since, now.max(grant.at)).times(grant.cost);
-        let back = charged.min(worth_now).min((grant.at + charged) - now);
+        let back = charged.min(worth_now).min((grant.at + interval.times(why.granted(grant))) - now);
         if back == Nanos::ZERO {
             return None;
         }

@@ -549,7 +549,7 @@ impl Algorithm for LeasePool {
     /// since the current lease was applied, they came from it or from the
     /// held tokens, so they go back to whichever of the two expires first.
     fn release(&self, state: PoolState, now: Nanos, grant: Grant, why: Release) -> Option<PoolState> {
-        if why != Release::Undo || grant.at < state.leased_at {
+        if !why.gives_back() || grant.at < state.leased_at {
             return None;
         }
         let spent = state.spent.saturating_sub(grant.cost);

@@ -359,10 +359,11 @@ impl LeaseRecord {
 }
 
 /// Gives back up to `tokens` of the lease in `record` to its bucket, once and
-/// at most what it granted, as the core's `Release::Undo` of the grant: each
-/// algorithm decides where the units may go (a fixed window only into the
-/// window they came from, a token bucket never beyond full, a sliding log
-/// drops the entries the lease logged…). Returns the units the bucket has
+/// at most what it granted, as the core's `Release::Return` of that part of
+/// the grant: each algorithm decides where the units may go (a fixed window
+/// only into the window they came from, a token bucket never beyond full nor
+/// more than the lease has not earned again, a sliding log drops the entries
+/// the lease logged…). Returns the units the bucket has
 /// available again at once because of it, and the bucket after it (`None`:
 /// nothing to write).
 pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens: u64) -> (u64, Option<Next>) {
@@ -382,7 +383,8 @@ pub fn give_back(record: &LeaseRecord, stored: Option<&[u8]>, now: Nanos, tokens
         return (back, Some(bucket.into_next(limit, now)));
     }
     let before = bucket.decide_copy(limit, now).remaining;
-    if grant.cost == 0 || !limit.policy().release(&mut bucket.state, now, grant, Release::Undo) {
+    let why = Release::Return { granted: record.granted };
+    if grant.cost == 0 || !limit.policy().release(&mut bucket.state, now, grant, why) {
         return (0, None);
     }
     let next = bucket.into_next(limit, now);
