@@ -77,9 +77,9 @@ struct Cli {
     #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
 
-    /// Most connections one peer address may hold open on each listener
-    /// (0: no limit). Behind a proxy or load balancer every connection has
-    /// its address: raise it, or set 0.
+    /// Most connections one peer address may hold open on each listener,
+    /// never more than half its cap (0: no limit). Behind a proxy or load
+    /// balancer every connection has its address: set 0.
     #[arg(long, default_value_t = 64)]
     max_connections_per_peer: u32,
 

@@ -57,7 +57,8 @@ pub struct Limits {
     pub body_read_timeout: Duration,
     /// Most connections open at once.
     pub max_connections: usize,
-    /// Most connections open at once from one peer address (0: no limit).
+    /// Most connections open at once from one peer address (0: no limit;
+    /// never more than half of `max_connections`, see [`Limits::peer_share`]).
     pub max_connections_per_peer: usize,
     /// After the shutdown signal, how long requests in flight may take.
     pub shutdown_deadline: Duration,
@@ -71,6 +72,18 @@ impl Default for Limits {
             max_connections: 512,
             max_connections_per_peer: 64,
             shutdown_deadline: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Limits {
+    /// Most connections one peer address may hold: `max_connections_per_peer`,
+    /// but never more than half the cap, so that one client always leaves
+    /// room for the others whatever the two flags say (0: no limit).
+    pub fn peer_share(&self) -> usize {
+        match self.max_connections_per_peer {
+            0 => 0,
+            share => share.min((self.max_connections / 2).max(1)),
         }
     }
 }
@@ -162,7 +175,7 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                     refuse(&stream, &app, "the connection cap is reached");
                     continue;
                 };
-                let Some(slot) = Peers::take(&peers, peer.ip(), limits.max_connections_per_peer) else {
+                let Some(slot) = Peers::take(&peers, peer.ip(), limits.peer_share()) else {
                     refuse(&stream, &app, "the peer holds its share of connections");
                     continue;
                 };
@@ -303,14 +316,22 @@ async fn serve_grpc(stream: TcpStream, rls: RlsService, limits: Limits, stopping
         () = activity.idle_for(limits.header_read_timeout) => {
             // A GOAWAY; a call that raced it still finishes.
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            closing(connection, limits).await;
         }
         () = stopped(stopping) => {
             connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+            closing(connection, limits).await;
         }
     }
     drop(held);
+}
+
+/// Waits for a gRPC connection told to go away, for at most a call's time
+/// (`--body-read-timeout`): HTTP/2 closes only when the client answers the
+/// PING sent with the GOAWAY, and a client that sent the preface and fell
+/// silent never does. Then the connection is dropped (closed).
+async fn closing<C: Future>(connection: Pin<&mut C>, limits: Limits) {
+    let _ = tokio::time::timeout(limits.body_read_timeout, connection).await;
 }
 
 /// Calls one gRPC connection may have open at once.

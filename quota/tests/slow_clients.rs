@@ -290,8 +290,10 @@ async fn healthz_answers(address: &str) {
 /// 300 connections that never send the HTTP/2 preface, against 256 open
 /// files, neither stay open nor stop `/healthz` from answering (beyond
 /// `--grpc-max-connections` they are closed at once, the rest after
-/// `--header-read-timeout`); a call whose request never completes is
-/// answered `DEADLINE_EXCEEDED` after `--body-read-timeout`.
+/// `--header-read-timeout`); nor does one that sends the preface and falls
+/// silent (it never answers the PING of the idle GOAWAY); a call whose
+/// request never completes is answered `DEADLINE_EXCEEDED` after
+/// `--body-read-timeout`.
 #[test]
 fn grpc_clients_that_never_speak_or_stall_are_cut_off_and_http_keeps_answering() {
     let binary = Binary::start(
@@ -319,6 +321,16 @@ fn grpc_clients_that_never_speak_or_stall_are_cut_off_and_http_keeps_answering()
         }
         drop(silent);
 
+        // The preface and an empty SETTINGS frame, then silence: idle after
+        // 1 s, the server's GOAWAY and PING are never answered, and the
+        // connection is dropped 1 s (--body-read-timeout) later.
+        let mut spoke_once = TcpStream::connect(&grpc).unwrap();
+        spoke_once.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00").unwrap();
+        assert!(
+            closed_within(&mut spoke_once, Duration::from_secs(10)),
+            "a gRPC connection silent after its preface was never closed"
+        );
+
         // Headers, then a request message that never comes.
         let channel =
             tonic::transport::Channel::from_shared(format!("http://{grpc}")).unwrap().connect().await.unwrap();
@@ -337,14 +349,12 @@ fn grpc_clients_that_never_speak_or_stall_are_cut_off_and_http_keeps_answering()
 
 /// Issue 16, finding 7: one client reconnecting half-open sockets cannot
 /// hold the connection cap. 55 from 127.0.0.1 against `--max-connections 50`
-/// get at most `--max-connections-per-peer` (10 here) of them; requests from
+/// and the default `--max-connections-per-peer` (64, but never more than
+/// half a listener's cap: 25 here) get at most 25 of them; requests from
 /// another address (127.0.0.2) are all answered meanwhile.
 #[test]
 fn one_peer_cannot_hold_the_connection_cap() {
-    let binary = Binary::start(
-        1024,
-        &["--max-connections", "50", "--max-connections-per-peer", "10", "--header-read-timeout", "2s"],
-    );
+    let binary = Binary::start(1024, &["--max-connections", "50", "--header-read-timeout", "2s"]);
     let address = binary.address.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flood = {
