@@ -9,6 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Backend, Fixture, Options, RedisServer};
+use floodgate_quota::server::Limits;
 use serde_json::{json, Value};
 
 const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000}\n";
@@ -253,4 +254,38 @@ async fn a_dead_redis_is_unavailable_at_once_not_a_timeout() {
     let metrics = f.metrics().await;
     assert!(metrics.contains(r#"floodgate_quota_store_errors_total{kind="unavailable",store="redis"} 3"#), "{metrics}");
     assert!(metrics.contains(r#"floodgate_quota_store_errors_total{kind="timeout",store="redis"} 0"#), "{metrics}");
+}
+
+/// Calls queued behind one another on a hot key are bounded by the store
+/// timeout too: 300 checks at once on one key while Redis is frozen take
+/// batches of 64 in turn, and each call, its wait for its turn included,
+/// is answered a timeout within a few store timeouts (not one per batch
+/// ahead of it: 1.5 s and more for the last ones).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_queued_on_a_hot_key_are_bounded_by_the_store_timeout_too() {
+    // 300 connections from one address: no per-peer share.
+    let limits = Limits { max_connections_per_peer: 0, ..Limits::default() };
+    let f = Fixture::with(Backend::Redis, LIMITS, Options { limits, ..options() }).await;
+    assert_eq!(f.check(check()).await["allowed"], true);
+    f.redis.as_ref().unwrap().pause();
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..300 {
+        let (client, url) = (f.client.clone(), format!("{}/v1/check", f.base));
+        calls.spawn(async move {
+            let sent = Instant::now();
+            let response = client.post(url).json(&check()).send().await.expect("request");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("a JSON body");
+            (status, body, sent.elapsed())
+        });
+    }
+    let answers = calls.join_all().await;
+    f.redis.as_ref().unwrap().resume();
+    let slowest = answers.iter().map(|(_, _, took)| *took).max().unwrap();
+    for (status, body, _) in &answers {
+        assert_eq!(*status, 503, "{body}");
+        assert_eq!(body["error"], "the store did not answer in time", "{body}");
+    }
+    assert!(slowest < Duration::from_millis(1_200), "a queued call waited {slowest:?} (--store-timeout 300ms)");
+    wait_until_serving(&f).await;
 }

@@ -1,11 +1,11 @@
 //! Hot keys coalesced: transactions of one instance on the same key share
 //! one store transaction. Each transaction waits on the lane of its first
 //! key; while a lane's transaction runs, the ones arriving on it queue, and
-//! the next run takes all of them as one batch: one read and one write of
-//! the union of their keys (one round trip to Redis, one pass under the
-//! memory store's locks), decided in the order they arrived, each on what
-//! the ones before it left. So a hot key costs a store transaction per batch,
-//! not per request.
+//! the next run takes those with the oldest one's first key as one batch:
+//! one read and one write of the union of their keys (one round trip to
+//! Redis, one pass under the memory store's locks), decided in the order
+//! they arrived, each on what the ones before it left. So a hot key costs a
+//! store transaction per batch, not per request.
 //!
 //! A lane is an optimisation, not a lock: transactions whose keys overlap
 //! but whose first keys differ may run at the same time, and the store's own
@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::time::Nanos;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::{StoreFailure, Writes};
 
@@ -41,15 +42,18 @@ pub struct Job {
     keys: Vec<String>,
     decide: Decide,
     done: Done,
+    /// When its caller stops waiting (`None`: it waits as long as it takes).
+    deadline: Option<Instant>,
 }
 
 /// Where a decision leaves its answer for the caller.
 pub type Answer<A> = Arc<Mutex<Option<A>>>;
 
-/// A job deciding with `decide`, the receiver of its outcome, and where its
-/// answer will be.
+/// A job deciding with `decide` before `deadline`, the receiver of its
+/// outcome, and where its answer will be.
 pub fn job<A: Send + 'static>(
     keys: Vec<String>,
+    deadline: Option<Instant>,
     mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
 ) -> (Job, oneshot::Receiver<Result<(), StoreFailure>>, Answer<A>) {
     let answer: Answer<A> = Arc::new(Mutex::new(None));
@@ -60,7 +64,7 @@ pub fn job<A: Send + 'static>(
         writes
     });
     let (done, outcome) = oneshot::channel();
-    (Job { keys, decide, done }, outcome, answer)
+    (Job { keys, decide, done, deadline }, outcome, answer)
 }
 
 /// The answer of a job whose outcome was `Ok`.
@@ -103,7 +107,8 @@ impl Lanes {
     /// returns the lane and the first batch, and the caller runs batches
     /// until [`Lanes::next`] says the lane is idle again.
     pub fn enter(&self, job: Job) -> Option<(usize, Vec<Job>)> {
-        let at = job.keys.first().map_or(0, |key| (self.hasher.hash_one(key) % LANES as u64) as usize);
+        let count = self.lanes.len().max(1) as u64;
+        let at = job.keys.first().map_or(0, |key| (self.hasher.hash_one(key) % count) as usize);
         let lane = self.lanes.get(at)?;
         let mut lane = lock(lane);
         if lane.busy {
@@ -114,16 +119,27 @@ impl Lanes {
         Some((at, vec![job]))
     }
 
-    /// The next batch of lane `at` (what queued meanwhile, oldest first), or
-    /// `None`: the lane is idle again.
+    /// The next batch of lane `at`, or `None`: the lane is idle again. The
+    /// batch is the oldest waiting transaction and those behind it on the
+    /// same first key, in order: unrelated keys that share the lane are
+    /// never one transaction (on a Redis Cluster, another domain's keys are
+    /// in another slot).
     pub fn next(&self, at: usize) -> Option<Vec<Job>> {
         let mut lane = lock(self.lanes.get(at)?);
-        if lane.waiting.is_empty() {
+        let Some(first) = lane.waiting.first().map(|job| job.keys.first().cloned()) else {
             lane.busy = false;
             return None;
+        };
+        let (mut batch, mut others) = (Vec::new(), Vec::new());
+        for job in lane.waiting.drain(..) {
+            if batch.len() < BATCH && job.keys.first() == first.as_ref() {
+                batch.push(job);
+            } else {
+                others.push(job);
+            }
         }
-        let take = lane.waiting.len().min(BATCH);
-        Some(lane.waiting.drain(..take).collect())
+        lane.waiting = others;
+        Some(batch)
     }
 }
 
@@ -135,16 +151,27 @@ pub struct Batch {
     /// Each job: where its keys are among the batch's, its decision, its
     /// outcome's receiver.
     jobs: Vec<(Vec<usize>, Decide, Done)>,
+    /// The earliest deadline of its jobs: the transaction must end by then.
+    pub deadline: Option<Instant>,
 }
 
 impl Batch {
-    /// The batch of `jobs`.
-    pub fn new(mut jobs: Vec<Job>) -> Self {
+    /// The batch of `jobs`. A job whose deadline has passed (its caller has
+    /// stopped waiting) is answered [`StoreFailure::Timeout`] and left out:
+    /// it is never decided.
+    pub fn new(jobs: Vec<Job>) -> Self {
+        let now = Instant::now();
+        let (mut jobs, late): (Vec<Job>, Vec<Job>) =
+            jobs.into_iter().partition(|job| job.deadline.is_none_or(|deadline| deadline > now));
+        for job in late {
+            let _ = job.done.send(Err(StoreFailure::Timeout));
+        }
+        let deadline = jobs.iter().filter_map(|job| job.deadline).min();
         if jobs.len() == 1 {
             if let Some(job) = jobs.pop() {
                 // One job (the usual case): its keys, distinct, are the batch's.
                 let at = (0..job.keys.len()).collect();
-                return Batch { keys: job.keys, jobs: vec![(at, job.decide, job.done)] };
+                return Batch { keys: job.keys, jobs: vec![(at, job.decide, job.done)], deadline };
             }
         }
         let mut keys: Vec<String> = Vec::new();
@@ -165,7 +192,12 @@ impl Batch {
                 (at, job.decide, job.done)
             })
             .collect();
-        Batch { keys, jobs }
+        Batch { keys, jobs, deadline }
+    }
+
+    /// Whether every job of it had timed out already.
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
     }
 
     /// Runs every job on `values` (one per key of the batch) at `now`;
@@ -198,5 +230,35 @@ impl Batch {
             // A caller that left no longer waits for its answer.
             let _ = done.send(outcome.clone());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(key: &str) -> Job {
+        job(vec![key.to_string()], None, |_, _| ((), vec![None])).0
+    }
+
+    fn first_keys(jobs: &[Job]) -> Vec<&str> {
+        jobs.iter().filter_map(|job| job.keys.first()).map(String::as_str).collect()
+    }
+
+    /// Unrelated keys that share a lane are never one transaction (on a
+    /// Redis Cluster, two domains' keys are in different slots): a batch is
+    /// the oldest waiting key and those behind it on the same key.
+    #[test]
+    fn a_batch_is_the_oldest_waiting_key_only() {
+        let lanes = Lanes { lanes: vec![Mutex::new(Lane::default())], hasher: RandomState::new() };
+        let (at, running) = lanes.enter(on("a")).expect("an idle lane runs the first job");
+        assert_eq!(first_keys(&running), ["a"]);
+        for key in ["b", "a", "b", "a"] {
+            assert!(lanes.enter(on(key)).is_none(), "a busy lane queues");
+        }
+        assert_eq!(first_keys(&lanes.next(at).expect("b waits")), ["b", "b"]);
+        assert_eq!(first_keys(&lanes.next(at).expect("a waits")), ["a", "a"]);
+        assert!(lanes.next(at).is_none(), "the lane is idle again");
+        assert!(lanes.enter(on("c")).is_some(), "an idle lane runs the next job at once");
     }
 }

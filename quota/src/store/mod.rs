@@ -218,7 +218,13 @@ impl QuotaStore {
         keys: Vec<String>,
         decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
     ) -> Result<A, StoreFailure> {
-        let (job, outcome, answer) = lanes::job(keys, decide);
+        // A Redis call ends by `--store-timeout`, its turn on a hot key
+        // included; memory decisions take microseconds.
+        let deadline = match self {
+            QuotaStore::Memory(_) => None,
+            QuotaStore::Redis(r) => Some(r.deadline()),
+        };
+        let (job, outcome, answer) = lanes::job(keys, deadline, decide);
         match self {
             QuotaStore::Memory(m) => m.run(job),
             QuotaStore::Redis(r) => r.run(job),

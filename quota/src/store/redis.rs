@@ -437,9 +437,12 @@ impl RedisStore {
             let mut jobs = jobs;
             loop {
                 let mut batch = Batch::new(jobs);
-                let keys = batch.keys.clone();
-                let outcome = store.transact(&keys, |values, now| batch.decide(values, now)).await;
-                batch.finish(&outcome);
+                if !batch.is_empty() {
+                    let keys = batch.keys.clone();
+                    let deadline = batch.deadline.unwrap_or_else(|| store.deadline());
+                    let outcome = store.transact(&keys, deadline, |values, now| batch.decide(values, now)).await;
+                    batch.finish(&outcome);
+                }
                 match store.lanes.next(lane) {
                     Some(next) => jobs = next,
                     None => return,
@@ -448,11 +451,18 @@ impl RedisStore {
         });
     }
 
+    /// When a call made now must have its answer (`--store-timeout`).
+    pub(super) fn deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.options.timeout
+    }
+
     /// Decides on what is known of `keys` and writes if nothing changed;
-    /// decides again on what the script answers when something did.
+    /// decides again on what the script answers when something did; gives
+    /// up at `deadline`.
     async fn transact(
         &self,
         keys: &[String],
+        deadline: tokio::time::Instant,
         mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> Writes,
     ) -> Result<(), StoreFailure> {
         let cluster = matches!(self.client, Client::Cluster(_));
@@ -474,7 +484,9 @@ impl RedisStore {
             while attempt < ATTEMPTS {
                 // Without a time yet, the first round trip only reads.
                 let writes = now.map(|now| decide(&values_of(&known), now));
-                let claim = writes.is_some() && attempt >= CLAIM_AFTER;
+                // Only a decision that writes claims the keys' turn.
+                let writing = writes.as_ref().is_some_and(|w| w.iter().any(Option::is_some));
+                let claim = writing && attempt >= CLAIM_AFTER;
                 let invocation = self.invocation(&known, writes.as_ref(), now, claim);
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
                 let mut sent = self.send(&mut conn, keys, &invocation).await;
@@ -527,7 +539,7 @@ impl RedisStore {
             }
             Err(StoreFailure::Contended)
         };
-        tokio::time::timeout(self.options.timeout, attempts).await.map_err(|_| StoreFailure::Timeout)?
+        tokio::time::timeout_at(deadline, attempts).await.map_err(|_| StoreFailure::Timeout)?
     }
 
     fn clock_seen(&self, tag: &str, time: Nanos) {
