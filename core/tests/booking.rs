@@ -72,6 +72,19 @@ impl Bucket {
         Bucket { policy, state, booking: None, spent: Vec::new(), ahead: Vec::new() }
     }
 
+    /// A fresh bucket at T0 after `steps`, each a gap (under a third of a
+    /// window) and a step; and the instant of the last.
+    fn driven(policy: Arc<dyn Policy>, steps: Vec<(Nanos, Step)>) -> (Self, Nanos) {
+        let period = policy.quota().window.unwrap_or(SECOND);
+        let mut bucket = Bucket::new(policy);
+        let mut now = T0;
+        for (gap, step) in steps {
+            now = now + Nanos(gap.get() % (period.get() / 3).max(1));
+            bucket.step(now, step);
+        }
+        (bucket, now)
+    }
+
     fn step(&mut self, now: Nanos, step: Step) {
         let policy = self.policy.as_ref();
         self.booking = booking::settle(policy, &mut self.state, self.booking, now);
@@ -127,12 +140,7 @@ proptest! {
         steps in steps(SECOND.times(4)),
     ) {
         let period = policy.quota().window.unwrap();
-        let mut bucket = Bucket::new(policy.clone());
-        let mut now = T0;
-        for (gap, step) in steps {
-            now = now + Nanos(gap.get() % (period.get() / 3).max(1));
-            bucket.step(now, step);
-        }
+        let (bucket, _) = Bucket::driven(policy.clone(), steps);
         let spent: Vec<(Nanos, u64)> = bucket.spent.iter().copied().filter(|(_, u)| *u > 0).collect();
         for span in [Nanos::ZERO, period - Nanos(1), Nanos(period.get() / 2), period, period.times(3)] {
             let (most, bound) = (most_in_any(&spent, span), policy.admitted_bound(span));
@@ -215,13 +223,7 @@ proptest! {
         (name, policy) in windowed(),
         steps in steps(SECOND.times(4)),
     ) {
-        let period = policy.quota().window.unwrap();
-        let mut bucket = Bucket::new(policy.clone());
-        let mut now = T0;
-        for (gap, step) in steps {
-            now = now + Nanos(gap.get() % (period.get() / 3).max(1));
-            bucket.step(now, step);
-        }
+        let (bucket, now) = Bucket::driven(policy.clone(), steps);
         let Some(pending) = bucket.booking else { return Ok(()) };
         let idle_at = booking::idle_at(policy.as_ref(), &bucket.state, bucket.booking, now);
         let mut settled = bucket.state.clone();
