@@ -438,9 +438,12 @@ fn a_service_answering_garbage_means_fallback_never_a_panic() {
         let seen = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
         assert_eq!(seen.other, 0, "{what}: {seen:?}\n{}", envoy.log_tail());
         assert!(seen.admitted <= 3, "{what}: the local fall-back's 3 per hour: {seen:?}");
-        // Read at once: this service answers its probes (`/readyz`) with a 200
-        // too, so a while after the load the rule is back in global mode.
-        assert_eq!(envoy.stat_now("wasmcustom.floodgate.rule.fleet.fallback_active"), 1, "{what}");
+        // Requests the fall-back decided, not the fall-back gauge at the end:
+        // this service answers its probes (`/readyz`) with a 200 too, so the
+        // rule goes back to global mode between failed leases, and the gauge
+        // read at any one instant may catch it there (seen with the 10 MB
+        // body, whose lease takes longest to fail).
+        assert!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback") > 0, "{what}: the fall-back decided");
         let failed = ["bad_answer", "timeout", "bad_status"]
             .iter()
             .map(|k| envoy.stat(&format!("wasmcustom.floodgate.global.callouts_{k}")))
