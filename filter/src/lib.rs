@@ -22,6 +22,18 @@
 //! end of a request's wait, probes of a failing service, and refills another
 //! worker asked for.
 //!
+//! The crate by concern:
+//! - `root`: a configuration's root context on one VM — the plugin, the tick,
+//!   the calls requests posted, every answer of the quota service;
+//! - `plugin`: what a configuration's requests on one worker share, and a
+//!   request's path through it (decide, answer or pause, finish, release);
+//! - `http`: one request's context;
+//! - `service` and `global`: calling the quota service, and what this worker
+//!   has to send and is waiting to hear;
+//! - `waiting`: the requests a worker keeps paused, and when to wake up;
+//! - `host`: Envoy behind the core's traits (shared data, request, clock);
+//! - `metrics`: counts kept in the worker and flushed to Envoy on a tick.
+//!
 //! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
 //! rather than the SDK's trait helpers, several of which unwrap; header values
 //! are read as bytes only, because the SDK's `String` getters panic on
