@@ -1,6 +1,6 @@
 //! How big a lease is: the one implementation of lease sizing, used by the
-//! quota service for both of its stores. Pure functions of plain integers;
-//! times are nanoseconds (`u64`), like the rest of the core.
+//! quota service for both of its stores. Pure functions of token counts and
+//! times ([`Nanos`], like the rest of the core).
 //!
 //! * [`lease_target`] (before the store is asked): what a caller should get
 //!   if quota were plentiful, from the rate it reports.
@@ -13,19 +13,18 @@
 //! * [`ahead_cap`]: the same for a lease ahead, of the next window before it
 //!   starts: half of what that window has left, and nothing of its tail.
 
-/// Nanoseconds in a second.
-const SECOND_NS: u64 = 1_000_000_000;
+use crate::time::{Nanos, SECOND};
 
 /// Below `remaining * LOW_WATER_DIVISOR < capacity` (10 % left) grants are
 /// paced over the time left, not just halved.
 pub const LOW_WATER_DIVISOR: u64 = 10;
 
 /// Tokens a lease aims for: enough for the caller's observed `rate` (tokens
-/// per second) over the time `ttl_ns` the lease may be used (its lifetime, or
+/// per second) over the time `usable` the lease may be used (its lifetime, or
 /// less when its window ends sooner), at least 1 and at most what
 /// it asked for (`wanted`) and the rule's `capacity`. A caller that reports
 /// no rate starts with 1 % of the capacity.
-pub fn lease_target(wanted: u64, rate: Option<f64>, ttl_ns: u64, capacity: u64) -> u64 {
+pub fn lease_target(wanted: u64, rate: Option<f64>, usable: Nanos, capacity: u64) -> u64 {
     let ceiling = wanted.min(capacity);
     if ceiling == 0 {
         return 0;
@@ -33,7 +32,7 @@ pub fn lease_target(wanted: u64, rate: Option<f64>, ttl_ns: u64, capacity: u64) 
     let aim = match rate {
         Some(rate) if rate.is_finite() && rate > 0.0 => {
             // f64 -> u64 `as` saturates, so an absurd rate is just "a lot".
-            (rate * ttl_ns as f64 / SECOND_NS as f64).ceil() as u64
+            (rate * usable.get() as f64 / SECOND.get() as f64).ceil() as u64
         }
         _ => capacity / 100,
     };
@@ -45,9 +44,9 @@ fn low_water(remaining: u64, capacity: u64) -> bool {
 }
 
 /// The most a single lease may take at `now` when `remaining` tokens are
-/// left out of `capacity`, `horizon_ns` is the time over which what remains
+/// left out of `capacity`, `horizon` is the time over which what remains
 /// must last (the rest of a fixed window; a token bucket's period), leases
-/// live `ttl_ns`, and the bucket's pace schedule has been handed out up to
+/// live `ttl`, and the bucket's pace schedule has been handed out up to
 /// `paced_until` (see [`paced_until`]).
 ///
 /// * Never more than half of what remains (rounded up, so the last token can
@@ -59,7 +58,7 @@ fn low_water(remaining: u64, capacity: u64) -> bool {
 ///   callers come, the tail of a window follows time.
 ///
 /// Exact integer arithmetic over the whole `u64` range (products in `u128`).
-pub fn grant_cap(remaining: u64, capacity: u64, horizon_ns: u64, ttl_ns: u64, paced_until: u64, now: u64) -> u64 {
+pub fn grant_cap(remaining: u64, capacity: u64, horizon: Nanos, ttl: Nanos, paced_until: Nanos, now: Nanos) -> u64 {
     if remaining == 0 {
         return 0;
     }
@@ -68,8 +67,8 @@ pub fn grant_cap(remaining: u64, capacity: u64, horizon_ns: u64, ttl_ns: u64, pa
         return half;
     }
     let start = paced_until.max(now);
-    let room = now.saturating_add(ttl_ns).saturating_sub(start);
-    let paced = u128::from(room) * u128::from(remaining) / u128::from(horizon_ns.max(1));
+    let room = (now + ttl) - start;
+    let paced = u128::from(room.get()) * u128::from(remaining) / u128::from(horizon.get().max(1));
     let paced = u64::try_from(paced).unwrap_or(u64::MAX);
     let paced = if start == now { paced.max(1) } else { paced };
     half.min(paced)
@@ -92,12 +91,19 @@ pub fn ahead_cap(remaining: u64, capacity: u64) -> u64 {
 /// low-water mark the schedule advances by the time those tokens stand for
 /// at the even pace (`granted × horizon / remaining`, rounded up); above it
 /// nothing is paced and it stays as it was.
-pub fn paced_until(granted: u64, remaining: u64, capacity: u64, horizon_ns: u64, paced_until: u64, now: u64) -> u64 {
+pub fn paced_until(
+    granted: u64,
+    remaining: u64,
+    capacity: u64,
+    horizon: Nanos,
+    paced_until: Nanos,
+    now: Nanos,
+) -> Nanos {
     if granted == 0 || remaining == 0 || !low_water(remaining, capacity) {
         return paced_until;
     }
-    let span = (u128::from(granted) * u128::from(horizon_ns)).div_ceil(u128::from(remaining));
-    paced_until.max(now).saturating_add(u64::try_from(span).unwrap_or(u64::MAX))
+    let span = (u128::from(granted) * u128::from(horizon.get())).div_ceil(u128::from(remaining));
+    paced_until.max(now) + Nanos(u64::try_from(span).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -106,36 +112,49 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const S: u64 = SECOND_NS;
+    const S: u64 = SECOND.get();
+
+    // The cases read in plain nanoseconds.
+    fn target(wanted: u64, rate: Option<f64>, usable: u64, capacity: u64) -> u64 {
+        lease_target(wanted, rate, Nanos(usable), capacity)
+    }
+
+    fn cap(remaining: u64, capacity: u64, horizon: u64, ttl: u64, paced: u64, now: u64) -> u64 {
+        grant_cap(remaining, capacity, Nanos(horizon), Nanos(ttl), Nanos(paced), Nanos(now))
+    }
+
+    fn pace(granted: u64, remaining: u64, capacity: u64, horizon: u64, paced: u64, now: u64) -> u64 {
+        paced_until(granted, remaining, capacity, Nanos(horizon), Nanos(paced), Nanos(now)).get()
+    }
 
     #[test]
     fn target_follows_the_observed_rate() {
         // 200 tokens/s over a 1 s lease: 200.
-        assert_eq!(lease_target(1_000, Some(200.0), S, 10_000), 200);
+        assert_eq!(target(1_000, Some(200.0), S, 10_000), 200);
         // A faster caller gets more.
-        assert!(lease_target(1_000, Some(800.0), S, 10_000) > 200);
+        assert!(target(1_000, Some(800.0), S, 10_000) > 200);
         // Never above what was asked for, nor the capacity.
-        assert_eq!(lease_target(50, Some(800.0), S, 10_000), 50);
-        assert_eq!(lease_target(1_000, Some(800.0), S, 30), 30);
+        assert_eq!(target(50, Some(800.0), S, 10_000), 50);
+        assert_eq!(target(1_000, Some(800.0), S, 30), 30);
         // A slow caller still gets one.
-        assert_eq!(lease_target(1_000, Some(0.01), S, 10_000), 1);
+        assert_eq!(target(1_000, Some(0.01), S, 10_000), 1);
     }
 
     #[test]
     fn target_without_a_rate_is_one_percent() {
-        assert_eq!(lease_target(1_000, None, S, 10_000), 100);
-        assert_eq!(lease_target(1_000, Some(f64::NAN), S, 10_000), 100);
-        assert_eq!(lease_target(1_000, None, S, 10), 1);
-        assert_eq!(lease_target(0, None, S, 10), 0);
+        assert_eq!(target(1_000, None, S, 10_000), 100);
+        assert_eq!(target(1_000, Some(f64::NAN), S, 10_000), 100);
+        assert_eq!(target(1_000, None, S, 10), 1);
+        assert_eq!(target(0, None, S, 10), 0);
     }
 
     #[test]
     fn cap_is_half_of_what_remains_while_plenty_is_left() {
-        assert_eq!(grant_cap(1_000, 1_000, 60 * S, S, 0, T), 500);
-        assert_eq!(grant_cap(100, 1_000, 60 * S, S, 0, T), 50);
-        assert_eq!(grant_cap(0, 1_000, 60 * S, S, 0, T), 0);
+        assert_eq!(cap(1_000, 1_000, 60 * S, S, 0, T), 500);
+        assert_eq!(cap(100, 1_000, 60 * S, S, 0, T), 50);
+        assert_eq!(cap(0, 1_000, 60 * S, S, 0, T), 0);
         // Above the low-water mark nothing is paced.
-        assert_eq!(paced_until(50, 100, 1_000, 60 * S, 7, T), 7);
+        assert_eq!(pace(50, 100, 1_000, 60 * S, 7, T), 7);
     }
 
     const T: u64 = 1_700_000_000 * S;
@@ -143,19 +162,19 @@ mod tests {
     #[test]
     fn below_low_water_grants_follow_the_even_pace() {
         // 90 of 1000 left with 30 s to go and 1 s leases: 3 per lease lifetime.
-        assert_eq!(grant_cap(90, 1_000, 30 * S, S, 0, T), 3);
-        let after = paced_until(3, 90, 1_000, 30 * S, 0, T);
+        assert_eq!(cap(90, 1_000, 30 * S, S, 0, T), 3);
+        let after = pace(3, 90, 1_000, 30 * S, 0, T);
         assert_eq!(after, T + S);
         // The schedule is a lease lifetime ahead: nothing more right now,
         // however often a caller asks.
-        assert_eq!(grant_cap(87, 1_000, 30 * S, S, after, T), 0);
+        assert_eq!(cap(87, 1_000, 30 * S, S, after, T), 0);
         // Time passes: the pace hands out more.
-        assert_eq!(grant_cap(87, 1_000, 29 * S, S, after, T + S), 3);
+        assert_eq!(cap(87, 1_000, 29 * S, S, after, T + S), 3);
         // The last token is leasable once the schedule has caught up.
-        assert_eq!(grant_cap(1, 1_000, 30 * S, S, T, T), 1);
-        assert_eq!(grant_cap(1, 1_000, 30 * S, S, T + 1, T), 0);
+        assert_eq!(cap(1, 1_000, 30 * S, S, T, T), 1);
+        assert_eq!(cap(1, 1_000, 30 * S, S, T + 1, T), 0);
         // With 1 s to go, pacing allows all of it, halving still applies.
-        assert_eq!(grant_cap(90, 1_000, S, S, 0, T), 45);
+        assert_eq!(cap(90, 1_000, S, S, 0, T), 45);
     }
 
     #[test]
@@ -168,8 +187,8 @@ mod tests {
         while now < window_end {
             // A hundred calls at every millisecond-ish instant.
             for _ in 0..100 {
-                let cap = grant_cap(remaining, capacity, window_end - now, ttl, paced, now);
-                paced = paced_until(cap, remaining, capacity, window_end - now, paced, now);
+                let cap = cap(remaining, capacity, window_end - now, ttl, paced, now);
+                paced = pace(cap, remaining, capacity, window_end - now, paced, now);
                 remaining -= cap;
             }
             taken_by.push((now - T, 95 - remaining));
@@ -187,9 +206,9 @@ mod tests {
     fn cap_is_exact_at_the_edges_of_the_range() {
         // 10^9 per year, a year to go, 60 s leases: no overflow, exact.
         let year = 365 * 24 * 3_600 * S;
-        assert_eq!(grant_cap(99_999_999, 1_000_000_000, year, 60 * S, 0, T), 190);
-        assert_eq!(grant_cap(u64::MAX, u64::MAX, u64::MAX, u64::MAX, 0, T), u64::MAX.div_ceil(2));
-        assert_eq!(grant_cap(1, u64::MAX, 0, u64::MAX, 0, T), 1);
-        assert_eq!(paced_until(u64::MAX, 1, u64::MAX, u64::MAX, u64::MAX, T), u64::MAX);
+        assert_eq!(cap(99_999_999, 1_000_000_000, year, 60 * S, 0, T), 190);
+        assert_eq!(cap(u64::MAX, u64::MAX, u64::MAX, u64::MAX, 0, T), u64::MAX.div_ceil(2));
+        assert_eq!(cap(1, u64::MAX, 0, u64::MAX, 0, T), 1);
+        assert_eq!(pace(u64::MAX, 1, u64::MAX, u64::MAX, u64::MAX, T), u64::MAX);
     }
 }

@@ -64,7 +64,7 @@ impl Service {
             match booking::ahead(policy, &self.state, self.booking, now) {
                 Some(ahead) if claim.window == Some(ahead.window.index) && ahead.starts - now <= TTL => {
                     let usable = TTL.min(ahead.window.end - ahead.starts);
-                    let target = lease_target(claim.wanted, Some(claim.rate), usable.get(), capacity);
+                    let target = lease_target(claim.wanted, Some(claim.rate), usable, capacity);
                     let mut granted = target.min(ahead_cap(ahead.room, capacity));
                     match booking::book(policy, &self.state, self.booking, &ahead, granted) {
                         Some(after) if granted > 0 => self.booking = Some(after),
@@ -85,13 +85,11 @@ impl Service {
                     let remaining = booking::decide(policy, &mut self.state.clone(), self.booking, now, 0).remaining;
                     let left = window.end - now;
                     let valid = TTL.min(left);
-                    let target = lease_target(claim.wanted, Some(claim.rate), valid.get(), capacity);
-                    let cap = grant_cap(remaining, capacity, left.get(), TTL.get(), self.paced_until.get(), now.get());
+                    let target = lease_target(claim.wanted, Some(claim.rate), valid, capacity);
+                    let cap = grant_cap(remaining, capacity, left, TTL, self.paced_until, now);
                     let d = booking::decide(policy, &mut self.state, self.booking, now, target.min(cap));
                     let granted = if d.allowed() { target.min(cap) } else { 0 };
-                    let paced =
-                        paced_until(granted, remaining, capacity, left.get(), self.paced_until.get(), now.get());
-                    self.paced_until = Nanos(paced);
+                    self.paced_until = paced_until(granted, remaining, capacity, left, self.paced_until, now);
                     (granted, now, valid, window.index, d.remaining, d.reset)
                 }
             };

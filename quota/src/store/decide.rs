@@ -203,15 +203,14 @@ pub fn lease(
         }
         None => (period, 0, ttl),
     };
-    let target = lease_target(wanted, rate, valid.get(), capacity);
-    let cap = grant_cap(remaining, capacity, horizon.get(), ttl.get(), bucket.paced_until.get(), now.get());
+    let target = lease_target(wanted, rate, valid, capacity);
+    let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
     let granted = target.min(cap);
     let d = bucket.decide(limit, now, granted);
     // A denied grant (an algorithm that admits fewer than `remaining` at
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
-    let paced = paced_until(granted, remaining, capacity, horizon.get(), bucket.paced_until.get(), now.get());
-    bucket.paced_until = Nanos(paced);
+    bucket.paced_until = paced_until(granted, remaining, capacity, horizon, bucket.paced_until, now);
     Leased { granted, decision: d, window, starts_at: now, valid, next: bucket.into_next(limit, now) }
 }
 
@@ -234,7 +233,7 @@ fn lease_ahead(
 ) -> Leased {
     let policy = limit.policy();
     let usable = ttl.min(ahead.window.end - ahead.starts);
-    let target = lease_target(wanted, rate, usable.get(), policy.capacity());
+    let target = lease_target(wanted, rate, usable, policy.capacity());
     let mut granted = target.min(ahead_cap(ahead.room, policy.capacity()));
     match booking::book(policy, &bucket.state, bucket.booking, ahead, granted) {
         Some(after) if granted > 0 => bucket.booking = Some(after),
