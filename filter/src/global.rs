@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 
-use floodgate_core::global::calls::MAX_ITEMS;
+use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
 use floodgate_core::global::pool::MAX_BATCH_DELAY;
 use floodgate_core::limiter::{Permit, Verdict};
@@ -162,7 +162,7 @@ impl Callouts {
             let Some(job) = self.jobs.get_mut(&context_id) else { continue };
             let mut by_hits: Vec<(u64, Vec<usize>)> = Vec::new();
             for (index, item) in job.verdict.checks.iter().enumerate() {
-                match by_hits.iter_mut().find(|(hits, indices)| *hits == item.hits && indices.len() < MAX_ITEMS) {
+                match by_hits.iter_mut().find(|(hits, indices)| *hits == item.hits && indices.len() < MAX_CHECK_ITEMS) {
                     Some((_, indices)) => indices.push(index),
                     None => by_hits.push((item.hits, vec![index])),
                 }

@@ -12,10 +12,14 @@ use serde::{Deserialize, Serialize};
 /// `[["path","/login"],["method","POST"]]`.
 pub type Descriptor = Vec<(String, String)>;
 
-/// Largest request body, in bytes.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// Most descriptors (or leases, or returns) in one call.
+/// Largest request body, in bytes: room for [`MAX_LEASES`] leases of long
+/// descriptors.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Most descriptors in one check.
 pub const MAX_DESCRIPTORS: usize = 32;
+/// Most leases (or returns) in one call: a proxy renews every pool that is
+/// due in one call per renewal round, hundreds of keys at a time.
+pub const MAX_LEASES: usize = 512;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 16;
 /// Largest `hits`, `wanted` or `tokens`.
@@ -142,6 +146,11 @@ pub struct LeaseWant {
     /// field existed.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window: Option<u64>,
+    /// The caller can hold an allowance: `granted` tokens in each of several
+    /// consecutive windows (see [`LeaseGrant::windows`]). Absent (false):
+    /// tokens of one window, as before this field existed.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub per_window: bool,
 }
 
 /// `POST /v1/lease`.
@@ -182,6 +191,12 @@ pub struct LeaseGrant {
     /// Identifies the window the tokens belong to (0 for a token bucket).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window: Option<u64>,
+    /// An allowance (asked for with [`LeaseWant::per_window`]): `granted`
+    /// tokens in each of this many consecutive windows, the first being
+    /// `window`; `valid_ms` reaches the end of the last. Absent (0) or 1:
+    /// tokens of one window.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub windows: u64,
     /// The rule is in shadow mode: running out must not deny requests.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub shadow: bool,
@@ -252,13 +267,19 @@ pub fn check_lease_id(field: &str, id: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks the size limits shared by every call; the message names the field.
-pub fn check_descriptors<'a>(field: &str, list: impl ExactSizeIterator<Item = &'a Descriptor>) -> Result<(), String> {
+/// Checks the size limits shared by every call: at most `most` descriptors
+/// ([`MAX_DESCRIPTORS`] in a check, [`MAX_LEASES`] in a lease call), each
+/// within [`MAX_ENTRIES`] and [`MAX_ENTRY_LEN`]; the message names the field.
+pub fn check_descriptors<'a>(
+    field: &str,
+    most: usize,
+    list: impl ExactSizeIterator<Item = &'a Descriptor>,
+) -> Result<(), String> {
     if list.len() == 0 {
         return Err(format!("{field} must not be empty"));
     }
-    if list.len() > MAX_DESCRIPTORS {
-        return Err(format!("{field} has {} items; at most {MAX_DESCRIPTORS} are allowed", list.len()));
+    if list.len() > most {
+        return Err(format!("{field} has {} items; at most {most} are allowed", list.len()));
     }
     for (i, descriptor) in list.enumerate() {
         if descriptor.is_empty() {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{
     check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
-    LeaseResponse, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_UNITS,
+    LeaseResponse, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_LEASES, MAX_UNITS,
 };
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
@@ -153,7 +153,7 @@ impl Service {
 
     /// `POST /v1/check`: admit the request only if every descriptor admits.
     pub async fn check(&self, req: CheckRequest) -> Result<CheckResponse, ApiError> {
-        check_descriptors("descriptors", req.descriptors.iter()).map_err(bad)?;
+        check_descriptors("descriptors", MAX_DESCRIPTORS, req.descriptors.iter()).map_err(bad)?;
         check_units("hits", req.hits)?;
         let domains = self.domains();
         let domain = self.domain(&domains, &req.domain)?;
@@ -248,7 +248,7 @@ impl Service {
 
     /// `POST /v1/lease`: grant batches of tokens, sized to each caller's rate.
     pub async fn lease(&self, req: LeaseRequest) -> Result<LeaseResponse, ApiError> {
-        check_descriptors("leases", req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
+        check_descriptors("leases", MAX_LEASES, req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
         for (i, lease) in req.leases.iter().enumerate() {
             check_lease_id(&format!("leases[{i}].id"), &lease.id).map_err(bad)?;
             if let Some(first) = req.leases[..i].iter().position(|l| l.id == lease.id) {
@@ -315,6 +315,7 @@ impl Service {
                         remaining: None,
                         reset_ms: None,
                         window: None,
+                        windows: 0,
                         shadow: false,
                         replayed: false,
                     });
@@ -340,6 +341,7 @@ impl Service {
                         remaining: Some(grant.remaining),
                         reset_ms: Some(grant.reset.ceil_millis()),
                         window: Some(grant.window),
+                        windows: 0,
                         shadow,
                         replayed: grant.replayed,
                     });
@@ -355,8 +357,8 @@ impl Service {
         if req.returns.is_empty() {
             return Err(bad("returns must not be empty"));
         }
-        if req.returns.len() > MAX_DESCRIPTORS {
-            return Err(bad(format!("returns has {} items; at most {MAX_DESCRIPTORS} are allowed", req.returns.len())));
+        if req.returns.len() > MAX_LEASES {
+            return Err(bad(format!("returns has {} items; at most {MAX_LEASES} are allowed", req.returns.len())));
         }
         for (i, item) in req.returns.iter().enumerate() {
             check_lease_id(&format!("returns[{i}].id"), &item.id).map_err(bad)?;

@@ -6,7 +6,7 @@
 
 use floodgate_protocol::{
     CheckRequest, CheckResponse, Code, LeaseRequest, LeaseResponse, LeaseWant, ReturnRequest, ReturnTokens,
-    MAX_DESCRIPTORS,
+    MAX_DESCRIPTORS, MAX_LEASES,
 };
 
 use super::pool::{Claim, LeaseGrant};
@@ -14,8 +14,11 @@ use super::settings::QuotaService;
 use crate::algorithm::{Decision, Quota};
 use crate::time::Nanos;
 
-/// Most items one call carries (the protocol's limit).
-pub const MAX_ITEMS: usize = MAX_DESCRIPTORS;
+/// Most leases (or returns) one call carries (the protocol's limit).
+pub const MAX_ITEMS: usize = MAX_LEASES;
+
+/// Most check items one call carries (the protocol's limit).
+pub const MAX_CHECK_ITEMS: usize = MAX_DESCRIPTORS;
 
 /// Largest answer body read; a larger one is a failure.
 pub const MAX_ANSWER_BYTES: usize = 256 * 1024;
@@ -122,6 +125,7 @@ impl QuotaService {
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
                     window: r.claim.window,
+                    per_window: false,
                 })
                 .collect(),
         };
