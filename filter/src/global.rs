@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
+use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
 use floodgate_core::global::pool::MAX_BATCH_DELAY;
 use floodgate_core::limiter::{Permit, Verdict};
 use floodgate_core::time::Nanos;

@@ -280,6 +280,7 @@ impl Service {
                         wanted: lease.wanted,
                         rate: lease.rate,
                         window: lease.window,
+                        per_window: lease.per_window,
                         record: lease_key(&domain.name, &lease.id),
                     });
                     plan.push(Ok((items.len() - 1, limit.clone(), *shadow)));
@@ -341,7 +342,7 @@ impl Service {
                         remaining: Some(grant.remaining),
                         reset_ms: Some(grant.reset.ceil_millis()),
                         window: Some(grant.window),
-                        windows: 0,
+                        windows: grant.windows,
                         shadow,
                         replayed: grant.replayed,
                     });

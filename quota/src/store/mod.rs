@@ -72,6 +72,8 @@ pub struct BucketLease {
     /// The window the caller wants tokens of: the next one is leased ahead
     /// (see `decide::lease`); `None` for the window that counts now.
     pub window: Option<u64>,
+    /// The caller can hold an allowance (see `decide::lease`).
+    pub per_window: bool,
     /// See [`lease_key`]: where the grant is recorded, atomically with it. A
     /// lease whose record exists is not granted again but answered from it.
     pub record: String,
@@ -89,6 +91,9 @@ pub struct LeaseOutcome {
     /// The algorithm's window the tokens are counted in (0 for algorithms
     /// without windows).
     pub window: u64,
+    /// For an allowance, how many windows from `window` on it holds
+    /// `granted` tokens in (0: a lease of one window).
+    pub windows: u64,
     /// How long (from now) the caller may use the tokens.
     pub valid: Nanos,
     /// How long until they may be used: zero, or for a lease ahead, the
@@ -380,19 +385,22 @@ fn lease(
                 remaining: d.remaining,
                 reset: d.reset,
                 window: done.window,
+                windows: done.windows,
                 valid,
                 starts: done.granted_at - now,
                 replayed: true,
             });
             continue;
         }
-        let leased = decide::lease(&item.limit, stored(&values, bucket), now, item.wanted, item.rate, item.window, ttl);
+        let ask = (item.wanted, item.rate, item.window, item.per_window);
+        let leased = decide::lease(&item.limit, &item.key, stored(&values, bucket), now, ask, ttl);
         if leased.granted > 0 {
             let valid_until = now + leased.valid;
             let done = LeaseRecord {
                 bucket: item.key.clone(),
                 limit: item.limit.clone(),
                 window: leased.window,
+                windows: leased.windows,
                 granted: leased.granted,
                 granted_at: leased.starts_at,
                 returned: false,
@@ -407,6 +415,7 @@ fn lease(
             remaining: leased.decision.remaining,
             reset: leased.decision.reset,
             window: leased.window,
+            windows: leased.windows,
             valid: leased.valid,
             starts: leased.starts_at - now,
             replayed: false,

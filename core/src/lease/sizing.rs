@@ -1,4 +1,4 @@
-//! How big a lease is: the one implementation of lease sizing, used by the
+//! How big a lease of one window (or one lifetime) is, used by the
 //! quota service for both of its stores. Pure functions of token counts and
 //! times ([`Nanos`], like the rest of the core).
 //!

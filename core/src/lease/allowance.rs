@@ -1,0 +1,366 @@
+//! Allowances: one lease of a fixed window's tokens for many windows.
+//!
+//! A lease of one window ends with that window, so under per-second windows
+//! every (key, proxy) pair would need a lease a second. An *allowance* is
+//! `units` tokens in **each** window of a span instead: the proxy spends up to
+//! `units` in every window of the span without asking again, and asks once
+//! per span. The service books the allowance in every one of those windows'
+//! budgets, so everything granted and checked in a window still never
+//! exceeds its limit, whatever the number of proxies.
+//!
+//! **Terms.** A key's windows are grouped into *terms* of
+//! [`Terms::windows`] windows (a term lasts [`DEFAULT_TERM`], at least one
+//! window), and every allowance ends with a term: a renewal is the next
+//! term's allowance, asked for in the last window of the current one. So a
+//! bucket keeps its reservations as two numbers, the units reserved in each
+//! remaining window of the current term and in each window of the next
+//! ([`Reservations`]), and a return takes a lease's units off the terms it
+//! still covers. Each key's terms start at a phase of its own (a hash of its
+//! bucket key), so the fleet's renewals of many keys spread over the term
+//! instead of all coming in one window.
+//!
+//! **Far below the limit only.** Reservations may take at most
+//! [`RESERVED_SHARE`] of the limit in any window; a key whose demand comes
+//! nearer gets leases of one window, which follow demand window by window
+//! (long lifetimes while a key is far below its limit, short ones as the
+//! fleet nears it). Only algorithms whose window renews (a fixed window)
+//! take allowances: a sliding window's counts weigh on the windows after.
+
+use crate::algorithm::Policy;
+use crate::hash::SipHasher;
+use crate::time::{Nanos, SECOND};
+
+/// How long an allowance's term lasts: long enough that a key far below its
+/// limit costs a lease every half minute, short enough that an allowance
+/// sized to an old rate is not held for long.
+pub const DEFAULT_TERM: Nanos = Nanos::from_secs(30);
+
+/// The most of a window's limit that allowances may reserve, as a fraction
+/// (numerator, denominator): the rest is left to leases of one window and to
+/// checks, so a proxy whose burst outgrows its allowance can still get more.
+pub const RESERVED_SHARE: (u64, u64) = (3, 4);
+
+/// How a key's fixed windows group into terms (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    windows: u64,
+    phase: u64,
+}
+
+impl Terms {
+    /// The terms of the key whose bucket is `key`, for windows of `window`
+    /// and terms of about `term` (at least one window).
+    pub fn new(window: Nanos, term: Nanos, key: &str) -> Self {
+        let windows = (term.get() / window.get().max(1)).max(1);
+        // A fixed key: every instance of the service must find the same phase.
+        let mut hasher = SipHasher::new(0x616c_6c6f_7761_6e63, 0x6520_7465_726d_7321);
+        hasher.write(key.as_bytes());
+        Terms { windows, phase: hasher.finish() % windows }
+    }
+
+    /// Terms as stored: `windows` windows each, starting at `phase`
+    /// (both as [`Terms::windows`] and [`Terms::phase`] gave them).
+    pub fn from_parts(windows: u64, phase: u64) -> Self {
+        let windows = windows.max(1);
+        Terms { windows, phase: phase % windows }
+    }
+
+    /// Windows in a term.
+    pub fn windows(&self) -> u64 {
+        self.windows
+    }
+
+    /// Where the key's terms start: window `w` is the `(w + phase) % windows`th
+    /// of its term.
+    pub fn phase(&self) -> u64 {
+        self.phase
+    }
+
+    /// The term of window `window`.
+    pub fn of(&self, window: u64) -> u64 {
+        window.saturating_add(self.phase) / self.windows
+    }
+
+    /// The last window of term `term`.
+    pub fn last(&self, term: u64) -> u64 {
+        term.saturating_add(1).saturating_mul(self.windows).saturating_sub(1).saturating_sub(self.phase)
+    }
+
+    /// The windows an allowance starting with window `first` covers, first
+    /// and last: to the end of its term, or, when less than half a term is
+    /// left there, to the end of the next one (so no allowance is short).
+    pub fn span(&self, first: u64) -> (u64, u64) {
+        let end = self.last(self.of(first));
+        let left = end.saturating_sub(first).saturating_add(1);
+        if left.saturating_mul(2) < self.windows {
+            (first, end.saturating_add(self.windows))
+        } else {
+            (first, end)
+        }
+    }
+}
+
+/// The units allowances hold in a bucket's windows: per window of the
+/// current term from the window after `settled` on, and per window of the
+/// next term. A window's count starts at its reservation
+/// ([`Reservations::settle`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reservations {
+    /// The term `current` is of.
+    pub term: u64,
+    /// Units reserved in each window of that term not yet settled.
+    pub current: u64,
+    /// Units reserved in each window of the term after it.
+    pub next: u64,
+    /// The last window whose count includes its reservation (or that an
+    /// allowance was counted in directly, when granted in it).
+    pub settled: u64,
+}
+
+impl Reservations {
+    /// Nothing is reserved.
+    pub fn is_empty(&self) -> bool {
+        self.current == 0 && self.next == 0
+    }
+
+    /// As of term `term`: the reservations of terms that ended are gone. A
+    /// term before `self.term` (a clock that stepped back) changes nothing.
+    fn rolled(self, term: u64) -> Self {
+        match term.checked_sub(self.term) {
+            None | Some(0) => self,
+            Some(1) => Reservations { term, current: self.next, next: 0, ..self },
+            Some(_) => Reservations { term, current: 0, next: 0, ..self },
+        }
+    }
+
+    /// Units reserved in window `window` (of the current or the next term).
+    pub fn reserved(&self, terms: &Terms, window: u64) -> u64 {
+        match terms.of(window).checked_sub(self.term) {
+            Some(0) => self.current,
+            Some(1) => self.next,
+            _ => 0,
+        }
+    }
+
+    /// The reservations as of `now`, after counting the reservation of the
+    /// window that counts now into `state` if it is not counted yet. Call it
+    /// before anything else on a bucket read from storage; algorithms whose
+    /// window does not renew keep no reservations.
+    pub fn settle(self, policy: &dyn Policy, terms: &Terms, state: &mut [u8], now: Nanos) -> Self {
+        let Some(window) = policy.counting_window(state, now).filter(|w| w.renews) else {
+            return Reservations::default();
+        };
+        let mut after = self.rolled(terms.of(window.index));
+        if window.index > after.settled {
+            let units = after.reserved(terms, window.index);
+            if units > 0 {
+                // Even over a limit a reload has lowered since: these units
+                // were granted and will be spent.
+                policy.count(state, now, units);
+            }
+            after.settled = window.index;
+        }
+        after
+    }
+
+    /// The most units per window a new allowance over windows `first` to
+    /// `last` may reserve under `limit` (see [`RESERVED_SHARE`]), with the
+    /// reservations settled as of now.
+    pub fn room(&self, terms: &Terms, first: u64, last: u64, limit: u64) -> u64 {
+        let share = u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1))
+            .unwrap_or(u64::MAX);
+        (terms.of(first)..=terms.of(last)).map(|term| share.saturating_sub(self.of_term(term))).min().unwrap_or(0)
+    }
+
+    fn of_term(&self, term: u64) -> u64 {
+        match term.checked_sub(self.term) {
+            Some(0) => self.current,
+            Some(1) => self.next,
+            _ => 0,
+        }
+    }
+
+    /// Reserves `units` in each window of `first` to `last` after
+    /// `now_window` (the window that counts now: an allowance starting there
+    /// is counted in it directly, by the algorithm's decision).
+    pub fn reserve(&mut self, terms: &Terms, now_window: u64, first: u64, last: u64, units: u64) {
+        *self = self.rolled(terms.of(now_window));
+        self.settled = self.settled.max(now_window);
+        for term in terms.of(first)..=terms.of(last) {
+            match term.checked_sub(self.term) {
+                Some(0) => self.current = self.current.saturating_add(units),
+                Some(1) => self.next = self.next.saturating_add(units),
+                _ => {}
+            }
+        }
+    }
+
+    /// Takes `units` per window of an allowance ending with window `last`
+    /// off every window after `now_window` (those it still covers).
+    pub fn release(&mut self, terms: &Terms, now_window: u64, last: u64, units: u64) {
+        *self = self.rolled(terms.of(now_window));
+        let from = now_window.saturating_add(1);
+        if from > last {
+            return;
+        }
+        for term in terms.of(from)..=terms.of(last) {
+            match term.checked_sub(self.term) {
+                Some(0) => self.current = self.current.saturating_sub(units),
+                Some(1) => self.next = self.next.saturating_sub(units),
+                _ => {}
+            }
+        }
+    }
+
+    /// The last window any reservation covers (`None`: none): the bucket
+    /// must be kept until it ends.
+    pub fn last_window(&self, terms: &Terms) -> Option<u64> {
+        if self.next > 0 {
+            Some(terms.last(self.term.saturating_add(1)))
+        } else if self.current > 0 {
+            Some(terms.last(self.term))
+        } else {
+            None
+        }
+    }
+}
+
+/// Tokens per window an allowance aims for when its holder spends `rate`
+/// tokens a second and windows last `window`: the mean per window, `λ`, with
+/// room for its ups and downs (`λ + 2√λ + 1`, rounded up: under steady
+/// random arrivals a window needs more one time in a few hundred or fewer,
+/// and then asks for a lease of that window), at least 1 and at most
+/// `capacity`.
+pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
+    let mean = match rate {
+        Some(rate) if rate.is_finite() && rate > 0.0 => rate * window.get() as f64 / SECOND.get() as f64,
+        _ => 0.0,
+    };
+    // `as` saturates, so an absurd rate is just "a lot".
+    let aim = (mean + 2.0 * mean.sqrt() + 1.0).ceil() as u64;
+    aim.clamp(1, capacity.max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Params, Registration};
+    use std::sync::Arc;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+
+    fn policy(name: &str, limit: u64, fields: &str) -> Arc<dyn Policy> {
+        let fields = serde_json::from_str(fields).unwrap();
+        Registration::find(name).unwrap().build(Params::new("rule", limit, fields)).unwrap()
+    }
+
+    fn fresh(policy: &dyn Policy, now: Nanos) -> Vec<u8> {
+        let mut state = vec![0; policy.state_len()];
+        policy.write_fresh(&mut state, now);
+        state
+    }
+
+    #[test]
+    fn terms_group_windows_from_a_phase_of_the_keys_own() {
+        let terms = Terms::new(SECOND, DEFAULT_TERM, "fg:{edge}:fw:[[\"user\",\"alice\"]]");
+        assert_eq!(terms.windows(), 30);
+        let first = 1_700_000_000;
+        let term = terms.of(first);
+        let last = terms.last(term);
+        assert_eq!(terms.of(last), term);
+        assert_eq!(terms.of(last + 1), term + 1);
+        assert_eq!(terms.last(term + 1), last + 30);
+        // Phases differ between keys, so renewals spread over the term.
+        let phases: std::collections::HashSet<u64> =
+            (0..100).map(|i| Terms::new(SECOND, DEFAULT_TERM, &format!("key{i}")).last(term) % 30).collect();
+        assert!(phases.len() > 10, "{phases:?}");
+        // A window longer than the term: a term is one window.
+        let minute = Terms::new(SECOND.times(60), DEFAULT_TERM, "k");
+        assert_eq!((minute.windows(), minute.span(77)), (1, (77, 77)));
+    }
+
+    #[test]
+    fn an_allowance_spans_to_its_terms_end_and_is_never_short() {
+        let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
+        let term = terms.of(1_700_000_000);
+        let start = terms.last(term - 1) + 1;
+        assert_eq!(terms.span(start), (start, start + 29), "a whole term");
+        assert_eq!(terms.span(start + 15), (start + 15, start + 29), "half a term left: to its end");
+        assert_eq!(terms.span(start + 16), (start + 16, start + 59), "less: through the next term too");
+    }
+
+    #[test]
+    fn a_windows_count_starts_at_its_reservation() {
+        let window = policy("fixed_window", 10, r#"{"period": "1s"}"#);
+        let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
+        let now = T0;
+        let index = T0.get() / SECOND.get();
+        let mut state = fresh(window.as_ref(), now);
+        let mut held = Reservations::default().settle(window.as_ref(), &terms, &mut state, now);
+        let (first, last) = terms.span(index);
+        // Granted now: counted in this window by the decision, reserved after it.
+        assert!(window.decide(&mut state, now, 3).allowed());
+        held.reserve(&terms, index, first, last, 3);
+        assert_eq!(held.reserved(&terms, index + 1), 3);
+        // The same window settles once.
+        let again = held.settle(window.as_ref(), &terms, &mut state, now);
+        assert_eq!(window.decide(&mut state.clone(), now, 0).remaining, 7);
+        // Every later window of the span starts at 3 counted.
+        let mut later = again;
+        for step in 1..=(last - index) {
+            let at = now + SECOND.times(step);
+            later = later.settle(window.as_ref(), &terms, &mut state, at);
+            assert_eq!(window.decide(&mut state.clone(), at, 0).remaining, 7, "window {step}");
+        }
+        // After the span: nothing reserved.
+        let after = now + SECOND.times(last - index + 1);
+        later = later.settle(window.as_ref(), &terms, &mut state, after);
+        assert_eq!(window.decide(&mut state.clone(), after, 0).remaining, 10);
+        assert!(later.is_empty());
+    }
+
+    #[test]
+    fn a_release_frees_the_windows_after_now_and_no_others() {
+        let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
+        let index = T0.get() / SECOND.get();
+        let term_end = terms.last(terms.of(index));
+        let mut held = Reservations::default();
+        // One allowance through the next term, one ahead of it only.
+        held.reserve(&terms, index, index, term_end + 30, 4);
+        held.reserve(&terms, index, term_end + 1, term_end + 30, 2);
+        assert_eq!((held.current, held.next), (4, 6));
+        assert_eq!(held.room(&terms, index, term_end + 30, 10), 1, "3/4 of 10 is 7; the next term holds 6");
+        held.release(&terms, index, term_end + 30, 4);
+        assert_eq!((held.current, held.next), (0, 2));
+        // Released in the last window of the term: only the next term had it.
+        let mut held = Reservations::default();
+        held.reserve(&terms, index, term_end + 1, term_end + 30, 2);
+        held.release(&terms, term_end, term_end + 30, 2);
+        assert!(held.is_empty());
+        // An allowance that ended frees nothing.
+        let mut held = Reservations { term: terms.of(index), current: 5, next: 0, settled: index };
+        held.release(&terms, index, index, 5);
+        assert_eq!(held.current, 5);
+    }
+
+    #[test]
+    fn the_target_covers_the_ups_and_downs_of_a_thin_key() {
+        assert_eq!(allowance_target(Some(1.0), SECOND, 100), 4);
+        assert_eq!(allowance_target(Some(0.3), SECOND, 100), 3);
+        assert_eq!(allowance_target(Some(100.0), SECOND, 1_000), 121);
+        assert_eq!(allowance_target(None, SECOND, 100), 1);
+        assert_eq!(allowance_target(Some(f64::INFINITY), SECOND, 100), 1);
+        assert_eq!(allowance_target(Some(1e30), SECOND, 100), 100);
+    }
+
+    #[test]
+    fn only_a_window_that_renews_keeps_reservations() {
+        let sliding = policy("sliding_window", 10, r#"{"period": "1s"}"#);
+        let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
+        let mut state = fresh(sliding.as_ref(), T0);
+        let held = Reservations { term: 1, current: 3, next: 3, settled: 0 };
+        assert!(held.settle(sliding.as_ref(), &terms, &mut state, T0).is_empty());
+    }
+}
