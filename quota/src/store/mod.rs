@@ -5,7 +5,7 @@
 //! locks, the Redis store between one read and one compare-and-swap write
 //! (retried when a key changed meanwhile). So both stores decide identically.
 
-mod decide;
+pub mod decide;
 mod lanes;
 mod memory;
 mod redis;
