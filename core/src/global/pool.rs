@@ -379,7 +379,7 @@ impl LeasePool {
         // its time.
         match renewal {
             true => state.renewal_until = send_by + self.claim_ttl,
-            false => state.refresh_until = send_by + self.claim_ttl,
+            false => state.refresh_until = now + self.claim_ttl,
         }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
         Some(Claim { started: now, wanted, rate, window, send_by, not_before })
@@ -609,11 +609,11 @@ impl LeasePool {
     /// Ends `claim` without an answer (the callout failed), so the next
     /// request may claim again; `None` when the claim is no longer this one.
     pub fn abandon(&self, state: PoolState, claim: &Claim) -> Option<PoolState> {
-        let until = claim.send_by + self.claim_ttl;
-        if state.renewal_until == until {
+        if state.renewal_until == claim.send_by + self.claim_ttl {
             return Some(PoolState { renewal_until: Nanos::ZERO, ..state });
         }
-        (state.refresh_until == until).then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
+        (state.refresh_until == claim.started + self.claim_ttl)
+            .then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
     }
 
     /// What a response reports: this Envoy's tokens plus what the service
