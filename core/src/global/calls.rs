@@ -125,7 +125,7 @@ impl QuotaService {
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
                     window: r.claim.window,
-                    per_window: true,
+                    per_window: r.claim.per_window,
                 })
                 .collect(),
         };
@@ -276,6 +276,7 @@ mod tests {
                 window: None,
                 send_by: Nanos::ZERO,
                 not_before: Nanos::ZERO,
+                per_window: true,
             },
             sent: Nanos::ZERO,
             lease,

@@ -43,7 +43,7 @@
 //! ([`Claim::not_before`]): the answer is then a lease ahead of the next
 //! window, as above.
 
-use super::refresh::{RefreshPolicy, THIN_REQUESTS};
+use super::refresh::{RefreshPolicy, RATE_FLOOR, THIN_REQUESTS};
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
 use crate::time::{Nanos, SECOND};
 
@@ -168,6 +168,11 @@ pub struct Claim {
     /// allowance's renewal, the start of the allowance's last window (its
     /// answer, a lease ahead of the next window, must come in that one).
     pub not_before: Nanos,
+    /// Whether to ask for an allowance: once the pool's rate has been
+    /// observed for a whole [`RATE_FLOOR`] (or it holds one, to renew), so
+    /// that a hot key's first requests, which look thin, do not take
+    /// allowances it would hold for a term wherever its demand goes.
+    pub per_window: bool,
 }
 
 /// The longest a claim that no request waits for is held back to share a
@@ -241,14 +246,12 @@ impl LeasePool {
     /// after, which holds nothing and spends no later window of an
     /// allowance.
     pub fn take_unspent(&self, state: PoolState, now: Nanos) -> ([(u64, u64); 2], PoolState) {
-        let mut unspent = self.unspent(&state, now);
+        let [held, current] = self.unspent(&state, now);
         let state = self.rolled(state, now);
-        for entry in &mut unspent {
-            let allowance = entry.0 == state.lease && self.windows_left(&state);
-            if entry.1 == 0 && !allowance {
-                *entry = (0, 0);
-            }
-        }
+        let held = if held.1 > 0 { held } else { (0, 0) };
+        let allowance = current.0 != 0 && self.windows_left(&state);
+        let current = if current.1 > 0 || allowance { current } else { (0, 0) };
+        let unspent = [held, current];
         let emptied = PoolState { tokens: 0, held_tokens: 0, allowance: 0, final_index: state.window_index, ..state };
         (unspent, emptied)
     }
@@ -279,13 +282,32 @@ impl LeasePool {
         let behind = (now - state.expires_at).get() / state.slice.get().max(1);
         let steps = behind.saturating_add(1).min(state.final_index - state.window_index);
         let earliest_start = state.expires_at + state.slice.times(steps - 1);
+        // The window before keeps what it had left, held until its earliest
+        // end: usable only in the moment the two windows' spans leave
+        // between them, together with the new window's (see `gap`).
+        let left = if steps == 1 { state.tokens } else { state.allowance };
         PoolState {
             window_index: state.window_index + steps,
             tokens: state.allowance,
             starts_at: earliest_start + state.lag,
             expires_at: earliest_start + state.slice,
+            held_lease: state.lease,
+            held_tokens: left,
+            held_until: earliest_start,
             ..state
         }
+    }
+
+    /// Tokens of the window just before the current lease's usable at `now`
+    /// in the moment between that window's earliest end and the current
+    /// window's latest start (an answer's latency and the protocol's
+    /// rounding), when the pool cannot know which of the two counts: a
+    /// request then takes a token of each, so whichever window it falls in
+    /// has it counted. Only when the held tokens' window is the one just
+    /// before: the moment is shorter than a window.
+    fn gap(&self, state: &PoolState, now: Nanos) -> Option<u64> {
+        let between = self.pending(state, now) && state.held_lease != 0 && state.held_until <= now;
+        (between && state.starts_at - state.held_until < state.window).then_some(state.held_tokens)
     }
 
     /// Tokens of the current lease that count at `now`.
@@ -339,6 +361,11 @@ impl LeasePool {
             after.tokens = state.tokens - (cost - from_held).min(current);
             after.spent = after.spent.saturating_add(cost);
             Spend::Taken(self.report(&after, now))
+        } else if self.gap(&state, now).is_some_and(|gap| gap >= cost && state.tokens >= cost) {
+            after.held_tokens = state.held_tokens - cost;
+            after.tokens = state.tokens - cost;
+            after.spent = after.spent.saturating_add(cost);
+            Spend::Taken(self.report(&after, now))
         } else if now < state.denied_until {
             let report = self.report(&after, now);
             Spend::Denied(Decision::deny(report.remaining, report.reset, state.denied_until - now))
@@ -362,6 +389,11 @@ impl LeasePool {
         if !renewal && now < state.refresh_until {
             return None;
         }
+        if window.is_some() && now < state.renewal_until {
+            // The allowance's renewal is on its way: in its last window the
+            // lease in place no longer tells, so no second ask ahead.
+            return None;
+        }
         // What the pool holds now is spent first, unless the ask is for the
         // next window, where none of it counts.
         let usable = if window.is_some() { 0 } else { self.usable(state, now) };
@@ -382,7 +414,8 @@ impl LeasePool {
             false => state.refresh_until = now + self.claim_ttl,
         }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
-        Some(Claim { started: now, wanted, rate, window, send_by, not_before })
+        let per_window = state.allowance > 0 || now - state.rate_since >= RATE_FLOOR;
+        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window })
     }
 
     /// Whether a refresh is due at `now` at `rate`, for which window
@@ -453,8 +486,11 @@ impl LeasePool {
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
             return (Applied::Duplicate, state);
         }
-        if state.lease != 0 && state.leased_at >= claim_started {
-            return (Applied::Stale, state);
+        if state.lease != 0 && state.leased_at > claim_started {
+            // A newer lease is in place; this claim is over all the same.
+            let ours = state.refresh_until == claim_started + self.claim_ttl;
+            let refresh_until = if ours { Nanos::ZERO } else { state.refresh_until };
+            return (Applied::Stale, PoolState { refresh_until, ..state });
         }
         // The service's times count from its decision, which came after the
         // call left and before the answer: the tokens start no earlier, and
@@ -532,7 +568,9 @@ impl LeasePool {
         let held = self.held(&state, now);
         if held > 0 {
             leftover.returns[0] = (state.held_lease, held);
-        } else if now >= state.held_until {
+        } else if now >= state.held_until && state.held_lease != state.lease {
+            // (What an allowance's window before left is its own: not a
+            // lease that expired.)
             leftover.expired = state.held_tokens;
         }
         // Nothing more in this window: denied here until the lease in place
@@ -575,7 +613,7 @@ impl LeasePool {
                 *entry = (lease, tokens);
             }
         };
-        if state.held_lease != 0 {
+        if state.held_lease != 0 && state.held_lease != state.lease {
             hand_back(0, state.held_lease, state.held_tokens, state.held_until);
         }
         let mut held = (0, 0, Nanos::ZERO);
@@ -1163,7 +1201,7 @@ mod tests {
         let freed = p.abandon(state, &claim).unwrap();
         assert_eq!(freed.refresh_until, Nanos::ZERO);
         assert!(p.spend(freed, T0 + MS, 1).1.is_some(), "the next request claims again");
-        let other = Claim { send_by: T0 + MS, ..claim };
+        let other = Claim { started: T0 + MS, ..claim };
         assert_eq!(p.abandon(state, &other), None, "another worker's claim is left alone");
     }
 
@@ -1246,6 +1284,26 @@ mod tests {
         // After its last window: nothing.
         let (spend, _, _) = p.spend(state, T0 + SECOND.times(30) + MS.times(5), 1);
         assert!(!matches!(spend, Spend::Taken(_)));
+    }
+
+    #[test]
+    fn between_two_windows_a_request_takes_a_token_of_each() {
+        let (p, state) = allowance(3);
+        // One spent in window 4; the moment after its earliest end, before
+        // window 5 surely started (3 ms: the call's 2 ms and the rounding).
+        let (_, _, state) = p.spend(state, T0 + SECOND.times(4) + MS.times(500), 1);
+        let between = T0 + SECOND.times(5) + MS;
+        let (spend, claim, after) = p.spend(state, between, 1);
+        assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+        assert_eq!(claim, None);
+        assert_eq!((after.held_tokens, after.tokens), (1, 2), "one of window 4's two left, one of window 5's three");
+        let (_, _, after) = p.spend(after, between, 1);
+        let (spend, _, _) = p.spend(after, between, 1);
+        assert_eq!(spend, Spend::Empty, "window 4 has none left for the moment");
+        // Once window 5 surely started: its own, what the moment left of it.
+        let (spend, _, after) = p.spend(after, T0 + SECOND.times(5) + MS.times(3), 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        assert_eq!(after.tokens, 0);
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub const RESERVED_SHARE: (u64, u64) = (3, 4);
 /// The largest part of the limit one allowance may hold: one proxy's share
 /// of a key far below its limit is small; a proxy that needs more is better
 /// served by leases of one window, which follow its demand.
-pub const ALLOWANCE_SHARE_DIVISOR: u64 = 8;
+pub const ALLOWANCE_SHARE_DIVISOR: u64 = 4;
 
 /// Whether an allowance of `units` per window fits a key of `limit` of
 /// which `used` is counted in the window that counts now, with the
@@ -366,11 +366,11 @@ mod tests {
 
     #[test]
     fn an_allowance_is_a_small_share_of_a_key_far_below_its_limit() {
-        assert!(far_below(12, 40, 100));
-        assert!(!far_below(13, 40, 100), "more than an eighth");
-        assert!(far_below(12, 75, 100));
-        assert!(!far_below(12, 76, 100), "the window is near its limit");
-        assert!(!far_below(1, 0, 7), "a limit under 8 takes none");
+        assert!(far_below(25, 40, 100));
+        assert!(!far_below(26, 40, 100), "more than a quarter");
+        assert!(far_below(25, 75, 100));
+        assert!(!far_below(25, 76, 100), "the window is near its limit");
+        assert!(!far_below(1, 0, 3), "a limit under 4 takes none");
     }
 
     #[test]

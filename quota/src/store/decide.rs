@@ -738,9 +738,9 @@ mod tests {
             stored = Some(leased.next.bytes);
         }
         assert_eq!(allowances, 7, "4 each, and 3/4 of 40 is 30");
-        // A holder's share stays small: 2 a second wants 6 a window, more
-        // than an eighth of 40.
-        assert_eq!(lease(&window, "other", None, NOW, (10, Some(2.0), None, true), SECOND).windows, 0);
+        // A holder's share stays small: 5 a second wants 11 a window, more
+        // than a quarter of 40.
+        assert_eq!(lease(&window, "other", None, NOW, (10, Some(5.0), None, true), SECOND).windows, 0);
         // A window already near its limit takes no new allowance.
         let (_, busy) = check(&window, None, NOW, 27);
         assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
