@@ -168,7 +168,7 @@ async fn bad_requests_get_a_4xx_naming_the_problem_and_nothing_crashes() {
             "missing field `id`".into(),
         ),
         ("/v1/return", br#"{"domain":"test","returns":[]}"#.to_vec(), 400, "returns must not be empty".into()),
-        ("/v1/check", vec![b' '; 70_000], 413, "larger than 65536 bytes".into()),
+        ("/v1/check", vec![b' '; 270_000], 413, "larger than 262144 bytes".into()),
         ("/nope", b"{}".to_vec(), 404, "no such endpoint".into()),
     ];
     for (path, body, status, message) in cases {
