@@ -273,26 +273,30 @@ pub struct LeaseRecord {
     pub granted_at: Nanos,
     /// Given back already: later returns give back nothing.
     pub returned: bool,
+    /// What its return gave back (a replay of the return repeats it).
+    pub given_back: u64,
     /// When the tokens stop being usable.
     pub valid_until: Nanos,
     /// When the record stops counting (and may be forgotten).
     pub expires_at: Nanos,
 }
 
-/// First byte of a record in the current layout.
-const RECORD_FORMAT: u8 = 3;
-const RECORD_HEAD: usize = 2 + 7 * 8;
+/// First byte of a record in the current layout (4: format 3 and, last of
+/// the head's words, what the return gave back; format 3 is still read, as
+/// having given back 0).
+const RECORD_FORMAT: u8 = 4;
+const RECORD_FORMAT_3: u8 = 3;
 /// The record keeps the period in microseconds, as its layout did from the start.
 const MICROSECOND: u64 = 1_000;
 
 impl LeaseRecord {
     /// Bytes: [`RECORD_TAG`], [`RECORD_FORMAT`], returned flag, then limit, period (µs),
-    /// window, granted, granted_at, valid_until, expires_at as little-endian
+    /// window, granted, granted_at, valid_until, expires_at, given_back as little-endian
     /// u64, the algorithm's name (a length byte, then the name), its fields
     /// (a little-endian u16 length, then the JSON), then the bucket key.
     pub fn encode(&self) -> Vec<u8> {
         let (name, fields) = (self.limit.algorithm().name.as_bytes(), self.limit.fields().as_bytes());
-        let mut out = Vec::with_capacity(1 + RECORD_HEAD + 3 + name.len() + fields.len() + self.bucket.len());
+        let mut out = Vec::with_capacity(1 + 2 + 8 * 8 + 3 + name.len() + fields.len() + self.bucket.len());
         out.push(RECORD_TAG);
         out.push(RECORD_FORMAT);
         out.push(u8::from(self.returned));
@@ -304,6 +308,7 @@ impl LeaseRecord {
             self.granted_at.get(),
             self.valid_until.get(),
             self.expires_at.get(),
+            self.given_back,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -319,21 +324,27 @@ impl LeaseRecord {
     /// Reads [`LeaseRecord::encode`]'s bytes; `None` for anything else.
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let (&tag, bytes) = bytes.split_first()?;
-        if !matches!(tag, RECORD_TAG | UNTAGGED) || *bytes.first()? != RECORD_FORMAT {
+        let words = match *bytes.first()? {
+            RECORD_FORMAT => 8,
+            RECORD_FORMAT_3 => 7,
+            _ => return None,
+        };
+        if !matches!(tag, RECORD_TAG | UNTAGGED) {
             return None;
         }
+        let head: usize = 2 + words * 8;
         let returned = *bytes.get(1)? == 1;
         let word = |i: usize| -> Option<u64> {
             let raw: [u8; 8] = bytes.get(2 + i * 8..2 + i * 8 + 8)?.try_into().ok()?;
             Some(u64::from_le_bytes(raw))
         };
         let text = |range: std::ops::Range<usize>| std::str::from_utf8(bytes.get(range)?).ok();
-        let name_len = usize::from(*bytes.get(RECORD_HEAD)?);
-        let name_end = RECORD_HEAD + 1 + name_len;
+        let name_len = usize::from(*bytes.get(head)?);
+        let name_end = head + 1 + name_len;
         let fields_len = usize::from(u16::from_le_bytes(bytes.get(name_end..name_end + 2)?.try_into().ok()?));
         let fields_end = name_end + 2 + fields_len;
         let period = Nanos::from_micros(word(1)?);
-        let limit = Limit::new(text(RECORD_HEAD + 1..name_end)?, word(0)?, period, text(name_end + 2..fields_end)?);
+        let limit = Limit::new(text(head + 1..name_end)?, word(0)?, period, text(name_end + 2..fields_end)?);
         Some(LeaseRecord {
             limit: limit.ok()?,
             window: word(2)?,
@@ -342,6 +353,7 @@ impl LeaseRecord {
             valid_until: Nanos(word(5)?),
             expires_at: Nanos(word(6)?),
             returned,
+            given_back: if words == 8 { word(7)? } else { 0 },
             bucket: text(fields_end..bytes.len())?.to_string(),
         })
     }
@@ -417,6 +429,7 @@ mod tests {
                 granted: 3,
                 granted_at: NOW - Nanos(5),
                 returned: true,
+                given_back: 2,
                 valid_until: NOW + Nanos(1),
                 expires_at: NOW + Nanos(2),
             };
