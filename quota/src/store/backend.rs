@@ -88,9 +88,9 @@ pub struct Registration {
 }
 
 /// Where a backend hands back each batch it ran: the batch's callers learn
-/// its outcome, its lanes are released, and the batches that could not
-/// start before run (on the same task for an inline store, else on a task
-/// of their own at once).
+/// its outcome and its lanes are released; the batches that can start then
+/// run as one round once the backend flushes (see [`Finisher::flush`]), or
+/// when its round ends.
 pub struct Finisher {
     backend: Arc<dyn Backend>,
     lanes: Arc<Lanes>,
@@ -108,12 +108,21 @@ impl Finisher {
     pub fn finish(&self, batch: Batch, outcome: &Result<(), StoreFailure>) {
         let lanes = batch.finish(outcome);
         let ready = self.lanes.release(&lanes);
-        if ready.is_empty() {
+        if !ready.is_empty() {
+            self.later.lock().unwrap_or_else(|p| p.into_inner()).extend(ready);
+        }
+    }
+
+    /// Starts what the batches ended so far let start, as one round on a
+    /// task of its own, without waiting for the rest of this round (a
+    /// backend calls it after each answer that ended batches; an inline
+    /// store's rounds end at once, and start the next themselves).
+    pub fn flush(&self) {
+        if self.backend.inline() {
             return;
         }
-        if self.backend.inline() {
-            self.later.lock().unwrap_or_else(|p| p.into_inner()).extend(ready);
-        } else {
+        let ready = self.take_later();
+        if !ready.is_empty() {
             tokio::spawn(drive(Arc::clone(&self.backend), Arc::clone(&self.lanes), ready));
         }
     }

@@ -206,7 +206,13 @@ impl Lanes {
     pub fn submit(&self, jobs: Vec<Job>) -> Vec<Batch> {
         let mut queues = lock(&self.queues);
         let mut touched = Vec::new();
+        let mut keyless = Vec::new();
         for job in jobs {
+            if job.keys.is_empty() {
+                // Nothing to wait for (and no lane that would ever start it).
+                keyless.push(Batch::new(vec![job], Vec::new()));
+                continue;
+            }
             let mut lanes: Vec<u64> = Vec::with_capacity(job.keys.len());
             for key in &job.keys {
                 let lane = self.lane_of(key);
@@ -224,7 +230,8 @@ impl Lanes {
             }
             queues.waiting.insert(id, Waiting { job, lanes });
         }
-        queues.ready_batches(touched)
+        keyless.extend(queues.ready_batches(touched));
+        keyless
     }
 
     /// Frees the lanes a finished batch held; returns the batches that can

@@ -362,3 +362,26 @@ pub fn group_of(key: &str) -> &str {
 /// What a transaction writes: per key, the new bytes and when they become
 /// idle (`None`: leave the key as it is).
 pub type Writes = Vec<Option<Next>>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_addresses_name_their_backend_once() {
+        let backend = |text: &str| text.parse::<StoreSpec>().map(|spec| spec.backend.name);
+        assert_eq!(backend("memory"), Ok("memory"));
+        for address in ["redis://127.0.0.1:6379/0", "rediss://h:1/", "redis+unix:///tmp/r.sock", "redis+cluster://h:1"]
+        {
+            assert_eq!(backend(address), Ok("redis"), "{address}");
+        }
+        let refused = backend("memcached://h:1").unwrap_err();
+        assert!(refused.contains("`memory` or a redis:// URL") && refused.contains("memcached"), "{refused}");
+    }
+
+    #[test]
+    fn a_keys_group_is_its_hash_tag() {
+        assert_eq!(group_of(r#"fg:{edge}:fw:[["k","{v}"]]"#), "edge");
+        assert_eq!(group_of("fg:{}x}:lease:a"), "fg:{}x}:lease:a");
+    }
+}

@@ -501,18 +501,23 @@ impl RedisStore {
             open.push(Open { batch, known, lost: 0, writes: None, versions: Vec::new() });
         }
         if open.is_empty() {
+            done.flush();
             return;
         }
         self.transactions.fetch_add(open.len() as u64, Ordering::Relaxed);
         let deadline = open.iter().filter_map(|o| o.batch.deadline).min().unwrap_or_else(|| self.deadline_now());
         let failure = match tokio::time::timeout_at(deadline, self.attempts(&tag, &mut open, &done)).await {
-            Ok(Ok(())) => return,
-            Ok(Err(failure)) => failure,
-            Err(_) => StoreFailure::Timeout,
+            Ok(Ok(())) => None,
+            Ok(Err(failure)) => Some(failure),
+            Err(_) => Some(StoreFailure::Timeout),
         };
-        for o in open {
-            done.finish(o.batch, &Err(failure.clone()));
+        if let Some(failure) = failure {
+            for o in open {
+                done.finish(o.batch, &Err(failure.clone()));
+            }
         }
+        // Whatever these batches' ends let start goes now, as one round.
+        done.flush();
     }
 
     /// When a call made now must have its answer (`--store-timeout`).
@@ -571,10 +576,14 @@ impl RedisStore {
                 }
             }
             let mut still = Vec::with_capacity(open.len());
+            let mut garbled = false;
             for (mut o, group) in open.drain(..).zip(reply.groups) {
                 let written = match group {
                     // A read is never written (no key has the version it sends).
-                    Group::Written if o.writes.is_none() => return Err(bad_reply("cas.lua")),
+                    Group::Written if o.writes.is_none() => {
+                        garbled = true;
+                        false
+                    }
                     Group::Written => true,
                     Group::Changed(current) => {
                         if applied(&current, &o.versions) {
@@ -599,6 +608,10 @@ impl RedisStore {
                 }
             }
             *open = still;
+            done.flush();
+            if garbled {
+                return Err(bad_reply("cas.lua"));
+            }
             now = Some(self.options.clock.as_ref().map_or(reply.time, |clock| clock.now()));
             let lost = open.iter().map(|o| o.lost).max().unwrap_or(0);
             if lost > 1 {
