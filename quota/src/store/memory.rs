@@ -334,7 +334,13 @@ impl LocalStore {
         }
         let mut taken: Vec<&(String, usize)> = Vec::with_capacity(shares.len());
         for share in &shares {
-            if !self.take_share(&share.0, share.1) {
+            // Records past their time still hold their places until
+            // dropped: when the share is full, drop what is due, then look again.
+            let fits = self.take_share(&share.0, share.1) || {
+                self.make_room(share.1, &mut held, now);
+                self.take_share(&share.0, share.1)
+            };
+            if !fits {
                 taken.iter().for_each(|(bucket, n)| self.give_share(bucket, *n));
                 return Err(StoreFailure::Full(Room::BucketRecords));
             }
@@ -427,7 +433,7 @@ impl Backend for LocalStore {
 mod tests {
     use super::*;
     use crate::config::Limit;
-    use crate::store::{BucketCheck, QuotaStore};
+    use crate::store::{BucketCheck, BucketLease, QuotaStore};
     use floodgate_core::time::{FakeClock, SECOND};
 
     const T0: Nanos = Nanos(1_700_002_800 * SECOND.get());
@@ -508,5 +514,35 @@ mod tests {
         assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
         clock.advance(SECOND.times(2));
         assert_eq!(memory(&store).sweep(), 1);
+    }
+
+    /// A bucket's lease records take at most a sixteenth of the records'
+    /// room; records that expire give their places back.
+    #[tokio::test]
+    async fn one_buckets_records_have_a_share_and_give_it_back() {
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = store(&clock, 64);
+        let big = Limit::new("fixed_window", 1_000_000, SECOND.times(3_600), "{}").unwrap();
+        let lease = |bucket: &str, id: usize| BucketLease {
+            key: bucket.into(),
+            limit: big.clone(),
+            wanted: 1,
+            rate: None,
+            window: None,
+            record: format!("lease:{id}"),
+        };
+        let ttl = SECOND;
+        for id in 0..4 {
+            assert_eq!(store.lease(&[lease("hot", id)], ttl).await.unwrap().unwrap()[0].granted, 1);
+        }
+        assert_eq!(memory(&store).records_per_bucket(), 4);
+        assert_eq!(
+            store.lease(&[lease("hot", 4)], ttl).await,
+            Err(StoreFailure::Full(crate::store::Room::BucketRecords))
+        );
+        assert_eq!(store.lease(&[lease("calm", 5)], ttl).await.unwrap().unwrap()[0].granted, 1, "another bucket");
+        // The records expire (the lease's second and 30 s more).
+        clock.advance(SECOND.times(32));
+        assert_eq!(store.lease(&[lease("hot", 6)], ttl).await.unwrap().unwrap()[0].granted, 1, "room again");
     }
 }

@@ -14,6 +14,15 @@
 //! timeout). Keys share the domain's hash tag, so a transaction's keys sit in
 //! one Redis Cluster slot.
 //!
+//! A round of independent transactions (the leases of one call, batches
+//! freed together) goes in one script per hash tag: each transaction is a
+//! group of keys with its own compare-and-swap, written or answered on its
+//! own, so 200 leases cost one round trip and one lost race holds no other.
+//! With `--redis-clock local` the instance decides only while its clock is
+//! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script that writes leaves a
+//! mark of what it wrote, so that a resend after a dropped connection does
+//! not decide those groups again.
+//!
 //! Failure handling: every transaction is bounded by a timeout; the
 //! connection is made lazily, and a connection Redis dropped (a restart, a
 //! crash) is made anew at once; while it cannot be, calls fail at once as
