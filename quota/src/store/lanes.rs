@@ -350,6 +350,24 @@ impl Batch {
         writes
     }
 
+    /// The batch as one batch per job, in order (the last holds the lanes):
+    /// to decide them alone when together they could not be (a memory
+    /// store without room for all their new entries).
+    pub fn split(self) -> Vec<Batch> {
+        let Batch { keys, group, jobs, lanes, deadline } = self;
+        let count = jobs.len();
+        let mut lanes = Some(lanes);
+        jobs.into_iter()
+            .enumerate()
+            .map(|(i, (at, decide, done))| {
+                let mine: Vec<String> = at.iter().filter_map(|k| keys.get(*k).cloned()).collect();
+                let held = if i + 1 == count { lanes.take().unwrap_or_default() } else { Vec::new() };
+                let at = (0..mine.len()).collect();
+                Batch { keys: mine, group: group.clone(), jobs: vec![(at, decide, done)], lanes: held, deadline }
+            })
+            .collect()
+    }
+
     /// Tells every job how the batch ended; returns the lanes to release.
     pub fn finish(self, outcome: &Result<(), StoreFailure>) -> Vec<u64> {
         for (_, _, done) in self.jobs {

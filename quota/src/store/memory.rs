@@ -407,6 +407,16 @@ impl Backend for LocalStore {
         for mut batch in round {
             let keys = batch.keys.clone();
             let outcome = self.transact(&keys, |values, now| ((), batch.decide(values, now)));
+            if matches!(outcome, Err(StoreFailure::Full(_))) && batch.len() > 1 {
+                // No room for all their new entries: each call alone gets
+                // what room there is (the calls are independent).
+                for mut single in batch.split() {
+                    let keys = single.keys.clone();
+                    let outcome = self.transact(&keys, |values, now| ((), single.decide(values, now)));
+                    done.finish(single, &outcome);
+                }
+                continue;
+            }
             done.finish(batch, &outcome);
         }
         Box::pin(std::future::ready(()))
@@ -544,5 +554,29 @@ mod tests {
         // The records expire (the lease's second and 30 s more).
         clock.advance(SECOND.times(32));
         assert_eq!(store.lease(&[lease("hot", 6)], ttl).await.unwrap().unwrap()[0].granted, 1, "room again");
+    }
+
+    /// Leases of one call are independent: six on a bucket whose share has
+    /// room for four records are taken together, and without room for all,
+    /// each alone: four are granted (and the call fails for the other two).
+    #[tokio::test]
+    async fn leases_without_room_for_all_get_what_room_there_is() {
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = store(&clock, 64);
+        let big = Limit::new("fixed_window", 1_000_000, SECOND.times(3_600), "{}").unwrap();
+        let leases: Vec<BucketLease> = (0..6)
+            .map(|id| BucketLease {
+                key: "hot".into(),
+                limit: big.clone(),
+                wanted: 1,
+                rate: None,
+                window: None,
+                record: format!("lease:{id}"),
+            })
+            .collect();
+        assert_eq!(store.lease(&leases, SECOND).await, Err(StoreFailure::Full(crate::store::Room::BucketRecords)));
+        assert_eq!(memory(&store).len(), 1 + 4, "the bucket and four records");
+        let replayed = store.lease(&leases[..4], SECOND).await.unwrap().unwrap();
+        assert!(replayed.iter().all(|l| l.replayed && l.granted == 1), "{replayed:?}");
     }
 }
