@@ -271,7 +271,9 @@ pub struct Batch {
     jobs: Vec<(Vec<usize>, Decide, Done)>,
     /// The lanes it holds.
     lanes: Vec<u64>,
-    /// The earliest deadline of its jobs: the transaction must end by then.
+    /// The latest deadline of its jobs: the transaction must end by then.
+    /// (Each caller stops waiting at its own: a call that joined a batch
+    /// late is not cut short by an older one beside it.)
     pub deadline: Option<Instant>,
 }
 
@@ -287,7 +289,7 @@ impl Batch {
         for job in late {
             let _ = job.done.send(Err(StoreFailure::Timeout));
         }
-        let deadline = jobs.iter().filter_map(|job| job.deadline).min();
+        let deadline = jobs.iter().filter_map(|job| job.deadline).max();
         if jobs.len() == 1 {
             if let Some(job) = jobs.pop() {
                 // One job (the usual case): its keys, distinct, are the batch's.

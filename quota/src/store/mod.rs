@@ -332,7 +332,14 @@ impl QuotaStore {
         }
         let mut answers = Vec::with_capacity(waits.len());
         for (outcome, answer) in waits {
-            answers.push(lanes::answer(outcome, &answer).await);
+            let answered = lanes::answer(outcome, &answer);
+            answers.push(match deadline {
+                // Answered `timeout` then, decided or not (a 503: maybe applied).
+                Some(deadline) => {
+                    tokio::time::timeout_at(deadline, answered).await.unwrap_or(Err(StoreFailure::Timeout))
+                }
+                None => answered.await,
+            });
         }
         answers
     }

@@ -514,7 +514,7 @@ impl RedisStore {
             return;
         }
         self.transactions.fetch_add(open.len() as u64, Ordering::Relaxed);
-        let deadline = open.iter().filter_map(|o| o.batch.deadline).min().unwrap_or_else(|| self.deadline_now());
+        let deadline = open.iter().filter_map(|o| o.batch.deadline).max().unwrap_or_else(|| self.deadline_now());
         let failure = match tokio::time::timeout_at(deadline, self.attempts(&tag, &mut open, &done)).await {
             Ok(Ok(())) => None,
             Ok(Err(failure)) => Some(failure),
