@@ -439,6 +439,13 @@ mod tests {
             let mut untagged = record.encode();
             untagged[0] = UNTAGGED;
             assert_eq!(LeaseRecord::decode(&untagged), Some(record.clone()), "stored before values carried a tag");
+            // Format 3 (before records kept what their return gave back):
+            // the same without the head's last word, read as 0 given back.
+            let mut format_3 = record.encode();
+            format_3[1] = 3;
+            format_3.drain(3 + 7 * 8..3 + 8 * 8);
+            let read = LeaseRecord::decode(&format_3);
+            assert_eq!(read, Some(LeaseRecord { given_back: 0, ..record.clone() }), "format 3");
         }
         assert_eq!(LeaseRecord::decode(&[9; 80]), None);
     }
