@@ -15,8 +15,14 @@
 # gives medians over the rounds of the figures and of the per-round ratios.
 # Everything listens on 127.0.0.1 only; every row is bounded by DURATION.
 #
+# Issue 22's rows: leases per second when each call carries 1, 10 or 200
+# leases (memory, Redis), and the hot-key fairness probe (memory, Redis):
+# checks of [other, hot], calls of two leases and returns of the hot key's
+# leases (4 connections), alone and while 24 connections flood the hot key.
+#
 # Tunables: ROUNDS (5), DURATION (5s), CONNECTIONS (32), FULL_BUCKETS
-# (1000000); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
+# (1000000), ONLY (a regular expression: only the rows whose label matches,
+# e.g. ONLY='leases, |fairness' ROUNDS=1 DURATION=2s for a quick look); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
 # that binary (labelled COMPARE_LABEL), to compare designs in the same run.
 set -euo pipefail
 
@@ -24,6 +30,7 @@ ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-32}
 FULL_BUCKETS=${FULL_BUCKETS:-1000000}
+ONLY=${ONLY:-}
 # existing.lua picks among the buckets fill.py made.
 export BUCKETS=$FULL_BUCKETS
 COMPARE_BIN=${COMPARE_BIN:-}
@@ -125,18 +132,17 @@ start_service "$bin" --store memory --memory-max-buckets "$FULL_BUCKETS"
 full_port=$port
 start_service "$bin" --store memory --memory-max-buckets $((2 * FULL_BUCKETS))
 room_port=$port
-python3 "$here/fill.py" "$full_port" "$FULL_BUCKETS" full
-python3 "$here/fill.py" "$room_port" "$FULL_BUCKETS" room
 
 # The RLS call as gRPC frames: one key, like the /v1/check it is compared with.
 python3 "$here/rls_body.py" >"$scratch/rls.bin"
 printf '{"domain":"bench","descriptors":[[["user","u1"]]],"hits":1}' >"$scratch/check.json"
 
-# One wrk run: label, script, port, connections. Appends a row to rows.
+# One wrk run: label, script, port, connections[, units per request: the
+# rate is requests/s times it]. Appends a row to rows.
 wrk_row() {
   local out rps p50 p99 errors
   out=$(pin 1 wrk -t1 -c"$4" -d"$DURATION" --latency -s "$here/$2.lua" "http://127.0.0.1:$3")
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
+  rps=$(awk -v per="${5:-1}" '/^Requests\/sec:/ {printf "%.2f", $2 * per}' <<<"$out")
   p50=$(awk '$1 == "50%" {print $2}' <<<"$out")
   p99=$(awk '$1 == "99%" {print $2}' <<<"$out")
   errors=$(awk '/Non-2xx/ {print $NF}' <<<"$out")
@@ -181,6 +187,29 @@ PY
   printf '%-34s %12s %10s %10s %8s\n' "$label" "$rps" "$p50" "$p99" "${errors:-0}"
 }
 
+# Leases per second with LEASES per call: label, port, leases per call.
+# About as many leases in flight for every size (at most 640, and at least
+# two calls): 32 connections of 1 or 10 leases, 3 of 200 (32 calls of 200
+# would queue 6,400 leases behind each other, past --store-timeout).
+leases_row() {
+  local connections=$((640 / $3))
+  ((connections > CONNECTIONS)) && connections=$CONNECTIONS
+  ((connections < 2)) && connections=2
+  LEASES=$3 wrk_row "$1" leases "$2" "$connections" "$3"
+}
+
+# The fairness probe alone, then while the hot key is flooded: store label,
+# port. The flood outlasts the probe.
+fairness_rows() {
+  wrk_row "$1 fairness probe, alone" probe "$2" 4
+  (pin 1 wrk -t1 -c24 -d"$((${DURATION%s} + 1))s" -s "$here/hot.lua" "http://127.0.0.1:$2" >/dev/null) &
+  local flood=$!
+  pids+=($flood)
+  sleep 0.3
+  wrk_row "$1 fairness probe, hot key flooded" probe "$2" 4
+  wait "$flood" || true
+}
+
 rls_ok() { curl -s "http://127.0.0.1:$memory_port/metrics" | awk -F' ' '/^floodgate_quota_requests_total\{endpoint="rls",status="OK"\}/ {print $2}'; }
 
 rows=(
@@ -194,10 +223,30 @@ rows=(
   "existing_row 'memory 10^6 full, existing' $full_port"
   "h2load_row 'memory check, one key (h2load)' http://127.0.0.1:$memory_port/v1/check $scratch/check.json --h1 -H 'content-type: application/json'"
   "h2load_row 'memory RLS gRPC, one key (h2load)' http://127.0.0.1:$grpc_port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit $scratch/rls.bin -H 'content-type: application/grpc' -H 'te: trailers'"
+  "leases_row 'memory leases, 1 per call' $memory_port 1"
+  "leases_row 'memory leases, 10 per call' $memory_port 10"
+  "leases_row 'memory leases, 200 per call' $memory_port 200"
+  "leases_row 'redis leases, 1 per call' $redis_service_port 1"
+  "leases_row 'redis leases, 10 per call' $redis_service_port 10"
+  "leases_row 'redis leases, 200 per call' $redis_service_port 200"
+  "fairness_rows memory $memory_port"
+  "fairness_rows redis $redis_service_port"
 )
 if [ -n "$compare_port" ]; then
   rows+=("wrk_row 'redis ($COMPARE_LABEL) check' check $compare_port $CONNECTIONS")
   rows+=("wrk_row 'redis ($COMPARE_LABEL) lease' lease $compare_port $CONNECTIONS")
+fi
+if [ -n "$ONLY" ]; then
+  kept=()
+  for row in "${rows[@]}"; do
+    if [[ $row =~ $ONLY ]]; then kept+=("$row"); fi
+  done
+  rows=("${kept[@]}")
+fi
+# The 10⁶-bucket stores are filled only for the rows that use them.
+if [[ "${rows[*]}" == *existing_row* ]]; then
+  python3 "$here/fill.py" "$full_port" "$FULL_BUCKETS" full
+  python3 "$here/fill.py" "$room_port" "$FULL_BUCKETS" room
 fi
 
 rls_before=$(rls_ok)

@@ -45,9 +45,14 @@ def verdict(ok):
     return "met" if ok else "MISSED"
 
 
+def medians(label, column):
+    values = [rnd[label][column] for rnd in rounds.values() if label in rnd]
+    return med(values) if values else float("nan")
+
+
 print()
 print(f"{'target (issue 16)':58} {'measured':>10}  verdict")
-memory = med([rnd["memory check"][0] for rnd in rounds.values() if "memory check" in rnd])
+memory = medians("memory check", 0)
 print(f"{'memory checks/s on one service core >= 100,000':58} {memory:10.0f}  {verdict(memory >= 100_000)}")
 for store in ("redis", "redis-cluster"):
     for call, floor in (("check", 0.6), ("lease", 0.5)):
@@ -66,3 +71,18 @@ for label in labels:
     if label.startswith("redis (") and label.endswith(" lease"):
         value = ratio(label, "redis lease", 0)
         print(f"{label + ' / redis lease (rate)':58} {value:10.2f}  (comparison)")
+
+print()
+print(f"{'issue 22: leases per second (one service core)':58} {'measured':>10}")
+for store in ("memory", "redis"):
+    for per_call in (1, 10, 200):
+        label = f"{store} leases, {per_call} per call"
+        print(f"{label:58} {medians(label, 0):10.0f}  (measured)")
+print()
+print(f"{'issue 22: hot-key fairness (probe p99 flooded / alone <= 3, 0 failures)':58} {'measured':>10}  verdict")
+for store in ("memory", "redis"):
+    alone, flooded = f"{store} fairness probe, alone", f"{store} fairness probe, hot key flooded"
+    value = ratio(flooded, alone, 2)
+    failures = sum(rnd[flooded][3] + rnd[alone][3] for rnd in rounds.values() if flooded in rnd and alone in rnd)
+    ok = value <= 3 and failures == 0
+    print(f"{store + ' probe p99 ratio, failures ' + str(failures):58} {value:10.2f}  {verdict(ok)}")

@@ -17,7 +17,7 @@ use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::rls::{GrpcArgs, RlsOptions, RlsService};
 use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
-use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore, CLUSTER_SCHEME};
+use floodgate_quota::store::{StoreOptions, StoreSpec};
 
 /// Floodgate's central quota service: fleet-wide rate limits for many Envoys.
 #[derive(Debug, Parser)]
@@ -35,7 +35,7 @@ struct Cli {
     /// Where counters live: `memory`, a Redis URL (`redis://host:port/db`),
     /// or a Redis Cluster's seed nodes (`redis+cluster://host:port,host:port…`).
     #[arg(long, default_value = "memory", value_name = "memory|redis://…|redis+cluster://…")]
-    store: String,
+    store: StoreSpec,
 
     /// Require `Authorization: Bearer TOKEN` on API calls.
     #[arg(long, env = "FLOODGATE_QUOTA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
@@ -170,24 +170,12 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
     let domains = Domains::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let store = if cli.store == "memory" {
-        QuotaStore::Memory(LocalStore::new(clock.clone(), cli.memory_max_buckets))
-    } else if cli.store.starts_with("redis://")
-        || cli.store.starts_with("rediss://")
-        || cli.store.starts_with("redis+unix://")
-        || cli.store.starts_with(CLUSTER_SCHEME)
-    {
-        let options = RedisOptions {
-            timeout: cli.store_timeout,
-            clock: (cli.redis_clock == ClockChoice::Local).then(|| clock.clone()),
-        };
-        QuotaStore::Redis(Arc::new(RedisStore::new(&cli.store, options)?))
-    } else {
-        return Err(format!(
-            "--store must be `memory`, a redis:// URL or {CLUSTER_SCHEME}host:port[,host:port…], not {:?}",
-            cli.store
-        ));
-    };
+    let store = cli.store.open(&StoreOptions {
+        clock: clock.clone(),
+        timeout: cli.store_timeout,
+        local_clock: cli.redis_clock == ClockChoice::Local,
+        max_entries: cli.memory_max_buckets,
+    })?;
     let metrics = Metrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
     let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));
     tracing::info!(domains = service.domains().len(), store = service.store().name(), "limits loaded");
@@ -201,11 +189,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tick.tick().await;
-            if let QuotaStore::Memory(m) = sweeper.store() {
-                let dropped = m.sweep();
-                if dropped > 0 {
-                    tracing::debug!(dropped, "idle buckets dropped");
-                }
+            let dropped = sweeper.store().sweep();
+            if dropped > 0 {
+                tracing::debug!(dropped, "idle entries dropped");
             }
         }
     });

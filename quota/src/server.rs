@@ -151,6 +151,7 @@ impl HttpBody for DeadlineBody {
 /// [`Limits::shutdown_deadline`] and closes what is left.
 pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: impl Future<Output = ()>) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let probes = Arc::new(Semaphore::new(PROBES));
     let peers = Arc::new(Peers::default());
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -172,11 +173,19 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                     }
                 };
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
-                    refuse(&stream, &app, "the connection cap is reached");
+                    match app {
+                        App::Http(_) => refuse_unless_health(stream, &probes, "the connection cap is reached"),
+                        App::Grpc(_) => refuse(&stream, &app, "the connection cap is reached"),
+                    }
                     continue;
                 };
                 let Some(slot) = Peers::take(&peers, peer.ip(), limits.peer_share()) else {
-                    refuse(&stream, &app, "the peer holds its share of connections");
+                    match app {
+                        App::Http(_) => {
+                            refuse_unless_health(stream, &probes, "the peer holds its share of connections");
+                        }
+                        App::Grpc(_) => refuse(&stream, &app, "the peer holds its share of connections"),
+                    }
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
@@ -439,6 +448,60 @@ fn refuse(stream: &TcpStream, app: &App, why: &str) {
         let _ = stream.try_write(REFUSAL);
     }
 }
+
+/// Connections beyond the caps that may still be asked what they want, at
+/// once: enough for probes, too few to matter as load.
+const PROBES: usize = 32;
+
+/// How long a connection beyond the caps has to send its request line.
+const PROBE_READ: Duration = Duration::from_millis(250);
+
+/// Health is the process serving, not the connection load: a probe's
+/// `GET /healthz` is answered `200` even when the caps are full (a liveness
+/// probe must not restart a serving instance whose connections a flood
+/// holds). Beyond the caps a connection is given [`PROBE_READ`] to send its
+/// request line, one of [`PROBES`] at a time; `/healthz` gets `ok`, anything
+/// else (or nothing by then, or no place to wait) the refusal.
+fn refuse_unless_health(stream: TcpStream, probes: &Arc<Semaphore>, why: &'static str) {
+    let Ok(place) = Arc::clone(probes).try_acquire_owned() else {
+        tracing::debug!(why, "connection refused");
+        let _ = stream.try_write(REFUSAL);
+        return;
+    };
+    tokio::spawn(async move {
+        let _place = place;
+        let mut stream = stream;
+        if asks_for_health(&mut stream).await {
+            use tokio::io::AsyncWriteExt;
+            let _ = tokio::time::timeout(PROBE_READ, stream.write_all(HEALTHY)).await;
+        } else {
+            tracing::debug!(why, "connection refused");
+            let _ = stream.try_write(REFUSAL);
+        }
+    });
+}
+
+/// Whether the request line that arrives within [`PROBE_READ`] is `GET /healthz`.
+async fn asks_for_health(stream: &mut TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    const LINE: &[u8] = b"GET /healthz";
+    let mut head = [0u8; LINE.len() + 1];
+    let mut got = 0;
+    let read = async {
+        while got < head.len() {
+            match stream.read(&mut head[got..]).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(PROBE_READ, read).await;
+    got == head.len() && head.starts_with(LINE) && matches!(head.last(), Some(b' ' | b'?'))
+}
+
+/// `/healthz`'s answer to a probe beyond the caps.
+const HEALTHY: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: 3\r\nconnection: close\r\n\r\nok\n";
 
 #[cfg(test)]
 mod tests {

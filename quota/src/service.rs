@@ -292,10 +292,11 @@ impl Service {
             false => self.timed("lease", self.store.lease(&items, ttl)).await?.map_err(|in_use| {
                 let at = plan.iter().position(|p| matches!(p, Ok((i, _, _)) if *i == in_use.index)).unwrap_or(0);
                 let id = req.leases.get(at).map_or("", |l| l.id.as_str());
+                // Only the id: the lease it names may be another caller's,
+                // its descriptor values an address or a user.
                 ApiError::IdInUse(format!(
-                    "leases[{at}].id {id:?} is the id of a lease granted for another descriptor (bucket {}): a retry \
-                     must repeat the lease it retries, and a new lease needs an id of its own",
-                    in_use.bucket
+                    "leases[{at}].id {id:?} is the id of a lease granted for another descriptor: a retry must \
+                     repeat the lease it retries, and a new lease needs an id of its own"
                 ))
             })?,
         };
@@ -372,12 +373,30 @@ impl Service {
             .iter()
             .map(|r| LeaseReturn { record: lease_key(&domain.name, &r.id), tokens: r.tokens })
             .collect();
-        let outcomes = self.timed("return", self.store.give_back(&items)).await?;
+        let limit_now = |bucket: &str| limit_of_bucket(domain, bucket);
+        let outcomes = self.timed("return", self.store.give_back(&items, &limit_now)).await?;
         if outcomes.len() != items.len() {
             return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer leases".into())));
         }
         let returned: Vec<u64> = outcomes.iter().map(|o| o.returned).collect();
-        self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(returned.iter().sum());
+        // A replay repeats what its return gave back: counted once, then.
+        let new: u64 = outcomes.iter().filter(|o| !o.replayed).map(|o| o.returned).sum();
+        self.metrics.tokens_returned.with_label_values(&[&domain.name]).inc_by(new);
         Ok(ReturnResponse { returned, replayed: outcomes.iter().map(|o| o.replayed).collect() })
+    }
+}
+
+/// The limit in force now for the bucket stored under `key` in `domain`
+/// (see [`bucket_key`]): the rule its descriptor matches, if it is still of
+/// the bucket's algorithm.
+fn limit_of_bucket(domain: &Domain, key: &str) -> Option<Limit> {
+    let rest = key.strip_prefix("fg:{")?.strip_prefix(domain.name.as_str())?.strip_prefix("}:")?;
+    let (_, entries) = rest.split_once(':')?;
+    let descriptor: Vec<(String, String)> = serde_json::from_str(entries).ok()?;
+    match domain.rule_for(&descriptor)? {
+        DescriptorRule::Limited { limit, .. } if bucket_key(&domain.name, limit, &descriptor) == key => {
+            Some(limit.clone())
+        }
+        _ => None,
     }
 }

@@ -379,9 +379,12 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     assert_eq!(returned, json!({"returned": [100, 0]}), "an unknown lease gives back nothing");
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
-    // A lease gives back once: a retried return is harmless.
+    // A lease gives back once: a retried return is harmless (a replay,
+    // repeating what the first gave back: issue 22, finding 5).
     let returned = f.give_back(give_back("r1", 100)).await;
-    assert_eq!(returned["returned"][0], 0, "a second return of a lease gives back nothing");
+    assert_eq!(returned, json!({"returned": [100], "replayed": [true]}), "a second return of a lease is a replay");
+    let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 600, "and gives back nothing more");
     // Never more than the lease granted.
     f.lease(lease_as("r3", "big", "r", 1_000, 100_000.0)).await;
     let returned = f.give_back(give_back("r3", 10_000)).await;
@@ -510,7 +513,9 @@ async fn a_lease_id_replays_only_its_own_lease(backend: Backend) {
         assert_eq!(status, 422, "{body}");
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(r#"leases[0].id "x""#) && error.contains("another descriptor"), "{error}");
-        assert!(error.contains(r#"[["big","a"]]"#), "names the lease's own descriptor: {error}");
+        // Issue 22, finding 5: the lease named is another caller's: its id
+        // only, never its bucket (descriptor values: an address, a user).
+        assert!(!error.contains(r#""big""#) && !error.contains("fg:{"), "names only the id: {error}");
         assert_eq!(f.check(check(json!([[["fw", "b"]]]), 0)).await["results"][0]["remaining"], 3, "nothing taken");
         f.give_back(give_back("x", 100)).await;
     }
@@ -530,7 +535,34 @@ async fn a_retried_return_says_it_was_returned_already(backend: Backend) {
     let retried = f
         .give_back(json!({"domain": "test", "returns": [{"id": "once", "tokens": 10}, {"id": "never", "tokens": 1}]}))
         .await;
-    assert_eq!(retried, json!({"returned": [0, 0], "replayed": [true, false]}));
+    // Issue 22, finding 5: a replay repeats what the first return gave
+    // back (a first attempt that timed out but was applied told nobody).
+    assert_eq!(retried, json!({"returned": [10, 0], "replayed": [true, false]}));
+}
+
+/// Issue 22, finding 5: after a reload lowers a token bucket's burst, a
+/// return says what the bucket has again under the limit now in force (the
+/// new burst), not what the lease's old limit would have held, and the
+/// metric counts the same.
+async fn a_return_after_a_lower_burst_says_what_really_went_back(backend: Backend) {
+    let yaml = |burst: u64| {
+        format!(
+            "domain: test\ndescriptors:\n  - key: b\n    rate_limit: {{unit: hour, requests_per_unit: 1, \
+             algorithm: token_bucket, burst: {burst}}}\n"
+        )
+    };
+    let f = Fixture::new(backend, &yaml(50)).await;
+    let granted = f.lease(lease_as("l", "b", "x", 50, 1000.0)).await["leases"][0]["granted"].as_u64().unwrap();
+    assert!(granted > 10, "{granted}");
+    assert_eq!(f.check(check(json!([[["b", "x"]]]), 50 - granted)).await["allowed"], true);
+    f.service.set_domains(common::domains(&yaml(10)));
+    let back = f.give_back(give_back("l", granted)).await;
+    assert_eq!(back, json!({"returned": [10]}), "the bucket holds at most the new burst");
+    for _ in 0..10 {
+        assert_eq!(f.check(check(json!([[["b", "x"]]]), 1)).await["allowed"], true);
+    }
+    assert_eq!(f.check(check(json!([[["b", "x"]]]), 1)).await["allowed"], false, "10 went back, no more");
+    assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_returned_total{domain="test"} 10"#));
 }
 
 /// Every offered algorithm, through the service, answers exactly what the
@@ -645,7 +677,10 @@ async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Back
         let r = f.check(check(json!([[[key, "l"]]]), 0)).await;
         assert_eq!(r["results"][0]["remaining"], oracle.peek(now).remaining, "{name}: {r}");
         assert_eq!(r["results"][0]["reset_ms"], ms_up(oracle.peek(now).reset), "{name}: {r}");
-        assert_eq!(f.give_back(give_back(&id, 1)).await["returned"][0], 0, "{name}: once");
+        let again = f.give_back(give_back(&id, 1)).await;
+        assert_eq!(again, json!({"returned": [freed], "replayed": [true]}), "{name}: once, then replays");
+        let r = f.check(check(json!([[[key, "l"]]]), 0)).await;
+        assert_eq!(r["results"][0]["remaining"], oracle.peek(now).remaining, "{name}: once: {r}");
     }
 }
 
@@ -735,7 +770,8 @@ async fn leases_ahead_replay_and_return_into_their_own_window(backend: Backend) 
     );
     // Before its window starts: off the booking, whole, once.
     assert_eq!(f.give_back(give_back("ahead-1", 15)).await["returned"][0], 15);
-    assert_eq!(f.give_back(give_back("ahead-1", 15)).await["returned"][0], 0, "a lease gives back once");
+    let again = f.give_back(give_back("ahead-1", 15)).await;
+    assert_eq!(again, json!({"returned": [15], "replayed": [true]}), "a lease gives back once, then replays");
     // Half of the 75 the next window has left now.
     assert_eq!(f.lease(ahead("ahead-2")).await["leases"][0]["granted"], 38);
     f.clock.set(T0 + SECOND + MS.times(10));
@@ -869,6 +905,7 @@ with_all_stores!(
     a_lease_retried_with_its_id_is_not_granted_twice,
     a_lease_id_replays_only_its_own_lease,
     a_retried_return_says_it_was_returned_already,
+    a_return_after_a_lower_burst_says_what_really_went_back,
     the_tail_of_a_window_is_paced_per_time_not_per_call,
     every_algorithm_checks_exactly_as_the_core_decides,
     every_algorithm_leases_and_takes_returns_as_the_core_does,
@@ -892,7 +929,16 @@ async fn redis_clock_mode_decides_and_keys_expire() {
     let retry = r["retry_after_ms"].as_u64().unwrap();
     assert!(retry > 0 && retry <= 60_000, "{retry}");
     let mut conn = f.redis.as_ref().unwrap().connection();
-    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
+    // Beside the bucket, each write's mark (issue 22: a resent script knows
+    // what its first send wrote), in the domain's hash tag, gone within the
+    // store timeout and a second.
+    for mark in keys.iter().filter(|k| k.contains(":tx:")) {
+        assert!(mark.starts_with("fg:{test}:tx:"), "{mark}");
+        let ttl: i64 = ::redis::cmd("PTTL").arg(mark).query(&mut conn).unwrap();
+        assert!(ttl > 0 && ttl <= 3_000, "marks expire: {ttl}");
+    }
+    keys.retain(|k| !k.contains(":tx:"));
     assert_eq!(keys, vec![r#"fg:{test}:fw:[["fw","a"]]"#.to_string()]);
     let ttl: i64 = ::redis::cmd("PTTL").arg(&keys[0]).query(&mut conn).unwrap();
     assert!(ttl > 0 && ttl <= 61_000, "idle keys expire: {ttl}");

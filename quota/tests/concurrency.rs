@@ -138,15 +138,15 @@ async fn two_instances_race_on_one_key_through_one_round_trip() {
 
     let redis = common::RedisServer::start();
     let instance = || {
-        let options = RedisOptions { timeout: std::time::Duration::from_secs(5), clock: None };
+        let options = RedisOptions::redis_clock(std::time::Duration::from_secs(5));
         Arc::new(RedisStore::new(&redis.url(), options).unwrap())
     };
     let (a, b) = (instance(), instance());
     // 2000 a year: nothing is earned back during the test.
     let limit = Limit::new("token_bucket", 2_000, SECOND.times(365 * 86_400), "{}").unwrap();
     let item = [BucketCheck { key: "fg:{race}:tb:one".into(), limit, cost: 1, shadow: false }];
-    let store_a = Arc::new(QuotaStore::Redis(a.clone()));
-    let store_b = Arc::new(QuotaStore::Redis(b.clone()));
+    let store_a = Arc::new(QuotaStore::new(a.clone()));
+    let store_b = Arc::new(QuotaStore::new(b.clone()));
 
     // Alone: the first call reads (no clock yet), then one round trip each.
     assert!(store_a.check(&item).await.unwrap().committed);

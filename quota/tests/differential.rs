@@ -101,9 +101,9 @@ fn named_window(rng: &mut Rng, limit: &Limit, now: Nanos) -> Option<u64> {
 
 fn stores(redis: &RedisServer, clock: &Arc<FakeClock>) -> (QuotaStore, QuotaStore) {
     let shared: Arc<dyn Clock> = clock.clone();
-    let memory = QuotaStore::Memory(LocalStore::new(shared.clone(), 100_000));
-    let options = RedisOptions { timeout: Duration::from_secs(5), clock: Some(shared) };
-    (memory, QuotaStore::Redis(Arc::new(RedisStore::new(&redis.url(), options).unwrap())))
+    let memory = QuotaStore::new(Arc::new(LocalStore::new(shared.clone(), 100_000)));
+    let options = RedisOptions { timeout: Duration::from_secs(5), clock: Some(shared), clock_bound: None };
+    (memory, QuotaStore::new(Arc::new(RedisStore::new(&redis.url(), options).unwrap())))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,8 +190,8 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                     _ => recent(&mut rng, &leases).record,
                 };
                 let items = [LeaseReturn { record, tokens: rng.magnitude(MAX_AMOUNT) }];
-                let a = memory.give_back(&items).await.unwrap();
-                let b = remote.give_back(&items).await.unwrap();
+                let a = memory.give_back(&items, &|_| None).await.unwrap();
+                let b = remote.give_back(&items, &|_| None).await.unwrap();
                 assert_eq!(a, b, "step {step}: return {items:?}");
                 outcomes[4] += usize::from(a[0].returned > 0);
                 seen[2] += 1;

@@ -12,7 +12,7 @@ mod common;
 use common::{Backend, Fixture, Options};
 use floodgate_core::time::{Nanos, SECOND};
 use floodgate_quota::config::Limit;
-use floodgate_quota::store::{bucket_key, BucketCheck, QuotaStore};
+use floodgate_quota::store::{bucket_key, BucketCheck, LocalStore};
 use serde_json::json;
 
 const LIMITS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10}\n";
@@ -26,7 +26,7 @@ fn check(value: &str) -> serde_json::Value {
 async fn a_full_store_serves_known_keys_and_refuses_new_ones_without_scanning() {
     let f = Fixture::with(Backend::Memory, LIMITS, Options { max_buckets: MAX, ..Options::default() }).await;
     let store = f.service.store();
-    let QuotaStore::Memory(memory) = store else { panic!("memory store") };
+    let memory = store.backend_as::<LocalStore>().expect("memory store");
     let limit = Limit::new("fixed_window", 10, SECOND.times(3_600), "{}").unwrap();
     // Fill the store with buckets in use (none idle until the hour ends).
     for i in 0..MAX {
@@ -109,4 +109,33 @@ async fn live_short_window_keys_keep_their_slots_against_a_flood_of_new_keys() {
         f.clock.advance(Nanos::from_millis(400));
     }
     assert!(refused > 0 && flooded > 0, "the flood filled the room left: {flooded} in, {refused} refused");
+}
+
+/// Issue 22, finding 4: one client leasing on one key (25 leases a call,
+/// each recorded) cannot fill the store's room for lease records: a bucket
+/// holds at most a sixteenth of that room (62 of 1,000 here), its leases
+/// beyond are refused with a message naming the lease records' room of that
+/// bucket, and leases on other keys still get records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_key_cannot_fill_the_room_for_lease_records() {
+    let limits =
+        "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1000000000}\n";
+    let f = Fixture::with(Backend::Memory, limits, Options { max_buckets: 1_000, ..Options::default() }).await;
+    let mut refused = None;
+    // 25 a call: 40 calls would fill the whole room exactly.
+    for call in 0..45 {
+        let leases: Vec<serde_json::Value> =
+            (0..25).map(|i| json!({"id": format!("c{call}-{i}"), "descriptor": [["k", "hot"]], "wanted": 1})).collect();
+        let (status, body) = f.post("/v1/lease", &json!({"domain": "test", "leases": leases})).await;
+        if status == 503 {
+            refused = Some(body);
+        }
+    }
+    let body = refused.expect("the flooding key's leases are refused once its records fill its share");
+    let error = body["error"].as_str().unwrap();
+    assert!(error.contains("lease records"), "says which room is full: {error}");
+    let other = json!({"domain": "test", "leases": [{"id": "other", "descriptor": [["k", "calm"]], "wanted": 1}]});
+    let (status, body) = f.post("/v1/lease", &other).await;
+    assert_eq!(status, 200, "another key still leases: {body}");
+    assert_eq!(body["leases"][0]["granted"], 1, "{body}");
 }

@@ -402,3 +402,39 @@ fn one_peer_cannot_hold_the_connection_cap() {
     flood.join().unwrap();
     assert!(answered.iter().all(|s| *s == 200), "requests from another peer: {answered:?}");
 }
+
+/// Issue 22, finding 3: `/healthz` answers while the connection cap is full
+/// of silent connections, each peer under its share (eight of them from four
+/// addresses against `--max-connections 8`): a liveness probe must not
+/// restart a serving instance. An API call beyond the cap is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_the_connection_cap_is_full() {
+    let limits = Limits { max_connections: 8, max_connections_per_peer: 2, ..Limits::default() };
+    let f = Fixture::with(Backend::Memory, LIMITS, Options { limits, ..Options::default() }).await;
+    let address: std::net::SocketAddr = f.base.trim_start_matches("http://").parse().unwrap();
+    let mut silent = Vec::new();
+    for peer in 1..=4 {
+        for _ in 0..2 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("127.0.0.{peer}:0").parse().unwrap()).unwrap();
+            silent.push(socket.connect(address).await.unwrap());
+        }
+    }
+    // The server has taken them all (they hold the cap once accepted).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probe = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .local_address(Some("127.0.0.9".parse().unwrap()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let response = probe.get(format!("{}/healthz", f.base)).send().await.unwrap();
+        assert_eq!(response.status().as_u16(), 200, "a full connection cap is not ill health");
+        assert_eq!(response.text().await.unwrap(), "ok\n");
+    }
+    let refused = probe.post(format!("{}/v1/check", f.base)).body(BODY).send().await;
+    assert!(refused.is_err() || refused.unwrap().status().as_u16() == 503, "the API is still capped");
+    drop(silent);
+}

@@ -421,6 +421,8 @@ pub struct LeaseRecord {
     pub granted_at: Nanos,
     /// Given back already: later returns give back nothing.
     pub returned: bool,
+    /// What its return gave back (a replay of the return repeats it).
+    pub given_back: u64,
     /// When the tokens stop being usable.
     pub valid_until: Nanos,
     /// When the record stops counting (and may be forgotten).
@@ -428,7 +430,8 @@ pub struct LeaseRecord {
 }
 
 /// First byte of a record in the current layout; records of the layout
-/// before it (no `windows` word) read as leases of one window.
+/// before it (no `windows` and `given_back` words) read as leases of one
+/// window that gave back nothing.
 const RECORD_FORMAT: u8 = 4;
 const RECORD_FORMAT_BEFORE: u8 = 3;
 /// The record keeps the period in microseconds, as its layout did from the start.
@@ -436,7 +439,7 @@ const MICROSECOND: u64 = 1_000;
 
 impl LeaseRecord {
     /// Bytes: [`RECORD_TAG`], [`RECORD_FORMAT`], returned flag, then limit, period (µs),
-    /// window, granted, granted_at, valid_until, expires_at, windows as little-endian
+    /// window, granted, granted_at, valid_until, expires_at, windows, given_back as little-endian
     /// u64, the algorithm's name (a length byte, then the name), its fields
     /// (a little-endian u16 length, then the JSON), then the bucket key.
     pub fn encode(&self) -> Vec<u8> {
@@ -454,6 +457,7 @@ impl LeaseRecord {
             self.valid_until.get(),
             self.expires_at.get(),
             self.windows,
+            self.given_back,
         ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
@@ -470,7 +474,7 @@ impl LeaseRecord {
     pub fn decode(bytes: &[u8]) -> Option<Self> {
         let (&tag, bytes) = bytes.split_first()?;
         let words = match *bytes.first()? {
-            RECORD_FORMAT => 8,
+            RECORD_FORMAT => 9,
             RECORD_FORMAT_BEFORE => 7,
             _ => return None,
         };
@@ -497,8 +501,9 @@ impl LeaseRecord {
             granted_at: Nanos(word(4)?),
             valid_until: Nanos(word(5)?),
             expires_at: Nanos(word(6)?),
-            windows: if words == 8 { word(7)? } else { 0 },
+            windows: if words == 9 { word(7)? } else { 0 },
             returned,
+            given_back: if words == 9 { word(8)? } else { 0 },
             bucket: text(fields_end..bytes.len())?.to_string(),
         })
     }
@@ -607,6 +612,7 @@ mod tests {
                 granted: 3,
                 granted_at: NOW - Nanos(5),
                 returned: true,
+                given_back: 2,
                 valid_until: NOW + Nanos(1),
                 expires_at: NOW + Nanos(2),
             };
@@ -616,6 +622,14 @@ mod tests {
             let mut untagged = record.encode();
             untagged[0] = UNTAGGED;
             assert_eq!(LeaseRecord::decode(&untagged), Some(record.clone()), "stored before values carried a tag");
+            // Format 3 (before records kept allowances' windows and what
+            // their return gave back): the same without the head's last two
+            // words, read as a lease of one window that gave back nothing.
+            let mut format_3 = record.encode();
+            format_3[1] = 3;
+            format_3.drain(3 + 7 * 8..3 + 9 * 8);
+            let read = LeaseRecord::decode(&format_3);
+            assert_eq!(read, Some(LeaseRecord { given_back: 0, windows: 0, ..record.clone() }), "format 3");
         }
         assert_eq!(LeaseRecord::decode(&[9; 80]), None);
     }
@@ -687,6 +701,7 @@ mod tests {
             granted: leased.granted,
             granted_at: leased.starts_at,
             returned: false,
+            given_back: 0,
             valid_until: now + leased.valid,
             expires_at: now + leased.valid + crate::store::LEASE_RECORD_MARGIN,
         }

@@ -6,7 +6,9 @@
 //!
 //! Room: `max_entries` buckets, and as many lease records beside them (so a
 //! flood of new buckets never leaves a lease on a live bucket without room
-//! for its record). An entry keeps its place until its `keep_until`: a
+//! for its record), at most a sixteenth of them of one bucket (so one
+//! client leasing on one key cannot take the records' room from every
+//! other key). An entry keeps its place until its `keep_until`: a
 //! bucket while it is not idle and for one window after it was last used (a
 //! key in use keeps its slot even between its windows), a record while it
 //! counts. Only then is it dropped, to make room for a new key or by the
@@ -19,6 +21,7 @@
 //! no shard has anything to drop. An entry kept longer than queued is queued
 //! again at its new instant; one past it is dropped.
 
+use std::any::Any;
 use std::cmp::Reverse;
 use std::collections::hash_map::RandomState;
 use std::collections::{BinaryHeap, HashMap};
@@ -28,8 +31,21 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::time::{Clock, Nanos};
 
-use super::lanes::{Batch, Job, Lanes};
-use super::{Kind, StoreFailure, Writes};
+use super::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
+use super::decide::LeaseRecord;
+use super::lanes::Batch;
+use super::{Kind, Room, StoreFailure, Writes};
+
+/// `--store memory`.
+pub const REGISTRATION: Registration = Registration {
+    name: "memory",
+    usage: "`memory`",
+    accepts: |text| text == "memory",
+    open: |_, options: &StoreOptions| Ok(Arc::new(LocalStore::new(options.clock.clone(), options.max_entries))),
+};
+
+/// One bucket's lease records are at most this part of the records' room.
+const BUCKET_SHARE: usize = 16;
 
 /// Shards: enough that unrelated keys rarely share a lock on two cores or
 /// twenty, few enough that a sweep visits them all in microseconds.
@@ -45,6 +61,8 @@ struct Entry {
     value: Vec<u8>,
     keep_until: Nanos,
     kind: Kind,
+    /// A lease record's bucket (whose share of the records' room it takes).
+    owner: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -83,7 +101,9 @@ pub struct LocalStore {
     max_entries: usize,
     /// Entries looked at to drop idle ones, ever (see [`LocalStore::examined`]).
     examined: AtomicUsize,
-    lanes: Lanes,
+    /// Live lease records per bucket, in shards of their own (a leaf lock:
+    /// never held while waiting for another).
+    records_of: [Mutex<HashMap<String, usize>>; SHARDS],
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -105,7 +125,40 @@ impl LocalStore {
             held: Counts::default(),
             max_entries: max_entries.max(1),
             examined: AtomicUsize::new(0),
-            lanes: Lanes::default(),
+            records_of: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// Most lease records one bucket holds.
+    pub fn records_per_bucket(&self) -> usize {
+        (self.max_entries / BUCKET_SHARE).max(1)
+    }
+
+    fn records_of(&self, bucket: &str) -> MutexGuard<'_, HashMap<String, usize>> {
+        // `shard_of` is below SHARDS, the array's length.
+        self.records_of[self.shard_of(bucket) % SHARDS].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes places for `new` records of `bucket` in its share, if it has them.
+    fn take_share(&self, bucket: &str, new: usize) -> bool {
+        let most = self.records_per_bucket();
+        let mut counts = self.records_of(bucket);
+        let held = counts.get(bucket).copied().unwrap_or(0);
+        if held + new > most {
+            return false;
+        }
+        counts.insert(bucket.to_string(), held + new);
+        true
+    }
+
+    /// Gives back `gone` places of `bucket`'s share.
+    fn give_share(&self, bucket: &str, gone: usize) {
+        let mut counts = self.records_of(bucket);
+        if let Some(held) = counts.get_mut(bucket) {
+            *held = held.saturating_sub(gone);
+            if *held == 0 {
+                counts.remove(bucket);
+            }
         }
     }
 
@@ -137,6 +190,9 @@ impl LocalStore {
                 Some(keep_until) if keep_until <= now => {
                     if let Some(entry) = shard.map.remove(&key) {
                         self.held.of(entry.kind).fetch_sub(1, Ordering::Relaxed);
+                        if let Some(owner) = &entry.owner {
+                            self.give_share(owner, 1);
+                        }
                         dropped += 1;
                     }
                 }
@@ -206,7 +262,7 @@ impl LocalStore {
         for kind in (0..2).filter(|k| taken[*k]) {
             counts[kind].fetch_sub(new[kind], Ordering::Relaxed);
         }
-        Err(StoreFailure::Full)
+        Err(StoreFailure::Full(if taken[0] { Room::Records } else { Room::Buckets }))
     }
 
     /// Drops `needed` due entries, from the shards already locked, then from
@@ -225,23 +281,6 @@ impl LocalStore {
             }
             if let Ok(mut shard) = shard.try_lock() {
                 dropped += self.drop_due(index, &mut shard, now, most);
-            }
-        }
-    }
-
-    /// Runs `job` now, with whatever queued on its lane behind it, or
-    /// queues it behind the transaction running there (on another thread).
-    /// Synchronous: no await between taking a lane and leaving it idle.
-    pub(super) fn run(&self, job: Job) {
-        let Some((lane, mut jobs)) = self.lanes.enter(job) else { return };
-        loop {
-            let mut batch = Batch::new(jobs);
-            let keys = batch.keys.clone();
-            let outcome = self.transact(&keys, |values, now| ((), batch.decide(values, now)));
-            batch.finish(&outcome);
-            match self.lanes.next(lane) {
-                Some(next) => jobs = next,
-                None => return,
             }
         }
     }
@@ -276,15 +315,44 @@ impl LocalStore {
         let (answer, writes) = decide(&values, now);
 
         let mut new = [0usize; 2];
-        for (write, value) in writes.iter().zip(&values) {
+        // New records, by their bucket: each bucket's share first.
+        let mut owners: Vec<Option<String>> = vec![None; writes.len()];
+        let mut shares: Vec<(String, usize)> = Vec::new();
+        for ((write, value), owner) in writes.iter().zip(&values).zip(owners.iter_mut()) {
             if let (Some(next), None) = (write, value) {
                 new[next.kind as usize] += 1;
+                if next.kind == Kind::Record {
+                    *owner = LeaseRecord::decode(&next.bytes).map(|r| r.bucket);
+                    if let Some(bucket) = owner.as_ref() {
+                        match shares.iter_mut().find(|(b, _)| b == bucket) {
+                            Some((_, n)) => *n += 1,
+                            None => shares.push((bucket.clone(), 1)),
+                        }
+                    }
+                }
             }
         }
-        if new.iter().any(|n| *n > 0) {
-            self.reserve(new, &mut held, now)?;
+        let mut taken: Vec<&(String, usize)> = Vec::with_capacity(shares.len());
+        for share in &shares {
+            // Records past their time still hold their places until
+            // dropped: when the share is full, drop what is due, then look again.
+            let fits = self.take_share(&share.0, share.1) || {
+                self.make_room(share.1, &mut held, now);
+                self.take_share(&share.0, share.1)
+            };
+            if !fits {
+                taken.iter().for_each(|(bucket, n)| self.give_share(bucket, *n));
+                return Err(StoreFailure::Full(Room::BucketRecords));
+            }
+            taken.push(share);
         }
-        for (at_key, ((key, shard), write)) in keys.iter().zip(&shard_of).zip(writes).enumerate() {
+        if new.iter().any(|n| *n > 0) {
+            if let Err(full) = self.reserve(new, &mut held, now) {
+                taken.iter().for_each(|(bucket, n)| self.give_share(bucket, *n));
+                return Err(full);
+            }
+        }
+        for (at_key, (((key, shard), write), owner)) in keys.iter().zip(&shard_of).zip(writes).zip(owners).enumerate() {
             let (Some(next), Some(at)) = (write, position(*shard)) else { continue };
             let Some((index, guard)) = held.get_mut(at) else { continue };
             match guard.map.get_mut(key) {
@@ -293,15 +361,23 @@ impl LocalStore {
                     entry.keep_until = next.keep_until;
                 }
                 None => {
+                    let mut owner = owner;
                     if values.get(at_key).is_some_and(Option::is_some) {
                         // Read, then dropped while making room: not counted
                         // among the new entries reserved above.
                         self.held.of(next.kind).fetch_add(1, Ordering::Relaxed);
+                        owner = (next.kind == Kind::Record)
+                            .then(|| LeaseRecord::decode(&next.bytes).map(|r| r.bucket))
+                            .flatten();
+                        if let Some(bucket) = &owner {
+                            self.records_of(bucket).entry(bucket.clone()).and_modify(|n| *n += 1).or_insert(1);
+                        }
                     }
                     guard.expiry.push(Reverse((next.keep_until, key.clone())));
-                    guard
-                        .map
-                        .insert(key.clone(), Entry { value: next.bytes, keep_until: next.keep_until, kind: next.kind });
+                    guard.map.insert(
+                        key.clone(),
+                        Entry { value: next.bytes, keep_until: next.keep_until, kind: next.kind, owner },
+                    );
                     let index = *index;
                     self.publish(index, guard);
                 }
@@ -311,11 +387,63 @@ impl LocalStore {
     }
 }
 
+impl Backend for LocalStore {
+    fn name(&self) -> &'static str {
+        "memory"
+    }
+
+    fn failure_kinds(&self) -> &'static [&'static str] {
+        &["full"]
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        // Memory decisions take microseconds.
+        None
+    }
+
+    /// Each batch under the locks of its own keys' shards only, one after
+    /// the other: no lock is held longer than one batch's decision.
+    fn run(self: Arc<Self>, round: Vec<Batch>, done: Arc<Finisher>) -> BoxFuture<'static, ()> {
+        for mut batch in round {
+            let keys = batch.keys.clone();
+            let outcome = self.transact(&keys, |values, now| ((), batch.decide(values, now)));
+            if matches!(outcome, Err(StoreFailure::Full(_))) && batch.len() > 1 {
+                // No room for all their new entries: each call alone gets
+                // what room there is (the calls are independent).
+                for mut single in batch.split() {
+                    let keys = single.keys.clone();
+                    let outcome = self.transact(&keys, |values, now| ((), single.decide(values, now)));
+                    done.finish(single, &outcome);
+                }
+                continue;
+            }
+            done.finish(batch, &outcome);
+        }
+        Box::pin(std::future::ready(()))
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreFailure>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn sweep(&self) -> usize {
+        LocalStore::sweep(self)
+    }
+
+    fn inline(&self) -> bool {
+        true
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Limit;
-    use crate::store::{BucketCheck, QuotaStore};
+    use crate::store::{BucketCheck, BucketLease, QuotaStore};
     use floodgate_core::time::{FakeClock, SECOND};
 
     const T0: Nanos = Nanos(1_700_002_800 * SECOND.get());
@@ -329,14 +457,11 @@ mod tests {
     }
 
     fn store(clock: &Arc<FakeClock>, max: usize) -> QuotaStore {
-        QuotaStore::Memory(LocalStore::new(clock.clone(), max))
+        QuotaStore::new(Arc::new(LocalStore::new(clock.clone(), max)))
     }
 
     fn memory(store: &QuotaStore) -> &LocalStore {
-        match store {
-            QuotaStore::Memory(m) => m,
-            QuotaStore::Redis(_) => unreachable!(),
-        }
+        store.backend_as::<LocalStore>().unwrap()
     }
 
     #[tokio::test]
@@ -345,7 +470,7 @@ mod tests {
         let store = store(&clock, 2);
         assert!(store.check(&[item("a", 1)]).await.unwrap().committed);
         assert!(store.check(&[item("b", 1)]).await.unwrap().committed);
-        assert_eq!(store.check(&[item("c", 1)]).await, Err(StoreFailure::Full));
+        assert_eq!(store.check(&[item("c", 1)]).await, Err(StoreFailure::Full(crate::store::Room::Buckets)));
         // A denied check stores nothing, so it needs no room.
         assert!(!store.check(&[item("c", 3)]).await.unwrap().committed);
         // Existing buckets still decide.
@@ -399,5 +524,61 @@ mod tests {
         assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
         clock.advance(SECOND.times(2));
         assert_eq!(memory(&store).sweep(), 1);
+    }
+
+    /// A bucket's lease records take at most a sixteenth of the records'
+    /// room; records that expire give their places back.
+    #[tokio::test]
+    async fn one_buckets_records_have_a_share_and_give_it_back() {
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = store(&clock, 64);
+        let big = Limit::new("fixed_window", 1_000_000, SECOND.times(3_600), "{}").unwrap();
+        let lease = |bucket: &str, id: usize| BucketLease {
+            key: bucket.into(),
+            limit: big.clone(),
+            wanted: 1,
+            rate: None,
+            window: None,
+            per_window: false,
+            record: format!("lease:{id}"),
+        };
+        let ttl = SECOND;
+        for id in 0..4 {
+            assert_eq!(store.lease(&[lease("hot", id)], ttl).await.unwrap().unwrap()[0].granted, 1);
+        }
+        assert_eq!(memory(&store).records_per_bucket(), 4);
+        assert_eq!(
+            store.lease(&[lease("hot", 4)], ttl).await,
+            Err(StoreFailure::Full(crate::store::Room::BucketRecords))
+        );
+        assert_eq!(store.lease(&[lease("calm", 5)], ttl).await.unwrap().unwrap()[0].granted, 1, "another bucket");
+        // The records expire (the lease's second and 30 s more).
+        clock.advance(SECOND.times(32));
+        assert_eq!(store.lease(&[lease("hot", 6)], ttl).await.unwrap().unwrap()[0].granted, 1, "room again");
+    }
+
+    /// Leases of one call are independent: six on a bucket whose share has
+    /// room for four records are taken together, and without room for all,
+    /// each alone: four are granted (and the call fails for the other two).
+    #[tokio::test]
+    async fn leases_without_room_for_all_get_what_room_there_is() {
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = store(&clock, 64);
+        let big = Limit::new("fixed_window", 1_000_000, SECOND.times(3_600), "{}").unwrap();
+        let leases: Vec<BucketLease> = (0..6)
+            .map(|id| BucketLease {
+                key: "hot".into(),
+                limit: big.clone(),
+                wanted: 1,
+                rate: None,
+                window: None,
+                per_window: false,
+                record: format!("lease:{id}"),
+            })
+            .collect();
+        assert_eq!(store.lease(&leases, SECOND).await, Err(StoreFailure::Full(crate::store::Room::BucketRecords)));
+        assert_eq!(memory(&store).len(), 1 + 4, "the bucket and four records");
+        let replayed = store.lease(&leases[..4], SECOND).await.unwrap().unwrap();
+        assert!(replayed.iter().all(|l| l.replayed && l.granted == 1), "{replayed:?}");
     }
 }

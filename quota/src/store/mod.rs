@@ -1,22 +1,29 @@
 //! Where counters live: in this process ([`LocalStore`]) or in Redis
-//! ([`RedisStore`]). The stores only keep bytes under keys; every decision
-//! is made here, by one Rust code path ([`decide`], the core's algorithms),
-//! inside a store transaction: the memory store runs it under its shard
-//! locks, the Redis store between one read and one compare-and-swap write
-//! (retried when a key changed meanwhile). So both stores decide identically.
+//! ([`RedisStore`]), each a [`Backend`] registered in [`BACKENDS`]. The
+//! stores only keep bytes under keys; every decision is made by one Rust
+//! code path ([`decide`], the core's algorithms), inside a store
+//! transaction: the memory store runs it under its shard locks, the Redis
+//! store between one read and one compare-and-swap write (retried when a key
+//! changed meanwhile). So every store decides identically. Transactions are
+//! ordered per key by one implementation ([`lanes`]) and the calls (a check
+//! of several keys, a call of many leases, returns) are made of them in one
+//! place (`calls.rs`).
 
+mod backend;
+mod calls;
 pub mod decide;
 mod lanes;
 mod memory;
 mod redis;
 
-use self::decide::LeaseRecord;
+pub use self::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
 pub use self::decide::{Kind, Next};
+pub use self::lanes::Batch;
 pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
-use std::collections::HashMap;
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use floodgate_core::algorithm::Decision;
@@ -109,13 +116,13 @@ pub struct LeaseOutcome {
 pub type LeaseAnswer = Result<Vec<LeaseOutcome>, IdInUse>;
 
 /// A lease whose id names a lease recorded for another bucket (another
-/// descriptor, or another rule's algorithm): not a retry of it.
+/// descriptor, or another rule's algorithm): not a retry of it. (Which
+/// bucket is not said: it is another caller's, its descriptor values an
+/// address or a user.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdInUse {
     /// Which lease of the call.
     pub index: usize,
-    /// The bucket the recorded lease is of.
-    pub bucket: String,
 }
 
 /// What one return took back.
@@ -157,10 +164,29 @@ pub enum StoreFailure {
     Timeout,
     /// The store answered with an error or could not be reached.
     Unavailable(String),
-    /// The memory store holds its maximum number of buckets, none idle.
-    Full,
+    /// The memory store has no room for a new entry of this kind.
+    Full(Room),
     /// Every attempt lost a race: another writer changed a key in between.
     Contended,
+    /// This instance's clock (`--redis-clock local`) is further from
+    /// Redis's than decisions can tolerate: it does not decide.
+    ClockOff {
+        /// This clock minus Redis's, in milliseconds.
+        offset_ms: i64,
+        /// The most tolerated, in milliseconds.
+        bound_ms: u64,
+    },
+}
+
+/// Which room of the memory store is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Room {
+    /// Buckets (`--memory-max-buckets`).
+    Buckets,
+    /// Lease records (as many as buckets).
+    Records,
+    /// One bucket's share of the lease records' room.
+    BucketRecords,
 }
 
 impl fmt::Display for StoreFailure {
@@ -168,8 +194,23 @@ impl fmt::Display for StoreFailure {
         match self {
             StoreFailure::Timeout => write!(f, "the store did not answer in time"),
             StoreFailure::Unavailable(why) => write!(f, "the store is unavailable: {why}"),
-            StoreFailure::Full => write!(f, "the memory store is full (every bucket is in use)"),
+            StoreFailure::Full(Room::Buckets) => {
+                write!(f, "the memory store is full: every bucket it has room for is in use")
+            }
+            StoreFailure::Full(Room::Records) => {
+                write!(f, "the memory store's room for lease records is full: every record is of a live lease")
+            }
+            StoreFailure::Full(Room::BucketRecords) => write!(
+                f,
+                "the lease records of this descriptor's bucket fill its share of the memory store's room for them \
+                 (a sixteenth): its leases are refused until some expire"
+            ),
             StoreFailure::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
+            StoreFailure::ClockOff { offset_ms, bound_ms } => write!(
+                f,
+                "this instance's clock is {offset_ms} ms from Redis's, more than the {bound_ms} ms \
+                 --redis-clock local tolerates: it does not decide (fix the clock, or use --redis-clock redis)"
+            ),
         }
     }
 }
@@ -182,277 +223,177 @@ impl StoreFailure {
         match self {
             StoreFailure::Timeout => "timeout",
             StoreFailure::Unavailable(_) => "unavailable",
-            StoreFailure::Full => "full",
+            StoreFailure::Full(_) => "full",
             StoreFailure::Contended => "contended",
+            StoreFailure::ClockOff { .. } => "clock",
         }
     }
 }
 
-/// The configured store.
-#[derive(Debug)]
-pub enum QuotaStore {
-    /// Counters in this process.
-    Memory(LocalStore),
-    /// Counters in Redis, shared by every service instance using it.
-    Redis(Arc<RedisStore>),
+/// Every backend `--store` can name: a new one is its own file and one
+/// line here.
+pub const BACKENDS: &[Registration] = &[memory::REGISTRATION, redis::REGISTRATION];
+
+/// `--store`, parsed once: which backend, at which address.
+#[derive(Debug, Clone)]
+pub struct StoreSpec {
+    /// The backend.
+    pub backend: &'static Registration,
+    address: String,
+}
+
+impl FromStr for StoreSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match BACKENDS.iter().find(|b| (b.accepts)(text)) {
+            Some(backend) => Ok(StoreSpec { backend, address: text.to_string() }),
+            None => {
+                let usages: Vec<&str> = BACKENDS.iter().map(|b| b.usage).collect();
+                Err(format!("must be {}, not {text:?}", usages.join(" or ")))
+            }
+        }
+    }
+}
+
+impl StoreSpec {
+    /// Opens the store.
+    pub fn open(&self, options: &StoreOptions) -> Result<QuotaStore, String> {
+        Ok(QuotaStore::new((self.backend.open)(&self.address, options)?))
+    }
+}
+
+/// The configured store: a backend, and the lanes ordering its transactions.
+#[derive(Debug, Clone)]
+pub struct QuotaStore {
+    backend: Arc<dyn Backend>,
+    lanes: Arc<lanes::Lanes>,
 }
 
 impl QuotaStore {
-    /// The kinds of [`StoreFailure`] this store can meet, as metric labels.
+    /// The store of `backend`.
+    pub fn new(backend: Arc<dyn Backend>) -> Self {
+        QuotaStore { backend, lanes: Arc::new(lanes::Lanes::default()) }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    /// The backend as its own type, if it is a `B`.
+    pub fn backend_as<B: Backend>(&self) -> Option<&B> {
+        self.backend.as_any().downcast_ref::<B>()
+    }
+
+    /// See [`Backend::failure_kinds`].
     pub fn failure_kinds(&self) -> &'static [&'static str] {
-        match self {
-            QuotaStore::Memory(_) => &["full"],
-            QuotaStore::Redis(_) => &["timeout", "unavailable", "contended"],
-        }
+        self.backend.failure_kinds()
     }
 
-    /// `memory` or `redis`, for metrics and logs.
+    /// See [`Backend::name`].
     pub fn name(&self) -> &'static str {
-        match self {
-            QuotaStore::Memory(_) => "memory",
-            QuotaStore::Redis(_) => "redis",
-        }
-    }
-
-    /// Reads `keys`, lets `decide` (given their bytes, `None` when absent,
-    /// and now) answer and say what to write (one slot per key, `None`:
-    /// unchanged), and writes it, all or nothing, as if alone. Transactions
-    /// on a hot key share one store transaction (see [`lanes`]).
-    async fn transact<A: Send + 'static>(
-        &self,
-        keys: Vec<String>,
-        decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
-    ) -> Result<A, StoreFailure> {
-        // A Redis call ends by `--store-timeout`, its turn on a hot key
-        // included; memory decisions take microseconds.
-        let deadline = match self {
-            QuotaStore::Memory(_) => None,
-            QuotaStore::Redis(r) => Some(r.deadline()),
-        };
-        let (job, outcome, answer) = lanes::job(keys, deadline, decide);
-        match self {
-            QuotaStore::Memory(m) => m.run(job),
-            QuotaStore::Redis(r) => r.run(job),
-        }
-        outcome.await.map_err(|_| StoreFailure::Unavailable("the store dropped the transaction".into()))??;
-        lanes::answer(&answer)
-    }
-
-    /// Takes each item's cost from its bucket if all non-shadow buckets
-    /// admit. Items must name distinct buckets.
-    pub async fn check(&self, items: &[BucketCheck]) -> Result<CheckOutcome, StoreFailure> {
-        let keys: Vec<String> = items.iter().map(|i| i.key.clone()).collect();
-        let items = items.to_vec();
-        self.transact(keys, move |values, now| check(&items, values, now)).await
-    }
-
-    /// Takes a batch of tokens from each bucket and records each grant under
-    /// its lease's record key; a lease already recorded is answered from its
-    /// record (a returned one as holding nothing), unless it is of another
-    /// bucket. Leases are taken in order: two of one bucket both see what
-    /// the first took.
-    pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<LeaseAnswer, StoreFailure> {
-        let mut keys = Keys::default();
-        let slots: Vec<(usize, usize)> = items.iter().map(|i| (keys.add(&i.key), keys.add(&i.record))).collect();
-        let items = items.to_vec();
-        self.transact(keys.list, move |values, now| lease(&items, &slots, values, now, ttl)).await
-    }
-
-    /// Gives back unused tokens of recorded leases; returns how many each
-    /// took back.
-    pub async fn give_back(&self, items: &[LeaseReturn]) -> Result<Vec<ReturnOutcome>, StoreFailure> {
-        let mut records = Keys::default();
-        let at: Vec<usize> = items.iter().map(|i| records.add(&i.record)).collect();
-        for _ in 0..RETURN_ATTEMPTS {
-            // Which bucket each lease came from; the decision below checks
-            // that the records still say so.
-            let buckets: Vec<Option<String>> = self
-                .transact(records.list.clone(), |values, now| {
-                    let named = values.iter().map(|v| LeaseRecord::live(v.as_deref(), now).map(|r| r.bucket)).collect();
-                    (named, vec![None; values.len()])
-                })
-                .await?;
-            let mut keys = records.clone();
-            let slots: Vec<(usize, Option<usize>)> =
-                at.iter().map(|r| (*r, buckets.get(*r).cloned().flatten().map(|b| keys.add(&b)))).collect();
-            let (list, items) = (keys.list.clone(), items.to_vec());
-            let outcome =
-                self.transact(keys.list, move |values, now| give_back(&items, &slots, &list, values, now)).await?;
-            if let Some(taken) = outcome {
-                return Ok(taken);
-            }
-        }
-        Err(StoreFailure::Contended)
+        self.backend.name()
     }
 
     /// Whether the store answers now.
     pub async fn ping(&self) -> Result<(), StoreFailure> {
-        match self {
-            QuotaStore::Memory(_) => Ok(()),
-            QuotaStore::Redis(r) => r.ping().await,
-        }
+        self.backend.ping().await
     }
+
+    /// See [`Backend::sweep`].
+    pub fn sweep(&self) -> usize {
+        self.backend.sweep()
+    }
+
+    /// Runs transactions, each: read its keys, let `decide` (given their
+    /// bytes, `None` when absent, and now) answer and say what to write (one
+    /// slot per key, `None`: unchanged), and write it, all or nothing, as if
+    /// alone. Each is ordered on its keys after those before it (see
+    /// [`lanes`]); they are independent of each other. Returns each answer.
+    async fn transact<A: Send + 'static>(
+        &self,
+        items: Vec<(Vec<String>, lanes::Decider<A>)>,
+    ) -> Vec<Result<A, StoreFailure>> {
+        let deadline = self.backend.deadline();
+        let mut jobs = Vec::with_capacity(items.len());
+        let mut waits = Vec::with_capacity(items.len());
+        for (keys, decide) in items {
+            let group = keys.first().map(|k| group_of(k).to_string()).unwrap_or_default();
+            let (job, outcome, answer) = lanes::job(keys, group, deadline, decide);
+            jobs.push(job);
+            waits.push((outcome, answer));
+        }
+        let ready = self.lanes.submit(jobs);
+        if !ready.is_empty() {
+            let (backend, lanes) = (Arc::clone(&self.backend), Arc::clone(&self.lanes));
+            if self.backend.inline() {
+                backend::drive(backend, lanes, ready).await;
+            } else {
+                // A task of its own: a caller that leaves cannot strand the others.
+                tokio::spawn(backend::drive(backend, lanes, ready));
+            }
+        }
+        let mut answers = Vec::with_capacity(waits.len());
+        for (outcome, answer) in waits {
+            let answered = lanes::answer(outcome, &answer);
+            answers.push(match deadline {
+                // Answered `timeout` then, decided or not (a 503: maybe applied).
+                Some(deadline) => {
+                    tokio::time::timeout_at(deadline, answered).await.unwrap_or(Err(StoreFailure::Timeout))
+                }
+                None => answered.await,
+            });
+        }
+        answers
+    }
+
+    /// One transaction (see [`QuotaStore::transact`]).
+    async fn transact_one<A: Send + 'static>(
+        &self,
+        keys: Vec<String>,
+        decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
+    ) -> Result<A, StoreFailure> {
+        let mut answers = self.transact(vec![(keys, Box::new(decide) as lanes::Decider<A>)]).await;
+        answers.pop().unwrap_or_else(|| Err(StoreFailure::Unavailable("no answer".into())))
+    }
+}
+
+/// The group of a key: the Redis Cluster hash tag (the domain), the part
+/// between the first `{` and the next `}` when not empty, else the whole key.
+/// Transactions of different groups never share a store transaction.
+pub fn group_of(key: &str) -> &str {
+    key.split_once('{')
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .map(|(tag, _)| tag)
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key)
 }
 
 /// What a transaction writes: per key, the new bytes and when they become
 /// idle (`None`: leave the key as it is).
 pub type Writes = Vec<Option<Next>>;
 
-/// How often a return starts over because a lease record changed between
-/// reading it and deciding (a lease id reused after its record expired).
-const RETURN_ATTEMPTS: usize = 4;
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// A list of distinct keys, each with its position.
-#[derive(Debug, Default, Clone)]
-struct Keys {
-    list: Vec<String>,
-    at: HashMap<String, usize>,
-}
+    #[test]
+    fn store_addresses_name_their_backend_once() {
+        let backend = |text: &str| text.parse::<StoreSpec>().map(|spec| spec.backend.name);
+        assert_eq!(backend("memory"), Ok("memory"));
+        for address in ["redis://127.0.0.1:6379/0", "rediss://h:1/", "redis+unix:///tmp/r.sock", "redis+cluster://h:1"]
+        {
+            assert_eq!(backend(address), Ok("redis"), "{address}");
+        }
+        let refused = backend("memcached://h:1").unwrap_err();
+        assert!(refused.starts_with("must be `memory` or a redis:// URL"), "{refused}");
+        assert!(refused.contains("memcached"), "{refused}");
+    }
 
-impl Keys {
-    fn add(&mut self, key: &str) -> usize {
-        if let Some(at) = self.at.get(key) {
-            return *at;
-        }
-        self.list.push(key.to_string());
-        self.at.insert(key.to_string(), self.list.len() - 1);
-        self.list.len() - 1
+    #[test]
+    fn a_keys_group_is_its_hash_tag() {
+        assert_eq!(group_of(r#"fg:{edge}:fw:[["k","{v}"]]"#), "edge");
+        assert_eq!(group_of("fg:{}x}:lease:a"), "fg:{}x}:lease:a");
     }
-}
-
-fn stored(values: &[Option<Vec<u8>>], at: usize) -> Option<&[u8]> {
-    values.get(at).and_then(|v| v.as_deref())
-}
-
-fn check(items: &[BucketCheck], values: &[Option<Vec<u8>>], now: Nanos) -> (CheckOutcome, Writes) {
-    let mut decisions = Vec::with_capacity(items.len());
-    let mut writes: Writes = vec![None; values.len()];
-    let mut committed = true;
-    for (at, item) in items.iter().enumerate() {
-        let (d, next) = decide::check(&item.limit, stored(values, at), now, item.cost);
-        committed &= d.allowed() || item.shadow;
-        if d.allowed() && stored(values, at) != Some(next.bytes.as_slice()) {
-            if let Some(slot) = writes.get_mut(at) {
-                *slot = Some(next);
-            }
-        }
-        decisions.push(d);
-    }
-    if !committed {
-        // Nothing is taken anywhere; admitting buckets report their
-        // untouched state.
-        writes.iter_mut().for_each(|w| *w = None);
-        for (at, (item, d)) in items.iter().zip(decisions.iter_mut()).enumerate() {
-            if d.allowed() {
-                *d = decide::peek(&item.limit, stored(values, at), now);
-            }
-        }
-    }
-    (CheckOutcome { committed, decisions }, writes)
-}
-
-/// Sets key `at` to `next` in both the working values and the writes.
-fn put(values: &mut [Option<Vec<u8>>], writes: &mut Writes, at: usize, next: Next) {
-    if let Some(value) = values.get_mut(at) {
-        *value = Some(next.bytes.clone());
-    }
-    if let Some(write) = writes.get_mut(at) {
-        *write = Some(next);
-    }
-}
-
-fn lease(
-    items: &[BucketLease],
-    slots: &[(usize, usize)],
-    values: &[Option<Vec<u8>>],
-    now: Nanos,
-    ttl: Nanos,
-) -> (LeaseAnswer, Writes) {
-    let mut values = values.to_vec();
-    let mut writes: Writes = vec![None; values.len()];
-    let mut grants = Vec::with_capacity(items.len());
-    for (index, (item, &(bucket, record))) in items.iter().zip(slots).enumerate() {
-        if let Some(done) = LeaseRecord::live(stored(&values, record), now) {
-            if done.bucket != item.key {
-                return (Err(IdInUse { index, bucket: done.bucket }), vec![None; values.len()]);
-            }
-            let d = decide::peek(&item.limit, stored(&values, bucket), now);
-            // A returned lease holds nothing any more.
-            let (granted, valid) =
-                if done.returned { (0, Nanos::ZERO) } else { (done.granted, done.valid_until - now) };
-            grants.push(LeaseOutcome {
-                granted,
-                remaining: d.remaining,
-                reset: d.reset,
-                window: done.window,
-                windows: done.windows,
-                valid,
-                starts: done.granted_at - now,
-                replayed: true,
-            });
-            continue;
-        }
-        let ask = (item.wanted, item.rate, item.window, item.per_window);
-        let leased = decide::lease(&item.limit, &item.key, stored(&values, bucket), now, ask, ttl);
-        if leased.granted > 0 {
-            let valid_until = now + leased.valid;
-            let done = LeaseRecord {
-                bucket: item.key.clone(),
-                limit: item.limit.clone(),
-                window: leased.window,
-                windows: leased.windows,
-                granted: leased.granted,
-                granted_at: leased.starts_at,
-                returned: false,
-                valid_until,
-                expires_at: valid_until + LEASE_RECORD_MARGIN,
-            };
-            put(&mut values, &mut writes, bucket, leased.next);
-            put(&mut values, &mut writes, record, done.to_next());
-        }
-        grants.push(LeaseOutcome {
-            granted: leased.granted,
-            remaining: leased.decision.remaining,
-            reset: leased.decision.reset,
-            window: leased.window,
-            windows: leased.windows,
-            valid: leased.valid,
-            starts: leased.starts_at - now,
-            replayed: false,
-        });
-    }
-    (Ok(grants), writes)
-}
-
-/// `None` when a record no longer names the bucket read for it: start over.
-fn give_back(
-    items: &[LeaseReturn],
-    slots: &[(usize, Option<usize>)],
-    keys: &[String],
-    values: &[Option<Vec<u8>>],
-    now: Nanos,
-) -> (Option<Vec<ReturnOutcome>>, Writes) {
-    let mut values = values.to_vec();
-    let mut writes: Writes = vec![None; values.len()];
-    let mut taken = Vec::with_capacity(items.len());
-    for (item, &(record, bucket)) in items.iter().zip(slots) {
-        let Some(mut done) = LeaseRecord::live(stored(&values, record), now) else {
-            taken.push(ReturnOutcome { returned: 0, replayed: false });
-            continue;
-        };
-        let Some(bucket) = bucket.filter(|b| keys.get(*b) == Some(&done.bucket)) else {
-            return (None, vec![None; values.len()]);
-        };
-        let (back, next) = decide::give_back(&done, stored(&values, bucket), now, item.tokens);
-        let replayed = done.returned;
-        if !replayed {
-            done.returned = true;
-            put(&mut values, &mut writes, record, done.to_next());
-        }
-        if let Some(next) = next {
-            put(&mut values, &mut writes, bucket, next);
-        }
-        taken.push(ReturnOutcome { returned: back, replayed });
-    }
-    (Some(taken), writes)
 }

@@ -14,6 +14,15 @@
 //! timeout). Keys share the domain's hash tag, so a transaction's keys sit in
 //! one Redis Cluster slot.
 //!
+//! A round of independent transactions (the leases of one call, batches
+//! freed together) goes in one script per hash tag: each transaction is a
+//! group of keys with its own compare-and-swap, written or answered on its
+//! own, so 200 leases cost one round trip and one lost race holds no other.
+//! With `--redis-clock local` the instance decides only while its clock is
+//! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script that writes leaves a
+//! mark of what it wrote, so that a resend after a dropped connection does
+//! not decide those groups again.
+//!
 //! Failure handling: every transaction is bounded by a timeout; the
 //! connection is made lazily, and a connection Redis dropped (a restart, a
 //! crash) is made anew at once; while it cannot be, calls fail at once as
@@ -39,11 +48,43 @@ use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, Pipeline, RedisFuture, Script, Value};
 use tokio::sync::Mutex;
 
+use std::any::Any;
+
 use floodgate_core::time::{Clock, Nanos};
 
+use super::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
 use super::decide::UNTAGGED;
-use super::lanes::{Batch, Job, Lanes};
+use super::lanes::Batch;
 use super::{Kind, StoreFailure, Writes};
+
+/// `--store redis://…` (`rediss://`, `redis+unix://`) and `redis+cluster://…`.
+pub const REGISTRATION: Registration = Registration {
+    name: "redis",
+    usage: "a redis:// URL or redis+cluster://host:port[,host:port…]",
+    accepts: |text| ["redis://", "rediss://", "redis+unix://", CLUSTER_SCHEME].iter().any(|s| text.starts_with(s)),
+    open: |address, options: &StoreOptions| {
+        let redis = if options.local_clock {
+            RedisOptions::local_clock(options.timeout, options.clock.clone())
+        } else {
+            RedisOptions::redis_clock(options.timeout)
+        };
+        Ok(Arc::new(RedisStore::new(address, redis)?))
+    },
+};
+
+/// How far this instance's clock may be from Redis's when it decides on its
+/// own (`--redis-clock local`). Two such instances are then within twice
+/// this of each other, under the shortest window (a second), where the
+/// algorithms trust a state of the next window (a clock stepped back) and
+/// never take it for a stale one to reset.
+pub const LOCAL_CLOCK_BOUND: Nanos = Nanos::from_millis(250);
+
+/// How long a script's mark of what it wrote outlives the call's
+/// `--store-timeout`, within which a resend comes.
+const MARK_SLACK_MS: u64 = 1_000;
+
+/// Where the resend flag is among the script's arguments (0-based).
+const RESEND_ARG: usize = 5;
 
 /// Most reads and writes one transaction makes before giving up on a key
 /// that keeps changing (each lost race means another writer won).
@@ -79,6 +120,23 @@ pub struct RedisOptions {
     /// `None`: decisions use Redis's clock (`TIME`), so that every instance
     /// agrees. `Some`: the service's clock is passed in instead.
     pub clock: Option<Arc<dyn Clock>>,
+    /// With `clock`: the most it may be off from Redis's for this instance
+    /// to decide ([`LOCAL_CLOCK_BOUND`]); `None` does not look (a test's
+    /// manual clock, years from Redis's).
+    pub clock_bound: Option<Nanos>,
+}
+
+impl RedisOptions {
+    /// Decisions on Redis's clock (`--redis-clock redis`).
+    pub fn redis_clock(timeout: Duration) -> Self {
+        RedisOptions { timeout, clock: None, clock_bound: None }
+    }
+
+    /// Decisions on `clock` while it is within [`LOCAL_CLOCK_BOUND`] of
+    /// Redis's (`--redis-clock local`).
+    pub fn local_clock(timeout: Duration, clock: Arc<dyn Clock>) -> Self {
+        RedisOptions { timeout, clock: Some(clock), clock_bound: Some(LOCAL_CLOCK_BOUND) }
+    }
 }
 
 /// The scheme of a Redis Cluster address: `redis+cluster://` followed by
@@ -156,11 +214,7 @@ fn cluster_seeds(url: &str) -> Result<Vec<String>, String> {
 /// The part of `key` Redis Cluster hashes: what is between the first `{`
 /// and the next `}`, if not empty; otherwise the whole key.
 fn hash_tag(key: &str) -> &str {
-    key.split_once('{')
-        .and_then(|(_, rest)| rest.split_once('}'))
-        .map(|(tag, _)| tag)
-        .filter(|tag| !tag.is_empty())
-        .unwrap_or(key)
+    super::group_of(key)
 }
 
 /// Every key of one transaction must be in one cluster slot (the read and
@@ -257,12 +311,18 @@ impl Clocks {
     }
 }
 
-/// What the script answered.
-enum Reply {
-    /// Written (or, without writes, confirmed unchanged), at Redis's time.
-    Written(Nanos),
-    /// Nothing written: the keys as they are, at Redis's time.
-    Changed(Nanos, Vec<Known>),
+/// What the script answered: Redis's time, and each group's outcome.
+struct Reply {
+    time: Nanos,
+    groups: Vec<Group>,
+}
+
+/// What the script did with one group (one batch).
+enum Group {
+    /// Written (or, without writes, confirmed unchanged).
+    Written,
+    /// Nothing written: the keys as they are.
+    Changed(Vec<Known>),
 }
 
 /// Counters in Redis.
@@ -284,7 +344,6 @@ pub struct RedisStore {
     writes: AtomicU64,
     known: KnownKeys,
     clocks: Clocks,
-    lanes: Lanes,
     /// Store transactions run (batches of coalesced calls), ever.
     transactions: AtomicU64,
     /// Scripts sent for them, ever.
@@ -359,7 +418,6 @@ impl RedisStore {
             writes: AtomicU64::new(0),
             known: KnownKeys::new(),
             clocks: Clocks::default(),
-            lanes: Lanes::default(),
             transactions: AtomicU64::new(0),
             round_trips: AtomicU64::new(0),
         })
@@ -428,118 +486,156 @@ impl RedisStore {
         error
     }
 
-    /// Runs `job` with whatever queues behind it on its lane: a task of its
-    /// own drains the lane (a caller that leaves cannot strand the others).
-    pub(super) fn run(self: &Arc<Self>, job: Job) {
-        let Some((lane, jobs)) = self.lanes.enter(job) else { return };
-        let store = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut jobs = jobs;
-            loop {
-                let mut batch = Batch::new(jobs);
-                if !batch.is_empty() {
-                    let keys = batch.keys.clone();
-                    let deadline = batch.deadline.unwrap_or_else(|| store.deadline());
-                    let outcome = store.transact(&keys, deadline, |values, now| batch.decide(values, now)).await;
-                    batch.finish(&outcome);
-                }
-                match store.lanes.next(lane) {
-                    Some(next) => jobs = next,
-                    None => return,
+    /// Runs the batches of one group (one hash tag: one slot) together:
+    /// each attempt decides every batch still open on what is known of its
+    /// keys and sends them all in one script (one round trip), which writes
+    /// each batch whose keys did not change and answers the others' current
+    /// values, to decide again on. So a round of independent batches costs
+    /// one round trip per slot, and a batch that loses a race holds no other.
+    async fn run_group(self: Arc<Self>, tag: String, batches: Vec<Batch>, done: Arc<Finisher>) {
+        let cluster = matches!(self.client, Client::Cluster(_));
+        let mut open = Vec::with_capacity(batches.len());
+        for batch in batches {
+            if batch.is_empty() {
+                done.finish(batch, &Ok(()));
+                continue;
+            }
+            if cluster {
+                if let Err(refused) = same_slot(&batch.keys) {
+                    done.finish(batch, &Err(refused));
+                    continue;
                 }
             }
-        });
+            let known = batch.keys.iter().map(|k| self.known.get(k)).collect();
+            open.push(Open { batch, known, lost: 0, writes: None, versions: Vec::new() });
+        }
+        if open.is_empty() {
+            done.flush();
+            return;
+        }
+        self.transactions.fetch_add(open.len() as u64, Ordering::Relaxed);
+        let deadline = open.iter().filter_map(|o| o.batch.deadline).max().unwrap_or_else(|| self.deadline_now());
+        let failure = match tokio::time::timeout_at(deadline, self.attempts(&tag, &mut open, &done)).await {
+            Ok(Ok(())) => None,
+            Ok(Err(failure)) => Some(failure),
+            Err(_) => Some(StoreFailure::Timeout),
+        };
+        if let Some(failure) = failure {
+            for o in open {
+                done.finish(o.batch, &Err(failure.clone()));
+            }
+        }
+        // Whatever these batches' ends let start goes now, as one round.
+        done.flush();
     }
 
     /// When a call made now must have its answer (`--store-timeout`).
-    pub(super) fn deadline(&self) -> tokio::time::Instant {
+    fn deadline_now(&self) -> tokio::time::Instant {
         tokio::time::Instant::now() + self.options.timeout
     }
 
-    /// Decides on what is known of `keys` and writes if nothing changed;
-    /// decides again on what the script answers when something did; gives
-    /// up at `deadline`.
-    async fn transact(
-        &self,
-        keys: &[String],
-        deadline: tokio::time::Instant,
-        mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> Writes,
-    ) -> Result<(), StoreFailure> {
+    /// See [`RedisStore::run_group`]: the attempts, until every batch of
+    /// `open` is written (and handed to `done`) or one fails them all.
+    async fn attempts(&self, tag: &str, open: &mut Vec<Open>, done: &Finisher) -> Result<(), StoreFailure> {
         let cluster = matches!(self.client, Client::Cluster(_));
-        if cluster {
-            same_slot(keys)?;
-        }
-        let tag = keys.first().map_or("", |k| hash_tag(k)).to_string();
-        self.transactions.fetch_add(1, Ordering::Relaxed);
-        let attempts = async {
-            let mut conn = self.connection().await?;
-            let mut known: Vec<Known> = keys.iter().map(|k| self.known.get(k)).collect();
-            // Redis's clock (estimated, checked by the script) or ours.
-            let mut now = match &self.options.clock {
-                Some(clock) => Some(clock.now()),
-                None => self.clocks.estimate(&tag),
-            };
-            let mut resent = false;
-            let mut attempt = 0;
-            while attempt < ATTEMPTS {
+        let mut conn = self.connection().await?;
+        // Redis's clock (estimated, checked by the script) or ours.
+        let mut now = match &self.options.clock {
+            Some(clock) => Some(clock.now()),
+            None => self.clocks.estimate(tag),
+        };
+        let mut resent = false;
+        for _ in 0..ATTEMPTS {
+            if open.is_empty() {
+                return Ok(());
+            }
+            for o in open.iter_mut() {
                 // Without a time yet, the first round trip only reads.
-                let writes = now.map(|now| decide(&values_of(&known), now));
-                // Only a decision that writes claims the keys' turn.
-                let writing = writes.as_ref().is_some_and(|w| w.iter().any(Option::is_some));
-                let claim = writing && attempt >= CLAIM_AFTER;
-                let invocation = self.invocation(&known, writes.as_ref(), now, claim);
+                o.writes = now.map(|now| o.batch.decide(&values_of(&o.known), now));
+            }
+            let invocation = self.invocation(tag, open, now, !cluster);
+            self.round_trips.fetch_add(1, Ordering::Relaxed);
+            let mut sent = self.send(&mut conn, &invocation, false).await;
+            if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
+                // Redis dropped the connection (a restart): the same script
+                // once more, on a new connection. If the first got through,
+                // its mark says which batches it wrote: they are not decided
+                // again (whoever wrote the keys since).
+                resent = true;
+                conn = self.connect().await?;
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
-                let mut sent = self.send(&mut conn, keys, &invocation).await;
-                if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
-                    // Redis dropped the connection (a restart): the same
-                    // script once more, on a new connection. If the first
-                    // got through, the answer shows its very writes (see
-                    // `applied`), and they are not made twice.
-                    resent = true;
-                    conn = self.connect().await?;
-                    self.round_trips.fetch_add(1, Ordering::Relaxed);
-                    sent = self.send(&mut conn, keys, &invocation).await;
-                }
-                let reply = match sent {
-                    Err(e) if broken(&e) && !cluster => return Err(self.failed(unavailable(e))),
-                    Err(e) => return Err(unavailable(e)),
-                    Ok(reply) => parse(reply, keys.len())?,
-                };
-                match reply {
-                    // A read is never written (no key has the version it sends).
-                    Reply::Written(_) if writes.is_none() => return Err(bad_reply("cas.lua")),
-                    Reply::Written(time) => {
-                        self.clock_seen(&tag, time);
-                        self.remember(keys, writes.as_ref(), &invocation.versions);
-                        return Ok(());
-                    }
-                    Reply::Changed(time, current) => {
-                        self.clock_seen(&tag, time);
-                        if applied(&current, &invocation.versions) {
-                            self.remember(keys, writes.as_ref(), &invocation.versions);
-                            return Ok(());
-                        }
-                        for (key, known) in keys.iter().zip(&current) {
-                            self.known.set(key, known.clone());
-                        }
-                        known = current;
-                        now = Some(self.options.clock.as_ref().map_or(time, |clock| clock.now()));
-                    }
-                }
-                if writes.is_some() {
-                    attempt += 1;
-                    if attempt > 1 {
-                        // Lost to another instance again: back off a random
-                        // while, longer after each loss, so the racers spread out.
-                        let most = 100u64 << attempt.min(6);
-                        let wait = RandomState::new().hash_one(attempt) % most;
-                        tokio::time::sleep(Duration::from_micros(wait)).await;
-                    }
+                sent = self.send(&mut conn, &invocation, true).await;
+            }
+            let reply = match sent {
+                Err(e) if broken(&e) && !cluster => return Err(self.failed(unavailable(e))),
+                Err(e) => return Err(unavailable(e)),
+                Ok(reply) => parse(reply, &open.iter().map(|o| o.batch.keys.len()).collect::<Vec<_>>())?,
+            };
+            self.clock_seen(tag, reply.time);
+            if let (Some(clock), Some(bound)) = (&self.options.clock, self.options.clock_bound) {
+                // This instance decides on its own clock: only while it is
+                // within the bound of Redis's (see `LOCAL_CLOCK_BOUND`).
+                let ours = clock.now();
+                let offset = ours.get() as i128 - reply.time.get() as i128;
+                if offset.unsigned_abs() > u128::from(bound.get()) {
+                    return Err(StoreFailure::ClockOff {
+                        offset_ms: i64::try_from(offset / 1_000_000).unwrap_or(i64::MAX),
+                        bound_ms: bound.get() / 1_000_000,
+                    });
                 }
             }
+            let mut still = Vec::with_capacity(open.len());
+            let mut garbled = false;
+            for (mut o, group) in open.drain(..).zip(reply.groups) {
+                let written = match group {
+                    // A read is never written (no key has the version it sends).
+                    Group::Written if o.writes.is_none() => {
+                        garbled = true;
+                        false
+                    }
+                    Group::Written => true,
+                    Group::Changed(current) => {
+                        if applied(&current, &o.versions) {
+                            true
+                        } else {
+                            for (key, known) in o.batch.keys.iter().zip(&current) {
+                                self.known.set(key, known.clone());
+                            }
+                            o.known = current;
+                            if o.writes.is_some() {
+                                o.lost += 1;
+                            }
+                            false
+                        }
+                    }
+                };
+                if written {
+                    self.remember(&o.batch.keys, o.writes.as_ref(), &o.versions);
+                    done.finish(o.batch, &Ok(()));
+                } else {
+                    still.push(o);
+                }
+            }
+            *open = still;
+            done.flush();
+            if garbled {
+                return Err(bad_reply("cas.lua"));
+            }
+            now = Some(self.options.clock.as_ref().map_or(reply.time, |clock| clock.now()));
+            let lost = open.iter().map(|o| o.lost).max().unwrap_or(0);
+            if lost > 1 {
+                // Lost to another instance again: back off a random while,
+                // longer after each loss, so the racers spread out.
+                let most = 100u64 << lost.min(6);
+                let wait = RandomState::new().hash_one(lost) % most;
+                tokio::time::sleep(Duration::from_micros(wait)).await;
+            }
+        }
+        if open.is_empty() {
+            Ok(())
+        } else {
             Err(StoreFailure::Contended)
-        };
-        tokio::time::timeout_at(deadline, attempts).await.map_err(|_| StoreFailure::Timeout)?
+        }
     }
 
     fn clock_seen(&self, tag: &str, time: Nanos) {
@@ -561,53 +657,84 @@ impl RedisStore {
         }
     }
 
-    /// The script's arguments for deciding `writes` on `known` at `now`
-    /// (no writes, no time: a read). With `claim`, a decision that keeps
-    /// losing asks for its turn (see `cas.lua`).
-    fn invocation(&self, known: &[Known], writes: Option<&Writes>, now: Option<Nanos>, claim: bool) -> Invocation {
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(5 + 5 * known.len());
-        let checked = now.filter(|_| self.options.clock.is_none() && writes.is_some());
-        args.push(checked.map_or_else(Vec::new, |now| (now.get() / 1_000).to_string().into_bytes()));
-        args.push(CLOCK_TOLERANCE_US.to_string().into_bytes());
+    /// The script's keys and arguments for the decisions of `open` (each
+    /// batch one group) at `now` (a batch without writes, and no time: a
+    /// read), and each batch's new versions. A batch that keeps losing asks
+    /// for its turn (see `cas.lua`). With `mark`, the script marks what it
+    /// wrote, so that a resend knows.
+    fn invocation(&self, tag: &str, open: &mut [Open], now: Option<Nanos>, mark: bool) -> Invocation {
+        let writing = |o: &Open| o.writes.as_ref().is_some_and(|w| w.iter().any(Option::is_some));
+        let keys_total: usize = open.iter().map(|o| o.batch.keys.len()).sum();
+        let mut keys: Vec<String> = Vec::with_capacity(keys_total + 1);
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + 2 * open.len() + 5 * keys_total);
+        let any_writes = open.iter().any(|o| o.writes.is_some());
+        let (time, tolerance) = match (&self.options.clock, self.options.clock_bound) {
+            (None, _) => (now.filter(|_| any_writes), CLOCK_TOLERANCE_US),
+            (Some(_), Some(bound)) => (now.filter(|_| any_writes), bound.get() / 1_000),
+            (Some(_), None) => (None, 0),
+        };
+        args.push(time.map_or_else(Vec::new, |now| (now.get() / 1_000).to_string().into_bytes()));
+        args.push(tolerance.to_string().into_bytes());
         args.push(format!("{:x}", self.seed).into_bytes());
-        args.push(if claim { b"1".to_vec() } else { Vec::new() });
         args.push(TURN_US.to_string().into_bytes());
-        let mut versions = Vec::with_capacity(known.len());
-        for (at, known) in known.iter().enumerate() {
-            let seen = match writes {
-                Some(_) => known.version.clone().unwrap_or_default(),
-                None => NO_VERSION.to_vec(),
-            };
-            args.push(seen);
-            match writes.and_then(|w| w.get(at)).and_then(Option::as_ref) {
-                Some(next) => {
-                    let n = self.writes.fetch_add(1, Ordering::Relaxed);
-                    let version = format!("{:x}-{n:x}", self.seed).into_bytes();
-                    let ttl_ms = (next.idle_at - now.unwrap_or(Nanos::ZERO)).ceil_millis().saturating_add(TTL_SLACK_MS);
-                    let (tag, value) = next.bytes.split_first().map_or((UNTAGGED, &[][..]), |(t, v)| (*t, v));
-                    args.push(version.clone());
-                    args.push(value.to_vec());
-                    args.push(ttl_ms.to_string().into_bytes());
-                    args.push(tag.to_string().into_bytes());
-                    versions.push(Some(version));
-                }
-                None => {
-                    args.extend([Vec::new(), Vec::new(), b"0".to_vec(), b"0".to_vec()]);
-                    versions.push(None);
+        args.push(open.len().to_string().into_bytes());
+        args.push(Vec::new()); // set to '1' on a resend, see `send`
+        let mark_ms = u64::try_from(self.options.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(MARK_SLACK_MS);
+        args.push(if mark { mark_ms.to_string().into_bytes() } else { b"0".to_vec() });
+        for o in open.iter() {
+            args.push(o.batch.keys.len().to_string().into_bytes());
+            args.push(if writing(o) && o.lost >= CLAIM_AFTER { b"1".to_vec() } else { Vec::new() });
+        }
+        for o in open.iter_mut() {
+            o.versions = Vec::with_capacity(o.known.len());
+            for (at, (key, known)) in o.batch.keys.iter().zip(&o.known).enumerate() {
+                keys.push(key.clone());
+                let seen = match o.writes {
+                    Some(_) => known.version.clone().unwrap_or_default(),
+                    None => NO_VERSION.to_vec(),
+                };
+                args.push(seen);
+                match o.writes.as_ref().and_then(|w| w.get(at)).and_then(Option::as_ref) {
+                    Some(next) => {
+                        let n = self.writes.fetch_add(1, Ordering::Relaxed);
+                        let version = format!("{:x}-{n:x}", self.seed).into_bytes();
+                        let ttl_ms =
+                            (next.idle_at - now.unwrap_or(Nanos::ZERO)).ceil_millis().saturating_add(TTL_SLACK_MS);
+                        let (tag, value) = next.bytes.split_first().map_or((UNTAGGED, &[][..]), |(t, v)| (*t, v));
+                        args.push(version.clone());
+                        args.push(value.to_vec());
+                        args.push(ttl_ms.to_string().into_bytes());
+                        args.push(tag.to_string().into_bytes());
+                        o.versions.push(Some(version));
+                    }
+                    None => {
+                        args.extend([Vec::new(), Vec::new(), b"0".to_vec(), b"0".to_vec()]);
+                        o.versions.push(None);
+                    }
                 }
             }
         }
-        Invocation { args, versions }
+        if mark {
+            let n = self.writes.fetch_add(1, Ordering::Relaxed);
+            // In the keys' hash tag (a single Redis: no slots to be in).
+            keys.push(format!("fg:{{{tag}}}:tx:{:x}-{n:x}", self.seed));
+        }
+        Invocation { keys, args }
     }
 
-    /// Runs the script (`EVALSHA`, loading it when Redis does not have it).
-    async fn send(&self, conn: &mut Connection, keys: &[String], invocation: &Invocation) -> redis::RedisResult<Value> {
+    /// Runs the script (`EVALSHA`, loading it when Redis does not have it);
+    /// `resend` says it was sent before.
+    async fn send(&self, conn: &mut Connection, invocation: &Invocation, resend: bool) -> redis::RedisResult<Value> {
         let mut call = self.cas.prepare_invoke();
-        for key in keys {
+        for key in &invocation.keys {
             call.key(key);
         }
-        for arg in &invocation.args {
-            call.arg(arg.as_slice());
+        for (at, arg) in invocation.args.iter().enumerate() {
+            if at == RESEND_ARG && resend {
+                call.arg(b"1".as_slice());
+            } else {
+                call.arg(arg.as_slice());
+            }
         }
         call.invoke_async(conn).await
     }
@@ -630,10 +757,67 @@ impl RedisStore {
     }
 }
 
-/// The script's arguments, and the version each written key gets.
-struct Invocation {
-    args: Vec<Vec<u8>>,
+impl Backend for RedisStore {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn failure_kinds(&self) -> &'static [&'static str] {
+        if self.options.clock_bound.is_some() {
+            &["timeout", "unavailable", "contended", "clock"]
+        } else {
+            &["timeout", "unavailable", "contended"]
+        }
+    }
+
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        // A Redis call ends by `--store-timeout`, its turn on a hot key included.
+        Some(self.deadline_now())
+    }
+
+    /// One group per hash tag (slot), all at once.
+    fn run(self: Arc<Self>, round: Vec<Batch>, done: Arc<Finisher>) -> BoxFuture<'static, ()> {
+        Box::pin(async move {
+            let mut groups: Vec<(String, Vec<Batch>)> = Vec::new();
+            for batch in round {
+                match groups.iter_mut().find(|(tag, _)| *tag == batch.group) {
+                    Some((_, batches)) => batches.push(batch),
+                    None => groups.push((batch.group.clone(), vec![batch])),
+                }
+            }
+            let last = groups.pop();
+            for (tag, batches) in groups {
+                tokio::spawn(Arc::clone(&self).run_group(tag, batches, Arc::clone(&done)));
+            }
+            if let Some((tag, batches)) = last {
+                self.run_group(tag, batches, done).await;
+            }
+        })
+    }
+
+    fn ping(&self) -> BoxFuture<'_, Result<(), StoreFailure>> {
+        Box::pin(RedisStore::ping(self))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A batch being decided: what is known of its keys, how often it lost,
+/// its last decision's writes and the versions they give.
+struct Open {
+    batch: Batch,
+    known: Vec<Known>,
+    lost: usize,
+    writes: Option<Writes>,
     versions: Vec<Option<Vec<u8>>>,
+}
+
+/// The script's keys and arguments.
+struct Invocation {
+    keys: Vec<String>,
+    args: Vec<Vec<u8>>,
 }
 
 fn values_of(known: &[Known]) -> Vec<Option<Vec<u8>>> {
@@ -641,8 +825,8 @@ fn values_of(known: &[Known]) -> Vec<Option<Vec<u8>>> {
 }
 
 /// True when the keys already hold the versions a script would have
-/// written: it was applied (a resend after a dropped connection finds the
-/// first send's writes).
+/// written: it was applied (a resend whose mark has expired finds the first
+/// send's writes, unless another writer came since).
 fn applied(current: &[Known], versions: &[Option<Vec<u8>>]) -> bool {
     let mut written = current.iter().zip(versions).filter_map(|(known, version)| version.as_ref().map(|v| (known, v)));
     let first = written.next();
@@ -660,30 +844,40 @@ fn tagged(tag: Option<u8>, value: Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// Reads the script's reply: `{1, seconds, µs}`, or `{0, seconds, µs, v, n,
-/// t, …}` with each key's value, version and tag.
-fn parse(reply: Value, keys: usize) -> Result<Reply, StoreFailure> {
+/// Reads the script's reply: `{seconds, µs, s1, …, sG}`, then for each group
+/// whose `s` is 0, each of its keys' value, version and tag.
+fn parse(reply: Value, sizes: &[usize]) -> Result<Reply, StoreFailure> {
     let Value::Array(items) = reply else { return Err(bad_reply("cas.lua")) };
-    let [written, seconds, micros, rest @ ..] = items.as_slice() else { return Err(bad_reply("cas.lua")) };
+    let [seconds, micros, rest @ ..] = items.as_slice() else { return Err(bad_reply("cas.lua")) };
     let time = redis_time(seconds, micros)?;
-    if redis::from_redis_value::<i64>(written).map_err(unavailable)? == 1 {
-        return Ok(Reply::Written(time));
+    let (statuses, mut values) = (rest.get(..sizes.len()), rest.get(sizes.len()..).unwrap_or_default());
+    let statuses = statuses.ok_or_else(|| bad_reply("cas.lua"))?;
+    let mut groups = Vec::with_capacity(sizes.len());
+    for (status, size) in statuses.iter().zip(sizes) {
+        if redis::from_redis_value::<i64>(status).map_err(unavailable)? == 1 {
+            groups.push(Group::Written);
+            continue;
+        }
+        let (mine, others) = (values.get(..3 * size), values.get(3 * size..));
+        let (Some(mine), Some(others)) = (mine, others) else { return Err(bad_reply("cas.lua")) };
+        values = others;
+        let known = mine
+            .chunks(3)
+            .map(|key| {
+                let [value, version, tag] = key else { return Err(bad_reply("cas.lua")) };
+                let value: Option<Vec<u8>> = redis::from_redis_value(value).map_err(unavailable)?;
+                let version: Option<Vec<u8>> = redis::from_redis_value(version).map_err(unavailable)?;
+                let tag: Option<u8> = redis::from_redis_value(tag).map_err(unavailable)?;
+                // A value without a version is not ours (an older layout): absent.
+                Ok(Known { value: value.filter(|_| version.is_some()).map(|value| tagged(tag, value)), version })
+            })
+            .collect::<Result<Vec<Known>, StoreFailure>>()?;
+        groups.push(Group::Changed(known));
     }
-    if rest.len() != 3 * keys {
+    if !values.is_empty() {
         return Err(bad_reply("cas.lua"));
     }
-    let known = rest
-        .chunks(3)
-        .map(|key| {
-            let [value, version, tag] = key else { return Err(bad_reply("cas.lua")) };
-            let value: Option<Vec<u8>> = redis::from_redis_value(value).map_err(unavailable)?;
-            let version: Option<Vec<u8>> = redis::from_redis_value(version).map_err(unavailable)?;
-            let tag: Option<u8> = redis::from_redis_value(tag).map_err(unavailable)?;
-            // A value without a version is not ours (an older layout): absent.
-            Ok(Known { value: value.filter(|_| version.is_some()).map(|value| tagged(tag, value)), version })
-        })
-        .collect::<Result<Vec<Known>, StoreFailure>>()?;
-    Ok(Reply::Changed(time, known))
+    Ok(Reply { time, groups })
 }
 
 #[cfg(test)]
@@ -706,9 +900,7 @@ mod tests {
         assert!(no_db.contains("only database 0"), "{no_db}");
         let empty = cluster_seeds("redis+cluster://h:1,,k:2").unwrap_err();
         assert!(empty.contains(r#"found """#), "{empty}");
-        assert!(
-            RedisStore::new("redis+cluster://", RedisOptions { timeout: Duration::from_secs(1), clock: None }).is_err()
-        );
+        assert!(RedisStore::new("redis+cluster://", RedisOptions::redis_clock(Duration::from_secs(1))).is_err());
     }
 
     #[test]

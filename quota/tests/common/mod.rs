@@ -510,13 +510,15 @@ impl Fixture {
         let clock = Arc::new(FakeClock::new(T0));
         let shared: Arc<dyn Clock> = clock.clone();
         let store = match url {
-            None => QuotaStore::Memory(LocalStore::new(shared, options.max_buckets)),
+            None => QuotaStore::new(Arc::new(LocalStore::new(shared, options.max_buckets))),
             Some(url) => {
+                // A manual clock is years from Redis's: its offset is not looked at.
                 let redis_options = RedisOptions {
                     timeout: options.store_timeout,
                     clock: if options.redis_time { None } else { Some(shared) },
+                    clock_bound: None,
                 };
-                QuotaStore::Redis(Arc::new(RedisStore::new(&url, redis_options).expect("redis store")))
+                QuotaStore::new(Arc::new(RedisStore::new(&url, redis_options).expect("redis store")))
             }
         };
         let metrics = Metrics::new().expect("metrics");

@@ -1,0 +1,150 @@
+//! Issue 22, finding 1: a hot key flooded on one instance must not starve
+//! that instance's other calls touching it. Checks of `[other, hot]`, calls
+//! carrying two leases (one on the hot key), and returns of the hot key's
+//! leases run while 48 tasks flood the hot key on the same instance, with
+//! the production `--store-timeout` (250 ms): every one of them is answered
+//! (no 503). Counts only: speed belongs in the benchmark (`make quota-bench`'s
+//! fairness rows).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Backend, Fixture, Options};
+use floodgate_quota::server::Limits;
+use floodgate_quota::store::RedisStore;
+use serde_json::json;
+
+const LIMITS: &str = r#"
+domain: hot
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"#;
+
+/// Flooding tasks on the hot key, and calls of each probing kind.
+const FLOOD: usize = 48;
+const PROBES: usize = 40;
+
+async fn probes_are_answered_while_a_key_is_flooded(backend: Backend) {
+    // The connection caps are not what this is about: no per-peer share
+    // (every task connects from 127.0.0.1).
+    let limits = Limits { max_connections_per_peer: 0, ..Limits::default() };
+    // The store timeout of the other functional tests (2 s): a moment of a
+    // loaded machine is not what this is about either.
+    let options = Options { limits, ..Options::default() };
+    let f = Arc::new(Fixture::with(backend, LIMITS, options).await);
+    let done = Arc::new(AtomicBool::new(false));
+    let flood_failures = Arc::new(AtomicU64::new(0));
+    let flood: Vec<_> = (0..FLOOD)
+        .map(|_| {
+            let (f, done, failures) = (f.clone(), done.clone(), flood_failures.clone());
+            tokio::spawn(async move {
+                // Bounded: at most 5,000 calls each, and none once the probes end.
+                for _ in 0..5_000 {
+                    if done.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let body = json!({"domain": "hot", "descriptors": [[["k", "hot"]]], "hits": 1});
+                    let (status, answer) = f.post("/v1/check", &body).await;
+                    if status != 200 {
+                        eprintln!("flood: {status} {answer}");
+                        failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    // Let the flood build up.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = round_trips(&f);
+
+    let mut failed = Vec::new();
+    for i in 0..PROBES {
+        let check = json!({"domain": "hot", "descriptors": [[["k", format!("other{i}")]], [["k", "hot"]]], "hits": 1});
+        let (status, body) = f.post("/v1/check", &check).await;
+        if status != 200 {
+            failed.push(format!("check [other, hot]: {status} {body}"));
+        }
+        let leases = json!({"domain": "hot", "leases": [
+            {"id": format!("a{i}"), "descriptor": [["k", format!("other{i}")]], "wanted": 10},
+            {"id": format!("b{i}"), "descriptor": [["k", "hot"]], "wanted": 10},
+        ]});
+        let (status, body) = f.post("/v1/lease", &leases).await;
+        if status != 200 {
+            failed.push(format!("two leases: {status} {body}"));
+            continue;
+        }
+        let back = json!({"domain": "hot", "returns": [{"id": format!("b{i}"), "tokens": 5}]});
+        let (status, body) = f.post("/v1/return", &back).await;
+        if status != 200 {
+            failed.push(format!("return of the hot key's lease: {status} {body}"));
+        }
+    }
+    let after = round_trips(&f);
+    done.store(true, Ordering::Relaxed);
+    for task in flood {
+        task.await.unwrap();
+    }
+    if let (Some((t0, r0)), Some((t1, r1))) = (before, after) {
+        // Every round trip beyond one per store transaction is a race lost
+        // (or a read: each return reads its lease's record first, once).
+        let extra = (r1 - r0).saturating_sub(t1 - t0);
+        eprintln!("{} transactions, {} round trips", t1 - t0, r1 - r0);
+        assert!(extra <= PROBES as u64 + 20, "the instance raced itself: {extra} round trips more than transactions");
+    }
+    assert!(failed.is_empty(), "{} of {} probing calls failed: {failed:#?}", failed.len(), 3 * PROBES);
+    assert_eq!(flood_failures.load(Ordering::Relaxed), 0, "the flood itself was served");
+}
+
+/// The Redis store's (transactions, round trips) so far.
+fn round_trips(f: &Fixture) -> Option<(u64, u64)> {
+    f.service.store().backend_as::<RedisStore>().map(RedisStore::round_trips)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_probes_are_answered_while_a_key_is_flooded() {
+    probes_are_answered_while_a_key_is_flooded(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_probes_are_answered_while_a_key_is_flooded() {
+    probes_are_answered_while_a_key_is_flooded(Backend::Memory).await;
+}
+
+/// A call of 200 leases of distinct keys is one script: one round trip to
+/// Redis (its domain is one slot), each lease its own transaction, each
+/// granted on its own.
+async fn a_call_of_200_leases_is_one_round_trip(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    let call = |round: usize| {
+        let leases: Vec<serde_json::Value> = (0..200)
+            .map(|i| json!({"id": format!("r{round}-{i}"), "descriptor": [["k", format!("key{i}")]], "wanted": 10}))
+            .collect();
+        json!({"domain": "hot", "leases": leases})
+    };
+    // The first call meets every key (taken as absent: still one round trip).
+    for round in 0..2 {
+        let (t0, r0) = round_trips(&f).unwrap();
+        let answer = f.lease(call(round)).await;
+        let (t1, r1) = round_trips(&f).unwrap();
+        let grants = answer["leases"].as_array().unwrap();
+        assert_eq!(grants.len(), 200);
+        assert!(grants.iter().all(|g| g["granted"] == 10), "{answer}");
+        assert_eq!((t1 - t0, r1 - r0), (200, 1), "200 transactions in one round trip");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_call_of_200_leases_is_one_round_trip() {
+    a_call_of_200_leases_is_one_round_trip(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_a_call_of_200_leases_is_one_round_trip() {
+    a_call_of_200_leases_is_one_round_trip(Backend::RedisCluster).await;
+}
