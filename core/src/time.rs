@@ -44,6 +44,11 @@ impl Nanos {
         self.0.checked_sub(earlier.0).map(Nanos)
     }
 
+    /// Half of this span, rounded down.
+    pub const fn halved(self) -> Nanos {
+        Nanos(self.0 / 2)
+    }
+
     /// This span `times` times over, saturating.
     pub fn times(self, times: u64) -> Nanos {
         Nanos(self.0.saturating_mul(times))

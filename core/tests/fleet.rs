@@ -103,6 +103,7 @@ impl Service {
             valid: Nanos::from_millis(valid.floor_millis()),
             starts: Nanos::from_millis((starts_at - now).ceil_millis()),
             index,
+            windows: 0,
             limit: capacity,
             window: SECOND,
             unleased: remaining,

@@ -58,9 +58,11 @@ pub enum StatusCall {
 
 /// This worker's traffic with the quota service. What a request waits for
 /// leaves at once; refreshes no request waits for yet (a lease ahead of its
-/// window, a pool that still holds tokens for a while) and returns are held
-/// back until their claim's `send_by` (at most `MAX_BATCH_DELAY`), so that
-/// many pools' leases share one call; anything that leaves takes them along.
+/// window, a pool that still holds tokens for a while, an allowance's
+/// renewal) and returns are held back until their claim's `send_by` (at most
+/// `MAX_BATCH_DELAY`, or a renewal round), so that many pools' leases share
+/// one call; anything that leaves takes along every held refresh whose
+/// `not_before` has come (an allowance's renewal waits for its last window).
 #[derive(Debug, Default)]
 pub struct Callouts {
     refreshes: Vec<Refresh>,
@@ -98,7 +100,7 @@ impl Callouts {
         !self.refreshes.is_empty()
             || !self.checks.is_empty()
             || self.hold_until.is_some_and(|until| until <= now)
-            || self.held.len() >= MAX_ITEMS
+            || self.held.iter().filter(|r| r.claim.not_before <= now).count() >= MAX_ITEMS
             || self.returns.len() >= MAX_ITEMS
     }
 
@@ -148,9 +150,11 @@ impl Callouts {
         if !self.has_outgoing(now) {
             return out;
         }
-        self.hold_until = None;
         let mut refreshes = std::mem::take(&mut self.refreshes);
-        refreshes.append(&mut self.held);
+        let (ready, later) = std::mem::take(&mut self.held).into_iter().partition(|r| r.claim.not_before <= now);
+        self.held = later;
+        self.hold_until = self.held.iter().map(|r| r.claim.send_by).min();
+        refreshes.extend::<Vec<Refresh>>(ready);
         let mut chunks = refreshes.into_iter().peekable();
         while chunks.peek().is_some() {
             out.push(Outgoing::Leases(chunks.by_ref().take(MAX_ITEMS).collect()));
@@ -234,6 +238,7 @@ impl CheckJob {
 mod tests {
     use super::*;
     use floodgate_core::global::pool::Claim;
+    use floodgate_core::time::SECOND;
 
     const T0: Nanos = Nanos(1_700_000_000_000_000_000);
 
@@ -259,7 +264,7 @@ mod tests {
     }
 
     fn refresh(lease: u64, send_by: Nanos) -> Refresh {
-        let claim = Claim { started: T0, wanted: 1, rate: 1.0, window: None, send_by };
+        let claim = Claim { started: T0, wanted: 1, rate: 1.0, window: None, send_by, not_before: T0 };
         Refresh { rule: 0, group: 0, fingerprint: lease, claim, sent: T0, lease, descriptor: Vec::new() }
     }
 
@@ -289,5 +294,28 @@ mod tests {
         callouts.sent(7, Callout::Status(StatusCall::Probe(2)));
         assert!(matches!(callouts.answered(7), Some(Callout::Status(StatusCall::Probe(2)))));
         assert!(callouts.answered(7).is_none());
+    }
+
+    #[test]
+    fn a_renewal_leaves_in_its_round_and_not_before_its_time() {
+        let mut callouts = Callouts::default();
+        let round = T0 + SECOND;
+        let renewal = |lease, not_before| {
+            let early = refresh(lease, not_before + SECOND.halved());
+            Refresh { claim: Claim { not_before, ..early.claim }, ..early }
+        };
+        callouts.refresh([renewal(1, T0 + Nanos(5)), renewal(2, round), renewal(3, T0)], T0);
+        assert_eq!(callouts.hold_until(), Some(T0 + SECOND.halved()));
+        // A refresh a request waits for leaves at once with the renewals
+        // whose time has come; the others stay for their round.
+        callouts.refresh([refresh(4, T0)], T0 + Nanos(10));
+        let out = callouts.take_outgoing(T0 + Nanos(10));
+        let Outgoing::Leases(leases) = &out[0] else { panic!("{out:?}") };
+        assert_eq!(leases.iter().map(|r| r.lease).collect::<Vec<_>>(), vec![4, 1, 3]);
+        assert_eq!(callouts.hold_until(), Some(round + SECOND.halved()));
+        assert!(!callouts.has_outgoing(round));
+        let out = callouts.take_outgoing(round + SECOND.halved());
+        assert!(matches!(&out[0], Outgoing::Leases(l) if l.len() == 1 && l[0].lease == 2));
+        assert_eq!(callouts.hold_until(), None);
     }
 }

@@ -125,7 +125,7 @@ impl QuotaService {
                     wanted: r.claim.wanted,
                     rate: Some(r.claim.rate),
                     window: r.claim.window,
-                    per_window: false,
+                    per_window: true,
                 })
                 .collect(),
         };
@@ -200,6 +200,7 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 valid: Nanos::from_millis(grant.valid_ms),
                 starts: Nanos::from_millis(grant.starts_ms),
                 index: grant.window.unwrap_or(0),
+                windows: grant.windows,
                 limit: grant.limit.unwrap_or(0),
                 window,
                 unleased,
@@ -268,7 +269,14 @@ mod tests {
             rule: 0,
             group: 0,
             fingerprint: 7,
-            claim: Claim { started: Nanos::ZERO, wanted: 40, rate: 20.0, window: None, send_by: Nanos::ZERO },
+            claim: Claim {
+                started: Nanos::ZERO,
+                wanted: 40,
+                rate: 20.0,
+                window: None,
+                send_by: Nanos::ZERO,
+                not_before: Nanos::ZERO,
+            },
             sent: Nanos::ZERO,
             lease,
             descriptor: vec![("api_key".into(), "alice".into())],
@@ -286,14 +294,14 @@ mod tests {
         assert_eq!(
             body,
             serde_json::json!({"domain": "edge", "leases": [{"id": "00000000000000ab",
-                "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0}]})
+                "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0, "per_window": true}]})
         );
     }
 
     #[test]
     fn a_grant_is_read_into_the_pools_terms() {
         let body = br#"{"leases": [{"code": "ok", "granted": 30, "valid_ms": 1000, "limit": 100,
-            "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3}]}"#;
+            "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3, "windows": 2}]}"#;
         let grants = read_leases(Some(200), body, &[refresh(9)]).unwrap();
         assert_eq!(
             grants,
@@ -303,6 +311,7 @@ mod tests {
                 valid: SECOND,
                 starts: Nanos::ZERO,
                 index: 3,
+                windows: 2,
                 limit: 100,
                 window: SECOND.times(60),
                 unleased: 20,

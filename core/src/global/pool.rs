@@ -28,13 +28,36 @@
 //! (never later, however long the answer took). Should the held tokens run
 //! out before the next window starts, the pool asks for more of the current
 //! window, and those go where the held ones were.
+//!
+//! **Allowances.** A grant that covers several windows (`windows`, see
+//! `crate::lease::allowance`) holds `granted` tokens in each of them: when
+//! one window ends the pool moves to the next with a fresh allowance,
+//! without asking. Each window's tokens count from the window's start as
+//! the answer could have meant it at the latest (its call's departure plus
+//! the first window's end, plus the answer's latency and the protocol's
+//! rounding) until its end at the earliest, so a token is never spent
+//! outside its window. A pool whose window runs dry asks for a lease of
+//! that window, which bridges it as held tokens; the allowance goes on. The
+//! renewal, the next term's allowance, is claimed from the lease's last
+//! half, but its call leaves only in the allowance's last window
+//! ([`Claim::not_before`]): the answer is then a lease ahead of the next
+//! window, as above.
 
 use super::refresh::{RefreshPolicy, THIN_REQUESTS};
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
 use crate::time::{Nanos, SECOND};
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 18 * 8;
+pub const STATE_LEN: usize = 21 * 8;
+
+/// The protocol's rounding of times: a window's start learnt from a whole
+/// number of milliseconds is counted this much later, never earlier.
+const ROUNDING: Nanos = Nanos::from_millis(1);
+
+/// The longest an allowance's renewal is held back from the start of the
+/// allowance's last window, to share a call with other pools' renewals (one
+/// call per worker per round): at most half of that window.
+pub const RENEWAL_ROUND: Nanos = Nanos::from_secs(1);
 
 /// One pool: the current lease and what the service said with it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,6 +100,13 @@ pub struct PoolState {
     /// The window the current lease's tokens count in, as the service names
     /// it (0: an algorithm without windows, or no lease yet).
     pub window_index: u64,
+    /// For an allowance, the tokens it holds in each window (0: a lease of
+    /// one window, or of one lifetime).
+    pub allowance: u64,
+    /// For an allowance, how long its windows are.
+    pub slice: Nanos,
+    /// For an allowance, its last window (`window_index` counts now).
+    pub final_index: u64,
 }
 
 /// What the service granted for one pool.
@@ -91,8 +121,12 @@ pub struct LeaseGrant {
     /// When they start counting, from the answer (zero: at once; a lease
     /// ahead: when the window it is for starts).
     pub starts: Nanos,
-    /// The window they count in (0: an algorithm without windows).
+    /// The window they count in (0: an algorithm without windows); for an
+    /// allowance, its first window.
     pub index: u64,
+    /// For an allowance, how many windows from `index` on it holds
+    /// `granted` tokens in (0 or 1: the tokens of one window).
+    pub windows: u64,
     /// The limit, per `window`.
     pub limit: u64,
     /// The window of the limit.
@@ -122,6 +156,10 @@ pub struct Claim {
     /// [`MAX_BATCH_DELAY`] later otherwise. Until then a host may hold it
     /// back, to send it with others in one call.
     pub send_by: Nanos,
+    /// The earliest instant its call may leave: `started`, or for an
+    /// allowance's renewal, the start of the allowance's last window (its
+    /// answer, a lease ahead of the next window, must come in that one).
+    pub not_before: Nanos,
 }
 
 /// The longest a claim that no request waits for is held back to share a
@@ -179,10 +217,59 @@ impl LeasePool {
     }
 
     /// The `(lease, tokens)` not spent and not expired at `now`: the held
-    /// lease's and the current one's (a lease ahead's too, before its start).
+    /// lease's and the current one's (a lease ahead's too, before its start;
+    /// an allowance's in the window that counts).
     pub fn unspent(&self, state: &PoolState, now: Nanos) -> [(u64, u64); 2] {
+        let state = self.rolled(*state, now);
         let current = if now < state.expires_at { state.tokens } else { 0 };
-        [(state.held_lease, self.held(state, now)), (state.lease, current)]
+        [(state.held_lease, self.held(&state, now)), (state.lease, current)]
+    }
+
+    /// Takes every unspent token out of the pool at `now` (the
+    /// configuration goes away): the `(lease, tokens)` to give back (a
+    /// return of an allowance frees its later windows too), and the pool
+    /// after, which holds nothing and spends no later window of an
+    /// allowance.
+    pub fn take_unspent(&self, state: PoolState, now: Nanos) -> ([(u64, u64); 2], PoolState) {
+        let unspent = self.unspent(&state, now);
+        let state = self.rolled(state, now);
+        let emptied = PoolState { tokens: 0, held_tokens: 0, allowance: 0, final_index: state.window_index, ..state };
+        (unspent, emptied)
+    }
+
+    /// Whether the current lease is an allowance with windows after the one
+    /// that counts.
+    fn windows_left(&self, state: &PoolState) -> bool {
+        state.allowance > 0 && state.window_index < state.final_index && state.slice > Nanos::ZERO
+    }
+
+    /// When the current lease ends: its window's end, or its last window's
+    /// for an allowance.
+    fn lease_end(&self, state: &PoolState) -> Nanos {
+        match self.windows_left(state) {
+            true => state.expires_at + state.slice.times(state.final_index - state.window_index),
+            false => state.expires_at,
+        }
+    }
+
+    /// An allowance moved on to the window that counts at `now` (or the
+    /// first gap before it): that window's tokens, counted from its start
+    /// at the latest (the answer's latency and the protocol's rounding
+    /// after the earliest) to its end at the earliest. Anything else as it is.
+    fn rolled(&self, state: PoolState, now: Nanos) -> PoolState {
+        if !self.windows_left(&state) || now < state.expires_at {
+            return state;
+        }
+        let behind = (now - state.expires_at).get() / state.slice.get().max(1);
+        let steps = behind.saturating_add(1).min(state.final_index - state.window_index);
+        let earliest_start = state.expires_at + state.slice.times(steps - 1);
+        PoolState {
+            window_index: state.window_index + steps,
+            tokens: state.allowance,
+            starts_at: earliest_start + state.latency + ROUNDING,
+            expires_at: earliest_start + state.slice,
+            ..state
+        }
     }
 
     /// Tokens of the current lease that count at `now`.
@@ -212,7 +299,7 @@ impl LeasePool {
     /// none is in flight. Returns the outcome, the claim if this request made
     /// it, and the state after (write it back if either changed it).
     pub fn spend(&self, state: PoolState, now: Nanos, cost: u64) -> (Spend, Option<Claim>, PoolState) {
-        let (spend, mut after) = self.take(state, now, cost);
+        let (spend, mut after) = self.take(self.rolled(state, now), now, cost);
         // A request that found the pool short is demand too: counted in
         // the rate the refresh is sized by, so a revived pool asks for more
         // than one token.
@@ -253,20 +340,32 @@ impl LeasePool {
             return None;
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
-        let (window, needed_at) = self.due(state, now, rate)?;
-        state.refresh_until = now + self.claim_ttl;
+        let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
         // What the pool holds now is spent first, unless the ask is for the
         // next window, where none of it counts.
         let usable = if window.is_some() { 0 } else { self.usable(state, now) };
-        let send_by = (needed_at - self.refresh.turnaround(state.latency)).clamp(now, now + MAX_BATCH_DELAY);
-        Some(Claim { started: now, wanted: self.refresh.wanted(rate, usable).max(cost), rate, window, send_by })
+        let latest = needed_at - self.refresh.turnaround(state.latency);
+        let (not_before, send_by) = match window.is_some() && self.windows_left(state) {
+            // An allowance's renewal leaves in its last window, within a round.
+            true => {
+                let last_starts = self.lease_end(state) - state.slice + state.latency + ROUNDING;
+                let send_by = (last_starts + RENEWAL_ROUND).min(last_starts + (needed_at - last_starts).halved());
+                (last_starts.max(now), send_by.max(last_starts).max(now))
+            }
+            false => (now, latest.clamp(now, now + MAX_BATCH_DELAY)),
+        };
+        // Taken over only once its call, held back until `send_by`, has had
+        // its time.
+        state.refresh_until = send_by + self.claim_ttl;
+        let wanted = self.refresh.wanted(rate, usable).max(cost);
+        Some(Claim { started: now, wanted, rate, window, send_by, not_before })
     }
 
     /// Whether a refresh is due at `now` at `rate`, for which window
     /// (`None` for the one that counts now, `Some(w)` for the next one, `w`,
     /// ahead of its start), and when the pool will need its answer: when
     /// what it holds runs out at that rate, or its lease ends.
-    fn due(&self, state: &PoolState, now: Nanos, rate: f64) -> Option<(Option<u64>, Nanos)> {
+    fn due(&self, state: &PoolState, now: Nanos, rate: f64, short: bool) -> Option<(Option<u64>, Nanos)> {
         let per_second = |span: Nanos| rate * span.get() as f64 / SECOND.get() as f64;
         // `as` saturates: no rate means the tokens never run out.
         let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos((tokens as f64 / rate * 1e9) as u64) };
@@ -284,6 +383,22 @@ impl LeasePool {
         }
         let start = state.leased_at.max(state.starts_at);
         let usable = self.usable(state, now);
+        if self.windows_left(state) {
+            // An allowance: the next term's from its last half on. A lease
+            // of this window when a request found it short, or when its
+            // tokens run out within a refresh's time while more requests
+            // are expected before it ends; not when it ends within a
+            // refresh's time (the next window's tokens come sooner).
+            let end = self.lease_end(state);
+            if now - state.leased_at >= (end - state.leased_at).halved() {
+                return Some((Some(state.final_index.saturating_add(1)), end));
+            }
+            let turnaround = self.refresh.turnaround(state.latency);
+            let expected = per_second(state.expires_at - now);
+            let runs_dry = usable as f64 + 1.0 <= expected && usable as f64 <= per_second(turnaround);
+            let ends_soon = state.expires_at - now <= turnaround;
+            return ((short || runs_dry) && !denied && !ends_soon).then_some((None, runs_out(usable)));
+        }
         // A lease that ends with its window, and whose tokens last until
         // then (or that got nothing in it): what is needed next is the next
         // window's.
@@ -309,6 +424,7 @@ impl LeasePool {
         (claim_started, sent): (Nanos, Nanos),
         grant: &LeaseGrant,
     ) -> (Applied, PoolState) {
+        let state = self.rolled(state, now);
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
             return (Applied::Duplicate, state);
         }
@@ -319,11 +435,21 @@ impl LeasePool {
         // call left and before the answer: the tokens start no earlier, and
         // end no later, than it meant.
         let starts_at = now + grant.starts;
-        let expires_at = sent + grant.valid;
+        // An allowance's first window ends where its later windows' length
+        // before the end of the last one says.
+        let windows = grant.windows.max(1);
+        let slice = if windows > 1 { grant.window } else { Nanos::ZERO };
+        let expires_at = sent + grant.valid.checked_sub(slice.times(windows - 1)).unwrap_or(Nanos::ZERO);
         let (spent, rate_since) = self.refresh.carry(state.spent, state.rate_since, now);
         let latency = now - sent;
-        if starts_at <= now && self.pending(&state, now) {
+        let bridges = self.pending(&state, now) || self.windows_left(&state);
+        if starts_at <= now && windows == 1 && bridges {
             return self.bridge(state, now, grant, expires_at, (spent, rate_since, latency));
+        }
+        if self.windows_left(&state) && starts_at > state.expires_at + state.slice {
+            // Not the window after this one (a renewal sent too early): the
+            // allowance goes on, and the grant goes back whole.
+            return (Applied::Stale, state);
         }
         let (leftover, held) = self.keep(&state, now, starts_at > now);
         let denied_until = if starts_at > now {
@@ -354,6 +480,9 @@ impl LeasePool {
             held_until: held.2,
             starts_at,
             window_index: grant.index,
+            allowance: if windows > 1 { grant.granted } else { 0 },
+            slice,
+            final_index: grant.index.saturating_add(windows - 1),
         };
         (Applied::Replaced(leftover), after)
     }
@@ -440,11 +569,10 @@ impl LeasePool {
         (leftover, held)
     }
 
-    /// Ends the claim made at `claim_started` without an answer (the callout
-    /// failed), so the next request may claim again; `None` when the claim
-    /// is no longer this one.
-    pub fn abandon(&self, state: PoolState, claim_started: Nanos) -> Option<PoolState> {
-        (state.refresh_until == claim_started + self.claim_ttl)
+    /// Ends `claim` without an answer (the callout failed), so the next
+    /// request may claim again; `None` when the claim is no longer this one.
+    pub fn abandon(&self, state: PoolState, claim: &Claim) -> Option<PoolState> {
+        (state.refresh_until == claim.send_by + self.claim_ttl)
             .then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
     }
 
@@ -491,6 +619,9 @@ impl Algorithm for LeasePool {
             held_until: Nanos(word(15)?),
             starts_at: Nanos(word(16)?),
             window_index: word(17)?,
+            allowance: word(18)?,
+            slice: Nanos(word(19)?),
+            final_index: word(20)?,
         })
     }
 
@@ -514,6 +645,9 @@ impl Algorithm for LeasePool {
             s.held_until.get(),
             s.starts_at.get(),
             s.window_index,
+            s.allowance,
+            s.slice.get(),
+            s.final_index,
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -537,6 +671,7 @@ impl Algorithm for LeasePool {
     /// Spends without claiming (see [`LeasePool::spend`]); an empty pool
     /// denies with a zero `retry_after`: "ask the service".
     fn decide(&self, state: PoolState, now: Nanos, cost: u64) -> (Decision, PoolState) {
+        let state = self.rolled(state, now);
         match self.take(state, now, cost) {
             (Spend::Taken(decision), after) => (decision, after),
             (Spend::Denied(decision), _) => (decision, state),
@@ -549,6 +684,7 @@ impl Algorithm for LeasePool {
     /// since the current lease was applied, they came from it or from the
     /// held tokens, so they go back to whichever of the two expires first.
     fn release(&self, state: PoolState, now: Nanos, grant: Grant, why: Release) -> Option<PoolState> {
+        let state = self.rolled(state, now);
         if !why.gives_back() || grant.at < state.leased_at {
             return None;
         }
@@ -580,7 +716,7 @@ impl Algorithm for LeasePool {
 
     /// When the tokens expire and any claim or denial has run out.
     fn idle_at(&self, state: PoolState, now: Nanos) -> Nanos {
-        let tokens_until = if state.tokens > 0 { state.expires_at } else { now };
+        let tokens_until = if state.tokens > 0 || self.windows_left(&state) { self.lease_end(&state) } else { now };
         let held_until = if state.held_tokens > 0 { state.held_until } else { now };
         now.max(tokens_until).max(held_until).max(state.refresh_until).max(state.denied_until)
     }
@@ -617,6 +753,7 @@ mod tests {
             valid: SECOND,
             starts: Nanos::ZERO,
             index: 0,
+            windows: 0,
             limit: 1000,
             window: SECOND.times(60),
             unleased: 500,
@@ -978,10 +1115,12 @@ mod tests {
     fn a_failed_refresh_frees_the_claim_only_if_it_is_still_ours() {
         let p = pool();
         let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
-        let freed = p.abandon(state, claim.unwrap().started).unwrap();
+        let claim = claim.unwrap();
+        let freed = p.abandon(state, &claim).unwrap();
         assert_eq!(freed.refresh_until, Nanos::ZERO);
         assert!(p.spend(freed, T0 + MS, 1).1.is_some(), "the next request claims again");
-        assert_eq!(p.abandon(state, T0 + MS), None, "another worker's claim is left alone");
+        let other = Claim { send_by: T0 + MS, ..claim };
+        assert_eq!(p.abandon(state, &other), None, "another worker's claim is left alone");
     }
 
     #[test]
@@ -1020,5 +1159,133 @@ mod tests {
         p.encode(&state, &mut bytes);
         assert_eq!(p.decode(&bytes), Some(state));
         assert_eq!(p.decode(&bytes[..STATE_LEN - 1]), None);
+    }
+
+    /// An allowance of `per_window` tokens in 30 per-second windows from
+    /// window `K` (the one counting at `T0`), granted by a call sent at `T0`
+    /// and answered 2 ms later.
+    fn allowance(per_window: u64) -> (LeasePool, PoolState) {
+        let p = pool();
+        let claimed = PoolState { spent: 3, rate_since: T0 - SECOND, refresh_until: T0 + MS, ..p.fresh(T0) };
+        let grant = LeaseGrant { windows: 30, ..windowed_grant(1, per_window, K, T0) };
+        let grant = LeaseGrant { valid: SECOND.times(30), ..grant };
+        let (applied, state) = p.apply(claimed, T0 + MS.times(2), (T0, T0), &grant);
+        assert_eq!(applied, Applied::Replaced(Leftover::default()));
+        (p, state)
+    }
+
+    #[test]
+    fn an_allowance_refills_every_window_of_its_span_without_asking() {
+        let (p, mut state) = allowance(3);
+        for window in 0..30u64 {
+            let start = T0 + SECOND.times(window);
+            // Its tokens count from the window's latest possible start (2 ms
+            // of latency, 1 ms of rounding) to its end.
+            let from = if window == 0 { T0 + MS.times(2) } else { start + MS.times(3) };
+            if window > 0 {
+                let (spend, claim, _) = p.spend(state, from - Nanos(1), 1);
+                assert_eq!(spend, Spend::Empty, "window {window}: not before it surely started");
+                assert_eq!(claim, None, "a gap of a few ms waits for the window, it does not ask");
+            }
+            // Three a window, as its rate says (3 a second).
+            for i in 0..3 {
+                let (spend, claim, after) = p.spend(state, from + MS.times(50 + 350 * i), 1);
+                assert!(matches!(spend, Spend::Taken(_)), "window {window}, request {i}: {spend:?}");
+                if window < 15 {
+                    assert_eq!(claim, None, "window {window}: nothing to ask for yet");
+                }
+                state = PoolState { refresh_until: Nanos::ZERO, ..after };
+            }
+            let (spend, _, _) = p.spend(state, from + MS.times(800), 1);
+            assert!(!matches!(spend, Spend::Taken(_)), "window {window}: 3 a window");
+        }
+        // After its last window: nothing.
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(30) + MS.times(5), 1);
+        assert!(!matches!(spend, Spend::Taken(_)));
+    }
+
+    #[test]
+    fn an_allowance_is_renewed_from_its_last_half_by_a_call_in_its_last_window() {
+        let (p, state) = allowance(3);
+        let (_, early, _) = p.spend(state, T0 + SECOND.times(14), 1);
+        assert_eq!(early, None);
+        let now = T0 + SECOND.times(15) + MS.times(3);
+        let (spend, claim, after) = p.spend(state, now, 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        let claim = claim.unwrap();
+        assert_eq!(claim.window, Some(K + 30), "the window after its last");
+        let last_starts = T0 + SECOND.times(29) + MS.times(3);
+        assert_eq!(claim.not_before, last_starts, "its answer must come in the last window");
+        let half_left = (T0 + SECOND.times(30) - last_starts).halved();
+        assert_eq!(claim.send_by, last_starts + half_left, "within a round, half the window left");
+        assert_eq!(after.refresh_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
+        // Answered in the last window with the next term's allowance, ahead:
+        // the last window's tokens are held until its end, then the new one counts.
+        let at = claim.send_by;
+        let state = after;
+        let ahead = LeaseGrant {
+            windows: 30,
+            valid: T0 + SECOND.times(60) - at,
+            starts: T0 + SECOND.times(30) - at,
+            index: K + 30,
+            ..windowed_grant(2, 4, K + 30, at)
+        };
+        let (applied, renewed) = p.apply(state, at + MS.times(2), (claim.started, at), &ahead);
+        assert!(matches!(applied, Applied::Replaced(_)), "{applied:?}");
+        assert_eq!((renewed.lease, renewed.allowance, renewed.final_index), (2, 4, K + 59));
+        assert!(renewed.held_tokens > 0, "the last window's tokens are kept for its rest");
+        let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(30) + MS.times(5), 4);
+        assert!(matches!(spend, Spend::Taken(_)), "the next term's first window: {spend:?}");
+        let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(45) + MS.times(5), 4);
+        assert!(matches!(spend, Spend::Taken(_)), "and its later windows");
+    }
+
+    #[test]
+    fn a_window_that_runs_dry_gets_a_lease_of_its_own_and_the_allowance_goes_on() {
+        let (p, state) = allowance(2);
+        let now = T0 + SECOND.times(3) + MS.times(100);
+        // Spent at once, with most of the window and its requests to come:
+        // more of this window is asked for before a request waits.
+        let (spend, claim, state) = p.spend(state, now, 2);
+        assert!(matches!(spend, Spend::Taken(_)));
+        let claim = claim.unwrap();
+        assert_eq!((claim.window, claim.not_before, claim.send_by), (None, now, now));
+        let (spend, again, _) = p.spend(state, now + MS, 1);
+        assert_eq!((spend, again), (Spend::Empty, None), "asked once");
+        let top_up = LeaseGrant { valid: SECOND - MS.times(105), index: K + 3, ..windowed_grant(3, 5, K + 3, now) };
+        let top_up = LeaseGrant { starts: Nanos::ZERO, ..top_up };
+        let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(2)), &top_up);
+        assert_eq!(applied, Applied::Replaced(Leftover::default()));
+        assert_eq!((state.lease, state.held_lease, state.held_tokens), (1, 3, 5), "held beside the allowance");
+        let (spend, _, state) = p.spend(state, now + MS.times(5), 5);
+        assert!(matches!(spend, Spend::Taken(_)));
+        // The next window: the allowance's 2 again; the top-up ended with its window.
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(4), 2);
+        assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+    }
+
+    #[test]
+    fn an_allowance_given_back_returns_this_windows_tokens_and_spends_no_later_window() {
+        let (p, state) = allowance(3);
+        let now = T0 + SECOND.times(7) + MS.times(10);
+        let (_, _, state) = p.spend(state, now, 1);
+        let (unspent, emptied) = p.take_unspent(state, now);
+        assert_eq!(unspent, [(0, 0), (1, 2)]);
+        let (spend, _, _) = p.spend(emptied, T0 + SECOND.times(8) + MS.times(10), 1);
+        assert!(!matches!(spend, Spend::Taken(_)));
+        assert!(p.is_idle(emptied, now));
+        // Kept while any of its windows is to come.
+        assert_eq!(p.idle_at(state, now), T0 + SECOND.times(30));
+    }
+
+    #[test]
+    fn a_renewal_answered_too_early_goes_back_and_the_allowance_goes_on() {
+        let (p, state) = allowance(3);
+        let at = T0 + SECOND.times(16);
+        let ahead =
+            LeaseGrant { windows: 30, starts: SECOND.times(14), index: K + 30, ..windowed_grant(2, 4, K + 30, at) };
+        let (applied, after) = p.apply(state, at, (at, at), &ahead);
+        assert_eq!(applied, Applied::Stale);
+        assert_eq!((after.lease, after.allowance), (1, 3));
     }
 }

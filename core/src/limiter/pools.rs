@@ -88,7 +88,7 @@ impl<H> Limiter<H> {
         let Some(pool) = self.pool_of(compiled) else { return };
         let result = compiled.on_group(store, Bucket::Main, refresh.group, self.max_cas_retries, |group| {
             compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
-                let Some(after) = pool.decode(slot).and_then(|state| pool.abandon(state, refresh.claim.started)) else {
+                let Some(after) = pool.decode(slot).and_then(|state| pool.abandon(state, &refresh.claim)) else {
                     return ((), false);
                 };
                 pool.encode(&after, slot);
@@ -115,12 +115,12 @@ impl<H> Limiter<H> {
                     here.clear();
                     table.update_every(stored, |slot| {
                         let Some(state) = pool.decode(slot) else { return false };
-                        let unspent = pool.unspent(&state, now);
+                        let (unspent, emptied) = pool.take_unspent(state, now);
                         if unspent.iter().all(|(_, tokens)| *tokens == 0) {
                             return false;
                         }
                         here.extend(unspent.into_iter().filter(|(_, tokens)| *tokens > 0));
-                        pool.encode(&PoolState { tokens: 0, held_tokens: 0, ..state }, slot);
+                        pool.encode(&emptied, slot);
                         true
                     })
                 });

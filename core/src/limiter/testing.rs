@@ -92,6 +92,7 @@ pub(super) fn lease(id: u64, granted: u64) -> LeaseGrant {
         valid: SECOND.times(10),
         starts: Nanos::ZERO,
         index: 0,
+        windows: 0,
         limit: 100,
         window: SECOND.times(60),
         unleased: 50,
