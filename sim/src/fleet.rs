@@ -47,6 +47,9 @@ pub struct Config {
     pub restart_at: Option<Nanos>,
     /// Everything random is drawn from it.
     pub seed: u64,
+    /// Whether the service grants allowances to the leases that ask for
+    /// them (as the filter does); false only to compare.
+    pub allowances: bool,
 }
 
 /// How long after an answer is applied the requests waiting for it are
@@ -84,6 +87,13 @@ pub struct Outcome {
     pub waited: f64,
     /// Of those, the ones whose pool held no live lease at all (a cold pair), weighted.
     pub waited_cold: f64,
+    /// Waits at a warm pair (a live lease that ran dry, or one ahead not
+    /// started yet) of keys whose demand is below their limit, other than
+    /// the next, weighted.
+    pub waited_warm_under: f64,
+    /// Waits of keys below their limit at a pair whose allowance's window
+    /// ran dry, weighted.
+    pub waited_dry_allowance: f64,
     /// Requests that waited out `max_wait` and were denied, weighted.
     pub waited_out: f64,
     /// Requests denied, weighted.
@@ -127,6 +137,12 @@ pub struct Outcome {
     pub over_before: u64,
     /// See [`Outcome::windows_checked`].
     pub over_after: u64,
+    /// Windows over their limit after the restart, by when they end:
+    /// within 1, 5, 10, 20 and 40 s of it.
+    pub over_after_by: [u64; 5],
+    /// Keys limited below their demand, per shape (per-second, per-minute,
+    /// bucket): admitted and limit over the measured windows, weighted.
+    pub excess_by_shape: [(f64, f64); 3],
     /// Largest admitted ÷ limit of a token bucket's one-second window (before the restart).
     pub bucket_peak: f64,
     /// Keys limited below their demand: admitted and limit over the
@@ -181,19 +197,13 @@ impl Worker {
     fn has_outgoing(&self, now: Nanos) -> bool {
         !self.now.is_empty()
             || self.hold_until.is_some_and(|until| until <= now)
-            || self.held.len() >= MAX_ITEMS
+            || self.held.iter().filter(|p| p.refresh.claim.not_before <= now).count() >= MAX_ITEMS
             || self.returns.len() >= MAX_ITEMS
     }
 
     fn hold(&mut self, until: Nanos) {
         self.hold_until = Some(self.hold_until.map_or(until, |held| held.min(until)));
     }
-}
-
-/// The earliest a held claim may leave (`Claim::not_before` once the pool
-/// has it; until then, at once).
-fn not_before(claim: &Claim) -> Nanos {
-    claim.started
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -302,6 +312,12 @@ impl Fleet<'_> {
                     self.out.waited += w;
                     if cold {
                         self.out.waited_cold += w;
+                    } else if self.config.keys.get(key as usize).is_some_and(|k| k.over) {
+                        // Demand above the limit: pools run dry by design.
+                    } else if before.allowance > 0 {
+                        self.out.waited_dry_allowance += w;
+                    } else {
+                        self.out.waited_warm_under += w;
                     }
                 }
                 let deadline = now + self.quota.max_wait;
@@ -381,7 +397,7 @@ impl Fleet<'_> {
         }
         let mut leases = std::mem::take(&mut w.now);
         let (go, stay): (Vec<Pending>, Vec<Pending>) =
-            std::mem::take(&mut w.held).into_iter().partition(|p| not_before(&p.refresh.claim) <= now);
+            std::mem::take(&mut w.held).into_iter().partition(|p| p.refresh.claim.not_before <= now);
         leases.extend(go);
         w.held = stay;
         w.hold_until = w.held.iter().map(|p| p.refresh.claim.send_by).min();
@@ -612,6 +628,13 @@ impl Fleet<'_> {
                 out.windows_checked += 1;
                 let after = self.restart.is_some_and(|r| ends > r);
                 if units > bound {
+                    if let Some(restart) = self.restart.filter(|_| after) {
+                        let since = (ends - restart).get() as f64 / 1e9;
+                        let slot = [1.0, 5.0, 10.0, 20.0, f64::MAX].iter().position(|s| since <= *s).unwrap_or(4);
+                        if let Some(n) = out.over_after_by.get_mut(slot) {
+                            *n += 1;
+                        }
+                    }
                     if after {
                         out.over_after += 1;
                     } else {
@@ -624,6 +647,10 @@ impl Fleet<'_> {
                 if key.over && starts >= self.from && ends <= self.until {
                     out.excess_admitted += units as f64 * key.weight;
                     out.excess_limit += key.limit as f64 * key.weight;
+                    if let Some(slot) = out.excess_by_shape.get_mut(key.shape as usize) {
+                        slot.0 += units as f64 * key.weight;
+                        slot.1 += key.limit as f64 * key.weight;
+                    }
                 }
             }
             // Windows in which an over-limit key admitted nothing count too.
@@ -633,7 +660,11 @@ impl Fleet<'_> {
                     .keys()
                     .filter(|&&w| period.times(w) >= self.from && period.times(w + 1) <= self.until)
                     .count() as u64;
-                out.excess_limit += (measured.saturating_sub(seen) * key.limit) as f64 * key.weight;
+                let unused = (measured.saturating_sub(seen) * key.limit) as f64 * key.weight;
+                out.excess_limit += unused;
+                if let Some(slot) = out.excess_by_shape.get_mut(key.shape as usize) {
+                    slot.1 += unused;
+                }
             }
         }
         out.per_key = self
@@ -681,7 +712,7 @@ pub fn simulate(config: &Config) -> Result<Outcome, String> {
         config,
         pool: quota.pool(),
         quota,
-        service: Service::new(LEASE_TTL),
+        service: Service::new(LEASE_TTL, config.allowances),
         rng: Rng::new(config.seed),
         queue: BinaryHeap::new(),
         seq: 0,

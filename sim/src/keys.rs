@@ -40,8 +40,6 @@ impl Shape {
 /// One simulated key.
 #[derive(Debug, Clone)]
 pub struct Key {
-    /// Its rank in the Zipf order (1: hottest).
-    pub rank: u64,
     /// Requests per second, fleet-wide.
     pub rate: f64,
     /// How many keys of the fleet it stands for (1 in the head).
@@ -61,24 +59,17 @@ pub struct Key {
 }
 
 impl Key {
-    /// A key of rank `rank` and rate `rate`, drawn from `seed`, at index
-    /// `index` of the simulation (its descriptor value).
-    pub fn new(
-        index: usize,
-        rank: u64,
-        rate: f64,
-        weight: f64,
-        shape: Shape,
-        limit: u64,
-        over: bool,
-    ) -> Result<Self, String> {
+    /// The simulation's key `index` (its descriptor value is `k<index>`):
+    /// `rate` requests a second, standing for `weight` keys, limited to
+    /// `limit` per `shape`'s period.
+    pub fn new(index: usize, rate: f64, weight: f64, shape: Shape, limit: u64, over: bool) -> Result<Self, String> {
         let rule = match shape {
             Shape::PerSecond | Shape::PerMinute => Limit::new("fixed_window", limit, shape.period(), "{}")?,
             Shape::Bucket => Limit::new("token_bucket", limit, shape.period(), "{}")?,
         };
         let descriptor = vec![("key".to_string(), format!("k{index}"))];
         let bucket = bucket_key(DOMAIN, &rule, &descriptor);
-        Ok(Key { rank, rate, weight, shape, limit, over, descriptor, rule, bucket })
+        Ok(Key { rate, weight, shape, limit, over, descriptor, rule, bucket })
     }
 }
 
@@ -123,7 +114,7 @@ pub fn zipf(total: u64, head: u64, per_stratum: u64, seed: u64) -> Result<Vec<Ke
             let over = (h >> 8) % 10 == 0 && per_period >= 2.0;
             let u = unit(h >> 16);
             let limit = if over { per_period * (0.3 + 0.4 * u) } else { per_period * (1.5 + 2.5 * u) };
-            Key::new(index, rank, rate, weight, shape, (limit.ceil() as u64).max(1), over)
+            Key::new(index, rate, weight, shape, (limit.ceil() as u64).max(1), over)
         })
         .collect()
 }
@@ -134,7 +125,7 @@ pub fn flat(count: usize, seed: u64) -> Result<Vec<Key>, String> {
     (0..count)
         .map(|index| {
             let rate = 1.0 + 2.0 * unit(seed ^ index as u64);
-            Key::new(index, index as u64 + 1, rate, 1.0, Shape::PerSecond, 10, false)
+            Key::new(index, rate, 1.0, Shape::PerSecond, 10, false)
         })
         .collect()
 }

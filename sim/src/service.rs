@@ -31,6 +31,9 @@ pub struct Service {
     store: HashMap<String, Entry>,
     /// How long leased tokens stay valid (`--lease-ttl`, 1 s by default).
     ttl: Nanos,
+    /// Whether a lease that asks `per_window` may get an allowance (false:
+    /// as if the filter never asked, for comparison).
+    allowances: bool,
 }
 
 /// The key index a descriptor names (`k<index>`).
@@ -39,9 +42,9 @@ fn key_of(descriptor: &[(String, String)]) -> Option<usize> {
 }
 
 impl Service {
-    /// An empty store; leases valid `ttl`.
-    pub fn new(ttl: Nanos) -> Self {
-        Service { store: HashMap::new(), ttl }
+    /// An empty store; leases valid `ttl`; allowances granted if `allowances`.
+    pub fn new(ttl: Nanos, allowances: bool) -> Self {
+        Service { store: HashMap::new(), ttl, allowances }
     }
 
     /// The bytes stored under `key` at `now` (an entry past its time to live is gone).
@@ -105,7 +108,7 @@ impl Service {
                     (granted, (d, done.window, done.windows, valid, done.granted_at - now, true))
                 }
                 None => {
-                    let ask = (want.wanted, want.rate, want.window, want.per_window);
+                    let ask = (want.wanted, want.rate, want.window, want.per_window && self.allowances);
                     let leased = decide::lease(&key.rule, &key.bucket, self.get(&key.bucket, now), now, ask, self.ttl);
                     if leased.granted > 0 {
                         let valid_until = now + leased.valid;
