@@ -36,7 +36,7 @@ fn decades(values: impl Iterator<Item = f64>) -> (i32, i32) {
 
 fn label(exponent: i32) -> String {
     match exponent {
-        0..=4 => format!("{}", 10f64.powi(exponent)),
+        0..=6 => format!("{}", 10f64.powi(exponent)),
         _ => format!("1e{exponent}"),
     }
 }

@@ -196,13 +196,15 @@ pub fn csv(o: &Outcome) -> String {
 
 /// Callouts (leases asked for) per request by key rate and fleet size, from
 /// the simulated keys (every key-count run of one fleet size together),
-/// beside `r·L/N` and `1/(1 + r·L/N)`.
+/// beside `m = r·L/N` (a pair's expected requests per lease lifetime) and
+/// `2/(1 + m)`: a request at a cold pair costs the lease it waits for and
+/// the one its empty pool claims at once after it.
 pub fn thin_pairs(outcomes: &[Outcome], rates: &[f64], fleets: &[u32]) -> String {
     let mut out = String::new();
     let ttl = LEASE_TTL.get() as f64 / 1e9;
     let _ = write!(out, "| rate r (req/s, keys within ×√10) |");
     for n in fleets {
-        let _ = write!(out, " N = {n}: measured (m = r·L/N, 1/(1+m)) |");
+        let _ = write!(out, " N = {n}: measured (m = r·L/N; 2/(1+m)) |");
     }
     out.push('\n');
     out.push_str("|---|");
@@ -222,13 +224,13 @@ pub fn thin_pairs(outcomes: &[Outcome], rates: &[f64], fleets: &[u32]) -> String
             }
             let m = r * ttl / f64::from(n);
             if requests == 0 {
-                let _ = write!(out, " – (m = {m:.3}, {:.2}) |", 1.0 / (1.0 + m));
+                let _ = write!(out, " – (m = {m:.3}; {:.2}) |", 2.0 / (1.0 + m));
             } else {
                 let _ = write!(
                     out,
-                    " {:.2} of {requests} (m = {m:.3}, {:.2}) |",
+                    " {:.2} of {requests} (m = {m:.3}; {:.2}) |",
                     leases as f64 / requests as f64,
-                    1.0 / (1.0 + m)
+                    2.0 / (1.0 + m)
                 );
             }
         }
