@@ -206,6 +206,17 @@ impl Worker {
     }
 }
 
+/// When a pool's current lease ends: its window's end, or for an
+/// allowance with windows to come, its last window's (as the pool's own
+/// `lease_end`, which is private).
+fn lease_end(state: &PoolState) -> Nanos {
+    let windows_left = state.allowance > 0 && state.window_index < state.final_index && state.slice > Nanos::ZERO;
+    match windows_left {
+        true => state.expires_at + state.slice.times(state.final_index - state.window_index),
+        false => state.expires_at,
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
     envoy: u32,
@@ -307,7 +318,7 @@ impl Fleet<'_> {
                 }
             }
             Spend::Empty => {
-                let cold = before.lease == 0 || (now >= before.expires_at && now >= before.held_until);
+                let cold = before.lease == 0 || (now >= lease_end(&before) && now >= before.held_until);
                 if measuring {
                     self.out.waited += w;
                     if cold {
@@ -569,7 +580,11 @@ impl Fleet<'_> {
     fn tick(&mut self, now: Nanos) {
         self.service.expire(now);
         let pool = self.pool;
-        self.pools.retain(|_, e| !e.waiters.is_empty() || now < e.state.refresh_until || !pool.is_idle(e.state, now));
+        // Only a pool the filter's table could give away loses its state:
+        // idle by `idle_at` too, which (unlike `is_idle`) counts an
+        // allowance's windows still to come.
+        self.pools
+            .retain(|_, e| !(e.waiters.is_empty() && pool.is_idle(e.state, now) && pool.idle_at(e.state, now) <= now));
         if self.measuring(now) {
             let (weighted, _) = self.service.size(&self.config.keys, now);
             self.out.state_mean += weighted;
