@@ -126,9 +126,10 @@ impl Callouts {
         }
     }
 
-    /// Queues unspent tokens to give back, within `MAX_BATCH_DELAY` of `now`.
+    /// Queues unspent tokens to give back, within `MAX_BATCH_DELAY` of `now`
+    /// (`lease` 0: nothing; no tokens: an allowance's later windows).
     pub fn give_back(&mut self, lease: u64, tokens: u64, now: Nanos) {
-        if tokens > 0 {
+        if lease != 0 {
             self.returns.push((lease, tokens));
             self.hold(now + MAX_BATCH_DELAY);
         }
@@ -248,7 +249,7 @@ mod tests {
         for lease in 0..(MAX_ITEMS as u64 + 3) {
             callouts.give_back(lease + 1, 5, T0);
         }
-        callouts.give_back(99, 0, T0);
+        callouts.give_back(0, 0, T0);
         assert!(callouts.has_outgoing(T0), "a call's worth leaves at once");
         let out = callouts.take_outgoing(T0);
         let sizes: Vec<usize> = out

@@ -158,7 +158,8 @@ impl Plugin {
                 }
                 // A newer lease is in place, or the pool could not
                 // take it: the grant goes back whole.
-                Some(Applied::Stale) | None => callouts.give_back(grant.lease, grant.granted, now),
+                Some(Applied::Stale) | None if grant.granted > 0 => callouts.give_back(grant.lease, grant.granted, now),
+                Some(Applied::Stale) | None => {}
                 Some(Applied::Duplicate) => {}
             }
         }

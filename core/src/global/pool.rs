@@ -48,7 +48,7 @@ use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Rele
 use crate::time::{Nanos, SECOND};
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 21 * 8;
+pub const STATE_LEN: usize = 23 * 8;
 
 /// The protocol's rounding of times: a window's start learnt from a whole
 /// number of milliseconds is counted this much later, never earlier.
@@ -72,6 +72,10 @@ pub struct PoolState {
     pub expires_at: Nanos,
     /// A refresh is in flight until this instant (single flight).
     pub refresh_until: Nanos,
+    /// An allowance's renewal is claimed (held back, or in flight) until
+    /// this instant: apart from `refresh_until`, so that a window that runs
+    /// dry meanwhile can still get a lease of its own.
+    pub renewal_until: Nanos,
     /// Tokens spent since `rate_since`: the observed rate.
     pub spent: u64,
     /// Start of the rate observation.
@@ -107,6 +111,10 @@ pub struct PoolState {
     pub slice: Nanos,
     /// For an allowance, its last window (`window_index` counts now).
     pub final_index: u64,
+    /// For an allowance, how much later than its earliest start each of
+    /// its windows surely started: its call's latency (answer's arrival
+    /// less the call's departure) and the protocol's rounding.
+    pub lag: Nanos,
 }
 
 /// What the service granted for one pool.
@@ -182,7 +190,8 @@ pub enum Spend {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Leftover {
     /// `(lease, tokens)` to return to the service, at most one per lease
-    /// (`tokens` 0: nothing).
+    /// (`lease` 0: nothing; `tokens` 0 only for an allowance, whose later
+    /// windows the return frees).
     pub returns: [(u64, u64); 2],
     /// Tokens of leases that had expired: lost, not returnable.
     pub expired: u64,
@@ -226,13 +235,20 @@ impl LeasePool {
     }
 
     /// Takes every unspent token out of the pool at `now` (the
-    /// configuration goes away): the `(lease, tokens)` to give back (a
-    /// return of an allowance frees its later windows too), and the pool
+    /// configuration goes away): the `(lease, tokens)` to give back (`lease`
+    /// 0: none; a return of an allowance, even of no tokens, frees its
+    /// later windows too), and the pool
     /// after, which holds nothing and spends no later window of an
     /// allowance.
     pub fn take_unspent(&self, state: PoolState, now: Nanos) -> ([(u64, u64); 2], PoolState) {
-        let unspent = self.unspent(&state, now);
+        let mut unspent = self.unspent(&state, now);
         let state = self.rolled(state, now);
+        for entry in &mut unspent {
+            let allowance = entry.0 == state.lease && self.windows_left(&state);
+            if entry.1 == 0 && !allowance {
+                *entry = (0, 0);
+            }
+        }
         let emptied = PoolState { tokens: 0, held_tokens: 0, allowance: 0, final_index: state.window_index, ..state };
         (unspent, emptied)
     }
@@ -266,7 +282,7 @@ impl LeasePool {
         PoolState {
             window_index: state.window_index + steps,
             tokens: state.allowance,
-            starts_at: earliest_start + state.latency + ROUNDING,
+            starts_at: earliest_start + state.lag,
             expires_at: earliest_start + state.slice,
             ..state
         }
@@ -336,19 +352,24 @@ impl LeasePool {
     /// flight (or the one in flight outlived its claim); `unmet` units of
     /// this request found no tokens.
     fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
-        if now < state.refresh_until {
+        let renewing = self.windows_left(state) && now >= state.renewal_until;
+        if now < state.refresh_until && !renewing {
             return None;
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
         let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
+        let renewal = window.is_some() && self.windows_left(state);
+        if !renewal && now < state.refresh_until {
+            return None;
+        }
         // What the pool holds now is spent first, unless the ask is for the
         // next window, where none of it counts.
         let usable = if window.is_some() { 0 } else { self.usable(state, now) };
         let latest = needed_at - self.refresh.turnaround(state.latency);
-        let (not_before, send_by) = match window.is_some() && self.windows_left(state) {
+        let (not_before, send_by) = match renewal {
             // An allowance's renewal leaves in its last window, within a round.
             true => {
-                let last_starts = self.lease_end(state) - state.slice + state.latency + ROUNDING;
+                let last_starts = self.lease_end(state) - state.slice + state.lag;
                 let send_by = (last_starts + RENEWAL_ROUND).min(last_starts + (needed_at - last_starts).halved());
                 (last_starts.max(now), send_by.max(last_starts).max(now))
             }
@@ -356,7 +377,10 @@ impl LeasePool {
         };
         // Taken over only once its call, held back until `send_by`, has had
         // its time.
-        state.refresh_until = send_by + self.claim_ttl;
+        match renewal {
+            true => state.renewal_until = send_by + self.claim_ttl,
+            false => state.refresh_until = now + self.claim_ttl,
+        }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
         Some(Claim { started: now, wanted, rate, window, send_by, not_before })
     }
@@ -390,7 +414,8 @@ impl LeasePool {
             // are expected before it ends; not when it ends within a
             // refresh's time (the next window's tokens come sooner).
             let end = self.lease_end(state);
-            if now - state.leased_at >= (end - state.leased_at).halved() {
+            let renewal_due = now - state.leased_at >= (end - state.leased_at).halved();
+            if renewal_due && now >= state.renewal_until {
                 return Some((Some(state.final_index.saturating_add(1)), end));
             }
             let turnaround = self.refresh.turnaround(state.latency);
@@ -467,6 +492,9 @@ impl LeasePool {
             leased_at: now,
             expires_at,
             refresh_until: Nanos::ZERO,
+            // A lease ahead answers the renewal; another one leaves a
+            // renewal in flight to its answer.
+            renewal_until: if starts_at > now { Nanos::ZERO } else { state.renewal_until },
             spent,
             rate_since,
             limit: grant.limit,
@@ -483,13 +511,15 @@ impl LeasePool {
             allowance: if windows > 1 { grant.granted } else { 0 },
             slice,
             final_index: grant.index.saturating_add(windows - 1),
+            lag: latency + ROUNDING,
         };
         (Applied::Replaced(leftover), after)
     }
 
     /// Applies a grant of the window that counts now while the next
-    /// window's lease waits for its start: it bridges the gap, in place of
-    /// the held tokens (handed back), and the lease ahead stays.
+    /// window's lease waits for its start, or while an allowance has windows
+    /// to come: it bridges the gap (or tops this window up), in place of the
+    /// held tokens (handed back), and the lease in place stays.
     fn bridge(
         &self,
         state: PoolState,
@@ -505,11 +535,11 @@ impl LeasePool {
         } else if now >= state.held_until {
             leftover.expired = state.held_tokens;
         }
-        let denied_until = if grant.granted == 0 {
-            (now + grant.reset.max(self.refresh.lead)).min(state.starts_at)
-        } else {
-            Nanos::ZERO
-        };
+        // Nothing more in this window: denied here until the lease in place
+        // counts again (a lease ahead's start, an allowance's next window).
+        let next_counts = if self.pending(&state, now) { state.starts_at } else { state.expires_at };
+        let denied_until =
+            if grant.granted == 0 { (now + grant.reset.max(self.refresh.lead)).min(next_counts) } else { Nanos::ZERO };
         let after = PoolState {
             held_lease: grant.lease,
             held_tokens: grant.granted,
@@ -549,7 +579,10 @@ impl LeasePool {
             hand_back(0, state.held_lease, state.held_tokens, state.held_until);
         }
         let mut held = (0, 0, Nanos::ZERO);
-        if state.lease != 0 && state.tokens > 0 {
+        // An allowance replaced before its last window is given back even
+        // with no tokens left, so that the service frees its later windows.
+        let windows_left = self.windows_left(state);
+        if state.lease != 0 && (state.tokens > 0 || windows_left) {
             let rate = self.refresh.rate(state.spent, state.rate_since, now);
             let until = state.expires_at;
             let mut spendable = (rate * (until - now).get() as f64 / SECOND.get() as f64).ceil();
@@ -561,7 +594,11 @@ impl LeasePool {
             // ahead being replaced goes back whole.
             let started = state.starts_at <= now;
             let kept = if now < until && started { state.tokens.min(spendable as u64) } else { 0 };
-            hand_back(1, state.lease, state.tokens - kept, until);
+            if windows_left {
+                leftover.returns[1] = (state.lease, state.tokens - kept);
+            } else {
+                hand_back(1, state.lease, state.tokens - kept, until);
+            }
             if kept > 0 {
                 held = (state.lease, kept, until);
             }
@@ -572,7 +609,10 @@ impl LeasePool {
     /// Ends `claim` without an answer (the callout failed), so the next
     /// request may claim again; `None` when the claim is no longer this one.
     pub fn abandon(&self, state: PoolState, claim: &Claim) -> Option<PoolState> {
-        (state.refresh_until == claim.send_by + self.claim_ttl)
+        if state.renewal_until == claim.send_by + self.claim_ttl {
+            return Some(PoolState { renewal_until: Nanos::ZERO, ..state });
+        }
+        (state.refresh_until == claim.started + self.claim_ttl)
             .then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
     }
 
@@ -622,6 +662,8 @@ impl Algorithm for LeasePool {
             allowance: word(18)?,
             slice: Nanos(word(19)?),
             final_index: word(20)?,
+            lag: Nanos(word(21)?),
+            renewal_until: Nanos(word(22)?),
         })
     }
 
@@ -648,6 +690,8 @@ impl Algorithm for LeasePool {
             s.allowance,
             s.slice.get(),
             s.final_index,
+            s.lag.get(),
+            s.renewal_until.get(),
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -711,14 +755,14 @@ impl Algorithm for LeasePool {
     /// losing it loses nothing.
     fn is_idle(&self, state: PoolState, now: Nanos) -> bool {
         let unspent = self.unspent(&state, now).iter().all(|(_, tokens)| *tokens == 0);
-        unspent && now >= state.refresh_until && now >= state.denied_until
+        unspent && now >= state.refresh_until && now >= state.renewal_until && now >= state.denied_until
     }
 
     /// When the tokens expire and any claim or denial has run out.
     fn idle_at(&self, state: PoolState, now: Nanos) -> Nanos {
         let tokens_until = if state.tokens > 0 || self.windows_left(&state) { self.lease_end(&state) } else { now };
         let held_until = if state.held_tokens > 0 { state.held_until } else { now };
-        now.max(tokens_until).max(held_until).max(state.refresh_until).max(state.denied_until)
+        now.max(tokens_until).max(held_until).max(state.refresh_until).max(state.renewal_until).max(state.denied_until)
     }
 
     /// Whatever the leases applied to it held: not bounded here.
@@ -1218,7 +1262,11 @@ mod tests {
         assert_eq!(claim.not_before, last_starts, "its answer must come in the last window");
         let half_left = (T0 + SECOND.times(30) - last_starts).halved();
         assert_eq!(claim.send_by, last_starts + half_left, "within a round, half the window left");
-        assert_eq!(after.refresh_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
+        assert_eq!(after.renewal_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
+        // A window that runs dry meanwhile still gets a lease of its own.
+        let (spend, top_up, _) = p.spend(after, now + MS, 3);
+        assert_eq!(spend, Spend::Empty);
+        assert_eq!(top_up.map(|c| c.window), Some(None), "a lease of this window beside the renewal");
         // Answered in the last window with the next term's allowance, ahead:
         // the last window's tokens are held until its end, then the new one counts.
         let at = claim.send_by;
@@ -1254,14 +1302,34 @@ mod tests {
         assert_eq!((spend, again), (Spend::Empty, None), "asked once");
         let top_up = LeaseGrant { valid: SECOND - MS.times(105), index: K + 3, ..windowed_grant(3, 5, K + 3, now) };
         let top_up = LeaseGrant { starts: Nanos::ZERO, ..top_up };
-        let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(2)), &top_up);
+        let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(3)), &top_up);
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         assert_eq!((state.lease, state.held_lease, state.held_tokens), (1, 3, 5), "held beside the allowance");
         let (spend, _, state) = p.spend(state, now + MS.times(5), 5);
         assert!(matches!(spend, Spend::Taken(_)));
-        // The next window: the allowance's 2 again; the top-up ended with its window.
-        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(4), 2);
+        // The next window: the allowance's 2 again, from its start as the
+        // allowance's own call placed it (the top-up's latency, 1 ms, is not
+        // the allowance's 2 ms); the top-up ended with its window.
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3) - Nanos(1), 1);
+        assert_eq!(spend, Spend::Empty, "not before the window surely started");
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3), 2);
         assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+    }
+
+    #[test]
+    fn a_window_the_service_has_nothing_more_for_denies_here_until_it_ends() {
+        let (p, state) = allowance(2);
+        let now = T0 + SECOND.times(3) + MS.times(100);
+        let (_, claim, state) = p.spend(state, now, 2);
+        let claim = claim.unwrap();
+        let nothing =
+            LeaseGrant { granted: 0, valid: SECOND - MS.times(105), reset: SECOND - MS.times(105), ..grant(3, 0) };
+        let (_, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(2)), &nothing);
+        let (spend, again, _) = p.spend(state, now + MS.times(5), 1);
+        assert!(matches!(spend, Spend::Denied(_)), "{spend:?}");
+        assert_eq!(again, None, "without asking again");
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(4), 1);
+        assert!(matches!(spend, Spend::Taken(_)), "the next window's allowance: {spend:?}");
     }
 
     #[test]
@@ -1271,6 +1339,8 @@ mod tests {
         let (_, _, state) = p.spend(state, now, 1);
         let (unspent, emptied) = p.take_unspent(state, now);
         assert_eq!(unspent, [(0, 0), (1, 2)]);
+        let (_, _, spent) = p.spend(state, now, 2);
+        assert_eq!(p.take_unspent(spent, now).0, [(0, 0), (1, 0)], "its later windows are freed all the same");
         let (spend, _, _) = p.spend(emptied, T0 + SECOND.times(8) + MS.times(10), 1);
         assert!(!matches!(spend, Spend::Taken(_)));
         assert!(p.is_idle(emptied, now));

@@ -38,7 +38,27 @@ pub const DEFAULT_TERM: Nanos = Nanos::from_secs(30);
 /// The most of a window's limit that allowances may reserve, as a fraction
 /// (numerator, denominator): the rest is left to leases of one window and to
 /// checks, so a proxy whose burst outgrows its allowance can still get more.
+/// An allowance is granted only while the window that counts now has used
+/// no more than this share either: a key whose fleet-wide demand comes near
+/// its limit gets no new allowance.
 pub const RESERVED_SHARE: (u64, u64) = (3, 4);
+
+/// The largest part of the limit one allowance may hold: one proxy's share
+/// of a key far below its limit is small; a proxy that needs more is better
+/// served by leases of one window, which follow its demand.
+pub const ALLOWANCE_SHARE_DIVISOR: u64 = 8;
+
+/// Whether an allowance of `units` per window fits a key of `limit` of
+/// which `used` is counted in the window that counts now, with the
+/// allowance: at most [`ALLOWANCE_SHARE_DIVISOR`]th of the limit, and the
+/// window within [`RESERVED_SHARE`] of it.
+pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
+    units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
+}
+
+fn share_of(limit: u64) -> u64 {
+    u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1)).unwrap_or(u64::MAX)
+}
 
 /// How a key's fixed windows group into terms (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,8 +187,7 @@ impl Reservations {
     /// `last` may reserve under `limit` (see [`RESERVED_SHARE`]), with the
     /// reservations settled as of now.
     pub fn room(&self, terms: &Terms, first: u64, last: u64, limit: u64) -> u64 {
-        let share = u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1))
-            .unwrap_or(u64::MAX);
+        let share = share_of(limit);
         (terms.of(first)..=terms.of(last)).map(|term| share.saturating_sub(self.of_term(term))).min().unwrap_or(0)
     }
 
@@ -343,6 +362,15 @@ mod tests {
         let mut held = Reservations { term: terms.of(index), current: 5, next: 0, settled: index };
         held.release(&terms, index, index, 5);
         assert_eq!(held.current, 5);
+    }
+
+    #[test]
+    fn an_allowance_is_a_small_share_of_a_key_far_below_its_limit() {
+        assert!(far_below(12, 40, 100));
+        assert!(!far_below(13, 40, 100), "more than an eighth");
+        assert!(far_below(12, 75, 100));
+        assert!(!far_below(12, 76, 100), "the window is near its limit");
+        assert!(!far_below(1, 0, 7), "a limit under 8 takes none");
     }
 
     #[test]

@@ -116,10 +116,10 @@ impl<H> Limiter<H> {
                     table.update_every(stored, |slot| {
                         let Some(state) = pool.decode(slot) else { return false };
                         let (unspent, emptied) = pool.take_unspent(state, now);
-                        if unspent.iter().all(|(_, tokens)| *tokens == 0) {
+                        if unspent.iter().all(|(lease, _)| *lease == 0) {
                             return false;
                         }
-                        here.extend(unspent.into_iter().filter(|(_, tokens)| *tokens > 0));
+                        here.extend(unspent.into_iter().filter(|(lease, _)| *lease != 0));
                         pool.encode(&emptied, slot);
                         true
                     })

@@ -7,7 +7,7 @@
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
 use floodgate_core::booking::{self, Booking};
-use floodgate_core::lease::allowance::{allowance_target, Reservations, Terms, DEFAULT_TERM};
+use floodgate_core::lease::allowance::{allowance_target, far_below, Reservations, Terms, DEFAULT_TERM};
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::Nanos;
 
@@ -295,11 +295,13 @@ pub fn lease(
 /// An allowance (see `floodgate_core::lease::allowance`): tokens in each
 /// window of a fixed window from the window that counts now (or the next
 /// one, when `window` names it) to the end of the key's term, sized to the
-/// caller's `rate` by `allowance_target`. Granted only when it fits in
-/// every one of those windows with what the others reserved there staying
-/// within `RESERVED_SHARE` of the limit, and in its first window with what
-/// is counted (or booked ahead) there; `None` otherwise: the caller gets a
-/// lease of one window, which follows demand more closely.
+/// caller's `rate` by `allowance_target`. Granted only when the key is far
+/// below its limit (`far_below`: a small share of the limit, and the window
+/// that counts now not near it), it fits in every one of those windows with
+/// what the others reserved there staying within `RESERVED_SHARE` of the
+/// limit, and in its first window with what is counted (or booked ahead)
+/// there; `None` otherwise: the caller gets a lease of one window, which
+/// follows demand more closely.
 fn lease_allowance(
     limit: &Limit,
     key: &str,
@@ -316,7 +318,9 @@ fn lease_allowance(
     let ahead = window == Some(counted.index.saturating_add(1));
     let (first, last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
     let units = allowance_target(rate, period, policy.capacity());
-    if units > held.room(&terms, first, last, limit.limit()) {
+    let used = policy.capacity().saturating_sub(bucket.decide_copy(limit, now).remaining);
+    let used = if ahead { used } else { used.saturating_add(units) };
+    if !far_below(units, used, limit.limit()) || units > held.room(&terms, first, last, limit.limit()) {
         return None;
     }
     let mut bucket = bucket.clone();
@@ -720,7 +724,7 @@ mod tests {
 
     #[test]
     fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
-        let window = limit("fixed_window", 20, SECOND, "{}");
+        let window = limit("fixed_window", 40, SECOND, "{}");
         let key = "k";
         let mut stored: Option<Vec<u8>> = None;
         let mut allowances = 0;
@@ -733,7 +737,13 @@ mod tests {
             }
             stored = Some(leased.next.bytes);
         }
-        assert_eq!(allowances, 3, "4 each, and 3/4 of 20 is 15");
+        assert_eq!(allowances, 7, "4 each, and 3/4 of 40 is 30");
+        // A holder's share stays small: 2 a second wants 6 a window, more
+        // than an eighth of 40.
+        assert_eq!(lease(&window, "other", None, NOW, (10, Some(2.0), None, true), SECOND).windows, 0);
+        // A window already near its limit takes no new allowance.
+        let (_, busy) = check(&window, None, NOW, 27);
+        assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
         let sliding = limit("sliding_window", 100, SECOND, "{}");
         assert_eq!(lease(&sliding, key, None, NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
         let bucket = limit("token_bucket", 100, SECOND, "{}");
@@ -771,7 +781,7 @@ mod tests {
     /// window it holds, less what went back) never passes the limit.
     #[test]
     fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() {
-        let window = limit("fixed_window", 40, SECOND, "{}");
+        let window = limit("fixed_window", 80, SECOND, "{}");
         let key = "fg:{edge}:fw:[[\"user\",\"x\"]]";
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut random = move |n: u64| {
@@ -784,6 +794,7 @@ mod tests {
         let mut usable: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
         let mut held: Vec<Held> = Vec::new();
         let mut now = NOW;
+        let mut allowances = 0;
         for _ in 0..20_000 {
             now = now + Nanos(random(40) * 1_000_000);
             let index = now.get() / SECOND.get();
@@ -797,6 +808,7 @@ mod tests {
                     if leased.granted == 0 {
                         continue;
                     }
+                    allowances += usize::from(leased.windows > 0);
                     let first = leased.window;
                     let windows = leased.windows.max(1);
                     for w in first..first + windows {
@@ -839,8 +851,9 @@ mod tests {
             }
             // Count what is now committed in this window: it must fit.
             let committed = usable.get(&index).copied().unwrap_or(0);
-            assert!(committed <= 40, "window {index}: {committed} usable of 40");
+            assert!(committed <= 80, "window {index}: {committed} usable of 80");
         }
-        assert!(usable.values().any(|&u| u >= 30), "the limit was approached: {:?}", usable.values().max());
+        assert!(usable.values().any(|&u| u >= 60), "the limit was approached: {:?}", usable.values().max());
+        assert!(allowances > 100, "allowances were granted: {allowances}");
     }
 }
