@@ -137,8 +137,8 @@ pub struct Outcome {
     pub over_before: u64,
     /// See [`Outcome::windows_checked`].
     pub over_after: u64,
-    /// Windows over their limit after the restart, by when they end:
-    /// within 1, 5, 10, 20 and 40 s of it.
+    /// Windows over their limit after the restart, by when they started:
+    /// spanning it or within 1 s of it, within 5, 10, 20 s, later.
     pub over_after_by: [u64; 5],
     /// Keys limited below their demand, per shape (per-second, per-minute,
     /// bucket): admitted and limit over the measured windows, weighted.
@@ -383,8 +383,10 @@ impl Fleet<'_> {
         }
     }
 
+    /// Queues a return as `Callouts::give_back` does (`lease` 0: nothing;
+    /// no tokens: an allowance's later windows are freed).
     fn give_back(&mut self, worker: u32, key: u32, lease: u64, tokens: u64, now: Nanos) {
-        if tokens == 0 {
+        if lease == 0 {
             return;
         }
         let Some(w) = self.workers.get_mut(worker as usize) else { return };
@@ -509,7 +511,8 @@ impl Fleet<'_> {
                         self.give_back(worker, p.key, lease, tokens, now);
                     }
                 }
-                Applied::Stale => self.give_back(worker, p.key, grant.lease, grant.granted, now),
+                Applied::Stale if grant.granted > 0 => self.give_back(worker, p.key, grant.lease, grant.granted, now),
+                Applied::Stale => {}
                 Applied::Duplicate => {}
             }
             // The waiting requests go on just after the answer is applied
@@ -644,7 +647,8 @@ impl Fleet<'_> {
                 let after = self.restart.is_some_and(|r| ends > r);
                 if units > bound {
                     if let Some(restart) = self.restart.filter(|_| after) {
-                        let since = (ends - restart).get() as f64 / 1e9;
+                        // By when the window started (one spanning the restart: 0).
+                        let since = (starts - restart).get() as f64 / 1e9;
                         let slot = [1.0, 5.0, 10.0, 20.0, f64::MAX].iter().position(|s| since <= *s).unwrap_or(4);
                         if let Some(n) = out.over_after_by.get_mut(slot) {
                             *n += 1;

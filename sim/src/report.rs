@@ -224,11 +224,11 @@ pub fn thin_pairs(outcomes: &[Outcome], rates: &[f64], fleets: &[u32]) -> String
             }
             let m = r * ttl / f64::from(n);
             if requests == 0 {
-                let _ = write!(out, " – (m = {m:.3}; {:.2}) |", 2.0 / (1.0 + m));
+                let _ = write!(out, " – (m = {m}; {:.2}) |", 2.0 / (1.0 + m));
             } else {
                 let _ = write!(
                     out,
-                    " {:.2} of {requests} (m = {m:.3}; {:.2}) |",
+                    " {:.2} of {requests} (m = {m}; {:.2}) |",
                     leases as f64 / requests as f64,
                     2.0 / (1.0 + m)
                 );
