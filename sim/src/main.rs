@@ -286,11 +286,11 @@ mod tests {
         assert!(out.waited > 0.0, "cold pairs wait");
         // Leases of one window: a request waits only at a cold pair. An
         // allowance sized λ + 2√λ + 1 runs dry in a window now and then, and
-        // its requests wait for a lease of that window (or, while the
-        // allowance's renewal is claimed, until `max_wait`: see
-        // docs/benchmarks.md): a few in a hundred of its requests at most.
+        // its requests wait for a lease of that window (21 of 2,241 requests
+        // here). No wait lasts the whole `max_wait`.
         assert_eq!(out.waited_warm_under, 0.0, "warm waits: {out:?}");
-        assert!(out.waited_dry_allowance * 100.0 <= out.requests, "{out:?}");
+        assert!(out.waited_dry_allowance * 100.0 <= 3.0 * out.requests, "{out:?}");
+        assert_eq!(out.waited_out, 0.0, "{out:?}");
         let again = simulate(&config).unwrap();
         assert_eq!((again.requests, again.sim_leases, again.waited), (out.requests, out.sim_leases, out.waited));
     }
