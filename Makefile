@@ -13,7 +13,7 @@ ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scr
 export ENVOY_BIN
 
 .PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
-.PHONY: images image-wasm image-quota test-manifests test-deploy core-bench
+.PHONY: images image-wasm image-quota test-manifests test-deploy core-bench fleet-sim
 
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
@@ -25,7 +25,8 @@ include bench/bench.mk
 help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
 	@echo "make test    install what is needed and run every test"
-	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service)"
+	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service, then the fleet simulation)"
+	@echo "make fleet-sim  simulate fleets of 10-10,000 Envoys over 10^3-10^6 keys against the quota service's decisions"
 	@echo "make fuzz    fuzz each target for 5 minutes"
 	@echo "make images  build the wasm module's OCI image (for Istio) and the quota service's image"
 	@echo "make plots   draw each algorithm under the same traffic through a real Envoy (docs/plots/)"
@@ -122,7 +123,7 @@ test-deploy: deps-envoy deps-redis wasm
 
 lint: deps-rust
 	cargo fmt --all --check
-	@for src in core/src filter/src protocol/src quota/src bench/src; do python3 scripts/module-graph.py $$src || exit 1; done
+	@for src in core/src filter/src protocol/src quota/src bench/src sim/src; do python3 scripts/module-graph.py $$src || exit 1; done
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p floodgate-filter -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 
@@ -149,11 +150,19 @@ bench: deps-envoy deps-redis
 	$(MAKE) --no-print-directory core-bench
 	$(MAKE) --no-print-directory filter-bench
 	$(MAKE) --no-print-directory quota-bench
+	$(MAKE) --no-print-directory fleet-sim
 
 # The core's per-request path natively, stage by stage (criterion; ns per
 # request; see core/benches/hot_path.rs).
 core-bench:
 	cargo bench -p floodgate-core --bench hot_path -- --warm-up-time 1 --measurement-time 3
+
+# Fleets of 10 to 10,000 simulated Envoys over 10^3 to 10^6 keys: the real
+# lease pools against the quota service's real decisions on a virtual clock
+# (sim/; docs/benchmarks.md, "Fleet simulation"). A few minutes on 2 cores.
+# The report and CSV go to target/fleet-sim/, the plot to docs/plots/.
+fleet-sim:
+	cargo run --quiet --release -p floodgate-fleet-sim -- target/fleet-sim docs/plots/fleet-sim.svg
 
 # The README's "Choosing an algorithm" pictures: one scripted traffic through
 # a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.

@@ -1,0 +1,185 @@
+//! The quota service as the simulation runs it: a store that is only bytes
+//! under keys (what Redis or the memory store holds), and the service's own
+//! decision code (`floodgate_quota::store::decide`), called as
+//! `quota/src/store/mod.rs` calls it, each lease's record written beside
+//! its bucket. Calls arrive as the JSON bodies the filter builds and
+//! answers leave as the JSON the service writes (`quota/src/service.rs`),
+//! so their sizes are the real ones.
+
+use std::collections::HashMap;
+
+use floodgate_core::time::Nanos;
+use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, ReturnRequest, ReturnResponse};
+use floodgate_quota::store::decide::{self, LeaseRecord};
+use floodgate_quota::store::{lease_key, Next, LEASE_RECORD_MARGIN};
+
+use crate::keys::{Key, DOMAIN};
+
+/// One stored value: its bytes, when the store may forget it (Redis's time
+/// to live, from the decision's `idle_at`), and the simulated key it
+/// belongs to (to weigh its bytes by the key's sampling weight).
+#[derive(Debug, Clone)]
+struct Entry {
+    bytes: Vec<u8>,
+    idle_at: Nanos,
+    key: usize,
+}
+
+/// The service's store and settings.
+#[derive(Debug)]
+pub struct Service {
+    store: HashMap<String, Entry>,
+    /// How long leased tokens stay valid (`--lease-ttl`, 1 s by default).
+    ttl: Nanos,
+    /// Whether a lease that asks `per_window` may get an allowance (false:
+    /// as if the filter never asked, for comparison).
+    allowances: bool,
+}
+
+/// The key index a descriptor names (`k<index>`).
+fn key_of(descriptor: &[(String, String)]) -> Option<usize> {
+    descriptor.first().and_then(|(_, v)| v.strip_prefix('k')).and_then(|i| i.parse().ok())
+}
+
+impl Service {
+    /// An empty store; leases valid `ttl`; allowances granted if `allowances`.
+    pub fn new(ttl: Nanos, allowances: bool) -> Self {
+        Service { store: HashMap::new(), ttl, allowances }
+    }
+
+    /// The bytes stored under `key` at `now` (an entry past its time to live is gone).
+    fn get(&self, key: &str, now: Nanos) -> Option<&[u8]> {
+        self.store.get(key).filter(|e| e.idle_at > now).map(|e| e.bytes.as_slice())
+    }
+
+    fn put(&mut self, key: &str, next: Next, owner: usize) {
+        self.store.insert(key.to_string(), Entry { bytes: next.bytes, idle_at: next.idle_at, key: owner });
+    }
+
+    /// A restart of a service with the memory store: everything is forgotten.
+    pub fn restart(&mut self) {
+        self.store.clear();
+    }
+
+    /// Forgets what has outlived its time to live, as Redis does.
+    pub fn expire(&mut self, now: Nanos) {
+        self.store.retain(|_, e| e.idle_at > now);
+    }
+
+    /// Bytes of keys and values held at `now`, each entry weighted by its
+    /// key's sampling weight: `(weighted, as simulated)`.
+    pub fn size(&self, keys: &[Key], now: Nanos) -> (f64, u64) {
+        let mut weighted = 0.0;
+        let mut raw = 0;
+        for (name, entry) in self.store.iter().filter(|(_, e)| e.idle_at > now) {
+            let bytes = (name.len() + entry.bytes.len()) as u64;
+            raw += bytes;
+            weighted += bytes as f64 * keys.get(entry.key).map_or(1.0, |k| k.weight);
+        }
+        (weighted, raw)
+    }
+
+    /// Bytes of the lease records held at `now` (their first byte is the
+    /// record tag, 255), weighted as [`Service::size`].
+    pub fn records_size(&self, keys: &[Key], now: Nanos) -> f64 {
+        self.store
+            .iter()
+            .filter(|(_, e)| e.idle_at > now && e.bytes.first() == Some(&u8::MAX))
+            .map(|(name, e)| (name.len() + e.bytes.len()) as f64 * keys.get(e.key).map_or(1.0, |k| k.weight))
+            .sum()
+    }
+
+    /// `POST /v1/lease`: the request body in, the response body out, as
+    /// `Service::lease` and the store's `lease` decide it.
+    pub fn lease(&mut self, keys: &[Key], body: &[u8], now: Nanos) -> Result<Vec<u8>, String> {
+        let request: LeaseRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let mut leases = Vec::with_capacity(request.leases.len());
+        for want in &request.leases {
+            let index = key_of(&want.descriptor).ok_or("a lease of an unknown descriptor")?;
+            let key = keys.get(index).ok_or("a lease of an unknown key")?;
+            let record_key = lease_key(DOMAIN, &want.id);
+            let (granted, outcome) = match LeaseRecord::live(self.get(&record_key, now), now) {
+                // A retry of a recorded lease is answered from its record
+                // (the simulation never retries; kept for fidelity).
+                Some(done) => {
+                    let d = decide::peek(&key.rule, self.get(&key.bucket, now), now);
+                    let (granted, valid) =
+                        if done.returned { (0, Nanos::ZERO) } else { (done.granted, done.valid_until - now) };
+                    (granted, (d, done.window, done.windows, valid, done.granted_at - now, true))
+                }
+                None => {
+                    let ask = (want.wanted, want.rate, want.window, want.per_window && self.allowances);
+                    let leased = decide::lease(&key.rule, &key.bucket, self.get(&key.bucket, now), now, ask, self.ttl);
+                    if leased.granted > 0 {
+                        let valid_until = now + leased.valid;
+                        let done = LeaseRecord {
+                            bucket: key.bucket.clone(),
+                            limit: key.rule.clone(),
+                            window: leased.window,
+                            windows: leased.windows,
+                            granted: leased.granted,
+                            granted_at: leased.starts_at,
+                            returned: false,
+                            given_back: 0,
+                            valid_until,
+                            expires_at: valid_until + LEASE_RECORD_MARGIN,
+                        };
+                        let bucket = key.bucket.clone();
+                        self.put(&bucket, leased.next.clone(), index);
+                        self.put(&record_key, done.to_next(), index);
+                    }
+                    let starts = leased.starts_at - now;
+                    (leased.granted, (leased.decision, leased.window, leased.windows, leased.valid, starts, false))
+                }
+            };
+            let (decision, window, windows, valid, starts, replayed) = outcome;
+            leases.push(LeaseGrant {
+                code: Code::Ok,
+                granted,
+                valid_ms: valid.floor_millis(),
+                starts_ms: starts.ceil_millis(),
+                limit: Some(key.rule.limit()),
+                window_ms: Some(key.rule.period().ceil_millis()),
+                remaining: Some(decision.remaining),
+                reset_ms: Some(decision.reset.ceil_millis()),
+                window: Some(window),
+                windows,
+                shadow: false,
+                replayed,
+            });
+        }
+        serde_json::to_vec(&LeaseResponse { leases }).map_err(|e| e.to_string())
+    }
+
+    /// `POST /v1/return`: as the store's `give_back` (without its retry
+    /// loop: nothing else writes meanwhile).
+    pub fn give_back(&mut self, body: &[u8], now: Nanos) -> Result<(Vec<u8>, u64), String> {
+        let request: ReturnRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let mut returned = Vec::with_capacity(request.returns.len());
+        let mut replayed = Vec::with_capacity(request.returns.len());
+        for item in &request.returns {
+            let record_key = lease_key(DOMAIN, &item.id);
+            let owner = self.store.get(&record_key).map_or(0, |e| e.key);
+            let Some(mut done) = LeaseRecord::live(self.get(&record_key, now), now) else {
+                returned.push(0);
+                replayed.push(false);
+                continue;
+            };
+            let (back, next) = decide::give_back(&done, self.get(&done.bucket, now), now, item.tokens);
+            let again = done.returned;
+            if !again {
+                done.returned = true;
+                self.put(&record_key, done.to_next(), owner);
+            }
+            if let Some(next) = next {
+                let bucket = done.bucket.clone();
+                self.put(&bucket, next, owner);
+            }
+            returned.push(back);
+            replayed.push(again);
+        }
+        let total = returned.iter().sum();
+        let body = serde_json::to_vec(&ReturnResponse { returned, replayed }).map_err(|e| e.to_string())?;
+        Ok((body, total))
+    }
+}
