@@ -169,9 +169,11 @@ pub struct Claim {
     /// answer, a lease ahead of the next window, must come in that one).
     pub not_before: Nanos,
     /// Whether to ask for an allowance: once the pool's rate has been
-    /// observed for a whole [`RATE_FLOOR`] (or it holds one, to renew), so
-    /// that a hot key's first requests, which look thin, do not take
-    /// allowances it would hold for a term wherever its demand goes.
+    /// observed for a whole [`RATE_FLOOR`], or its last lease is that old
+    /// (a thin key's observation starts afresh after a pause), or it holds
+    /// one, to renew: so that a hot key's first requests, which look thin,
+    /// do not take allowances it would hold for a term wherever its demand
+    /// goes.
     pub per_window: bool,
 }
 
@@ -414,7 +416,8 @@ impl LeasePool {
             false => state.refresh_until = now + self.claim_ttl,
         }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
-        let per_window = state.allowance > 0 || now - state.rate_since >= RATE_FLOOR;
+        let known = now - state.rate_since >= RATE_FLOOR || (state.lease != 0 && now - state.leased_at >= RATE_FLOOR);
+        let per_window = state.allowance > 0 || known;
         Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window })
     }
 
