@@ -300,8 +300,10 @@ pub fn lease(
 /// that counts now not near it), it fits in every one of those windows with
 /// what the others reserved there staying within `RESERVED_SHARE` of the
 /// limit, and in its first window with what is counted (or booked ahead)
-/// there; `None` otherwise: the caller gets a lease of one window, which
-/// follows demand more closely.
+/// there, and in the next window, when it covers it, with what leases
+/// ahead booked there; `None` otherwise: the caller gets a lease of one
+/// window, which follows demand more closely. A window as long as a term
+/// (a per-minute window), more than half over, is covered with the next.
 fn lease_allowance(
     limit: &Limit,
     key: &str,
@@ -316,7 +318,12 @@ fn lease_allowance(
     let (terms, mut held) =
         bucket.allowances.unwrap_or((Terms::new(period, DEFAULT_TERM, key), Reservations::default()));
     let ahead = window == Some(counted.index.saturating_add(1));
-    let (first, last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
+    let (first, mut last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
+    if last == first && !ahead && counted.end - now < period.halved() {
+        // A window as long as a term, more than half over: through the next
+        // one too, as a term more than half over is (no allowance is short).
+        last = first + 1;
+    }
     let units = allowance_target(rate, period, policy.capacity());
     let used = policy.capacity().saturating_sub(bucket.decide_copy(limit, now).remaining);
     let used = if ahead { used } else { used.saturating_add(units) };
@@ -324,13 +331,15 @@ fn lease_allowance(
         return None;
     }
     let mut bucket = bucket.clone();
+    // The next window, when it covers it, must hold it beside what leases
+    // ahead booked and allowances reserved there (the later windows hold
+    // only reservations, which `room` bounded).
+    let next = counted.index.saturating_add(1);
+    let booked = bucket.booking.filter(|b| b.starts == counted.end).map_or(0, |b| b.units);
+    let taken = booked.saturating_add(held.reserved(&terms, next)).saturating_add(units);
+    let next_left = if last >= next { policy.capacity().checked_sub(taken)? } else { 0 };
     let decision = if ahead {
-        // The next window must hold it beside what leases ahead booked and
-        // allowances reserved there.
-        let booked = bucket.booking.filter(|b| b.starts == counted.end).map_or(0, |b| b.units);
-        let taken = booked.saturating_add(held.reserved(&terms, first)).saturating_add(units);
-        let left = policy.capacity().checked_sub(taken)?;
-        Decision::admit(left, (counted.end - now) + period)
+        Decision::admit(next_left, (counted.end - now) + period)
     } else {
         Some(bucket.decide(limit, now, units)).filter(Decision::allowed)?
     };
@@ -790,6 +799,30 @@ mod tests {
         assert_eq!(give_back(&record_of(key, &window, &leased, NOW), Some(&leased.next.bytes), end, 6).0, 0);
     }
 
+    #[test]
+    fn an_allowance_fits_the_next_window_beside_what_leases_ahead_booked_there() {
+        let window = limit("fixed_window", 80, SECOND, "{}");
+        let key = "k";
+        let late = NOW + Nanos(900_000_000);
+        let next = NOW.get() / SECOND.get() + 1;
+        // Leases ahead book most of the next window.
+        let mut stored: Option<Vec<u8>> = None;
+        let mut booked = 0;
+        for _ in 0..4 {
+            let ahead = lease(&window, key, stored.as_deref(), late, (80, Some(500.0), Some(next), false), SECOND);
+            booked += ahead.granted;
+            stored = Some(ahead.next.bytes);
+        }
+        assert!(booked > 70, "{booked} booked");
+        // An allowance from this window on covers the next one too: it must
+        // fit there beside them, or be no allowance.
+        let leased = lease(&window, key, stored.as_deref(), late, (10, Some(5.0), None, true), SECOND);
+        let in_next = booked + if leased.windows > 1 { leased.granted } else { 0 };
+        assert!(in_next <= 80, "the next window holds {in_next} of 80");
+        let counted = peek(&window, Some(&leased.next.bytes), NOW + SECOND);
+        assert_eq!(counted.remaining, 80 - in_next);
+    }
+
     /// Several callers take allowances and leases of one window and return
     /// them at random, checks come in between: counted window by window,
     /// everything usable in a window (each allowance spent in full in every
@@ -816,7 +849,7 @@ mod tests {
             match random(10) {
                 0..=2 => {
                     let named = (random(2) == 0).then_some(index + 1);
-                    let rate = Some(random(8) as f64);
+                    let rate = Some(random(30) as f64);
                     let leased =
                         lease(&window, key, stored.as_deref(), now, (random(20) + 1, rate, named, true), SECOND);
                     stored = Some(leased.next.bytes.clone());
