@@ -443,7 +443,9 @@ pub struct QuotaService {
 
 impl QuotaService {
     /// Starts the service (domain `bench`) with never-limiting rules: one per
-    /// `api_key` value, and [`HOT_KEY`] for a single hot key; waits until its
+    /// `api_key` value (fixed windows of `BENCH_QUOTA_UNIT`), one per
+    /// [`PER_MINUTE_KEY`] value (fixed windows of a minute, whatever
+    /// `BENCH_QUOTA_UNIT` says), and [`HOT_KEY`] for a single hot key; waits until its
     /// HTTP and gRPC ports accept connections. `extra` goes on its command
     /// line (e.g. `--lease-ttl 10s`); `name` tells its files from others'.
     pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaService {
@@ -457,6 +459,7 @@ impl QuotaService {
             &limits,
             format!(
                 "domain: bench\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: {unit}, requests_per_unit: 1000000000}}\n  \
+                 - key: {PER_MINUTE_KEY}\n    rate_limit: {{unit: minute, requests_per_unit: 1000000000}}\n  \
                  - key: {}\n    value: {}\n    rate_limit: {{unit: {unit}, requests_per_unit: 1000000000}}\n",
                 HOT_KEY.0,
                 HOT_KEY.1,
@@ -511,6 +514,10 @@ impl QuotaService {
 /// The descriptor entry (key, value) of the hot-key limit in the service's
 /// limits file, which Floodgate's hot-key global rules send.
 pub const HOT_KEY: (&str, &str) = ("route", "hot");
+
+/// The descriptor key of the service's key-only per-minute entry (fixed
+/// windows of a minute, 10⁹ each), which the per-minute global rules send.
+pub const PER_MINUTE_KEY: &str = "api_key_m";
 
 impl Drop for QuotaService {
     fn drop(&mut self) {

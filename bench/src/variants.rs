@@ -2,13 +2,16 @@
 //! everything the harness needs to know about it. The rest of the harness
 //! reads these fields and never tests a variant's id.
 
-use crate::envoy::{EnvoyBucket, Filters, HOT_KEY};
+use crate::envoy::{EnvoyBucket, Filters, HOT_KEY, PER_MINUTE_KEY};
 use crate::targets::{Bound, Measure, Metric, Table, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
 /// many-keys variants use.
 pub const KEYS: u32 = 16;
 pub const MANY_KEYS: u32 = 1000;
+/// The long tail of issue 21: wrk's throughput spread over these keys gives
+/// each about one or two requests a second.
+pub const LONG_TAIL_KEYS: u32 = 10_000;
 
 /// Calls per request of each host-call probe variant.
 pub const PROBE_REPEATS: u32 = 10;
@@ -117,6 +120,20 @@ const LEASE_CALLOUTS: Target = Target::new(7, Measure::Value(Metric::CalloutsSte
 /// Issue 15's targets with per-second windows.
 const fn per_second(target: Target) -> Target {
     Target { quota_unit: Some("second"), ..target }
+}
+
+/// Issue 21's targets on a long-tail lease variant: against the local
+/// reference (dt) and the check-mode variant (gct), and what it asked the
+/// service for at steady load. `quota_unit`: the `BENCH_QUOTA_UNIT` its
+/// windows follow, if they do.
+const fn long_tail(quota_unit: Option<&'static str>) -> [Target; 5] {
+    [
+        Target { quota_unit, ..throughput_ratio(21, "dt", Bound::AtLeast(0.85)) },
+        Target { quota_unit, ..throughput_ratio(21, "gct", Bound::AtLeast(1.5)) },
+        Target { quota_unit, ..Target::new(21, Measure::Value(Metric::CalloutsSteady), Bound::AtMost(0.02)) },
+        Target { quota_unit, ..Target::new(21, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005)) },
+        Target { quota_unit, ..p99_ratio(21, "dt", Bound::AtMost(1.5)) },
+    ]
 }
 
 /// Every variant, in the order they run each round: issue 4's (a)–(f),
@@ -245,7 +262,8 @@ pub static VARIANTS: &[Variant] = &[
     // Floodgate's global mode (issue 7) against floodgate-quota's HTTP API
     // (the process of (r)), the limit in the service's limits file far
     // above the load: the cost of global decisions, not of limiting. Each
-    // beside its local reference: (dk) for (gk), (i) for (gl), (gc).
+    // beside its local reference: (dk) for (gk), (dt) for (gt), (gtm) and
+    // (gct), (i) for (gl), (gc).
     Variant {
         id: "dk",
         label: "Floodgate local as (d), 1000 keys",
@@ -268,6 +286,52 @@ pub static VARIANTS: &[Variant] = &[
             per_second(Target::new(15, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005))),
             per_second(p99_ratio(15, "dk", Bound::AtMost(1.5))),
         ],
+        ..ROW
+    },
+    // The long tail (issue 21): 10,000 keys, each asked for once or twice a
+    // second, beside their local reference (dt); the lease variants also
+    // against check mode (gct), which asks the service on every request.
+    // (gt) and (gct) use the service's `api_key` entry, fixed windows of
+    // `BENCH_QUOTA_UNIT` (a second by default), as (gk); (gtm) its
+    // per-minute entry.
+    Variant {
+        id: "dt",
+        label: "Floodgate local, 10,000 keys",
+        filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
+        keys: LONG_TAIL_KEYS,
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "gt",
+        label: "Floodgate global, lease, 10,000 keys, per-second windows",
+        filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
+        keys: LONG_TAIL_KEYS,
+        service: Service::Leases,
+        reference: Some("dt"),
+        default: true,
+        targets: &long_tail(Some("second")),
+        ..ROW
+    },
+    Variant {
+        id: "gtm",
+        label: "Floodgate global, lease, 10,000 keys, per-minute windows",
+        filters: |p| global_rule(p.quota_http, "per-api-key-minute", "lease", &per_minute_key(), ""),
+        keys: LONG_TAIL_KEYS,
+        service: Service::Leases,
+        reference: Some("dt"),
+        default: true,
+        targets: &long_tail(None),
+        ..ROW
+    },
+    Variant {
+        id: "gct",
+        label: "Floodgate global, check mode, 10,000 keys, per-second windows",
+        filters: |p| global_rule(p.quota_http, "per-api-key", "check", PER_KEY, ""),
+        keys: LONG_TAIL_KEYS,
+        service: Service::Leases,
+        reference: Some("dt"),
+        default: true,
         ..ROW
     },
     // (i): one bucket for everything: both workers on one shared-data key
@@ -396,6 +460,12 @@ fn per_key_rule() -> String {
     never_limiting_rule("per-api-key", PER_KEY)
 }
 
+/// The per-key descriptor of the per-minute global rule: the same header,
+/// sent as the service's [`PER_MINUTE_KEY`] entry.
+fn per_minute_key() -> String {
+    format!(r#"[{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "{PER_MINUTE_KEY}"}}}}]"#)
+}
+
 /// The service's hot key as a `generic_key` descriptor.
 fn hot_key() -> String {
     format!(r#"[{{"generic_key": {{"descriptor_key": "{}", "descriptor_value": "{}"}}}}]"#, HOT_KEY.0, HOT_KEY.1)
@@ -449,7 +519,21 @@ mod tests {
 
     #[test]
     fn the_default_list_is_the_one_make_bench_always_ran() {
-        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,db,u,r,dk,gk,i,gl,gc");
+        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,db,u,r,dk,gk,dt,gt,gtm,gct,i,gl,gc");
+    }
+
+    #[test]
+    fn the_per_minute_rule_sends_the_services_per_minute_entry() {
+        let ports = Ports { upstream: 1, grpc: 2, quota_http: 3, long_lease_http: 4 };
+        let gtm = find("gtm").unwrap();
+        assert_eq!(gtm.service, Service::Leases, "the instance of (gk)");
+        match (gtm.filters)(&ports) {
+            Filters::FloodgateGlobal { config, quota } => {
+                assert_eq!(quota, 3);
+                assert!(config.contains(&format!(r#""descriptor_key": "{PER_MINUTE_KEY}""#)), "{config}");
+            }
+            _ => panic!("(gtm) is no global rule"),
+        }
     }
 
     #[test]
