@@ -75,6 +75,9 @@ pub fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Val
 /// One round of one variant: wrk, and for a global-mode variant its
 /// callouts before, in the middle of and after the load.
 fn measure(s: &Settings, rig: &Rig, envoy: &Envoy, result: &mut VariantResult) {
+    if result.variant.rewarm > 0 {
+        wrk(&s.wrk, envoy.port, result.variant.rewarm, result.variant.keys);
+    }
     let counting = rig.callout_service(result.variant);
     let before = counting.map(|q| Callouts::read(envoy, q));
     let (r, middle) = std::thread::scope(|scope| {

@@ -13,6 +13,12 @@ pub const MANY_KEYS: u32 = 1000;
 /// each about one or two requests a second.
 pub const LONG_TAIL_KEYS: u32 = 10_000;
 
+/// Seconds of load before each round of the long-tail rows: a pool asks for
+/// an allowance once its rate is a second old, so each key needs a few of
+/// its requests (one or two a second) before the pools are as they are at
+/// steady load.
+pub const LONG_TAIL_REWARM: u64 = 5;
+
 /// Calls per request of each host-call probe variant.
 pub const PROBE_REPEATS: u32 = 10;
 
@@ -84,6 +90,11 @@ pub struct Variant {
     pub latency: bool,
     /// Whether it runs when `BENCH_VARIANTS` is not set.
     pub default: bool,
+    /// Seconds of the same load right before each measured round: for rows
+    /// whose steady state is state of their own that the other rows' turns
+    /// let lapse (the long tail's pools and allowances, after the minute
+    /// or more the other rows take).
+    pub rewarm: u64,
     /// The issues' targets on it.
     pub targets: &'static [Target],
 }
@@ -103,6 +114,7 @@ const ROW: Variant = Variant {
     probe: false,
     latency: false,
     default: false,
+    rewarm: 0,
     targets: &[],
 };
 
@@ -300,6 +312,7 @@ pub static VARIANTS: &[Variant] = &[
         filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
         keys: LONG_TAIL_KEYS,
         default: true,
+        rewarm: LONG_TAIL_REWARM,
         ..ROW
     },
     Variant {
@@ -311,6 +324,7 @@ pub static VARIANTS: &[Variant] = &[
         reference: Some("dt"),
         default: true,
         targets: &long_tail(Some("second")),
+        rewarm: LONG_TAIL_REWARM,
         ..ROW
     },
     Variant {
@@ -322,6 +336,7 @@ pub static VARIANTS: &[Variant] = &[
         reference: Some("dt"),
         default: true,
         targets: &long_tail(None),
+        rewarm: LONG_TAIL_REWARM,
         ..ROW
     },
     Variant {
@@ -332,6 +347,7 @@ pub static VARIANTS: &[Variant] = &[
         service: Service::Leases,
         reference: Some("dt"),
         default: true,
+        rewarm: LONG_TAIL_REWARM,
         ..ROW
     },
     // (i): one bucket for everything: both workers on one shared-data key
