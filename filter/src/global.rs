@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
 use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
-use floodgate_core::global::pool::MAX_BATCH_DELAY;
+use floodgate_core::global::pool::{MAX_BATCH_DELAY, RENEWAL_ROUND};
 use floodgate_core::limiter::{Permit, Verdict};
 use floodgate_core::time::Nanos;
 
@@ -60,7 +60,7 @@ pub enum StatusCall {
 /// leaves at once; refreshes no request waits for yet (a lease ahead of its
 /// window, a pool that still holds tokens for a while, an allowance's
 /// renewal) and returns are held back until their claim's `send_by` (at most
-/// `MAX_BATCH_DELAY`, or a renewal round), so that many pools' leases share
+/// `MAX_BATCH_DELAY`, or a renewal round; returns a round), so that many pools' leases share
 /// one call; anything that leaves takes along every held refresh whose
 /// `not_before` has come (an allowance's renewal waits for its last window).
 #[derive(Debug, Default)]
@@ -126,12 +126,14 @@ impl Callouts {
         }
     }
 
-    /// Queues unspent tokens to give back, within `MAX_BATCH_DELAY` of `now`
-    /// (`lease` 0: nothing; no tokens: an allowance's later windows).
+    /// Queues unspent tokens to give back, within a renewal round of `now`
+    /// (`lease` 0: nothing; no tokens: an allowance's later windows): they
+    /// ride along with the next call that leaves, and leave on their own
+    /// at most once a round, not once per replaced lease.
     pub fn give_back(&mut self, lease: u64, tokens: u64, now: Nanos) {
         if lease != 0 {
             self.returns.push((lease, tokens));
-            self.hold(now + MAX_BATCH_DELAY);
+            self.hold(now + RENEWAL_ROUND);
         }
     }
 

@@ -641,7 +641,10 @@ fn a_replaced_lease_counts_its_expired_tokens_and_returns_what_the_pool_does_not
         let lease = worker.take_call("/v1/lease");
         worker.answer(&lease, Some(200), &grant(50));
         assert!(worker.new_calls().is_empty(), "the return may wait too");
-        worker.advance(20);
+        worker.advance(500);
+        worker.tick();
+        assert!(worker.new_calls().is_empty(), "up to a renewal round, unless a call leaves before");
+        worker.advance(500);
         worker.tick();
         let give_back = worker.take_call("/v1/return");
         let returns = &json(&give_back)["returns"];
