@@ -36,8 +36,20 @@ pub fn wasm_path() -> PathBuf {
     path
 }
 
+/// A loopback port nothing listens on, never handed out twice in this
+/// process: the tests of one file run side by side, and Envoy binds its
+/// listeners with `SO_REUSEPORT`, so two Envoys given the same port would
+/// both bind it and share each other's connections.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 fn scratch_dir() -> PathBuf {
