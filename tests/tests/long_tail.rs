@@ -234,12 +234,12 @@ fn long_tail(store: &str, restart: bool) {
 }
 
 #[test]
-fn the_long_tail_holds_every_limit_without_waits_memory_store() {
+fn the_long_tail_holds_every_limit_memory_store() {
     long_tail("memory", false);
 }
 
 #[test]
-fn the_long_tail_holds_every_limit_without_waits_redis_and_a_restart() {
+fn the_long_tail_holds_every_limit_redis_and_a_restart() {
     let redis = RedisServer::start();
     long_tail(&redis.url(), true);
 }
