@@ -111,19 +111,7 @@ impl Service {
                     let ask = (want.wanted, want.rate, want.window, want.per_window && self.allowances);
                     let leased = decide::lease(&key.rule, &key.bucket, self.get(&key.bucket, now), now, ask, self.ttl);
                     if leased.granted > 0 {
-                        let valid_until = now + leased.valid;
-                        let done = LeaseRecord {
-                            bucket: key.bucket.clone(),
-                            limit: key.rule.clone(),
-                            window: leased.window,
-                            windows: leased.windows,
-                            granted: leased.granted,
-                            granted_at: leased.starts_at,
-                            returned: false,
-                            given_back: 0,
-                            valid_until,
-                            expires_at: valid_until + LEASE_RECORD_MARGIN,
-                        };
+                        let done = LeaseRecord::of(&key.bucket, &key.rule, &leased, now, LEASE_RECORD_MARGIN);
                         let bucket = key.bucket.clone();
                         self.put(&bucket, leased.next.clone(), index);
                         self.put(&record_key, done.to_next(), index);

@@ -171,19 +171,7 @@ fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos)
     let ask = (item.wanted, item.rate, item.window, item.per_window);
     let leased = decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
     if leased.granted > 0 {
-        let valid_until = now + leased.valid;
-        let done = LeaseRecord {
-            bucket: item.key.clone(),
-            limit: item.limit.clone(),
-            window: leased.window,
-            windows: leased.windows,
-            granted: leased.granted,
-            granted_at: leased.starts_at,
-            returned: false,
-            given_back: 0,
-            valid_until,
-            expires_at: valid_until + LEASE_RECORD_MARGIN,
-        };
+        let done = LeaseRecord::of(&item.key, &item.limit, &leased, now, LEASE_RECORD_MARGIN);
         if let Some(slot) = writes.get_mut(bucket) {
             *slot = Some(leased.next.clone());
         }

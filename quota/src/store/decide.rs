@@ -447,6 +447,24 @@ const RECORD_FORMAT_BEFORE: u8 = 3;
 const MICROSECOND: u64 = 1_000;
 
 impl LeaseRecord {
+    /// The record of `leased`, granted at `now` on bucket `key` under
+    /// `limit`: kept until its tokens stop being usable plus `margin`.
+    pub fn of(key: &str, limit: &Limit, leased: &Leased, now: Nanos, margin: Nanos) -> Self {
+        let valid_until = now + leased.valid;
+        LeaseRecord {
+            bucket: key.to_string(),
+            limit: limit.clone(),
+            window: leased.window,
+            windows: leased.windows,
+            granted: leased.granted,
+            granted_at: leased.starts_at,
+            returned: false,
+            given_back: 0,
+            valid_until,
+            expires_at: valid_until + margin,
+        }
+    }
+
     /// Bytes: [`RECORD_TAG`], [`RECORD_FORMAT`], returned flag, then limit, period (µs),
     /// window, granted, granted_at, valid_until, expires_at, windows, given_back as little-endian
     /// u64, the algorithm's name (a length byte, then the name), its fields
@@ -702,18 +720,7 @@ mod tests {
     }
 
     fn record_of(key: &str, limit: &Limit, leased: &Leased, now: Nanos) -> LeaseRecord {
-        LeaseRecord {
-            bucket: key.into(),
-            limit: limit.clone(),
-            window: leased.window,
-            windows: leased.windows,
-            granted: leased.granted,
-            granted_at: leased.starts_at,
-            returned: false,
-            given_back: 0,
-            valid_until: now + leased.valid,
-            expires_at: now + leased.valid + crate::store::LEASE_RECORD_MARGIN,
-        }
+        LeaseRecord::of(key, limit, leased, now, crate::store::LEASE_RECORD_MARGIN)
     }
 
     #[test]
