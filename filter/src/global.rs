@@ -100,7 +100,10 @@ impl Callouts {
         !self.refreshes.is_empty()
             || !self.checks.is_empty()
             || self.hold_until.is_some_and(|until| until <= now)
-            || self.held.iter().filter(|r| r.claim.not_before <= now).count() >= MAX_ITEMS
+            // Counted only when there could be a call's worth: this runs
+            // on every request, and renewals wait here for seconds.
+            || (self.held.len() >= MAX_ITEMS
+                && self.held.iter().filter(|r| r.claim.not_before <= now).count() >= MAX_ITEMS)
             || self.returns.len() >= MAX_ITEMS
     }
 
