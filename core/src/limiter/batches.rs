@@ -8,7 +8,7 @@
 //! is admitted that the bucket did not grant. Reserves past their time are
 //! given back on the worker's tick ([`Limiter::return_reserves`]).
 
-use crate::algorithm::{Admission, Decision, Grant, Release};
+use crate::algorithm::{Admission, Decision, Grant};
 use crate::store::Store;
 use crate::time::Nanos;
 
@@ -39,7 +39,8 @@ impl<H> Pass<'_, H> {
             table.update(stored, fingerprint, now, |slot| {
                 let mut changed = false;
                 if let Some(old) = old.filter(|old| old.units > 0) {
-                    changed |= policy.release(slot, now, Grant { cost: old.units, at: old.taken_at }, Release::Undo);
+                    let (grant, why) = old.unspent();
+                    changed |= policy.release(slot, now, grant, why);
                 }
                 let decision = policy.decide(slot, now, cost);
                 let mut ahead = 0;
@@ -55,12 +56,17 @@ impl<H> Pass<'_, H> {
             })
         });
         let Some((decision, ahead, window_end)) = self.limiter.slot_of(compiled, result, self.counters) else {
+            // Nothing was written: the old reserve is still this worker's.
+            if let Some(evicted) = old.and_then(|old| compiled.reserves.borrow_mut().insert(old)) {
+                self.limiter.give_back(self.store, compiled, evicted, now, self.counters);
+            }
             return Ruling::local(None, Bucket::Main);
         };
         if ahead > 0 {
             let until = window_end.map_or(now + RESERVE_LIFETIME, |end| end.min(now + RESERVE_LIFETIME));
             let left = Decision::admit(decision.remaining.saturating_sub(ahead), decision.reset);
-            let reserve = Reserve { fingerprint, units: ahead, taken_at: now, until, decision: left };
+            let granted = cost + ahead;
+            let reserve = Reserve { fingerprint, units: ahead, taken_at: now, granted, until, decision: left };
             if let Some(evicted) = compiled.reserves.borrow_mut().insert(reserve) {
                 self.limiter.give_back(self.store, compiled, evicted, now, self.counters);
             }
@@ -101,10 +107,10 @@ impl<H> Limiter<H> {
             return;
         }
         let table = &compiled.rule.table;
-        let grant = Grant { cost: reserve.units, at: reserve.taken_at };
+        let (grant, why) = reserve.unspent();
         let group = table.group_of(reserve.fingerprint);
         let result = compiled.on_group(store, Bucket::Main, group, self.max_cas_retries, |stored| {
-            table.release(stored, reserve.fingerprint, now, grant, Release::Undo)
+            table.release(stored, reserve.fingerprint, now, grant, why)
         });
         let _ = self.count_loop(result, counters);
     }
@@ -128,6 +134,7 @@ mod tests {
 
     use super::super::testing::*;
     use super::*;
+    use crate::algorithm::Release;
 
     /// 10 an hour per key, taken 4 at a time.
     const BATCHED: &str = r#"{"rules": [{"name": "per-key", "limit": 10, "period": "1h", "worker_batch": 4,
@@ -183,6 +190,30 @@ mod tests {
         let rest =
             (0..40).filter(|i| admitted(&workers[i % 2], &store, later, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(admitted_now + rest, 10, "the whole limit, never more");
+    }
+
+    /// A reserve that ends unspent goes back whole, for a bucket that earns
+    /// units back over time too: its units are the unused part of the grant
+    /// the request that took them was part of, so the time since is counted
+    /// against that request's unit, not against the reserve (as an undo of
+    /// the reserve alone it lost a unit each time: 9 became 8).
+    #[test]
+    fn an_unspent_reserve_goes_back_whole() {
+        let store = MemoryStore::default();
+        let limiter = build(BATCHED, &store);
+        let mut tally = Tally::default();
+        assert!(admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally));
+        let later = T0 + RESERVE_LIFETIME;
+        limiter.return_reserves(&store, later, false, &mut tally);
+        assert!(!limiter.holds_reserves());
+        assert_eq!(shared_remaining(&store, BATCHED, "a", later), 9, "one used, three back");
+        // Taken again and replaced by a new batch when it cannot serve:
+        // the old reserve's units go back whole in the same update.
+        assert!(admitted(&limiter, &store, later, &[("x-api-key", "a")], &mut tally));
+        let after = later + RESERVE_LIFETIME;
+        assert!(admitted(&limiter, &store, after, &[("x-api-key", "a")], &mut tally));
+        limiter.return_reserves(&store, after + RESERVE_LIFETIME, false, &mut tally);
+        assert_eq!(shared_remaining(&store, BATCHED, "a", after + RESERVE_LIFETIME), 7, "three used");
     }
 
     /// A fixed window's units count only in their window: a reserve ends

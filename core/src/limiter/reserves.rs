@@ -7,7 +7,7 @@
 //! counting window its units were taken in (a window algorithm's units
 //! count only there).
 
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, Grant, Release};
 use crate::time::{Nanos, SECOND};
 
 /// The longest a worker keeps units it took ahead.
@@ -27,6 +27,9 @@ pub(super) struct Reserve {
     pub units: u64,
     /// When they were taken (what giving them back names).
     pub taken_at: Nanos,
+    /// The whole grant they are the unused part of: the request that took
+    /// them, its own cost included.
+    pub granted: u64,
     /// When they stop being spent here.
     pub until: Nanos,
     /// The bucket's numbers as of the take, for the response headers.
@@ -43,6 +46,14 @@ impl Reserve {
         self.units -= cost;
         let remaining = self.decision.remaining.saturating_add(self.units);
         Some(Decision::admit(remaining, self.decision.reset))
+    }
+
+    /// What giving the unspent units back hands to the bucket: the unused
+    /// part of the grant they were taken with ([`Release::Return`]), so a
+    /// bucket that earns units back counts the time since against the
+    /// units used, not against these.
+    pub fn unspent(&self) -> (Grant, Release) {
+        (Grant { cost: self.units, at: self.taken_at }, Release::Return { granted: self.granted })
     }
 }
 
@@ -111,6 +122,7 @@ mod tests {
             fingerprint,
             units,
             taken_at: Nanos::ZERO,
+            granted: units + 1,
             until: Nanos(until),
             decision: Decision::admit(10, Nanos::ZERO),
         }
