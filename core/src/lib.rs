@@ -7,7 +7,6 @@
 //! Envoy embeds: `make test-core-wasm`).
 
 pub mod algorithm;
-pub mod booking;
 pub mod bounds;
 pub mod config;
 pub mod descriptor;

@@ -1,4 +1,4 @@
-//! Property tests of leases ahead (`floodgate_core::booking`): for every
+//! Property tests of leases ahead (`floodgate_core::lease::booking`): for every
 //! algorithm that counts in windows, random checks now, bookings of the next
 //! window (whose units are then spent in bursts anywhere in that window) and
 //! returns of bookings before their window starts never admit more in any
@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use floodgate_core::algorithm::{Params, Policy, Registration, ALGORITHMS};
-use floodgate_core::booking::{self, Booking};
+use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 

@@ -6,7 +6,7 @@
 //! without waiting. The service model decides as the quota service does
 //! (`quota/src/store/decide.rs`), from the core's own pieces: the fixed
 //! window, lease sizing (`floodgate_core::lease`) and bookings of the next
-//! window (`floodgate_core::booking`); answers cross the wire in whole
+//! window (`floodgate_core::lease::booking`); answers cross the wire in whole
 //! milliseconds, rounded as the protocol rounds them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -15,9 +15,9 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 use floodgate_core::algorithm::{Algorithm, Grant, Params, Policy, Registration, Release};
-use floodgate_core::booking::{self, Booking};
-use floodgate_core::global::pool::{Applied, Claim, LeaseGrant, LeasePool, PoolState, Spend};
-use floodgate_core::global::refresh::RefreshPolicy;
+use floodgate_core::lease::booking::{self, Booking};
+use floodgate_core::lease::pool::{Applied, Claim, GrantedLease, LeasePool, PoolState, Spend};
+use floodgate_core::lease::refresh::RefreshPolicy;
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
@@ -56,7 +56,7 @@ impl Service {
     }
 
     /// `POST /v1/lease` of one lease: the answer as the filter reads it.
-    fn lease(&mut self, now: Nanos, id: u64, claim: &Claim) -> LeaseGrant {
+    fn lease(&mut self, now: Nanos, id: u64, claim: &Claim) -> GrantedLease {
         self.settle(now);
         let policy = self.policy.as_ref();
         let capacity = policy.capacity();
@@ -97,7 +97,7 @@ impl Service {
             self.records.insert(id, Record { granted, granted_at: starts_at, returned: false });
         }
         // On the wire: whole milliseconds, `valid` rounded down, the rest up.
-        LeaseGrant {
+        GrantedLease {
             lease: id,
             granted,
             valid: Nanos::from_millis(valid.floor_millis()),
@@ -181,7 +181,7 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
     let mut states: Vec<PoolState> = (0..pools).map(|_| pool.fresh(start)).collect();
     let mut claims: HashMap<u64, Claim> = HashMap::new();
     let mut sent: HashMap<u64, Nanos> = HashMap::new();
-    let mut answers: HashMap<u64, LeaseGrant> = HashMap::new();
+    let mut answers: HashMap<u64, GrantedLease> = HashMap::new();
     let mut queue = BinaryHeap::new();
     let mean = Nanos((SECOND.get() as f64 / rate) as u64);
     for p in 0..pools {

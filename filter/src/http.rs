@@ -80,3 +80,10 @@ impl HttpContext for FloodgateHttp {
         Action::Continue
     }
 }
+
+/// A request while no configuration is in force: let through.
+pub(crate) struct PassThrough;
+
+impl Context for PassThrough {}
+
+impl HttpContext for PassThrough {}

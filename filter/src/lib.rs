@@ -28,8 +28,8 @@
 //! - `plugin`: what a configuration's requests on one worker share, and a
 //!   request's path through it (decide, answer or pause, finish, release);
 //! - `http`: one request's context;
-//! - `service` and `global`: calling the quota service, and what this worker
-//!   has to send and is waiting to hear;
+//! - `quota`: the quota client: what this worker has to send, sending it,
+//!   and applying the answers;
 //! - `waiting`: the requests a worker keeps paused, and when to wake up;
 //! - `host`: Envoy behind the core's traits (shared data, request, clock);
 //! - `metrics`: counts kept in the worker and flushed to Envoy on a tick.
@@ -39,7 +39,6 @@
 //! are read as bytes only, because the SDK's `String` getters panic on
 //! non-UTF-8 input.
 
-mod global;
 mod host;
 #[cfg(test)]
 mod host_tests;
@@ -48,21 +47,14 @@ mod metrics;
 #[cfg(test)]
 mod mock_host;
 mod plugin;
+mod quota;
 mod root;
-mod service;
 mod waiting;
 
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(root::FloodgateRoot::new(context_id)) });
 }}
-
-/// A request while no configuration is in force: let through.
-pub(crate) struct PassThrough;
-
-impl Context for PassThrough {}
-
-impl HttpContext for PassThrough {}

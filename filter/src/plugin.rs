@@ -1,7 +1,7 @@
 //! What every request of one configuration on one worker shares, and the
 //! request's path through it: deciding, answering or pausing, finishing a
 //! paused request, giving a permit back, counting. The quota service's side
-//! of it is in [`crate::service`].
+//! of it is in [`crate::quota`].
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -13,9 +13,9 @@ use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Action;
 
-use crate::global::Callouts;
 use crate::host::{self, HeaderReads, HostRequest, SharedData};
 use crate::metrics::{self, increment, Metrics, RuleMetrics};
+use crate::quota::Callouts;
 use crate::waiting::{Shared, Stage, Wait, Waiter, Waiting};
 
 /// How often a worker with global rules looks at their mode and probes a

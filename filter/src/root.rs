@@ -13,14 +13,12 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, MapType};
 
-use crate::global::{Callout, Callouts, StatusCall};
 use crate::host::{self, SharedData};
-use crate::http::FloodgateHttp;
-use crate::metrics::{increment, Metrics, RuleMetrics};
+use crate::http::{FloodgateHttp, PassThrough};
+use crate::metrics::{Metrics, RuleMetrics};
 use crate::plugin::{schedule_ticks, Plugin, RateLimitedLog};
-use crate::service::dispatch;
+use crate::quota::{Callout, Callouts};
 use crate::waiting::{Shared, Waiting};
-use crate::PassThrough;
 
 /// One plugin configuration on one VM (Envoy's main thread or a worker).
 /// Per-plugin state lives here, not in statics: plugins with the same code
@@ -164,17 +162,7 @@ impl RootContext for FloodgateRoot {
             }
             plugin.limiter.read_modes(&SharedData);
             plugin.metrics.set_modes(&plugin.limiter);
-            for rule in plugin.limiter.due_probes(&SharedData, now) {
-                match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
-                    Ok(token) => {
-                        increment(&plugin.metrics.callouts_sent, 1);
-                        plugin.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Probe(rule)));
-                    }
-                    Err(why) => {
-                        plugin.callout_failed(Callout::Status(StatusCall::Probe(rule)), &CallError::NotSent(why))
-                    }
-                }
-            }
+            plugin.send_due_probes(service, now);
             plugin.send_queued();
         }
         plugin.finish_due(now, false);

@@ -10,8 +10,8 @@ use std::collections::{BinaryHeap, HashMap};
 
 use floodgate_core::algorithm::Algorithm;
 use floodgate_core::global::calls::{read_leases, Refresh, MAX_ITEMS};
-use floodgate_core::global::pool::{Applied, Claim, LeasePool, PoolState, Spend, MAX_BATCH_DELAY};
 use floodgate_core::global::settings::QuotaService;
+use floodgate_core::lease::pool::{Applied, Claim, LeasePool, PoolState, Spend, MAX_BATCH_DELAY};
 use floodgate_core::time::{Nanos, SECOND};
 use floodgate_protocol::LeaseResponse;
 

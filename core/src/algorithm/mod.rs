@@ -279,7 +279,7 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
     /// says: units granted earlier that count there all the same (units a
     /// lease ahead took for a window before it started, counted once it
     /// has, even if a reload has lowered the limit since; see
-    /// [`crate::booking`]). Only algorithms with a counting window are
+    /// [`crate::lease::booking`]). Only algorithms with a counting window are
     /// asked; the default decides, so it counts nothing the limit refuses.
     fn count(&self, state: Self::State, at: Nanos, units: u64) -> Self::State {
         self.decide(state, at, units).1

@@ -9,9 +9,9 @@ use floodgate_protocol::{
     MAX_DESCRIPTORS, MAX_LEASES,
 };
 
-use super::pool::{Claim, LeaseGrant};
 use super::settings::QuotaService;
 use crate::algorithm::{Decision, Quota};
+use crate::lease::pool::{Claim, GrantedLease};
 use crate::time::Nanos;
 
 /// Most leases (or returns) one call carries (the protocol's limit).
@@ -177,7 +177,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CallError> {
 }
 
 /// Reads a lease answer for `refreshes` (in order): one grant each.
-pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<Vec<LeaseGrant>, CallError> {
+pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<Vec<GrantedLease>, CallError> {
     usable_status(status)?;
     let answer: LeaseResponse = parse(body)?;
     if answer.leases.len() != refreshes.len() {
@@ -194,7 +194,7 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 Code::Unlimited | Code::NoRule => (refresh.claim.wanted, 0),
                 Code::Ok | Code::OverLimit => (grant.granted, grant.remaining.unwrap_or(0)),
             };
-            LeaseGrant {
+            GrantedLease {
                 lease: refresh.lease,
                 granted,
                 valid: Nanos::from_millis(grant.valid_ms),
@@ -306,7 +306,7 @@ mod tests {
         let grants = read_leases(Some(200), body, &[refresh(9)]).unwrap();
         assert_eq!(
             grants,
-            vec![LeaseGrant {
+            vec![GrantedLease {
                 lease: 9,
                 granted: 30,
                 valid: SECOND,

@@ -8,10 +8,10 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::pool::LeasePool;
-use super::refresh::RefreshPolicy;
 use crate::algorithm::{Params, Registration, ALGORITHMS};
 use crate::error::ConfigError;
+use crate::lease::pool::LeasePool;
+use crate::lease::refresh::RefreshPolicy;
 use crate::table::Table;
 use crate::time::{parse_duration, Nanos, SECOND};
 

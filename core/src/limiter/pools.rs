@@ -2,13 +2,13 @@
 //! table: a request spends from its pool (claiming a refresh when one is
 //! due), the service's grant becomes the pool's lease, a refresh that got no
 //! answer is abandoned, and unspent tokens are taken back out when the
-//! configuration goes away. The pool's arithmetic is [`crate::global::pool`].
+//! configuration goes away. The pool's arithmetic is [`crate::lease::pool`].
 
 use crate::algorithm::{Algorithm, Quota};
 use crate::descriptor::{protocol_descriptor, Request};
 use crate::global::calls::Refresh;
-use crate::global::pool::{Applied, LeaseGrant, LeasePool, PoolState, Spend};
 use crate::hash::SipHasher;
+use crate::lease::pool::{Applied, GrantedLease, LeasePool, PoolState, Spend};
 use crate::store::Store;
 use crate::time::{Nanos, SECOND};
 
@@ -65,7 +65,7 @@ impl<H> Limiter<H> {
         store: &dyn Store,
         now: Nanos,
         refresh: &Refresh,
-        grant: &LeaseGrant,
+        grant: &GrantedLease,
         counters: &mut dyn Counters<H>,
     ) -> Option<Applied> {
         let compiled = self.rules.get(refresh.rule)?;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 pub(super) use crate::algorithm::Admission;
 pub(super) use crate::config::Config;
 pub(super) use crate::descriptor::StaticRequest;
-pub(super) use crate::global::pool::{LeaseGrant, Leftover};
+pub(super) use crate::lease::pool::{GrantedLease, Leftover};
 pub(super) use crate::store::{MemoryStore, Step};
 pub(super) use crate::time::{Nanos, SECOND};
 
@@ -85,8 +85,8 @@ pub(super) fn admitted(
 }
 
 /// A grant of `granted` tokens for 10 s, under a limit of 100 per minute.
-pub(super) fn lease(id: u64, granted: u64) -> LeaseGrant {
-    LeaseGrant {
+pub(super) fn lease(id: u64, granted: u64) -> GrantedLease {
+    GrantedLease {
         lease: id,
         granted,
         valid: SECOND.times(10),

@@ -6,8 +6,8 @@
 //! disagree. Times are the core's nanoseconds since the Unix epoch.
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
-use floodgate_core::booking::{self, Booking};
 use floodgate_core::lease::allowance::{allowance_target, far_below, Reservations, Terms, DEFAULT_TERM};
+use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::Nanos;
 
@@ -32,7 +32,7 @@ const LAST_UNTAGGED_LAYOUT: u8 = 8;
 /// pace's "paced until" instant (8 bytes, little-endian; see
 /// `floodgate_core::lease::paced_until`), then, only while leases ahead
 /// have booked units of the next window, that window's start and the units
-/// (8 bytes each, little-endian; see `floodgate_core::booking`), then, only
+/// (8 bytes each, little-endian; see `floodgate_core::lease::booking`), then, only
 /// while allowances hold units of its windows, the key's terms (windows per
 /// term, phase) and its reservations (term, current, next, settled: 8 bytes
 /// each, little-endian; see `floodgate_core::lease::allowance`).
@@ -105,7 +105,7 @@ impl Stored {
         bucket
     }
 
-    /// Decides `cost` units at `now` (see `floodgate_core::booking::decide`).
+    /// Decides `cost` units at `now` (see `floodgate_core::lease::booking::decide`).
     fn decide(&mut self, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         booking::decide(limit.policy(), &mut self.state, self.booking, now, cost)
     }

@@ -119,7 +119,7 @@ pub struct PoolState {
 
 /// What the service granted for one pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseGrant {
+pub struct GrantedLease {
     /// The lease's id (the one the claim asked with).
     pub lease: u64,
     /// Tokens granted (may be 0 when nothing is left).
@@ -483,7 +483,7 @@ impl LeasePool {
         state: PoolState,
         now: Nanos,
         (claim_started, sent): (Nanos, Nanos),
-        grant: &LeaseGrant,
+        grant: &GrantedLease,
     ) -> (Applied, PoolState) {
         let state = self.rolled(state, now);
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
@@ -563,7 +563,7 @@ impl LeasePool {
         &self,
         state: PoolState,
         now: Nanos,
-        grant: &LeaseGrant,
+        grant: &GrantedLease,
         expires_at: Nanos,
         (spent, rate_since, latency): (u64, Nanos, Nanos),
     ) -> (Applied, PoolState) {
@@ -831,8 +831,8 @@ mod tests {
         LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) }
     }
 
-    fn grant(lease: u64, granted: u64) -> LeaseGrant {
-        LeaseGrant {
+    fn grant(lease: u64, granted: u64) -> GrantedLease {
+        GrantedLease {
             lease,
             granted,
             valid: SECOND,
@@ -861,10 +861,10 @@ mod tests {
     /// A grant of window `index` (a per-second fixed window) made at `at`:
     /// valid until that window ends, and for a window after `at`'s, starting
     /// with it.
-    fn windowed_grant(lease: u64, granted: u64, index: u64, at: Nanos) -> LeaseGrant {
+    fn windowed_grant(lease: u64, granted: u64, index: u64, at: Nanos) -> GrantedLease {
         let (start, end) = (SECOND.times(index), SECOND.times(index + 1));
         let grant = grant(lease, granted);
-        LeaseGrant { valid: end - at, starts: start - at, index, window: SECOND, reset: end - at, ..grant }
+        GrantedLease { valid: end - at, starts: start - at, index, window: SECOND, reset: end - at, ..grant }
     }
 
     /// A pool that spent 100/s over the last second and holds a lease of
@@ -1185,7 +1185,7 @@ mod tests {
     fn a_grant_of_zero_denies_locally_until_the_reset_without_asking_again() {
         let p = pool();
         let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
-        let none = LeaseGrant { reset: SECOND.times(2), ..grant(1, 0) };
+        let none = GrantedLease { reset: SECOND.times(2), ..grant(1, 0) };
         let (_, state) = p.apply(claimed, T0 + MS, sent(claim.unwrap().started), &none);
         let (spend, again, _) = p.spend(state, T0 + SECOND, 1);
         let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
@@ -1252,8 +1252,8 @@ mod tests {
     fn allowance(per_window: u64) -> (LeasePool, PoolState) {
         let p = pool();
         let claimed = PoolState { spent: 3, rate_since: T0 - SECOND, refresh_until: T0 + MS, ..p.fresh(T0) };
-        let grant = LeaseGrant { windows: 30, ..windowed_grant(1, per_window, K, T0) };
-        let grant = LeaseGrant { valid: SECOND.times(30), ..grant };
+        let grant = GrantedLease { windows: 30, ..windowed_grant(1, per_window, K, T0) };
+        let grant = GrantedLease { valid: SECOND.times(30), ..grant };
         let (applied, state) = p.apply(claimed, T0 + MS.times(2), (T0, T0), &grant);
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         (p, state)
@@ -1332,7 +1332,7 @@ mod tests {
         // the last window's tokens are held until its end, then the new one counts.
         let at = claim.send_by;
         let state = after;
-        let ahead = LeaseGrant {
+        let ahead = GrantedLease {
             windows: 30,
             valid: T0 + SECOND.times(60) - at,
             starts: T0 + SECOND.times(30) - at,
@@ -1361,8 +1361,8 @@ mod tests {
         assert_eq!((claim.window, claim.not_before, claim.send_by), (None, now, now));
         let (spend, again, _) = p.spend(state, now + MS, 1);
         assert_eq!((spend, again), (Spend::Empty, None), "asked once");
-        let top_up = LeaseGrant { valid: SECOND - MS.times(105), index: K + 3, ..windowed_grant(3, 5, K + 3, now) };
-        let top_up = LeaseGrant { starts: Nanos::ZERO, ..top_up };
+        let top_up = GrantedLease { valid: SECOND - MS.times(105), index: K + 3, ..windowed_grant(3, 5, K + 3, now) };
+        let top_up = GrantedLease { starts: Nanos::ZERO, ..top_up };
         let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(3)), &top_up);
         assert_eq!(applied, Applied::Replaced(Leftover::default()));
         assert_eq!((state.lease, state.held_lease, state.held_tokens), (1, 3, 5), "held beside the allowance");
@@ -1384,7 +1384,7 @@ mod tests {
         let (_, claim, state) = p.spend(state, now, 2);
         let claim = claim.unwrap();
         let nothing =
-            LeaseGrant { granted: 0, valid: SECOND - MS.times(105), reset: SECOND - MS.times(105), ..grant(3, 0) };
+            GrantedLease { granted: 0, valid: SECOND - MS.times(105), reset: SECOND - MS.times(105), ..grant(3, 0) };
         let (_, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(2)), &nothing);
         let (spend, again, _) = p.spend(state, now + MS.times(5), 1);
         assert!(matches!(spend, Spend::Denied(_)), "{spend:?}");
@@ -1414,7 +1414,7 @@ mod tests {
         let (p, state) = allowance(3);
         let at = T0 + SECOND.times(16);
         let ahead =
-            LeaseGrant { windows: 30, starts: SECOND.times(14), index: K + 30, ..windowed_grant(2, 4, K + 30, at) };
+            GrantedLease { windows: 30, starts: SECOND.times(14), index: K + 30, ..windowed_grant(2, 4, K + 30, at) };
         let (applied, after) = p.apply(state, at, (at, at), &ahead);
         assert_eq!(applied, Applied::Stale);
         assert_eq!((after.lease, after.allowance), (1, 3));

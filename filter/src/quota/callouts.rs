@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
 use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
-use floodgate_core::global::pool::RENEWAL_ROUND;
+use floodgate_core::lease::pool::RENEWAL_ROUND;
 use floodgate_core::limiter::{Permit, Verdict};
 use floodgate_core::time::Nanos;
 
@@ -243,7 +243,7 @@ impl CheckJob {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use floodgate_core::global::pool::{Claim, MAX_BATCH_DELAY};
+    use floodgate_core::lease::pool::{Claim, MAX_BATCH_DELAY};
     use floodgate_core::time::SECOND;
 
     const T0: Nanos = Nanos(1_700_000_000_000_000_000);

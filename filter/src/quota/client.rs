@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use floodgate_core::algorithm::Release;
 use floodgate_core::global::calls::{self, Call, CallError, CheckAnswer, Refresh};
-use floodgate_core::global::pool::{Applied, LeaseGrant};
 use floodgate_core::global::settings::QuotaService;
+use floodgate_core::lease::pool::{Applied, GrantedLease};
 use floodgate_core::time::Nanos;
 use proxy_wasm::hostcalls;
 
-use crate::global::{Callout, Outgoing, StatusCall};
+use super::callouts::{Callout, Outgoing, StatusCall};
 use crate::host::{self, SharedData};
 use crate::metrics::increment;
 use crate::plugin::Plugin;
@@ -39,6 +39,22 @@ impl Plugin {
                     self.limiter.record_callout(&SharedData, now, rule, false);
                 }
                 self.metrics.count_failed_callout(&CallError::NotSent(why));
+            }
+        }
+    }
+
+    /// Probes the quota service once for each rule in fall-back whose next
+    /// probe is due (one worker at a time claims each, see
+    /// `Limiter::due_probes`); the answer switches the rule back.
+    pub(crate) fn send_due_probes(&self, service: &QuotaService, now: Nanos) {
+        for rule in self.limiter.due_probes(&SharedData, now) {
+            let callout = Callout::Status(StatusCall::Probe(rule));
+            match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+                Ok(token) => {
+                    increment(&self.metrics.callouts_sent, 1);
+                    self.callouts.borrow_mut().sent(token, callout);
+                }
+                Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
             }
         }
     }
@@ -141,7 +157,7 @@ impl Plugin {
     }
 
     /// Applies the grants of a lease call.
-    pub(crate) fn leases_granted(&self, refreshes: &[Refresh], grants: Vec<LeaseGrant>, now: Nanos) {
+    pub(crate) fn leases_granted(&self, refreshes: &[Refresh], grants: Vec<GrantedLease>, now: Nanos) {
         let counters = &mut self.metrics.counters();
         for (refresh, grant) in refreshes.iter().zip(grants) {
             self.limiter.record_callout(&SharedData, now, refresh.rule, true);
@@ -229,7 +245,7 @@ impl Plugin {
 }
 
 /// Dispatches `call` to `cluster` from the current (root) context.
-pub(crate) fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
+fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
     let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let body = (!call.body.is_empty()).then_some(call.body.as_slice());
     let timeout = Duration::from_nanos(timeout.get()).max(Duration::from_millis(1));
