@@ -14,7 +14,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use floodgate_core::config::Config;
 use floodgate_core::descriptor::{fingerprint, StaticRequest};
 use floodgate_core::headers::HeaderBlock;
-use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
+use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
 use floodgate_core::store::{MemoryStore, Step};
 use floodgate_core::time::{Nanos, SECOND};
 
@@ -33,6 +33,7 @@ fn never_limiting(name: &str, descriptors: &str) -> String {
 struct Discard;
 
 impl Counters<()> for Discard {
+    fn request(&mut self, _: RequestEvent) {}
     fn rule(&mut self, _: &CompiledRule<()>, _: RuleEvent) {}
     fn store(&mut self, _: StoreEvent, _: u64) {}
 }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use floodgate_core::config::Rule;
 use floodgate_core::global::calls::CallError;
-use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent, Verdict};
+use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -139,7 +139,7 @@ pub struct Metrics {
     pub delay_abandoned: Metric,
     /// Requests denied because this worker already had
     /// `max_delayed_per_worker` requests waiting.
-    pub delay_queue_full: Metric,
+    delay_queue_full: Metric,
     /// Lease-pool refreshes claimed.
     pub refreshes: Metric,
     /// Calls sent to the quota service.
@@ -254,14 +254,6 @@ impl Metrics {
         }
     }
 
-    /// Counts a request's verdict: allowed (now or after a delay) or limited.
-    pub fn count_verdict(&self, verdict: &Verdict) {
-        increment(if verdict.allowed() { &self.allowed } else { &self.limited }, 1);
-        if verdict.shadow_limited.is_some() {
-            increment(&self.shadow_limited, 1);
-        }
-    }
-
     /// A [`Counters`] sink for one check.
     pub fn counters(&self) -> MetricCounters<'_> {
         MetricCounters(self)
@@ -272,6 +264,19 @@ impl Metrics {
 pub struct MetricCounters<'a>(&'a Metrics);
 
 impl Counters<RuleMetrics> for MetricCounters<'_> {
+    fn request(&mut self, event: RequestEvent) {
+        let metrics = self.0;
+        increment(
+            match event {
+                RequestEvent::Allowed => &metrics.allowed,
+                RequestEvent::Limited => &metrics.limited,
+                RequestEvent::ShadowLimited => &metrics.shadow_limited,
+                RequestEvent::NoRoomToWait => &metrics.delay_queue_full,
+            },
+            1,
+        );
+    }
+
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
         if let Some(metric) = RULE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| rule.host.events.get(i)) {
             increment(metric, 1);

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use floodgate_core::algorithm::{Admission, Release};
-use floodgate_core::limiter::{Limiter, Permit, Verdict};
+use floodgate_core::limiter::{CanWait, Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Action;
@@ -68,57 +68,46 @@ impl Plugin {
         let limiter = &self.limiter;
         let reads = std::mem::take(&mut *self.header_reads.borrow_mut());
         let mut request = HostRequest::new(limiter.header_names(), reads);
+        let can_wait = if waited_out {
+            CanWait::WaitedOut
+        } else if self.waiting.borrow().is_full() {
+            CanWait::NoRoom
+        } else {
+            CanWait::Yes
+        };
         let (mut verdict, permit) =
-            limiter.check_waited(&SharedData, now, &mut request, waited_out, &mut self.metrics.counters());
+            limiter.check_waited(&SharedData, now, &mut request, can_wait, &mut self.metrics.counters());
         *self.header_reads.borrow_mut() = request.into_reads();
         if !verdict.refreshes.is_empty() {
             increment(&self.metrics.refreshes, verdict.refreshes.len() as u64);
             self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes), now);
         }
         let wait = match verdict.admission {
-            Admission::Delayed(delay) => Some(Wait::Delay { resume_at: now + delay }),
-            Admission::Pending if !verdict.checks.is_empty() => Some(Wait::Answer),
+            Admission::Delayed(delay) => Wait::Delay { resume_at: now + delay },
+            Admission::Pending if !verdict.checks.is_empty() => Wait::Answer,
             Admission::Pending => {
-                Some(Wait::Refill { deadline: since + limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait) })
+                Wait::Refill { deadline: since + limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait) }
             }
-            Admission::Now | Admission::Denied { .. } => None,
+            Admission::Now | Admission::Denied { .. } => return self.finish(state, verdict, permit, now),
         };
-        if let Some(wait) = wait {
-            let waiter = Waiter { context_id, since, wait, request: Rc::clone(state) };
-            if self.waiting.borrow_mut().add(waiter).is_err() {
-                // This worker has as many waiting as allowed: the request
-                // cannot wait here, so it is not served and takes nothing.
-                increment(&self.metrics.delay_queue_full, 1);
-                self.release(permit, Release::Undo);
-                let retry_after = match wait {
-                    Wait::Delay { resume_at } => resume_at - now,
-                    Wait::Refill { .. } | Wait::Answer => SECOND,
-                };
-                verdict.admission = Admission::Denied { retry_after };
-                return self.finish(state, verdict, Permit::default(), now);
-            }
-            if let Wait::Answer = wait {
-                self.callouts.borrow_mut().check(context_id, verdict, permit);
-                state.borrow_mut().stage = Stage::Waiting;
-                return Action::Pause;
-            }
-            if let Admission::Delayed(_) = verdict.admission {
-                self.metrics.count_verdict(&verdict);
+        // The limiter was told whether there is room: a request it lets wait has it.
+        self.waiting.borrow_mut().add(Waiter { context_id, since, wait, request: Rc::clone(state) });
+        if let Wait::Answer = wait {
+            self.callouts.borrow_mut().check(context_id, verdict, permit);
+        } else {
+            if let Wait::Delay { .. } = wait {
                 limiter.render_headers(&verdict, &mut state.borrow_mut().headers);
             }
-            let mut state = state.borrow_mut();
-            state.permit = permit;
-            state.stage = Stage::Waiting;
-            return Action::Pause;
+            state.borrow_mut().permit = permit;
         }
-        self.finish(state, verdict, permit, now)
+        state.borrow_mut().stage = Stage::Waiting;
+        Action::Pause
     }
 
     /// Acts on a final verdict for a request: lets it through or answers it
     /// as limited. Returns what its handler returns to Envoy.
     pub(crate) fn finish(&self, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) -> Action {
         let limiter = &self.limiter;
-        self.metrics.count_verdict(&verdict);
         if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
             self.shadow_log.record(now, log::Level::Info, || {
                 format!("shadow mode: rule {} would have limited a request; let through", rule.rule.name)

@@ -96,13 +96,11 @@ impl Waiting {
         self.waiters.len() >= self.capacity
     }
 
-    /// Adds a request; gives it back when the list is full.
-    pub fn add(&mut self, waiter: Waiter) -> Result<(), Waiter> {
-        if self.is_full() {
-            return Err(waiter);
-        }
+    /// Adds a request. Whoever pauses one asked [`Waiting::is_full`] first
+    /// and told the limiter, which denies a request that cannot wait
+    /// (`CanWait::NoRoom`), so the list stays within its capacity.
+    pub fn add(&mut self, waiter: Waiter) {
         self.waiters.push(waiter);
-        Ok(())
     }
 
     /// Removes a request (its client left, or it was finished); `None` when
@@ -159,9 +157,10 @@ mod tests {
     #[test]
     fn bounded_and_resumed_in_order() {
         let mut waiting = Waiting::new(2);
-        assert!(waiting.add(waiter(1, Wait::Delay { resume_at: MS.times(30) })).is_ok());
-        assert!(waiting.add(waiter(2, Wait::Delay { resume_at: MS.times(5) })).is_ok());
-        assert!(waiting.add(waiter(3, Wait::Answer)).is_err(), "full");
+        waiting.add(waiter(1, Wait::Delay { resume_at: MS.times(30) }));
+        assert!(!waiting.is_full());
+        waiting.add(waiter(2, Wait::Delay { resume_at: MS.times(5) }));
+        assert!(waiting.is_full());
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(5)));
         assert!(waiting.take_due(MS.times(4), false).is_empty());
         let due: Vec<u32> = waiting.take_due(MS.times(40), false).iter().map(|w| w.context_id).collect();
@@ -172,9 +171,9 @@ mod tests {
     #[test]
     fn refills_are_looked_at_every_tick_and_answers_need_none() {
         let mut waiting = Waiting::new(4);
-        assert!(waiting.add(waiter(1, Wait::Answer)).is_ok());
+        waiting.add(waiter(1, Wait::Answer));
         assert_eq!(waiting.next_tick(Nanos::ZERO), None, "the callout's answer wakes it");
-        assert!(waiting.add(waiter(2, Wait::Refill { deadline: MS.times(200) })).is_ok());
+        waiting.add(waiter(2, Wait::Refill { deadline: MS.times(200) }));
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(REFILL_TICK));
         let due: Vec<u32> = waiting.take_due(Nanos::ZERO, false).iter().map(|w| w.context_id).collect();
         assert_eq!(due, vec![2]);
@@ -185,10 +184,10 @@ mod tests {
     #[test]
     fn a_client_that_leaves_frees_its_place_and_ticks_stay_coarse() {
         let mut waiting = Waiting::new(1);
-        assert!(waiting.add(waiter(7, Wait::Delay { resume_at: MS.times(500) })).is_ok());
+        waiting.add(waiter(7, Wait::Delay { resume_at: MS.times(500) }));
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(MAX_TICK));
         assert!(waiting.remove(7).is_some());
-        assert!(waiting.add(waiter(8, Wait::Delay { resume_at: Nanos(1) })).is_ok());
+        waiting.add(waiter(8, Wait::Delay { resume_at: Nanos(1) }));
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(1)));
     }
 }

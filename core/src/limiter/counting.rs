@@ -5,7 +5,9 @@
 use crate::store::{LoopError, Replaced};
 use crate::table::Slot;
 
-use super::{CompiledRule, Limiter, Permit};
+use crate::algorithm::Admission;
+
+use super::{CompiledRule, Limiter, Permit, Verdict};
 
 /// A per-rule outcome worth counting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,21 @@ pub enum RuleEvent {
     ShadowLimited,
     /// A global rule decided by its fall-back: the quota service was failing.
     Fallback,
+}
+
+/// What became of a request, counted once when its verdict is final (a
+/// request that waits for the quota service is counted when it is settled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RequestEvent {
+    /// Let through, at once or after a delay.
+    Allowed,
+    /// Answered as limited.
+    Limited,
+    /// A rule in shadow mode would have denied it (counted besides the above).
+    ShadowLimited,
+    /// It would have waited, but its worker keeps as many paused requests
+    /// as it may: denied instead (counted besides `Limited`).
+    NoRoomToWait,
 }
 
 /// A store-level occurrence worth counting.
@@ -43,6 +60,8 @@ pub enum StoreEvent {
 /// Receives what the limiter counts. The filter maps these to Envoy metrics,
 /// whose ids it keeps in each rule's `host` data.
 pub trait Counters<H> {
+    /// Counts what became of one request.
+    fn request(&mut self, event: RequestEvent);
     /// Counts one per-rule outcome.
     fn rule(&mut self, rule: &CompiledRule<H>, event: RuleEvent);
     /// Counts `count` store occurrences.
@@ -120,6 +139,18 @@ impl<H> Limiter<H> {
             if held.delayed {
                 counters.rule(compiled, RuleEvent::Delayed);
             }
+        }
+    }
+
+    /// Counts a final verdict: what became of the request. A pending one
+    /// is counted when it is settled.
+    pub(super) fn count_verdict(verdict: &Verdict, counters: &mut dyn Counters<H>) {
+        if verdict.admission == Admission::Pending {
+            return;
+        }
+        counters.request(if verdict.allowed() { RequestEvent::Allowed } else { RequestEvent::Limited });
+        if verdict.shadow_limited.is_some() {
+            counters.request(RequestEvent::ShadowLimited);
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::time::Nanos;
 
 use super::pass::{Pass, Ruling, Target};
 use super::rule::Bucket;
-use super::{CompiledRule, Counters, Limiter, Permit, RuleEvent, Verdict};
+use super::{CanWait, CompiledRule, Counters, Limiter, Permit, RuleEvent, Verdict};
 
 impl<H> Limiter<H> {
     /// Decides on `request` at `now`. An admitted request's permit holds what
@@ -27,21 +27,23 @@ impl<H> Limiter<H> {
         request: &mut dyn Request,
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
-        self.check_waited(store, now, request, false, counters)
+        self.check_waited(store, now, request, CanWait::Yes, counters)
     }
 
-    /// [`Limiter::check`] for a request that waited for a refresh as long as
-    /// it may (`waited_out`): an empty pool then denies it (or, while the
-    /// service fails, follows the rule's fall-back) instead of pending again.
+    /// [`Limiter::check`] for a request that may not wait, or not any more
+    /// (see [`CanWait`]). Every final verdict is counted here
+    /// ([`RequestEvent`](super::RequestEvent)); a pending one when it is
+    /// settled.
     pub fn check_waited(
         &self,
         store: &dyn Store,
         now: Nanos,
         request: &mut dyn Request,
-        waited_out: bool,
+        can_wait: CanWait,
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
-        let mut pass = Pass::new(self, store, now, counters);
+        let mut pass = Pass::new(self, store, now, can_wait, counters);
+        let waited_out = can_wait == CanWait::WaitedOut;
         for (index, compiled) in self.rules.iter().enumerate() {
             let Some(target) = self.target(index, compiled, request) else { continue };
             let ruling = pass.rule(&target, request, waited_out);
@@ -70,7 +72,7 @@ impl<H> Limiter<H> {
             Nanos::ZERO => Admission::Now,
             delay => Admission::Delayed(delay),
         };
-        let mut pass = Pass { verdict, permit, ..Pass::new(self, store, now, counters) };
+        let mut pass = Pass { verdict, permit, ..Pass::new(self, store, now, CanWait::Yes, counters) };
         for (at, item) in checks.iter().enumerate() {
             let Some(compiled) = self.rules.get(item.rule) else { continue };
             let target = Target {
@@ -442,6 +444,44 @@ mod tests {
         assert_eq!(tally.rules[&(0, "delayed")], 2);
     }
 
+    /// Every request is counted once, when its verdict is final: the host
+    /// only flushes what the limiter counts.
+    #[test]
+    fn each_request_is_counted_once_by_what_became_of_it() {
+        let store = MemoryStore::default();
+        let limiter = build(PER_KEY, &store);
+        let mut tally = Tally::default();
+        for _ in 0..5 {
+            admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally);
+        }
+        assert_eq!(tally.requests[&RequestEvent::Allowed], 3);
+        assert_eq!(tally.requests[&RequestEvent::Limited], 2);
+        assert_eq!(tally.requests.get(&RequestEvent::ShadowLimited), None);
+    }
+
+    /// A request that would wait on a worker that keeps as many paused as
+    /// it may is denied by the limiter, takes nothing, and is counted as
+    /// limited (its delaying rule too), not as allowed.
+    #[test]
+    fn a_request_that_cannot_wait_is_denied_and_takes_nothing() {
+        let store = MemoryStore::default();
+        let limiter = build(SHAPED, &store);
+        let mut tally = Tally::default();
+        let mut check = |key: &str, can_wait: CanWait| {
+            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", key)]), can_wait, &mut tally)
+        };
+        assert_eq!(check("a", CanWait::NoRoom).0.admission, Admission::Now, "no wait: no room needed");
+        let (refused, permit) = check("b", CanWait::NoRoom);
+        assert_eq!(refused.admission, Admission::Denied { retry_after: SECOND });
+        assert!(permit.is_empty(), "what it took went back");
+        assert_eq!(check("c", CanWait::Yes).0.admission, Admission::Delayed(SECOND), "b's place was given back");
+        assert_eq!(tally.requests[&RequestEvent::NoRoomToWait], 1);
+        assert_eq!(tally.requests[&RequestEvent::Limited], 1);
+        assert_eq!(tally.requests[&RequestEvent::Allowed], 2);
+        assert_eq!(tally.rules[&(0, "limited")], 1);
+        assert_eq!(tally.rules[&(0, "delayed")], 1);
+    }
+
     #[test]
     fn undoing_a_permit_frees_its_units_and_done_touches_only_rules_that_hold() {
         let store = MemoryStore::default();
@@ -513,6 +553,34 @@ mod tests {
         let (settled, _) = limiter.settle(&store, T0, verdict, Permit::default(), None, &mut tally);
         assert!(settled.allowed(), "no answer: the local fall-back decides");
         assert_eq!(tally.rules[&(0, "fallback")], 1);
+    }
+
+    /// A request whose check-mode rule must be asked, or whose pool is
+    /// empty, waits for the quota service: with no room to wait it is
+    /// denied at once, and nothing it took is kept.
+    #[test]
+    fn a_request_that_cannot_wait_for_the_service_is_denied() {
+        let json = r#"{"rules": [
+            {"name": "site", "limit": 100, "period": "1h"},
+            {"name": "fleet", "scope": "global", "mode": "check",
+             "descriptors": [{"generic_key": {"descriptor_value": "all"}}]}],
+            "global": {"cluster": "quota", "domain": "edge"}}"#;
+        let store = MemoryStore::default();
+        let limiter = build(json, &store);
+        let mut tally = Tally::default();
+        let (verdict, permit) =
+            limiter.check_waited(&store, T0, &mut request(&limiter, &[]), CanWait::NoRoom, &mut tally);
+        assert_eq!(verdict.admission, Admission::Denied { retry_after: SECOND });
+        assert!(permit.is_empty() && verdict.checks.is_empty());
+        assert_eq!(tally.requests[&RequestEvent::Limited], 1);
+
+        let pooled = build(GLOBAL, &store);
+        let (verdict, permit) =
+            pooled.check_waited(&store, T0, &mut request(&pooled, &[("x-api-key", "a")]), CanWait::NoRoom, &mut tally);
+        assert_eq!(verdict.admission, Admission::Denied { retry_after: SECOND });
+        assert!(permit.is_empty());
+        assert_eq!(verdict.refreshes.len(), 1, "the refresh it claimed is still asked for");
+        assert_eq!(tally.requests[&RequestEvent::NoRoomToWait], 2);
     }
 
     #[test]

@@ -49,9 +49,9 @@ pub mod rule;
 mod testing;
 pub mod verdict;
 
-pub use counting::{Counters, RuleEvent, StoreEvent};
+pub use counting::{Counters, RequestEvent, RuleEvent, StoreEvent};
 pub use rule::CompiledRule;
-pub use verdict::{Permit, Report, Verdict};
+pub use verdict::{CanWait, Permit, Report, Verdict};
 
 use crate::config::{Config, FailureMode, Response};
 use crate::global::fallback::ModeState;

@@ -9,11 +9,11 @@ use std::ops::ControlFlow;
 use crate::algorithm::{Admission, Decision, Grant, Quota, Release};
 use crate::config::FailureMode;
 use crate::store::Store;
-use crate::time::Nanos;
+use crate::time::{Nanos, SECOND};
 
 use super::rule::Bucket;
 use super::verdict::{Held, Report};
-use super::{CompiledRule, Counters, Limiter, Permit, RuleEvent, Verdict};
+use super::{CanWait, CompiledRule, Counters, Limiter, Permit, RequestEvent, RuleEvent, Verdict};
 
 /// A rule that applies to the request, with what it is asked.
 pub(super) struct Target<'a, H> {
@@ -54,13 +54,21 @@ pub(super) struct Pass<'a, H> {
     pub store: &'a dyn Store,
     pub now: Nanos,
     pub counters: &'a mut dyn Counters<H>,
+    /// Whether the request may be paused, as the host said.
+    pub can_wait: CanWait,
     pub verdict: Verdict,
     pub permit: Permit,
 }
 
 impl<'a, H> Pass<'a, H> {
-    pub fn new(limiter: &'a Limiter<H>, store: &'a dyn Store, now: Nanos, counters: &'a mut dyn Counters<H>) -> Self {
-        Pass { limiter, store, now, counters, verdict: Verdict::default(), permit: Permit::default() }
+    pub fn new(
+        limiter: &'a Limiter<H>,
+        store: &'a dyn Store,
+        now: Nanos,
+        can_wait: CanWait,
+        counters: &'a mut dyn Counters<H>,
+    ) -> Self {
+        Pass { limiter, store, now, counters, can_wait, verdict: Verdict::default(), permit: Permit::default() }
     }
 
     /// Takes `target`'s ruling into the verdict and permit. `Break` when the
@@ -70,6 +78,10 @@ impl<'a, H> Pass<'a, H> {
             Ruling::Skip => return ControlFlow::Continue(()),
             // A shadow rule never holds a request back.
             Ruling::Pending if target.shadow => return ControlFlow::Continue(()),
+            Ruling::Pending if self.can_wait == CanWait::NoRoom => {
+                self.counters.rule(target.compiled, RuleEvent::Limited);
+                return self.refuse_wait(SECOND);
+            }
             Ruling::Pending => return self.end(Admission::Pending, self.verdict.report),
             Ruling::Decided { decision, bucket, quota } => (decision, bucket, quota),
         };
@@ -111,21 +123,44 @@ impl<'a, H> Pass<'a, H> {
         ControlFlow::Break(())
     }
 
+    /// A request that would wait but cannot (see [`CanWait::NoRoom`]) is
+    /// denied, to come back after `retry_after`, and takes nothing.
+    fn refuse_wait(&mut self, retry_after: Nanos) -> ControlFlow<()> {
+        self.counters.request(RequestEvent::NoRoomToWait);
+        self.end(Admission::Denied { retry_after }, self.verdict.report)
+    }
+
     /// The verdict and permit once every rule has ruled: admissions are
     /// counted, unless check-mode rules are still to be asked (then the
-    /// request is pending, and [`Limiter::settle`] counts them).
+    /// request is pending, and [`Limiter::settle`] counts them). A request
+    /// that would wait and cannot is denied.
     pub fn finish(mut self) -> (Verdict, Permit) {
-        if self.verdict.checks.is_empty() {
-            self.limiter.count_admitted(&self.permit, self.counters);
-        } else {
+        if !self.verdict.checks.is_empty() {
+            if self.can_wait == CanWait::NoRoom {
+                let _ = self.refuse_wait(SECOND);
+                return self.ended();
+            }
             self.verdict.deferred_delay = self.verdict.delay();
             self.verdict.admission = Admission::Pending;
+            return (self.verdict, self.permit);
         }
+        if let (Admission::Delayed(delay), CanWait::NoRoom) = (self.verdict.admission, self.can_wait) {
+            for held in self.permit.held().filter(|held| held.delayed) {
+                if let Some(compiled) = self.limiter.rules.get(held.rule) {
+                    self.counters.rule(compiled, RuleEvent::Limited);
+                }
+            }
+            let _ = self.refuse_wait(delay);
+            return self.ended();
+        }
+        self.limiter.count_admitted(&self.permit, self.counters);
+        Limiter::count_verdict(&self.verdict, self.counters);
         (self.verdict, self.permit)
     }
 
     /// The verdict of a pass that ended early (its permit is empty).
     pub fn ended(self) -> (Verdict, Permit) {
+        Limiter::count_verdict(&self.verdict, self.counters);
         (self.verdict, self.permit)
     }
 }

@@ -191,7 +191,7 @@ mod tests {
         let limiter = build(GLOBAL, &store);
         let mut tally = Tally::default();
         let waited_out = |tally: &mut Tally| {
-            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), true, tally).0
+            limiter.check_waited(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), CanWait::WaitedOut, tally).0
         };
         let verdict = waited_out(&mut tally);
         assert_eq!(verdict.admission, Admission::Denied { retry_after: Nanos::from_millis(300) });

@@ -10,6 +10,7 @@ pub(super) use crate::lease::pool::{GrantedLease, Leftover};
 pub(super) use crate::store::{MemoryStore, Step};
 pub(super) use crate::time::{Nanos, SECOND};
 
+pub(super) use super::{CanWait, RequestEvent};
 use super::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
 
 pub(super) const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
@@ -27,12 +28,16 @@ pub(super) const GLOBAL: &str = r#"{"rules": [{"name": "fleet", "scope": "global
 /// What the limiter counted, by rule index (rules carry their index as host data).
 #[derive(Default)]
 pub(super) struct Tally {
+    pub requests: HashMap<RequestEvent, u64>,
     pub rules: HashMap<(usize, &'static str), u64>,
     pub store: HashMap<&'static str, u64>,
     pub in_flight: HashMap<usize, i64>,
 }
 
 impl Counters<usize> for Tally {
+    fn request(&mut self, event: RequestEvent) {
+        *self.requests.entry(event).or_default() += 1;
+    }
     fn rule(&mut self, rule: &CompiledRule<usize>, event: RuleEvent) {
         let name = match event {
             RuleEvent::Allowed => "allowed",

@@ -32,6 +32,21 @@ impl Report {
     }
 }
 
+/// Whether a request may be paused: for a shaper's delay, a refill of its
+/// lease pool, or the quota service's answer. The host says; the limiter
+/// decides what a request that cannot wait is told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CanWait {
+    /// It may wait.
+    Yes,
+    /// It waited for a refill as long as it may: an empty pool now denies
+    /// it (or, while the quota service fails, the rule's fall-back decides).
+    WaitedOut,
+    /// Its worker keeps as many paused requests as it may: a request that
+    /// would wait is denied instead, and takes nothing.
+    NoRoom,
+}
+
 /// The verdict on one request.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Verdict {
