@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod bootstrap;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -137,22 +139,9 @@ impl Setup {
 
     /// The static clusters, as YAML under `static_resources`.
     fn clusters_yaml(&self) -> String {
-        if self.clusters.is_empty() {
-            return String::new();
-        }
-        let mut yaml = "  clusters:\n".to_string();
-        for (name, ports) in &self.clusters {
-            let endpoints: String = ports
-                .iter()
-                .map(|port| {
-                    format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n")
-                })
-                .collect();
-            yaml.push_str(&format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
-            ));
-        }
-        yaml
+        let items: Vec<String> =
+            self.clusters.iter().map(|(name, ports)| bootstrap::cluster(name, ports, "0.25s", false)).collect();
+        bootstrap::clusters(&items)
     }
 
     /// Renders the bootstrap YAML for the given ports.
@@ -166,82 +155,39 @@ impl Setup {
             self.listener_fields(port),
             self.upstream_listener(),
             self.clusters_yaml(),
-            admin(admin_port)
+            bootstrap::admin(admin_port)
         )
     }
 
     /// The listener that plays the upstream, if any.
     fn upstream_listener(&self) -> String {
         let Some(port) = self.upstream_port else { return String::new() };
-        format!(
-            r#"  - name: upstream
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: upstream
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#
-        )
+        let virtual_host = format!("              routes:\n{}", bootstrap::DIRECT_RESPONSE_ROUTE);
+        bootstrap::Listener {
+            port,
+            stat_prefix: "upstream",
+            manager: "",
+            virtual_host: &virtual_host,
+            http_filters: "",
+        }
+        .item("upstream")
     }
 
     /// The listener's fields (address, filter chains), indented for an item of a list.
     fn listener_fields(&self, port: u16) -> String {
-        let json = self.plugin_config.replace('\'', "''").replace('\n', " ");
-        let wasm = wasm_path();
-        format!(
-            r#"    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: e2e
-          use_remote_address: {use_remote_address}
-{hcm_extra}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-{routes}          http_filters:
-{filters_before}          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: floodgate
-                root_id: floodgate
-                failure_policy: FAIL_RELOAD
-                vm_config:
-                  vm_id: floodgate
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: "{wasm}"}}}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{json}'
-{extra_http_filters}          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
-            hcm_extra = self.hcm_extra,
-            routes = self.routes.as_deref().unwrap_or(DIRECT_RESPONSE_ROUTE),
-            filters_before = self.filters_before,
-            extra_http_filters = self.extra_http_filters,
-            use_remote_address = self.use_remote_address,
-            wasm = wasm.display(),
-        )
+        let manager = format!("          use_remote_address: {}\n{}\n", self.use_remote_address, self.hcm_extra);
+        let routes = self.routes.as_deref().unwrap_or(bootstrap::DIRECT_RESPONSE_ROUTE);
+        let virtual_host = format!("              routes:\n{routes}");
+        let floodgate = bootstrap::wasm_filter("floodgate", &wasm_path(), &self.plugin_config);
+        let http_filters = format!("{}{floodgate}{}", self.filters_before, self.extra_http_filters);
+        bootstrap::Listener {
+            port,
+            stat_prefix: "e2e",
+            manager: &manager,
+            virtual_host: &virtual_host,
+            http_filters: &http_filters,
+        }
+        .fields()
     }
 
     /// The listener as an LDS resource file.
@@ -251,15 +197,6 @@ impl Setup {
             self.listener_fields(port)
         )
     }
-}
-
-/// The default route: every request answered 200 `upstream` by Envoy itself.
-const DIRECT_RESPONSE_ROUTE: &str = r#"              - match: {prefix: "/"}
-                direct_response: {status: 200, body: {inline_string: "upstream"}}
-"#;
-
-fn admin(admin_port: u16) -> String {
-    format!("admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}\n")
 }
 
 /// How a listener update ended.
@@ -315,7 +252,7 @@ impl Envoy {
              path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{static_resources}{admin}",
             lds = dir.join("lds.yaml").display(),
             dir = dir.display(),
-            admin = admin(admin_port),
+            admin = bootstrap::admin(admin_port),
         );
         Self::spawn(dir, port, admin_port, bootstrap)
     }
