@@ -16,26 +16,19 @@ use std::time::Duration;
 
 use common::{RedisServer, T0};
 use floodgate_core::bounds::MAX_AMOUNT;
+use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
 use floodgate_quota::config::Limit;
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
-/// xorshift64*: deterministic, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
+/// The sequence's draws beyond the core's deterministic generator (so a
+/// failure replays exactly).
+trait Draws {
     /// 1 ..= most, spread evenly over the orders of magnitude.
+    fn magnitude(&mut self, most: u64) -> u64;
+}
+
+impl Draws for Rng {
     fn magnitude(&mut self, most: u64) -> u64 {
         let digits = self.below(10) as u32;
         (1 + self.below(10u64.pow(digits))).min(most)
@@ -94,7 +87,7 @@ fn named_window(rng: &mut Rng, limit: &Limit, now: Nanos) -> Option<u64> {
     match rng.below(6) {
         0 => None,
         1 => Some(current),
-        2 => Some(rng.next()),
+        2 => Some(rng.next_u64()),
         _ => Some(current + 1),
     }
 }
@@ -111,7 +104,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     let redis = RedisServer::start();
     let clock = Arc::new(FakeClock::new(T0 + Nanos::from_micros(123_457)));
     let (memory, remote) = stores(&redis, &clock);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let limits: Vec<Limit> = (0..24).map(|_| random_limit(&mut rng)).collect();
     let ttl = SECOND;
     let mut leases: Vec<BucketLease> = Vec::new();
