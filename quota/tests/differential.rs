@@ -15,10 +15,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, T0};
+use floodgate_core::algorithm::Registration;
 use floodgate_core::bounds::MAX_AMOUNT;
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
-use floodgate_quota::config::Limit;
+use floodgate_quota::config::{offered_algorithms, Limit};
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
 /// The sequence's draws beyond the core's deterministic generator (so a
@@ -46,28 +47,34 @@ const PERIODS: [Nanos; 7] = [
     Nanos::from_secs(365 * 86_400),
 ];
 
-/// Any algorithm the limits file offers, with its own fields drawn too.
+/// Any algorithm the limits file offers (the registry's, so a new one is
+/// drawn too), with its own fields drawn by name.
 fn random_limit(rng: &mut Rng) -> Limit {
-    let limit = rng.magnitude(MAX_AMOUNT);
+    let offered: Vec<&Registration> = offered_algorithms().collect();
+    let registration = offered[rng.below(offered.len() as u64) as usize];
     let period = PERIODS[rng.below(PERIODS.len() as u64) as usize];
-    let (algorithm, limit, fields) = match rng.below(6) {
-        0 => ("fixed_window", limit, String::from("{}")),
-        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
-        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
-        3 if rng.below(2) == 0 => ("sliding_window", limit, String::from("{}")),
-        3 => ("sliding_window", limit, format!(r#"{{"sub_windows":{}}}"#, 2 + rng.below(59))),
-        4 => ("sliding_log", 1 + rng.below(1_000), String::from("{}")),
-        _ => {
-            let warmup = ["1s", "30s", "10m", "7d"][rng.below(4) as usize];
-            let fields = format!(
-                r#"{{"burst":{},"warmup":"{warmup}","cold_factor":{}}}"#,
-                rng.magnitude(MAX_AMOUNT),
-                2 + rng.below(99)
-            );
-            ("warm_up", limit, fields)
+    // A sliding log stores every admission: its limit is capped at 1000.
+    let limit = if registration.name == "sliding_log" { 1 + rng.below(1_000) } else { rng.magnitude(MAX_AMOUNT) };
+    let mut fields = serde_json::Map::new();
+    for field in registration.fields.iter().filter(|f| **f != "period") {
+        if let Some(value) = random_field(rng, field) {
+            fields.insert(field.to_string(), value);
         }
-    };
-    Limit::new(algorithm, limit, period, &fields).unwrap()
+    }
+    let fields = serde_json::Value::Object(fields).to_string();
+    Limit::new(registration.name, limit, period, &fields).unwrap()
+}
+
+/// A value of an algorithm's own field over its whole range, or none (the
+/// default); a field with no draw here fails the test until it has one.
+fn random_field(rng: &mut Rng, field: &str) -> Option<serde_json::Value> {
+    match field {
+        "burst" => Some(rng.magnitude(MAX_AMOUNT).into()),
+        "sub_windows" => (rng.below(2) == 1).then(|| (2 + rng.below(59)).into()),
+        "warmup" => Some(["1s", "30s", "10m", "7d"][rng.below(4) as usize].into()),
+        "cold_factor" => Some((2 + rng.below(99)).into()),
+        other => panic!("no draw for the algorithm field {other:?}: add one"),
+    }
 }
 
 /// One of the last few leases (older ones have mostly expired).

@@ -14,7 +14,7 @@ pub const DEFAULT_ALGORITHM: &str = "fixed_window";
 
 /// The algorithms the service offers: the core's, except those that can
 /// only run in the proxy (their registration says why).
-pub(super) fn offered_algorithms() -> impl Iterator<Item = &'static Registration> {
+pub fn offered_algorithms() -> impl Iterator<Item = &'static Registration> {
     ALGORITHMS.iter().filter(|r| r.local_only.is_none())
 }
 

@@ -24,6 +24,6 @@ mod watched;
 pub use domains::Domains;
 pub use error::LimitsError;
 pub use file::MAX_NAME_LEN;
-pub use limit::{Limit, DEFAULT_ALGORITHM};
+pub use limit::{offered_algorithms, Limit, DEFAULT_ALGORITHM};
 pub use tree::{DescriptorRule, Domain, Node};
 pub use watched::Watched;
