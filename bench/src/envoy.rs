@@ -364,7 +364,7 @@ impl Drop for Envoy {
 
 /// floodgate-quota with the memory store and its gRPC API on, for the
 /// global-filter variant and Floodgate's global mode; killed on drop.
-pub struct QuotaService {
+pub struct QuotaProcess {
     child: Child,
     /// The `--listen` port (the HTTP API Floodgate's global mode calls, and `/metrics`).
     pub http_port: u16,
@@ -372,14 +372,14 @@ pub struct QuotaService {
     pub grpc_port: u16,
 }
 
-impl QuotaService {
+impl QuotaProcess {
     /// Starts the service (domain `bench`) with never-limiting rules: one per
     /// `api_key` value (fixed windows of `BENCH_QUOTA_UNIT`), one per
     /// [`PER_MINUTE_KEY`] value (fixed windows of a minute, whatever
     /// `BENCH_QUOTA_UNIT` says), and [`HOT_KEY`] for a single hot key; waits until its
     /// HTTP and gRPC ports accept connections. `extra` goes on its command
     /// line (e.g. `--lease-ttl 10s`); `name` tells its files from others'.
-    pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaService {
+    pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaProcess {
         assert!(
             paths.quota_bin.exists(),
             "{} is missing: build it (make -f bench/bench.mk filter-bench builds it)",
@@ -411,7 +411,7 @@ impl QuotaService {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.quota_bin.display()));
         RUNNING.lock().unwrap().push(child.id());
-        let mut quota = QuotaService { child, http_port, grpc_port };
+        let mut quota = QuotaProcess { child, http_port, grpc_port };
         let deadline = Instant::now() + Duration::from_secs(30);
         let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
         while !(listening(http_port) && listening(grpc_port)) {
@@ -450,7 +450,7 @@ pub const HOT_KEY: (&str, &str) = ("route", "hot");
 /// windows of a minute, 10⁹ each), which the per-minute global rules send.
 pub const PER_MINUTE_KEY: &str = "api_key_m";
 
-impl Drop for QuotaService {
+impl Drop for QuotaProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

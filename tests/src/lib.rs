@@ -515,7 +515,7 @@ pub fn quota_bin() -> PathBuf {
 
 /// A running `floodgate-quota` on a loopback port; killed on drop, and can be
 /// stopped and started again on the same port.
-pub struct QuotaService {
+pub struct QuotaServer {
     child: Option<Child>,
     /// Its HTTP port.
     pub port: u16,
@@ -523,14 +523,14 @@ pub struct QuotaService {
     log: PathBuf,
 }
 
-impl QuotaService {
+impl QuotaServer {
     /// Starts the service with the limits in `limits` (YAML) and `--store store`.
-    pub fn start(limits: &str, store: &str) -> QuotaService {
+    pub fn start(limits: &str, store: &str) -> QuotaServer {
         Self::start_on(free_port(), limits, store)
     }
 
     /// Starts the service with these extra command-line arguments.
-    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaService {
+    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaServer {
         let mut service = Self::start(limits, store);
         service.kill();
         service.args.extend(extra.iter().map(|a| a.to_string()));
@@ -539,7 +539,7 @@ impl QuotaService {
     }
 
     /// Starts the service on `port`.
-    pub fn start_on(port: u16, limits: &str, store: &str) -> QuotaService {
+    pub fn start_on(port: u16, limits: &str, store: &str) -> QuotaServer {
         let dir = scratch_dir();
         let file = dir.join("limits.yaml");
         fs::write(&file, limits).unwrap();
@@ -551,12 +551,12 @@ impl QuotaService {
             "--store".to_string(),
             store.to_string(),
         ];
-        let mut service = QuotaService { child: None, port, args, log: dir.join("quota.log") };
+        let mut service = QuotaServer { child: None, port, args, log: dir.join("quota.log") };
         service.restart();
         service
     }
 
-    /// Starts it again (after [`QuotaService::kill`]) and waits until it answers.
+    /// Starts it again (after [`QuotaServer::kill`]) and waits until it answers.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
         let log = fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
@@ -594,7 +594,7 @@ impl QuotaService {
     }
 }
 
-impl Drop for QuotaService {
+impl Drop for QuotaServer {
     fn drop(&mut self) {
         self.kill();
     }

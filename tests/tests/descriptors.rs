@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaService, Setup, Shot};
+use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaServer, Setup, Shot};
 use serde_json::json;
 
 /// The status counts of one label of a [`hammer_with`] run.
@@ -326,7 +326,7 @@ descriptors:
 
 #[test]
 fn a_global_rule_keyed_on_a_query_parameter_holds_each_values_service_limit() {
-    let service = QuotaService::start(USER_LIMITS, "memory");
+    let service = QuotaServer::start(USER_LIMITS, "memory");
     let config = r#"{"rules": [
         {"name": "per-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {"path_prefix": "/q"},
          "descriptors": [{"query_parameters": {"query_parameter_name": "user", "descriptor_key": "user"}}]},
