@@ -1,5 +1,5 @@
-//! A small deterministic generator: every run with the same seed draws the
-//! same traffic, delays and samples.
+//! The simulation's draws, on the core's deterministic generator: every run
+//! with the same seed draws the same traffic, delays and samples.
 
 use floodgate_core::rng::Rng;
 use floodgate_core::time::Nanos;
