@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 
-use crate::envoy::{Envoy, QuotaService};
+use crate::envoy::{Envoy, QuotaProcess};
 
 /// What a global-mode variant asked the quota service for: the filter's own
 /// counters (`wasmcustom.floodgate.global.*`, and the rules' `fallback`
@@ -12,7 +12,7 @@ use crate::envoy::{Envoy, QuotaService};
 /// round; the service's counts include anything idle Envoys of other
 /// variants on the same instance sent meanwhile.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Callouts {
+pub struct CalloutCounts {
     /// Requests Envoy received.
     pub requests: u64,
     /// Callouts the filter sent, and those answered OK.
@@ -30,9 +30,9 @@ pub struct Callouts {
     pub service_return: u64,
 }
 
-impl Callouts {
+impl CalloutCounts {
     /// The counters now.
-    pub fn read(envoy: &Envoy, quota: &QuotaService) -> Callouts {
+    pub fn read(envoy: &Envoy, quota: &QuotaProcess) -> CalloutCounts {
         let stats = envoy.stats();
         let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.global.{name}")).copied().unwrap_or(0);
         let fallback = stats
@@ -40,7 +40,7 @@ impl Callouts {
             .filter(|(name, _)| name.starts_with("wasmcustom.floodgate.rule.") && name.ends_with(".fallback"))
             .map(|(_, v)| v)
             .sum();
-        Callouts {
+        CalloutCounts {
             requests: stats.get("http.bench.downstream_rq_total").copied().unwrap_or(0),
             sent: stat("callouts_sent"),
             ok: stat("callouts_ok"),
@@ -54,8 +54,8 @@ impl Callouts {
     }
 
     /// Applies `f` to each pair of counters.
-    fn zip(self, other: Callouts, f: impl Fn(u64, u64) -> u64) -> Callouts {
-        Callouts {
+    fn zip(self, other: CalloutCounts, f: impl Fn(u64, u64) -> u64) -> CalloutCounts {
+        CalloutCounts {
             requests: f(self.requests, other.requests),
             sent: f(self.sent, other.sent),
             ok: f(self.ok, other.ok),
@@ -69,12 +69,12 @@ impl Callouts {
     }
 
     /// The counts from `before` to `self`.
-    pub fn since(self, before: Callouts) -> Callouts {
+    pub fn since(self, before: CalloutCounts) -> CalloutCounts {
         self.zip(before, u64::saturating_sub)
     }
 
     /// The sum of two counts.
-    pub fn add(self, other: Callouts) -> Callouts {
+    pub fn add(self, other: CalloutCounts) -> CalloutCounts {
         self.zip(other, |a, b| a + b)
     }
 

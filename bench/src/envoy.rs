@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use floodgate_e2e::bootstrap::{self, admin, wasm_filter, Listener};
 use floodgate_e2e::Conn;
 
 /// Where the binaries and modules are.
@@ -136,122 +137,53 @@ impl Filters {
     }
 }
 
-fn wasm_filter(name: &str, wasm: &Path, config: &str) -> String {
-    // A single-quoted YAML scalar: quotes doubled, newlines folded away.
-    let config = config.replace('\'', "''").replace('\n', " ");
-    format!(
-        r#"          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: {name}
-                root_id: {name}
-                failure_policy: FAIL_RELOAD
-                vm_config:
-                  vm_id: {name}
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: "{wasm}"}}}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{config}'
-"#,
-        wasm = wasm.display()
-    )
-}
-
 /// Renders a complete bootstrap: the same listener and connection manager
 /// for every variant, a `direct_response` route unless the variant proxies
 /// to an upstream; only `filters` differ.
 pub fn bootstrap(filters: &Filters, paths: &Paths, port: u16, admin_port: u16) -> String {
-    format!(
-        r#"static_resources:
-  listeners:
-  - name: bench
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: bench
-          use_remote_address: true
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-{routes}
-          http_filters:
-{filters}          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-{clusters}admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}
-"#,
-        filters = filters.yaml(paths),
-        routes = routes(filters),
-        clusters = clusters(filters),
-    )
+    let listener = Listener {
+        port,
+        stat_prefix: "bench",
+        manager: "          use_remote_address: true\n",
+        virtual_host: &routes(filters),
+        http_filters: &filters.yaml(paths),
+        balanced: false,
+    };
+    format!("static_resources:\n  listeners:\n{}{}{}", listener.item("bench"), clusters(filters), admin(admin_port))
 }
 
 /// The virtual host's routes: a `direct_response`, or a route to the
-/// upstream (with the per-key rate limit action for the global filter).
-fn routes(filters: &Filters) -> &'static str {
-    match filters {
-        Filters::Routed { .. } => {
-            r#"              routes:
+/// upstream (with the per-key rate limit action for the global filter), as
+/// YAML lines indented for the virtual host.
+fn routes(filters: &Filters) -> String {
+    const TO_UPSTREAM: &str = r#"              routes:
               - match: {prefix: "/"}
-                route: {cluster: upstream}"#
-        }
-        Filters::EnvoyGlobal { .. } => {
+                route: {cluster: upstream}
+"#;
+    match filters {
+        Filters::Routed { .. } => TO_UPSTREAM.to_string(),
+        Filters::EnvoyGlobal { .. } => format!(
             r#"              rate_limits:
               - actions:
-                - request_headers: {header_name: x-api-key, descriptor_key: api_key}
-              routes:
-              - match: {prefix: "/"}
-                route: {cluster: upstream}"#
-        }
-        _ => {
-            r#"              routes:
-              - match: {prefix: "/"}
-                direct_response: {status: 200, body: {inline_string: "upstream"}}"#
-        }
+                - request_headers: {{header_name: x-api-key, descriptor_key: api_key}}
+{TO_UPSTREAM}"#
+        ),
+        _ => format!("              routes:\n{}", bootstrap::DIRECT_RESPONSE_ROUTE),
     }
-}
-
-fn cluster(name: &str, port: u16, http2: bool) -> String {
-    let protocol = if http2 {
-        r#"    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {http2_protocol_options: {}}
-"#
-    } else {
-        ""
-    };
-    format!(
-        r#"  - name: {name}
-    type: STATIC
-    connect_timeout: 1s
-{protocol}    load_assignment:
-      cluster_name: {name}
-      endpoints:
-      - lb_endpoints:
-        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
-"#
-    )
 }
 
 /// The clusters a variant needs, as YAML under `static_resources`.
 fn clusters(filters: &Filters) -> String {
-    match filters {
-        Filters::Routed { upstream } => format!("  clusters:\n{}", cluster("upstream", *upstream, false)),
+    let cluster = |name: &str, port: u16, http2: bool| bootstrap::cluster(name, &[port], "1s", http2);
+    bootstrap::clusters(&match filters {
+        Filters::Routed { upstream } => vec![cluster("upstream", *upstream, false)],
         Filters::EnvoyGlobal { upstream, grpc } => {
-            format!("  clusters:\n{}{}", cluster("upstream", *upstream, false), cluster("floodgate_quota", *grpc, true))
+            vec![cluster("upstream", *upstream, false), cluster("floodgate_quota", *grpc, true)]
         }
         // The filter's callouts are HTTP/1.1, as in the end-to-end tests.
-        Filters::FloodgateGlobal { quota, .. } => format!("  clusters:\n{}", cluster("floodgate-quota", *quota, false)),
-        _ => String::new(),
-    }
+        Filters::FloodgateGlobal { quota, .. } => vec![cluster("floodgate-quota", *quota, false)],
+        _ => Vec::new(),
+    })
 }
 
 /// A loopback port that was free a moment ago and that this process has not
@@ -433,7 +365,7 @@ impl Drop for Envoy {
 
 /// floodgate-quota with the memory store and its gRPC API on, for the
 /// global-filter variant and Floodgate's global mode; killed on drop.
-pub struct QuotaService {
+pub struct QuotaProcess {
     child: Child,
     /// The `--listen` port (the HTTP API Floodgate's global mode calls, and `/metrics`).
     pub http_port: u16,
@@ -441,14 +373,14 @@ pub struct QuotaService {
     pub grpc_port: u16,
 }
 
-impl QuotaService {
+impl QuotaProcess {
     /// Starts the service (domain `bench`) with never-limiting rules: one per
     /// `api_key` value (fixed windows of `BENCH_QUOTA_UNIT`), one per
     /// [`PER_MINUTE_KEY`] value (fixed windows of a minute, whatever
     /// `BENCH_QUOTA_UNIT` says), and [`HOT_KEY`] for a single hot key; waits until its
     /// HTTP and gRPC ports accept connections. `extra` goes on its command
     /// line (e.g. `--lease-ttl 10s`); `name` tells its files from others'.
-    pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaService {
+    pub fn start(paths: &Paths, name: &str, extra: &[&str]) -> QuotaProcess {
         assert!(
             paths.quota_bin.exists(),
             "{} is missing: build it (make -f bench/bench.mk filter-bench builds it)",
@@ -480,7 +412,7 @@ impl QuotaService {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", paths.quota_bin.display()));
         RUNNING.lock().unwrap().push(child.id());
-        let mut quota = QuotaService { child, http_port, grpc_port };
+        let mut quota = QuotaProcess { child, http_port, grpc_port };
         let deadline = Instant::now() + Duration::from_secs(30);
         let listening = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
         while !(listening(http_port) && listening(grpc_port)) {
@@ -519,7 +451,7 @@ pub const HOT_KEY: (&str, &str) = ("route", "hot");
 /// windows of a minute, 10⁹ each), which the per-minute global rules send.
 pub const PER_MINUTE_KEY: &str = "api_key_m";
 
-impl Drop for QuotaService {
+impl Drop for QuotaProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

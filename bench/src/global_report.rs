@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::callouts::Callouts;
+use crate::callouts::CalloutCounts;
 use crate::load::WrkResult;
 use crate::results::{against_reference, columns, Results, VariantResult};
 use crate::settings::Settings;
@@ -59,8 +59,8 @@ pub fn report(out: &mut String, s: &Settings, results: &Results) -> (Value, Vec<
 fn row(out: &mut String, results: &Results, r: &VariantResult, columns: &[&str]) -> Value {
     let (id, reference) = (r.variant.id, r.variant.reference.unwrap_or_default());
     let requests: u64 = r.rounds.iter().map(|w| w.requests).sum();
-    let total = r.callouts.iter().fold(Callouts::default(), |a, &c| a.add(c));
-    let steady = r.callouts_second_half.iter().fold(Callouts::default(), |a, &c| a.add(c));
+    let total = r.callouts.iter().fold(CalloutCounts::default(), |a, &c| a.add(c));
+    let steady = r.callouts_second_half.iter().fold(CalloutCounts::default(), |a, &c| a.add(c));
     let service_per_request = total.service() as f64 / total.requests.max(1) as f64;
     let rps = r.median(WrkResult::rps);
     let non_2xx: u64 = r.rounds.iter().map(|w| w.non_2xx).sum();

@@ -1,7 +1,7 @@
 //! The throughput part's figures: each variant's wrk rounds and callouts,
 //! looked up by id for ratios and targets.
 
-use crate::callouts::Callouts;
+use crate::callouts::CalloutCounts;
 use crate::load::WrkResult;
 use crate::stats::{median, per_round, ratio};
 use crate::targets::{Metric, Table};
@@ -14,8 +14,8 @@ pub struct VariantResult {
     /// Global-mode variants only: the callouts of each round, and of its
     /// second half (the pools' rate estimates have caught up with the load
     /// by then: steady load).
-    pub callouts: Vec<Callouts>,
-    pub callouts_second_half: Vec<Callouts>,
+    pub callouts: Vec<CalloutCounts>,
+    pub callouts_second_half: Vec<CalloutCounts>,
 }
 
 impl VariantResult {
@@ -55,8 +55,8 @@ impl Results {
         match metric {
             Metric::Rps => Some(r.per_round(WrkResult::rps)),
             Metric::P99 => Some(r.per_round(|w| w.p99_us as f64)),
-            Metric::CalloutsSteady => Some(r.callouts_second_half.iter().map(Callouts::per_request).collect()),
-            Metric::WaitedSteady => Some(r.callouts_second_half.iter().map(Callouts::waited_share).collect()),
+            Metric::CalloutsSteady => Some(r.callouts_second_half.iter().map(CalloutCounts::per_request).collect()),
+            Metric::WaitedSteady => Some(r.callouts_second_half.iter().map(CalloutCounts::waited_share).collect()),
             Metric::LatencyP50 => None,
         }
     }

@@ -2,7 +2,7 @@
 //! the upstream Envoy and floodgate-quota instances only when a selected
 //! variant needs them. All live until the rig is dropped.
 
-use crate::envoy::{Envoy, Filters, QuotaService};
+use crate::envoy::{Envoy, Filters, QuotaProcess};
 use crate::settings::Settings;
 use crate::variants::{Ports, Service, Variant, LONG_LEASE};
 
@@ -10,8 +10,8 @@ use crate::variants::{Ports, Service, Variant, LONG_LEASE};
 pub struct Rig {
     /// One per variant, in the variants' order.
     pub envoys: Vec<Envoy>,
-    quota: Option<QuotaService>,
-    long_lease: Option<QuotaService>,
+    quota: Option<QuotaProcess>,
+    long_lease: Option<QuotaProcess>,
     // Held so that it lives as long as the Envoys that proxy to it.
     _upstream: Option<Envoy>,
 }
@@ -26,9 +26,9 @@ impl Rig {
         let upstream =
             needs(&|v| v.proxied).then(|| Envoy::start(&format!("{prefix}-upstream"), &Filters::None, &s.paths));
         let quota = needs(&|v| matches!(v.service, Service::Rls | Service::Leases))
-            .then(|| QuotaService::start(&s.paths, &format!("{prefix}-quota"), &[]));
+            .then(|| QuotaProcess::start(&s.paths, &format!("{prefix}-quota"), &[]));
         let long_lease = needs(&|v| v.service == Service::LongLeases).then(|| {
-            QuotaService::start(&s.paths, &format!("{prefix}-quota-long-lease"), &["--lease-ttl", LONG_LEASE])
+            QuotaProcess::start(&s.paths, &format!("{prefix}-quota-long-lease"), &["--lease-ttl", LONG_LEASE])
         });
         let ports = Ports {
             upstream: upstream.as_ref().map_or(0, |e| e.port),
@@ -49,7 +49,7 @@ impl Rig {
 
     /// The floodgate-quota instance whose calls `variant`'s callouts are
     /// counted on, for Floodgate's global-mode variants.
-    pub fn callout_service(&self, variant: &Variant) -> Option<&QuotaService> {
+    pub fn callout_service(&self, variant: &Variant) -> Option<&QuotaProcess> {
         match variant.service {
             Service::Leases => self.quota.as_ref(),
             Service::LongLeases => self.long_lease.as_ref(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::callouts::Callouts;
+use crate::callouts::CalloutCounts;
 use crate::envoy::Envoy;
 use crate::global_report;
 use crate::load::{self, wrk, WrkResult};
@@ -79,19 +79,19 @@ fn measure(s: &Settings, rig: &Rig, envoy: &Envoy, result: &mut VariantResult) {
         wrk(&s.wrk, envoy.port, result.variant.rewarm, result.variant.keys);
     }
     let counting = rig.callout_service(result.variant);
-    let before = counting.map(|q| Callouts::read(envoy, q));
+    let before = counting.map(|q| CalloutCounts::read(envoy, q));
     let (r, middle) = std::thread::scope(|scope| {
         let middle = counting.map(|q| {
             scope.spawn(move || {
                 std::thread::sleep(Duration::from_secs(s.duration) / 2);
-                Callouts::read(envoy, q)
+                CalloutCounts::read(envoy, q)
             })
         });
         let r = wrk(&s.wrk, envoy.port, s.duration, result.variant.keys);
         (r, middle.map(|m| m.join().unwrap()))
     });
     if let (Some(q), Some(before), Some(middle)) = (counting, before, middle) {
-        let after = Callouts::read(envoy, q);
+        let after = CalloutCounts::read(envoy, q);
         result.callouts.push(after.since(before));
         result.callouts_second_half.push(after.since(middle));
     }

@@ -804,6 +804,29 @@ mod tests {
     }
 
     #[test]
+    fn a_rules_only_entry_dropped_by_skip_if_absent_leaves_one_shared_bucket() {
+        // Not skipped: the rule applies with no entries, and every request
+        // without the value has the same bucket (the rule's name alone).
+        let blob = claims();
+        let entries = claim(&["missing"], None, true);
+        let with_claims =
+            fingerprint(KEY, "r", &entries, &mut with_attributes(None, &[(Attribute::DynamicMetadata, &blob)]));
+        let bare = fingerprint(KEY, "r", &entries, &mut with_attributes(None, &[]));
+        assert!(with_claims.is_some());
+        assert_eq!(with_claims, bare);
+    }
+
+    #[test]
+    fn a_real_value_equal_to_the_default_value_shares_its_bucket() {
+        let blob = claims();
+        let entries = claim(&["sub"], Some("alice"), false);
+        let alice = fingerprint(KEY, "r", &entries, &mut with_attributes(None, &[(Attribute::DynamicMetadata, &blob)]));
+        let defaulted = fingerprint(KEY, "r", &entries, &mut with_attributes(None, &[]));
+        assert!(alice.is_some());
+        assert_eq!(alice, defaulted);
+    }
+
+    #[test]
     fn metadata_from_the_route_and_malformed_metadata() {
         use crate::metadata::build::{metadata, Value};
         let route = metadata(&[(b"floodgate", vec![(b"tier".to_vec(), Value::String(b"gold".to_vec()))])]);

@@ -18,6 +18,7 @@ pub mod lease;
 pub mod limiter;
 pub mod metadata;
 pub mod query;
+pub mod rng;
 pub mod store;
 pub mod table;
 pub mod text;

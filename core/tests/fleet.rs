@@ -19,6 +19,7 @@ use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::pool::{Applied, Claim, GrantedLease, LeasePool, PoolState, Spend};
 use floodgate_core::lease::refresh::RefreshPolicy;
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
+use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
@@ -138,26 +139,22 @@ enum Event {
     Returned { id: u64, tokens: u64 },
 }
 
-/// xorshift64*: deterministic from the test's seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
+/// The run's draws, from the core's deterministic generator (the test's seed
+/// replays exactly).
+trait Draws {
     /// An exponential gap with mean `mean` (steady random arrivals).
+    fn gap(&mut self, mean: Nanos) -> Nanos;
+    /// A one-way network delay: 50 µs to 1 ms (loopback, busy).
+    fn delay(&mut self) -> Nanos;
+}
+
+impl Draws for Rng {
     fn gap(&mut self, mean: Nanos) -> Nanos {
-        let uniform = (self.next() >> 11) as f64 / (1u64 << 53) as f64;
-        Nanos((-(1.0 - uniform).ln() * mean.get() as f64) as u64 + 1)
+        Nanos((-(1.0 - self.uniform()).ln() * mean.get() as f64) as u64 + 1)
     }
 
-    /// A one-way network delay: 50 µs to 1 ms (loopback, busy).
     fn delay(&mut self) -> Nanos {
-        Nanos(50_000 + self.next() % 950_000)
+        Nanos(50_000 + self.below(950_000))
     }
 }
 
@@ -177,7 +174,7 @@ struct Run {
 fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) -> Run {
     let pool = LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) };
     let mut service = Service::new(limit);
-    let mut rng = Rng(seed.wrapping_mul(2).wrapping_add(1));
+    let mut rng = Rng::new(seed.wrapping_mul(2).wrapping_add(1));
     let mut states: Vec<PoolState> = (0..pools).map(|_| pool.fresh(start)).collect();
     let mut claims: HashMap<u64, Claim> = HashMap::new();
     let mut sent: HashMap<u64, Nanos> = HashMap::new();

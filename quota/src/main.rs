@@ -12,7 +12,7 @@ use floodgate_core::time::{Clock, Nanos};
 use floodgate_quota::clock::SystemClock;
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
-use floodgate_quota::metrics::Metrics;
+use floodgate_quota::metrics::ServiceMetrics;
 use floodgate_quota::reload::spawn_reloader;
 use floodgate_quota::rls::{GrpcArgs, RlsOptions, RlsService};
 use floodgate_quota::server::{serve, App, Limits};
@@ -176,7 +176,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         local_clock: cli.redis_clock == ClockChoice::Local,
         max_entries: cli.memory_max_buckets,
     })?;
-    let metrics = Metrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
+    let metrics = ServiceMetrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
     let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));
     tracing::info!(domains = service.domains().len(), store = service.store().name(), "limits loaded");
 

@@ -29,7 +29,7 @@ pub fn grpc_code(code: tonic::Code) -> &'static str {
 
 /// Every metric the service exports.
 #[derive(Debug, Clone)]
-pub struct Metrics {
+pub struct ServiceMetrics {
     registry: Registry,
     /// API calls by endpoint and HTTP status.
     pub requests: IntCounterVec,
@@ -48,7 +48,7 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
 }
 
-impl Metrics {
+impl ServiceMetrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new_custom(Some("floodgate_quota".into()), None)?;

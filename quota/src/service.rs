@@ -13,7 +13,7 @@ use floodgate_protocol::{
 };
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
-use crate::metrics::Metrics;
+use crate::metrics::ServiceMetrics;
 use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, LeaseReturn, QuotaStore, StoreFailure};
 
 /// An error for the caller, with the HTTP status it maps to.
@@ -67,7 +67,7 @@ pub const MAX_LEASE_TTL: Nanos = Nanos::from_secs(60);
 pub struct Service {
     domains: RwLock<Arc<Domains>>,
     store: QuotaStore,
-    metrics: Metrics,
+    metrics: ServiceMetrics,
     settings: Settings,
     /// When a store failure was last logged (seconds since start): during an
     /// outage every request fails, and one line a second is enough.
@@ -88,7 +88,7 @@ fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
 
 impl Service {
     /// A service over `store` with the limits of `domains`.
-    pub fn new(domains: Domains, store: QuotaStore, metrics: Metrics, settings: Settings) -> Self {
+    pub fn new(domains: Domains, store: QuotaStore, metrics: ServiceMetrics, settings: Settings) -> Self {
         let settings = Settings { lease_ttl: settings.lease_ttl.clamp(Nanos(1), MAX_LEASE_TTL) };
         metrics.start(store.name(), store.failure_kinds());
         domains.names().for_each(|name| metrics.add_domain(name));
@@ -115,7 +115,7 @@ impl Service {
     }
 
     /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
+    pub fn metrics(&self) -> &ServiceMetrics {
         &self.metrics
     }
 

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use common::{Backend, Fixture, T0};
 use floodgate_core::algorithm::{Decision, Grant, Params, Policy, Registration, Release};
 use floodgate_core::time::{Clock, Nanos, SECOND};
+use floodgate_quota::config::offered_algorithms;
 use serde_json::{json, Value};
 
 const LIMITS: &str = r#"
@@ -53,10 +54,13 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 10, algorithm: sliding_window}
 "#;
 
-/// Every algorithm the limits file offers, as `LIMITS` configures it: the
-/// descriptor key, the core's name, `requests_per_unit`, the period (ms)
-/// and the algorithm's own fields.
-const ALGORITHMS: [(&str, &str, u64, u64, &str); 7] = [
+/// A key of `LIMITS` for every algorithm the limits file offers (the
+/// registry's: [`assert_every_offered_algorithm_has_a_case`]), with what
+/// `LIMITS` configures for it, written out again so the core's oracle reads
+/// the numbers independently of the service's parser: the descriptor key,
+/// the core's name, `requests_per_unit`, the period (ms) and the
+/// algorithm's own fields.
+const CASES: [(&str, &str, u64, u64, &str); 7] = [
     ("fw", "fixed_window", 3, 60_000, "{}"),
     ("tb", "token_bucket", 1, 1_000, r#"{"burst": 3}"#),
     ("lb", "leaky_bucket", 2, 1_000, r#"{"burst": 3}"#),
@@ -65,6 +69,14 @@ const ALGORITHMS: [(&str, &str, u64, u64, &str); 7] = [
     ("sl", "sliding_log", 3, 60_000, "{}"),
     ("wu", "warm_up", 4, 1_000, r#"{"burst": 4, "warmup": "10s", "cold_factor": 2}"#),
 ];
+
+/// Every algorithm the service offers (the core's registry) has a case, so
+/// a new algorithm cannot be left out of the tests that go through them all.
+fn assert_every_offered_algorithm_has_a_case() {
+    for registration in offered_algorithms() {
+        assert!(CASES.iter().any(|case| case.1 == registration.name), "{}: no case in CASES", registration.name);
+    }
+}
 
 /// The filter's own algorithm for the same rule: the oracle.
 fn core_policy(name: &str, limit: u64, period_ms: u64, fields: &str) -> Arc<dyn Policy> {
@@ -592,18 +604,19 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
         (61_000, 0),
         (0, 3),
     ];
+    assert_every_offered_algorithm_has_a_case();
     let f = Fixture::new(backend, LIMITS).await;
     let start = T0 + MS.times(7_500); // not on any window boundary
     f.clock.set(start);
-    let mut oracles: Vec<Oracle> = ALGORITHMS
+    let mut oracles: Vec<Oracle> = CASES
         .iter()
         .map(|(_, name, limit, period, fields)| Oracle::new(name, *limit, *period, fields, start))
         .collect();
-    let mut outcomes = vec![(0, 0); ALGORITHMS.len()];
+    let mut outcomes = vec![(0, 0); CASES.len()];
     for (step, (advance, hits)) in STEPS.into_iter().enumerate() {
         f.clock.advance(MS.times(advance));
         let now = f.clock.now();
-        for (i, (key, name, limit, period, _)) in ALGORITHMS.iter().enumerate() {
+        for (i, (key, name, limit, period, _)) in CASES.iter().enumerate() {
             let r = f.check(check(json!([[[key, "o"]]]), hits)).await;
             let want = oracles[i].decide(now, hits);
             let got = &r["results"][0];
@@ -628,7 +641,7 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
         assert!(
             *admitted >= 3 && *denied >= 2,
             "{}: the steps exercise both outcomes: {admitted}/{denied}",
-            ALGORITHMS[i].0
+            CASES[i].0
         );
     }
 }
@@ -638,10 +651,11 @@ async fn every_algorithm_checks_exactly_as_the_core_decides(backend: Backend) {
 /// (to the end of its window for an algorithm that counts in windows), and a return is the core's
 /// undo of that grant: what it frees, and only that, is available again.
 async fn every_algorithm_leases_and_takes_returns_as_the_core_does(backend: Backend) {
+    assert_every_offered_algorithm_has_a_case();
     let f = Fixture::new(backend, LIMITS).await;
     let start = T0 + MS.times(59_400); // 600 ms before a minute ends
     f.clock.set(start);
-    for (i, (key, name, limit, period, fields)) in ALGORITHMS.iter().enumerate() {
+    for (i, (key, name, limit, period, fields)) in CASES.iter().enumerate() {
         let mut oracle = Oracle::new(name, *limit, *period, fields, start);
         let id = format!("every-{i}");
         let leased_at = f.clock.now();

@@ -14,7 +14,7 @@ use std::time::Duration;
 use floodgate_core::time::{Clock, Nanos};
 use floodgate_protocol::CheckRequest;
 use floodgate_quota::clock::SystemClock;
-use floodgate_quota::metrics::Metrics;
+use floodgate_quota::metrics::ServiceMetrics;
 use floodgate_quota::service::{ApiError, Service, Settings};
 use floodgate_quota::store::{QuotaStore, RedisOptions, RedisStore};
 use serde_json::json;
@@ -37,7 +37,12 @@ fn instance(url: &str, ahead: Nanos) -> Service {
     let clock: Arc<dyn Clock> = Arc::new(Skewed { ahead });
     let options = RedisOptions::local_clock(Duration::from_secs(2), clock);
     let store = QuotaStore::new(Arc::new(RedisStore::new(url, options).unwrap()));
-    Service::new(common::domains(LIMITS), store, Metrics::new().unwrap(), Settings { lease_ttl: Nanos::from_secs(1) })
+    Service::new(
+        common::domains(LIMITS),
+        store,
+        ServiceMetrics::new().unwrap(),
+        Settings { lease_ttl: Nanos::from_secs(1) },
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,27 +15,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{RedisServer, T0};
+use floodgate_core::algorithm::Registration;
 use floodgate_core::bounds::MAX_AMOUNT;
+use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
-use floodgate_quota::config::Limit;
+use floodgate_quota::config::{offered_algorithms, Limit};
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
-/// xorshift64*: deterministic, so a failure replays exactly.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
+/// The sequence's draws beyond the core's deterministic generator (so a
+/// failure replays exactly).
+trait Draws {
     /// 1 ..= most, spread evenly over the orders of magnitude.
+    fn magnitude(&mut self, most: u64) -> u64;
+}
+
+impl Draws for Rng {
     fn magnitude(&mut self, most: u64) -> u64 {
         let digits = self.below(10) as u32;
         (1 + self.below(10u64.pow(digits))).min(most)
@@ -53,28 +47,34 @@ const PERIODS: [Nanos; 7] = [
     Nanos::from_secs(365 * 86_400),
 ];
 
-/// Any algorithm the limits file offers, with its own fields drawn too.
+/// Any algorithm the limits file offers (the registry's, so a new one is
+/// drawn too), with its own fields drawn by name.
 fn random_limit(rng: &mut Rng) -> Limit {
-    let limit = rng.magnitude(MAX_AMOUNT);
+    let offered: Vec<&Registration> = offered_algorithms().collect();
+    let registration = offered[rng.below(offered.len() as u64) as usize];
     let period = PERIODS[rng.below(PERIODS.len() as u64) as usize];
-    let (algorithm, limit, fields) = match rng.below(6) {
-        0 => ("fixed_window", limit, String::from("{}")),
-        1 => ("token_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
-        2 => ("leaky_bucket", limit, format!(r#"{{"burst":{}}}"#, rng.magnitude(MAX_AMOUNT))),
-        3 if rng.below(2) == 0 => ("sliding_window", limit, String::from("{}")),
-        3 => ("sliding_window", limit, format!(r#"{{"sub_windows":{}}}"#, 2 + rng.below(59))),
-        4 => ("sliding_log", 1 + rng.below(1_000), String::from("{}")),
-        _ => {
-            let warmup = ["1s", "30s", "10m", "7d"][rng.below(4) as usize];
-            let fields = format!(
-                r#"{{"burst":{},"warmup":"{warmup}","cold_factor":{}}}"#,
-                rng.magnitude(MAX_AMOUNT),
-                2 + rng.below(99)
-            );
-            ("warm_up", limit, fields)
+    // A sliding log stores every admission: its limit is capped at 1000.
+    let limit = if registration.name == "sliding_log" { 1 + rng.below(1_000) } else { rng.magnitude(MAX_AMOUNT) };
+    let mut fields = serde_json::Map::new();
+    for field in registration.fields.iter().filter(|f| **f != "period") {
+        if let Some(value) = random_field(rng, field) {
+            fields.insert(field.to_string(), value);
         }
-    };
-    Limit::new(algorithm, limit, period, &fields).unwrap()
+    }
+    let fields = serde_json::Value::Object(fields).to_string();
+    Limit::new(registration.name, limit, period, &fields).unwrap()
+}
+
+/// A value of an algorithm's own field over its whole range, or none (the
+/// default); a field with no draw here fails the test until it has one.
+fn random_field(rng: &mut Rng, field: &str) -> Option<serde_json::Value> {
+    match field {
+        "burst" => Some(rng.magnitude(MAX_AMOUNT).into()),
+        "sub_windows" => (rng.below(2) == 1).then(|| (2 + rng.below(59)).into()),
+        "warmup" => Some(["1s", "30s", "10m", "7d"][rng.below(4) as usize].into()),
+        "cold_factor" => Some((2 + rng.below(99)).into()),
+        other => panic!("no draw for the algorithm field {other:?}: add one"),
+    }
 }
 
 /// One of the last few leases (older ones have mostly expired).
@@ -94,7 +94,7 @@ fn named_window(rng: &mut Rng, limit: &Limit, now: Nanos) -> Option<u64> {
     match rng.below(6) {
         0 => None,
         1 => Some(current),
-        2 => Some(rng.next()),
+        2 => Some(rng.next_u64()),
         _ => Some(current + 1),
     }
 }
@@ -111,7 +111,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
     let redis = RedisServer::start();
     let clock = Arc::new(FakeClock::new(T0 + Nanos::from_micros(123_457)));
     let (memory, remote) = stores(&redis, &clock);
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Rng::new(0x9e37_79b9_7f4a_7c15);
     let limits: Vec<Limit> = (0..24).map(|_| random_limit(&mut rng)).collect();
     let ttl = SECOND;
     let mut leases: Vec<BucketLease> = Vec::new();

@@ -12,11 +12,12 @@ use floodgate_core::algorithm::Algorithm;
 use floodgate_core::global::calls::{read_leases, Refresh, MAX_ITEMS};
 use floodgate_core::global::settings::QuotaService;
 use floodgate_core::lease::pool::{Applied, Claim, LeasePool, PoolState, Spend, MAX_BATCH_DELAY};
+use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
 use floodgate_protocol::LeaseResponse;
 
 use crate::keys::{Key, Shape, DOMAIN};
-use crate::rng::Rng;
+use crate::rng::{self, Traffic};
 use crate::service::Service;
 
 /// When the measured minute starts: a whole minute since the epoch, so that
@@ -732,7 +733,7 @@ pub fn simulate(config: &Config) -> Result<Outcome, String> {
         pool: quota.pool(),
         quota,
         service: Service::new(LEASE_TTL, config.allowances),
-        rng: Rng::new(config.seed),
+        rng: rng::seeded(config.seed),
         queue: BinaryHeap::new(),
         seq: 0,
         pools: HashMap::new(),

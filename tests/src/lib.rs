@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub mod bootstrap;
+
 use std::collections::HashMap;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -137,22 +139,9 @@ impl Setup {
 
     /// The static clusters, as YAML under `static_resources`.
     fn clusters_yaml(&self) -> String {
-        if self.clusters.is_empty() {
-            return String::new();
-        }
-        let mut yaml = "  clusters:\n".to_string();
-        for (name, ports) in &self.clusters {
-            let endpoints: String = ports
-                .iter()
-                .map(|port| {
-                    format!("        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}\n")
-                })
-                .collect();
-            yaml.push_str(&format!(
-                "  - name: {name}\n    type: STATIC\n    connect_timeout: 0.25s\n    load_assignment:\n      cluster_name: {name}\n      endpoints:\n      - lb_endpoints:\n{endpoints}"
-            ));
-        }
-        yaml
+        let items: Vec<String> =
+            self.clusters.iter().map(|(name, ports)| bootstrap::cluster(name, ports, "0.25s", false)).collect();
+        bootstrap::clusters(&items)
     }
 
     /// Renders the bootstrap YAML for the given ports.
@@ -166,89 +155,43 @@ impl Setup {
             self.listener_fields(port),
             self.upstream_listener(),
             self.clusters_yaml(),
-            admin(admin_port)
+            bootstrap::admin(admin_port)
         )
     }
 
     /// The listener that plays the upstream, if any.
     fn upstream_listener(&self) -> String {
         let Some(port) = self.upstream_port else { return String::new() };
-        format!(
-            r#"  - name: upstream
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: upstream
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                direct_response: {{status: 200, body: {{inline_string: "upstream"}}}}
-          http_filters:
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#
-        )
+        let virtual_host = format!("              routes:\n{}", bootstrap::DIRECT_RESPONSE_ROUTE);
+        bootstrap::Listener {
+            port,
+            stat_prefix: "upstream",
+            manager: "",
+            virtual_host: &virtual_host,
+            http_filters: "",
+            balanced: false,
+        }
+        .item("upstream")
     }
 
-    /// The listener's fields (address, filter chains), indented for an item of a list.
-    /// Connections are balanced exactly over the workers (each new one to
-    /// the worker with the fewest): with `SO_REUSEPORT`, Envoy's default, the
-    /// kernel hashes each connection to a worker, and a test's six clients
-    /// all met one worker about one run in thirty, so what the tests say of
-    /// two workers was then not shown.
+    /// The listener's fields (address, filter chains), indented for an item
+    /// of a list. Its connections are balanced over the workers, so what a
+    /// test says of two workers is shown whenever it opens two connections.
     fn listener_fields(&self, port: u16) -> String {
-        let json = self.plugin_config.replace('\'', "''").replace('\n', " ");
-        let wasm = wasm_path();
-        format!(
-            r#"    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    enable_reuse_port: false
-    connection_balance_config: {{exact_balance: {{}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: e2e
-          use_remote_address: {use_remote_address}
-{hcm_extra}
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-{routes}          http_filters:
-{filters_before}          - name: envoy.filters.http.wasm
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-              config:
-                name: floodgate
-                root_id: floodgate
-                failure_policy: FAIL_RELOAD
-                vm_config:
-                  vm_id: floodgate
-                  runtime: envoy.wasm.runtime.v8
-                  code: {{local: {{filename: "{wasm}"}}}}
-                configuration:
-                  "@type": type.googleapis.com/google.protobuf.StringValue
-                  value: '{json}'
-{extra_http_filters}          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-"#,
-            hcm_extra = self.hcm_extra,
-            routes = self.routes.as_deref().unwrap_or(DIRECT_RESPONSE_ROUTE),
-            filters_before = self.filters_before,
-            extra_http_filters = self.extra_http_filters,
-            use_remote_address = self.use_remote_address,
-            wasm = wasm.display(),
-        )
+        let manager = format!("          use_remote_address: {}\n{}\n", self.use_remote_address, self.hcm_extra);
+        let routes = self.routes.as_deref().unwrap_or(bootstrap::DIRECT_RESPONSE_ROUTE);
+        let virtual_host = format!("              routes:\n{routes}");
+        let floodgate = bootstrap::wasm_filter("floodgate", &wasm_path(), &self.plugin_config);
+        let http_filters = format!("{}{floodgate}{}", self.filters_before, self.extra_http_filters);
+        bootstrap::Listener {
+            port,
+            stat_prefix: "e2e",
+            manager: &manager,
+            virtual_host: &virtual_host,
+            http_filters: &http_filters,
+            balanced: true,
+        }
+        .fields()
     }
 
     /// The listener as an LDS resource file.
@@ -258,15 +201,6 @@ impl Setup {
             self.listener_fields(port)
         )
     }
-}
-
-/// The default route: every request answered 200 `upstream` by Envoy itself.
-const DIRECT_RESPONSE_ROUTE: &str = r#"              - match: {prefix: "/"}
-                direct_response: {status: 200, body: {inline_string: "upstream"}}
-"#;
-
-fn admin(admin_port: u16) -> String {
-    format!("admin:\n  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin_port}}}}}\n")
 }
 
 /// How a listener update ended.
@@ -322,7 +256,7 @@ impl Envoy {
              path_config_source:\n      path: {lds}\n      watched_directory: {{path: {dir}}}\n{static_resources}{admin}",
             lds = dir.join("lds.yaml").display(),
             dir = dir.display(),
-            admin = admin(admin_port),
+            admin = bootstrap::admin(admin_port),
         );
         Self::spawn(dir, port, admin_port, bootstrap)
     }
@@ -585,7 +519,7 @@ pub fn quota_bin() -> PathBuf {
 
 /// A running `floodgate-quota` on a loopback port; killed on drop, and can be
 /// stopped and started again on the same port.
-pub struct QuotaService {
+pub struct QuotaServer {
     child: Option<Child>,
     /// Its HTTP port.
     pub port: u16,
@@ -593,14 +527,14 @@ pub struct QuotaService {
     log: PathBuf,
 }
 
-impl QuotaService {
+impl QuotaServer {
     /// Starts the service with the limits in `limits` (YAML) and `--store store`.
-    pub fn start(limits: &str, store: &str) -> QuotaService {
+    pub fn start(limits: &str, store: &str) -> QuotaServer {
         Self::start_on(free_port(), limits, store)
     }
 
     /// Starts the service with these extra command-line arguments.
-    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaService {
+    pub fn start_with(limits: &str, store: &str, extra: &[&str]) -> QuotaServer {
         let mut service = Self::start(limits, store);
         service.kill();
         service.args.extend(extra.iter().map(|a| a.to_string()));
@@ -609,7 +543,7 @@ impl QuotaService {
     }
 
     /// Starts the service on `port`.
-    pub fn start_on(port: u16, limits: &str, store: &str) -> QuotaService {
+    pub fn start_on(port: u16, limits: &str, store: &str) -> QuotaServer {
         let dir = scratch_dir();
         let file = dir.join("limits.yaml");
         fs::write(&file, limits).unwrap();
@@ -621,12 +555,12 @@ impl QuotaService {
             "--store".to_string(),
             store.to_string(),
         ];
-        let mut service = QuotaService { child: None, port, args, log: dir.join("quota.log") };
+        let mut service = QuotaServer { child: None, port, args, log: dir.join("quota.log") };
         service.restart();
         service
     }
 
-    /// Starts it again (after [`QuotaService::kill`]) and waits until it answers.
+    /// Starts it again (after [`QuotaServer::kill`]) and waits until it answers.
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "already running");
         let log = fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
@@ -664,7 +598,7 @@ impl QuotaService {
     }
 }
 
-impl Drop for QuotaService {
+impl Drop for QuotaServer {
     fn drop(&mut self) {
         self.kill();
     }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaService, Setup, Shot};
+use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaServer, Setup, Shot};
 use serde_json::json;
 
 /// The status counts of one label of a [`hammer_with`] run.
@@ -114,7 +114,15 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let before = decided();
     let forged = bearer(&Issuer::generate().token(json!({"sub": "user-0"})));
     let expired = bearer(&issuer.token(json!({"sub": "user-9", "exp": 1_000_000_000})));
-    for headers in [&[("authorization", forged.as_slice())][..], &[("authorization", expired.as_slice())], &[]] {
+    // `jwt_authn` itself refuses a `sub` that is not a string (so only other
+    // claims can reach a `metadata` entry as numbers or objects).
+    let numeric_sub = bearer(&issuer.token(json!({"sub": 42})));
+    for headers in [
+        &[("authorization", forged.as_slice())][..],
+        &[("authorization", expired.as_slice())],
+        &[("authorization", numeric_sub.as_slice())],
+        &[],
+    ] {
         assert_eq!(status(&envoy, "/api/user/items", headers), 401);
     }
     assert_eq!(decided(), before, "a rejected token reached Floodgate");
@@ -129,6 +137,9 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let alice: &[(&str, &[u8])] = &[("authorization", &alice)];
     assert_eq!(admitted(&envoy, 10, "/api/anon", no_sub), 5);
     assert_eq!(admitted(&envoy, 10, "/api/anon", alice), 5, "alice has her own");
+    let named_anonymous = bearer(&issuer.token(json!({"sub": "anonymous"})));
+    let named_anonymous: &[(&str, &[u8])] = &[("authorization", &named_anonymous)];
+    assert_eq!(admitted(&envoy, 3, "/api/anon", named_anonymous), 0, "a real `anonymous` is the default's bucket");
     // ...and skip_if_absent drops the entry: the bucket of the plan alone.
     assert_eq!(admitted(&envoy, 10, "/api/entry", no_sub), 7);
     assert_eq!(admitted(&envoy, 10, "/api/entry", alice), 7, "plan and alice: another bucket");
@@ -326,7 +337,7 @@ descriptors:
 
 #[test]
 fn a_global_rule_keyed_on_a_query_parameter_holds_each_values_service_limit() {
-    let service = QuotaService::start(USER_LIMITS, "memory");
+    let service = QuotaServer::start(USER_LIMITS, "memory");
     let config = r#"{"rules": [
         {"name": "per-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {"path_prefix": "/q"},
          "descriptors": [{"query_parameters": {"query_parameter_name": "user", "descriptor_key": "user"}}]},

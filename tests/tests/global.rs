@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Conn, Envoy, QuotaService, RedisServer, Setup, Update};
+use floodgate_e2e::{Conn, Envoy, QuotaServer, RedisServer, Setup, Update};
 
 /// Limits of the domain `edge`:
 /// - `route=api`: 30 per hour, a token bucket holding 30 (no refill within a test);
@@ -119,7 +119,7 @@ fn eventually(within: Duration, mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn one_envoy_spends_leases_and_never_passes_the_service_limit() {
-    let service = QuotaService::start(LIMITS, "memory");
+    let service = QuotaServer::start(LIMITS, "memory");
     let envoy = envoy_for(&[service.port], &plugin(Some("api"), "lease", r#""deny""#));
     let mut conn = envoy.connect();
     let first = conn.get("/", &[]);
@@ -140,7 +140,7 @@ fn one_envoy_spends_leases_and_never_passes_the_service_limit() {
 /// Three Envoys with two workers each share one limit through the service:
 /// the fleet never admits more than the token bucket allows over the run,
 /// and, with demand far above it, uses at least 90% of it.
-fn fleet_shares_one_limit(stores: &[QuotaService]) {
+fn fleet_shares_one_limit(stores: &[QuotaServer]) {
     let ports: Vec<u16> = stores.iter().map(|s| s.port).collect();
     let config = plugin(Some("fleet"), "lease", r#""deny""#);
     let envoys: Vec<Envoy> = (0..3).map(|_| envoy_for(&ports, &config)).collect();
@@ -166,19 +166,19 @@ fn fleet_shares_one_limit(stores: &[QuotaService]) {
 
 #[test]
 fn three_envoys_share_one_global_limit_memory_store() {
-    fleet_shares_one_limit(&[QuotaService::start(LIMITS, "memory")]);
+    fleet_shares_one_limit(&[QuotaServer::start(LIMITS, "memory")]);
 }
 
 #[test]
 fn three_envoys_share_one_global_limit_redis_and_two_service_instances() {
     let redis = RedisServer::start();
     let url = redis.url();
-    fleet_shares_one_limit(&[QuotaService::start(LIMITS, &url), QuotaService::start(LIMITS, &url)]);
+    fleet_shares_one_limit(&[QuotaServer::start(LIMITS, &url), QuotaServer::start(LIMITS, &url)]);
 }
 
 #[test]
 fn per_client_global_rules_hold_each_clients_limit_fleet_wide() {
-    let service = QuotaService::start(LIMITS, "memory");
+    let service = QuotaServer::start(LIMITS, "memory");
     let config = plugin(None, "lease", r#""deny""#);
     let envoys: Vec<Envoy> = (0..3).map(|_| envoy_for(&[service.port], &config)).collect();
     // 5 keys, every client cycling through them on all three Envoys.
@@ -244,7 +244,7 @@ fn admissions(path: &std::path::Path) -> Vec<u64> {
 /// and the next were asked for only then.
 #[test]
 fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
-    let service = QuotaService::start(SECOND_WINDOWS, "memory");
+    let service = QuotaServer::start(SECOND_WINDOWS, "memory");
     let logs: Vec<std::path::PathBuf> = (0..3)
         .map(|i| std::env::temp_dir().join(format!("floodgate-windows-{}-{i}.log", std::process::id())))
         .collect();
@@ -320,7 +320,7 @@ fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
 
 #[test]
 fn check_mode_asks_once_per_request_and_holds_the_limit() {
-    let service = QuotaService::start(LIMITS, "memory");
+    let service = QuotaServer::start(LIMITS, "memory");
     let envoy = envoy_for(&[service.port], &plugin(Some("api"), "check", r#""deny""#));
     let mut conn = envoy.connect();
     let admitted = (0..40).filter(|_| conn.get("/", &[]).status == 200).count();
@@ -331,7 +331,7 @@ fn check_mode_asks_once_per_request_and_holds_the_limit() {
 
 #[test]
 fn a_hot_key_refreshes_in_the_background_not_per_request() {
-    let service = QuotaService::start(LIMITS, "memory");
+    let service = QuotaServer::start(LIMITS, "memory");
     let config = plugin(Some("hot"), "lease", r#""deny""#);
     let envoy = envoy_for(&[service.port], &config);
     let seen = load(&[&envoy], 8, Duration::from_secs(8), |_, _| String::new());
@@ -344,7 +344,7 @@ fn a_hot_key_refreshes_in_the_background_not_per_request() {
 
 #[test]
 fn a_dead_quota_service_means_the_local_fallback_then_global_mode_again() {
-    let mut service = QuotaService::start(LIMITS, "memory");
+    let mut service = QuotaServer::start(LIMITS, "memory");
     let fallback = r#"{"limit": 5, "period": "1h"}"#;
     let envoy = envoy_for(&[service.port], &plugin(Some("fleet"), "lease", fallback));
     let before = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
@@ -379,7 +379,7 @@ fn a_dead_quota_service_means_the_local_fallback_then_global_mode_again() {
 #[test]
 fn a_frozen_redis_behind_the_service_never_holds_requests_past_the_bound() {
     let redis = RedisServer::start();
-    let service = QuotaService::start(LIMITS, &redis.url());
+    let service = QuotaServer::start(LIMITS, &redis.url());
     let envoy = envoy_for(&[service.port], &plugin(Some("api"), "lease", r#""allow""#));
     assert_eq!(envoy.connect().get("/", &[]).status, 200);
     redis.pause();
@@ -456,7 +456,7 @@ fn a_service_answering_garbage_means_fallback_never_a_panic() {
 #[test]
 fn removing_a_global_rule_gives_its_unspent_tokens_back() {
     // Leases long enough to outlive the listener's drain.
-    let service = QuotaService::start_with(LIMITS, "memory", &["--lease-ttl", "20s"]);
+    let service = QuotaServer::start_with(LIMITS, "memory", &["--lease-ttl", "20s"]);
     let global =
         Setup::new(&plugin(Some("stock"), "lease", r#""deny""#)).with_cluster("floodgate-quota", &[service.port]);
     let envoy = Envoy::start_dynamic(&global);

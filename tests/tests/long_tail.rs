@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use floodgate_e2e::{Conn, Envoy, QuotaService, RedisServer, Setup};
+use floodgate_e2e::{Conn, Envoy, QuotaServer, RedisServer, Setup};
 
 /// Per user: 40 a second and 600 a minute, fixed windows (the limits
 /// file's default algorithm); `user_s=hot` and `user_m=hot` alike.
@@ -169,7 +169,7 @@ fn second_of(t: SystemTime) -> u64 {
 /// the counts): nothing over the limit, and no request fails. The share of
 /// requests that waited and the callouts per request are printed.
 fn long_tail(store: &str, restart: bool) {
-    let mut service = QuotaService::start(LIMITS, store);
+    let mut service = QuotaServer::start(LIMITS, store);
     let logs: Vec<PathBuf> = (0..3)
         .map(|i| std::env::temp_dir().join(format!("floodgate-long-tail-{}-{store:.5}-{i}.log", std::process::id())))
         .collect();
@@ -250,7 +250,7 @@ fn the_long_tail_holds_every_limit_redis_and_a_restart() {
 /// than the limit fleet-wide, and at least 90 % of it used.
 #[test]
 fn demand_moved_to_one_envoy_gets_the_share_within_a_few_seconds() {
-    let service = QuotaService::start(LIMITS, "memory");
+    let service = QuotaServer::start(LIMITS, "memory");
     let logs: Vec<PathBuf> =
         (0..3).map(|i| std::env::temp_dir().join(format!("floodgate-moved-{}-{i}.log", std::process::id()))).collect();
     let envoys: Vec<Envoy> = logs

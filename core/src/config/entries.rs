@@ -7,8 +7,9 @@
 
 use serde::Deserialize;
 
-use super::{check_key, error, ConfigError, Headers, RawStringMatch};
-use crate::descriptor::{DescriptorEntry, MetadataMatcher, MetadataValueMatch, QueryMatcher, StringMatch};
+use super::checks::{check_key, default_true, error, string_or_present, Headers, RawStringMatch};
+use crate::descriptor::{DescriptorEntry, MetadataMatcher, MetadataValueMatch, QueryMatcher};
+use crate::error::ConfigError;
 use crate::metadata::{MetadataKey, MetadataSource};
 
 /// The longest namespace, path segment, parameter or route name.
@@ -65,7 +66,7 @@ pub(super) struct RawQueryParameterValueMatch {
     descriptor_value: String,
     #[serde(default = "default_query_match_key")]
     descriptor_key: String,
-    #[serde(default = "super::default_true")]
+    #[serde(default = "default_true")]
     expect_match: bool,
     query_parameters: Vec<RawQueryMatcher>,
 }
@@ -120,15 +121,6 @@ fn metadata_key(at: &str, namespace: String, path: Vec<RawPathSegment>) -> Resul
         check_name(&format!("{at}.path[{i}].key"), &segment.key)?;
     }
     Ok(MetadataKey { namespace, path: path.into_iter().map(|s| s.key).collect() })
-}
-
-fn string_match(raw: RawStringMatch) -> StringMatch {
-    match raw {
-        RawStringMatch::Exact(s) => StringMatch::Exact(s.into_bytes()),
-        RawStringMatch::Prefix(s) => StringMatch::Prefix(s.into_bytes()),
-        RawStringMatch::Suffix(s) => StringMatch::Suffix(s.into_bytes()),
-        RawStringMatch::Contains(s) => StringMatch::Contains(s.into_bytes()),
-    }
 }
 
 /// Validates a `metadata` entry at `at` (the entry's own field, `….metadata`).
@@ -191,12 +183,7 @@ pub(super) fn query_parameter_value_match(
         .map(|(i, m)| {
             let field = format!("{at}.query_parameters[{i}]");
             check_name(&format!("{field}.name"), &m.name)?;
-            let string_match = match (m.string_match, m.present_match) {
-                (Some(_), Some(_)) => return Err(error(&field, "give string_match or present_match, not both")),
-                (None, None) => return Err(error(&field, "needs string_match or present_match")),
-                (None, Some(present)) => StringMatch::Present(present),
-                (Some(raw), None) => string_match(raw),
-            };
+            let string_match = string_or_present(&field, m.string_match, m.present_match)?;
             Ok(QueryMatcher { name: m.name, string_match })
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -220,7 +207,7 @@ pub(super) fn route_metadata(at: &str, raw: RawMetadataMatcher) -> Result<Metada
     check_name(&format!("{at}.filter"), &raw.filter)?;
     let key = metadata_key(at, raw.filter, raw.path)?;
     let value = match (raw.value.string_match, raw.value.bool_match, raw.value.present_match) {
-        (Some(raw), None, None) => MetadataValueMatch::String(string_match(raw)),
+        (Some(raw), None, None) => MetadataValueMatch::String(raw.validate()),
         (None, Some(b), None) => MetadataValueMatch::Bool(b),
         (None, None, Some(true)) => MetadataValueMatch::Present,
         (None, None, Some(false)) => {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
-use floodgate_quota::metrics::Metrics;
+use floodgate_quota::metrics::ServiceMetrics;
 use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::{Service, Settings};
 use floodgate_quota::store::{LocalStore, QuotaStore, RedisOptions, RedisStore};
@@ -521,7 +521,7 @@ impl Fixture {
                 QuotaStore::new(Arc::new(RedisStore::new(&url, redis_options).expect("redis store")))
             }
         };
-        let metrics = Metrics::new().expect("metrics");
+        let metrics = ServiceMetrics::new().expect("metrics");
         let service = Arc::new(Service::new(domains(yaml), store, metrics, Settings { lease_ttl: options.lease_ttl }));
         let state = AppState { service: service.clone(), auth_token: options.auth_token.map(Arc::from) };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
