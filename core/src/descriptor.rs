@@ -444,6 +444,25 @@ pub fn protocol_descriptor(entries: &[DescriptorEntry], request: &mut dyn Reques
     extract(entries, request, |key, value| pairs.push((key.to_string(), value.to_text()))).then_some(pairs)
 }
 
+/// True when a request can drop every entry (each has `skip_if_absent`),
+/// leaving a descriptor with none.
+pub fn may_drop_every_entry(entries: &[DescriptorEntry]) -> bool {
+    entries.iter().all(|e| {
+        matches!(
+            e,
+            DescriptorEntry::RequestHeaders { skip_if_absent: true, .. }
+                | DescriptorEntry::Metadata { skip_if_absent: true, .. }
+                | DescriptorEntry::QueryParameters { skip_if_absent: true, .. }
+        )
+    })
+}
+
+/// True when the rule applies to `request` with at least one entry.
+pub fn has_entries(entries: &[DescriptorEntry], request: &mut dyn Request) -> bool {
+    let mut any = false;
+    extract(entries, request, |_, _| any = true) && any
+}
+
 /// True when every entry is a constant: the rule has one bucket, whatever
 /// the request. (This Envoy's service cluster does not change while it runs.)
 pub fn is_constant(entries: &[DescriptorEntry]) -> bool {

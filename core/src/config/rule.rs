@@ -140,6 +140,14 @@ impl RawRule {
             None => None,
             Some(n) => Some(worker_batch(at, n, global.is_some(), algorithm, &table)?),
         };
+        if global.is_some() && descriptors.is_empty() {
+            // The protocol refuses a descriptor without entries, and with it
+            // the whole call, which carries other rules' leases too.
+            return Err(error(
+                format!("{at}.descriptors"),
+                "a global rule needs at least one entry: the quota service limits descriptors by their entries (for one limit over the fleet, a generic_key)",
+            ));
+        }
         Ok(Rule {
             table,
             name: self.name,

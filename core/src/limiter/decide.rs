@@ -4,7 +4,7 @@
 //! back.
 
 use crate::algorithm::{Admission, Decision, Release};
-use crate::descriptor::{fingerprint, protocol_descriptor, Request};
+use crate::descriptor::{fingerprint, has_entries, protocol_descriptor, Request};
 use crate::global::calls::{CheckAnswer, CheckItem};
 use crate::global::settings::{Fallback, GlobalMode};
 use crate::store::Store;
@@ -146,6 +146,12 @@ impl<H> Limiter<H> {
             return None;
         }
         let fingerprint = fingerprint(self.hash_key, &rule.name, &rule.descriptors, request)?;
+        // The quota service limits a descriptor by its entries and refuses
+        // one with none (and the whole call with it): a global rule whose
+        // entries the request all dropped (`skip_if_absent`) does not apply.
+        if rule.global.is_some() && compiled.may_drop_every_entry && !has_entries(&rule.descriptors, request) {
+            return None;
+        }
         let cost = rule.cost.of(request);
         Some(Target { index, compiled, fingerprint, cost, shadow: self.in_shadow(compiled) })
     }
@@ -553,6 +559,25 @@ mod tests {
         let (settled, _) = limiter.settle(&store, T0, verdict, Permit::default(), None, &mut tally);
         assert!(settled.allowed(), "no answer: the local fall-back decides");
         assert_eq!(tally.rules[&(0, "fallback")], 1);
+    }
+
+    /// A global rule whose every entry a request dropped (`skip_if_absent`)
+    /// does not apply to it: the quota service refuses a descriptor with no
+    /// entries, and with it the whole call, which carries other leases too.
+    #[test]
+    fn a_global_rule_whose_entries_are_all_dropped_does_not_apply() {
+        let json = GLOBAL
+            .replace(r#""descriptor_key": "api_key"}"#, r#""descriptor_key": "api_key", "skip_if_absent": true}"#);
+        assert_ne!(json, GLOBAL);
+        let store = MemoryStore::default();
+        let limiter = build(&json, &store);
+        let mut tally = Tally::default();
+        let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, &[]), &mut tally);
+        assert_eq!(verdict.admission, Admission::Now);
+        assert!(verdict.refreshes.is_empty() && verdict.report.is_none(), "the rule did not apply: {verdict:?}");
+        let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, &[("x-api-key", "a")]), &mut tally);
+        assert_eq!(verdict.admission, Admission::Pending);
+        assert_eq!(verdict.refreshes[0].descriptor, vec![("api_key".to_string(), "a".to_string())]);
     }
 
     /// A request whose check-mode rule must be asked, or whose pool is

@@ -51,6 +51,8 @@ pub struct CompiledRule<H> {
     in_fallback: Cell<bool>,
     /// This worker's reserves, for a rule with `worker_batch`.
     pub(super) reserves: RefCell<Reserves>,
+    /// A request may drop every entry of the rule's descriptor.
+    pub(super) may_drop_every_entry: bool,
 }
 
 impl<H> CompiledRule<H> {
@@ -58,7 +60,8 @@ impl<H> CompiledRule<H> {
         let key_prefix = format!("fg:{}:", rule.name);
         let reserves =
             RefCell::new(if rule.worker_batch.is_some() { Reserves::with_room() } else { Reserves::default() });
-        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false), reserves }
+        let may_drop_every_entry = crate::descriptor::may_drop_every_entry(&rule.descriptors);
+        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false), reserves, may_drop_every_entry }
     }
 
     /// True while this global rule uses its fall-back (as this worker knows).
