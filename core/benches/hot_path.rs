@@ -18,7 +18,7 @@ use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, Rul
 use floodgate_core::store::{MemoryStore, Step};
 use floodgate_core::time::{Nanos, SECOND};
 
-const NOW: Nanos = Nanos(1_700_000_000 * SECOND.0);
+const NOW: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
 const PER_KEY: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
 const PER_KEY_AND_PATH: &str = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}},

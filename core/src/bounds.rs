@@ -7,4 +7,4 @@ use crate::time::{Nanos, SECOND};
 pub const MAX_AMOUNT: u64 = 1_000_000_000;
 
 /// The longest duration a rule may name.
-pub const MAX_PERIOD: Nanos = Nanos(366 * 86_400 * SECOND.0);
+pub const MAX_PERIOD: Nanos = Nanos::from_nanos(366 * 86_400 * SECOND.get());

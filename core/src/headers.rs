@@ -154,9 +154,9 @@ mod tests {
 
     fn decision(allowed: bool, remaining: u64, reset: u64, retry_after: u64) -> Decision {
         if allowed {
-            Decision::admit(remaining, Nanos(reset))
+            Decision::admit(remaining, Nanos::from_nanos(reset))
         } else {
-            Decision::deny(remaining, Nanos(reset), Nanos(retry_after))
+            Decision::deny(remaining, Nanos::from_nanos(reset), Nanos::from_nanos(retry_after))
         }
     }
 
@@ -190,7 +190,7 @@ mod tests {
 
     #[test]
     fn x_ratelimit_style() {
-        let out = headers(&config(r#"{"headers": "x-ratelimit"}"#), true, decision(true, 7, 3 * SECOND.0 + 1, 0));
+        let out = headers(&config(r#"{"headers": "x-ratelimit"}"#), true, decision(true, 7, 3 * SECOND.get() + 1, 0));
         assert_eq!(
             out,
             vec![
@@ -220,7 +220,12 @@ mod tests {
         let config = config("{}");
         let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
         let mut block = HeaderBlock::default();
-        render(&config.response, false, Some((&rule, decision(false, 0, SECOND.0, SECOND.0), None)), &mut block);
+        render(
+            &config.response,
+            false,
+            Some((&rule, decision(false, 0, SECOND.get(), SECOND.get()), None)),
+            &mut block,
+        );
         assert_eq!(block.iter().count(), 4);
         render(&config.response, true, Some((&rule, decision(true, 5, 0, 0), None)), &mut block);
         let fields: Vec<_> = block.iter().collect();

@@ -3,21 +3,35 @@
 use std::fmt;
 use std::ops::{Add, Sub};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 /// Nanoseconds: an instant (since the Unix epoch, the host's wall clock, the
 /// one epoch all Envoy workers share) or a span between two instants.
 ///
-/// Arithmetic saturates: `Nanos::MAX` stands for "never", and no sum or
-/// difference of times can wrap around into a small, early-looking value
-/// (the release wasm would wrap silently instead of panicking).
+/// Arithmetic saturates: [`Nanos::NEVER`] is later than every instant and
+/// longer than every span, and no sum or difference of times can wrap
+/// around into a small, early-looking value (the release wasm would wrap
+/// silently instead of panicking). The count is private: a time is built by
+/// a named constructor or from a [`Duration`] (saturating), never by hand.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Nanos(pub u64);
+pub struct Nanos(u64);
 
 impl Nanos {
     /// No time at all; also the Unix epoch.
     pub const ZERO: Nanos = Nanos(0);
-    /// Never: the largest representable time.
-    pub const MAX: Nanos = Nanos(u64::MAX);
+    /// Never: later than every instant, longer than every span (what a
+    /// request that can never be admitted is told to wait).
+    pub const NEVER: Nanos = Nanos(u64::MAX);
+
+    /// `n` nanoseconds.
+    pub const fn from_nanos(n: u64) -> Nanos {
+        Nanos(n)
+    }
+
+    /// True for [`Nanos::NEVER`].
+    pub const fn is_never(self) -> bool {
+        self.0 == u64::MAX
+    }
 
     /// `n` seconds.
     pub const fn from_secs(n: u64) -> Nanos {
@@ -41,7 +55,7 @@ impl Nanos {
 
     /// `self - earlier`, or `None` when `earlier` is later (a clock step back).
     pub fn checked_sub(self, earlier: Nanos) -> Option<Nanos> {
-        self.0.checked_sub(earlier.0).map(Nanos)
+        self.0.checked_sub(earlier.0).map(Nanos::from_nanos)
     }
 
     /// Half of this span, rounded down.
@@ -84,6 +98,19 @@ impl Sub for Nanos {
     /// Saturating at zero: the time left until an instant already past is none.
     fn sub(self, other: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(other.0))
+    }
+}
+
+/// Saturating: a span longer than 584 years is "never".
+impl From<Duration> for Nanos {
+    fn from(duration: Duration) -> Nanos {
+        Nanos(u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl From<Nanos> for Duration {
+    fn from(nanos: Nanos) -> Duration {
+        Duration::from_nanos(nanos.0)
     }
 }
 
@@ -185,6 +212,15 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     #[test]
+    fn durations_convert_both_ways_and_saturate_into_never() {
+        assert_eq!(Nanos::from(std::time::Duration::from_millis(1500)), Nanos::from_millis(1500));
+        assert_eq!(std::time::Duration::from(SECOND.times(3)), std::time::Duration::from_secs(3));
+        let ages = std::time::Duration::from_secs(u64::MAX);
+        assert_eq!(Nanos::from(ages), Nanos::NEVER, "longer than u64 nanoseconds: never");
+        assert!(Nanos::NEVER.is_never() && !SECOND.is_never());
+    }
+
+    #[test]
     fn parses_every_documented_unit() {
         assert_eq!(parse_duration("500ms"), Ok(Nanos(500_000_000)));
         assert_eq!(parse_duration("1s"), Ok(SECOND));
@@ -215,10 +251,10 @@ mod tests {
 
     #[test]
     fn arithmetic_saturates_instead_of_wrapping() {
-        assert_eq!(Nanos::MAX + SECOND, Nanos::MAX);
-        assert_eq!(SECOND - Nanos::MAX, Nanos::ZERO);
+        assert_eq!(Nanos::NEVER + SECOND, Nanos::NEVER);
+        assert_eq!(SECOND - Nanos::NEVER, Nanos::ZERO);
         assert_eq!(SECOND.checked_sub(SECOND + Nanos(1)), None);
-        assert_eq!(Nanos::MAX.times(2), Nanos::MAX);
+        assert_eq!(Nanos::NEVER.times(2), Nanos::NEVER);
     }
 
     #[test]
@@ -229,7 +265,7 @@ mod tests {
         assert_eq!(clock.now(), Nanos(15));
         clock.set(Nanos(2));
         assert_eq!(clock.now(), Nanos(2));
-        clock.advance(Nanos::MAX);
-        assert_eq!(clock.now(), Nanos::MAX);
+        clock.advance(Nanos::NEVER);
+        assert_eq!(clock.now(), Nanos::NEVER);
     }
 }

@@ -13,7 +13,7 @@ use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
-const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
 /// What a step does after `gap` ns.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +36,7 @@ fn steps(span: Nanos) -> impl Strategy<Value = Vec<(Nanos, Step)>> {
         1 => (1u64..6).prop_map(Step::Return),
     ];
     prop::collection::vec((0..span.get() / 3, step), 1..150)
-        .prop_map(|v| v.into_iter().map(|(gap, s)| (Nanos(gap), s)).collect())
+        .prop_map(|v| v.into_iter().map(|(gap, s)| (Nanos::from_nanos(gap), s)).collect())
 }
 
 /// A fixed window, a weighted sliding window, or one with sub-windows.
@@ -79,7 +79,7 @@ impl Bucket {
         let mut bucket = Bucket::new(policy);
         let mut now = T0;
         for (gap, step) in steps {
-            now = now + Nanos(gap.get() % (period.get() / 3).max(1));
+            now = now + Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
             bucket.step(now, step);
         }
         (bucket, now)
@@ -104,8 +104,9 @@ impl Bucket {
                 assert!(after.is_some(), "a booking within the room fits");
                 self.booking = after;
                 // Spent within the window it is for: from its start to its last instant.
-                let last = ahead.window.end - Nanos(1);
-                let at = ahead.starts + Nanos(((last - ahead.starts).get() as u128 * u128::from(at) / 1000) as u64);
+                let last = ahead.window.end - Nanos::from_nanos(1);
+                let at = ahead.starts
+                    + Nanos::from_nanos(((last - ahead.starts).get() as u128 * u128::from(at) / 1000) as u64);
                 self.ahead.push((ahead.starts, self.spent.len()));
                 self.spent.push((at, units));
             }
@@ -142,7 +143,7 @@ proptest! {
         let period = policy.quota().window.unwrap();
         let (bucket, _) = Bucket::driven(policy.clone(), steps);
         let spent: Vec<(Nanos, u64)> = bucket.spent.iter().copied().filter(|(_, u)| *u > 0).collect();
-        for span in [Nanos::ZERO, period - Nanos(1), Nanos(period.get() / 2), period, period.times(3)] {
+        for span in [Nanos::ZERO, period - Nanos::from_nanos(1), Nanos::from_nanos(period.get() / 2), period, period.times(3)] {
             let (most, bound) = (most_in_any(&spent, span), policy.admitted_bound(span));
             prop_assert!(most <= bound, "{name}: {most} spent within {span} > {bound}: {spent:?}");
         }
@@ -203,15 +204,15 @@ proptest! {
             booking::decide(policy.as_ref(), &mut state, pending, t, cost)
         };
         for (gap, step) in steps {
-            now = now + Nanos(gap.get() % (period.get() / 3).max(1));
+            now = now + Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
             bucket.step(now, step);
             let decision = probe(&bucket, now);
             if decision.allowed() {
                 continue;
             }
             let wait = decision.retry_after();
-            prop_assert!(wait > Nanos::ZERO && wait < Nanos::MAX, "{name}: {decision:?}");
-            prop_assert!(!probe(&bucket, now + wait - Nanos(1)).allowed(), "{name}: admitted 1 ns before retry_after");
+            prop_assert!(wait > Nanos::ZERO && wait < Nanos::NEVER, "{name}: {decision:?}");
+            prop_assert!(!probe(&bucket, now + wait - Nanos::from_nanos(1)).allowed(), "{name}: admitted 1 ns before retry_after");
             prop_assert!(probe(&bucket, now + wait).allowed(), "{name}: denied at retry_after");
         }
     }
@@ -227,8 +228,8 @@ proptest! {
         let Some(pending) = bucket.booking else { return Ok(()) };
         let idle_at = booking::idle_at(policy.as_ref(), &bucket.state, bucket.booking, now);
         let mut settled = bucket.state.clone();
-        booking::settle(policy.as_ref(), &mut settled, Some(pending), idle_at - Nanos(1));
-        prop_assert!(!policy.is_idle(&settled, idle_at - Nanos(1)), "{name}: idle before idle_at");
+        booking::settle(policy.as_ref(), &mut settled, Some(pending), idle_at - Nanos::from_nanos(1));
+        prop_assert!(!policy.is_idle(&settled, idle_at - Nanos::from_nanos(1)), "{name}: idle before idle_at");
         prop_assert!(policy.is_idle(&settled, idle_at), "{name}: not idle at idle_at");
     }
 }

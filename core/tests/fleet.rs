@@ -23,8 +23,8 @@ use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
-const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
-const MS: Nanos = Nanos(1_000_000);
+const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+const MS: Nanos = Nanos::from_nanos(1_000_000);
 const TTL: Nanos = SECOND;
 
 /// A lease the service granted: what a return may give back, and where.
@@ -150,11 +150,11 @@ trait Draws {
 
 impl Draws for Rng {
     fn gap(&mut self, mean: Nanos) -> Nanos {
-        Nanos((-(1.0 - self.uniform()).ln() * mean.get() as f64) as u64 + 1)
+        Nanos::from_nanos((-(1.0 - self.uniform()).ln() * mean.get() as f64) as u64 + 1)
     }
 
     fn delay(&mut self) -> Nanos {
-        Nanos(50_000 + self.below(950_000))
+        Nanos::from_nanos(50_000 + self.below(950_000))
     }
 }
 
@@ -180,12 +180,12 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
     let mut sent: HashMap<u64, Nanos> = HashMap::new();
     let mut answers: HashMap<u64, GrantedLease> = HashMap::new();
     let mut queue = BinaryHeap::new();
-    let mean = Nanos((SECOND.get() as f64 / rate) as u64);
+    let mean = Nanos::from_nanos((SECOND.get() as f64 / rate) as u64);
     for p in 0..pools {
         queue.push(Reverse((start + rng.gap(mean), Event::Request(p))));
     }
     let end = start + SECOND.times(secs);
-    let steady_from = Nanos((start.get() / SECOND.get() + 2) * SECOND.get());
+    let steady_from = Nanos::from_nanos((start.get() / SECOND.get() + 2) * SECOND.get());
     let mut seen = Run { per_window: BTreeMap::new(), demand: BTreeMap::new(), claims: 0, steady: (0, 0) };
     let mut next_id = 1;
     while let Some(Reverse((now, event))) = queue.pop() {
@@ -259,7 +259,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         let rate = excess * limit as f64 / pools as f64;
-        let seen = run(limit, pools, rate, 6, T0 + Nanos(offset), seed);
+        let seen = run(limit, pools, rate, 6, T0 + Nanos::from_nanos(offset), seed);
         let windows: Vec<(u64, u64)> = seen.per_window.iter().map(|(w, n)| (*w, *n)).collect();
         for &(window, admitted) in &windows {
             prop_assert!(admitted <= limit, "window {window}: {admitted} > {limit}: {windows:?}");

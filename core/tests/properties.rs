@@ -20,7 +20,7 @@ use floodgate_core::table::{Slot, Table, WAYS};
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
-const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
 /// A registered algorithm built from its example, with `limit` and, where it
 /// has one, `period` replaced.
@@ -53,7 +53,7 @@ fn span_of(policy: &dyn Policy) -> Nanos {
 /// Gaps between arrivals (up to a fifth of `span`) and costs.
 fn arrivals(span: Nanos, max_cost: u64) -> impl Strategy<Value = Vec<(Nanos, u64)>> {
     prop::collection::vec((0..span.get() / 5, 1..=max_cost.max(1)), 1..200)
-        .prop_map(|v| v.into_iter().map(|(gap, cost)| (Nanos(gap), cost)).collect())
+        .prop_map(|v| v.into_iter().map(|(gap, cost)| (Nanos::from_nanos(gap), cost)).collect())
 }
 
 fn policies_with_arrivals() -> impl Strategy<Value = (Case, Vec<(Nanos, u64)>)> {
@@ -97,7 +97,7 @@ proptest! {
         let admitted: Vec<(Nanos, u64)> =
             run(policy.as_ref(), &arrivals).into_iter().filter(|(_, _, d)| d.allowed()).map(|(t, c, _)| (t, c)).collect();
         let period = span_of(policy.as_ref());
-        for span in [period - Nanos(1), Nanos(period.get() / 2), period.times(3)] {
+        for span in [period - Nanos::from_nanos(1), Nanos::from_nanos(period.get() / 2), period.times(3)] {
             let bound = policy.admitted_bound(span);
             for (i, &(start, _)) in admitted.iter().enumerate() {
                 let used: u64 = admitted[i..].iter().take_while(|(t, _)| *t <= start + span).map(|(_, c)| c).sum();
@@ -125,9 +125,9 @@ proptest! {
                 continue;
             }
             let wait = decision.retry_after();
-            prop_assert!(wait > Nanos::ZERO && wait < Nanos::MAX);
+            prop_assert!(wait > Nanos::ZERO && wait < Nanos::NEVER);
             let mut early = slot.clone();
-            prop_assert!(!policy.decide(&mut early, now + wait - Nanos(1), cost).allowed(), "{}: admitted 1 ns before retry_after", registration.name);
+            prop_assert!(!policy.decide(&mut early, now + wait - Nanos::from_nanos(1), cost).allowed(), "{}: admitted 1 ns before retry_after", registration.name);
             let mut on_time = slot.clone();
             prop_assert!(policy.decide(&mut on_time, now + wait, cost).allowed(), "{}: denied at retry_after", registration.name);
         }
@@ -142,7 +142,7 @@ proptest! {
     ) {
         let cost = cost.min(policy.capacity());
         let (mut slot, now) = settle(policy.as_ref(), &arrivals);
-        let at = now + Nanos(later);
+        let at = now + Nanos::from_nanos(later);
         if policy.is_idle(&slot, at) {
             let mut fresh = vec![0u8; policy.state_len()];
             policy.write_fresh(&mut fresh, at);
@@ -166,9 +166,9 @@ proptest! {
             let idle_at = policy.idle_at(&slot, now);
             prop_assert!(idle_at >= now, "{}", registration.name);
             prop_assert!(policy.is_idle(&slot, idle_at), "{}: not idle at idle_at", registration.name);
-            prop_assert!(policy.is_idle(&slot, idle_at + Nanos(later)), "{}: busy again after idle_at", registration.name);
+            prop_assert!(policy.is_idle(&slot, idle_at + Nanos::from_nanos(later)), "{}: busy again after idle_at", registration.name);
             if idle_at > now {
-                prop_assert!(!policy.is_idle(&slot, idle_at - Nanos(1)), "{}: idle before idle_at", registration.name);
+                prop_assert!(!policy.is_idle(&slot, idle_at - Nanos::from_nanos(1)), "{}: idle before idle_at", registration.name);
             }
         }
     }
@@ -186,7 +186,7 @@ proptest! {
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut now = T0;
         for (key, gap, cost) in ops {
-            now = now + Nanos(gap);
+            now = now + Nanos::from_nanos(gap);
             let fingerprint = 0x9e37_79b9_7f4a_7c15 ^ key;
             let cost = cost.min(policy.capacity());
             let (outcome, write) = match table.decide(group.clone(), fingerprint, now, cost) {
@@ -242,7 +242,7 @@ proptest! {
         // Every take: (when, units still counted, undone or returned).
         let mut takes: Vec<(Nanos, u64, bool)> = Vec::new();
         for (op, gap, cost, pick, part) in ops {
-            now = now + Nanos(gap);
+            now = now + Nanos::from_nanos(gap);
             let open: Vec<usize> = (0..takes.len()).filter(|i| !takes[*i].2).collect();
             if op == 0 && !open.is_empty() {
                 // An undo of the whole take, or the return of an unused part
@@ -265,7 +265,7 @@ proptest! {
         }
         let admitted: Vec<(Nanos, u64)> = takes.iter().map(|&(at, units, _)| (at, units)).collect();
         let period = span_of(policy.as_ref());
-        for span in [Nanos(0), period - Nanos(1), Nanos(period.get() / 2), period.times(3)] {
+        for span in [Nanos::from_nanos(0), period - Nanos::from_nanos(1), Nanos::from_nanos(period.get() / 2), period.times(3)] {
             let most = most_in_any(&admitted, span, true);
             let bound = policy.admitted_bound(span);
             prop_assert!(most <= bound, "{} admitted {most} > {bound} within {span}", registration.name);
@@ -286,7 +286,7 @@ proptest! {
         if policy.decide(&mut taken, now, cost).allowed() {
             policy.release(&mut taken, now, Grant { cost, at: now }, Release::Undo);
             let (mut a, mut b) = (slot.clone(), taken);
-            let probe = now + Nanos(later);
+            let probe = now + Nanos::from_nanos(later);
             prop_assert_eq!(policy.decide(&mut a, probe, probe_cost), policy.decide(&mut b, probe, probe_cost), "{}", registration.name);
         }
     }
@@ -299,7 +299,7 @@ proptest! {
         cost in 1u64..5,
         now in any::<u64>(),
     ) {
-        let now = Nanos(now);
+        let now = Nanos::from_nanos(now);
         let table = Table::new(Arc::clone(&policy), registration.tag, 64);
         let grant = Grant { cost, at: now };
         let _ = table.decide(stored.clone(), fingerprint, now, cost.min(policy.capacity()));
@@ -334,7 +334,7 @@ proptest! {
         }
         departures.sort();
         for (i, &start) in departures.iter().enumerate() {
-            for span in [Nanos(interval - 1), Nanos(interval * 3), SECOND.times(10)] {
+            for span in [Nanos::from_nanos(interval - 1), Nanos::from_nanos(interval * 3), SECOND.times(10)] {
                 let left = departures[i..].iter().take_while(|t| **t <= start + span).count() as u64;
                 prop_assert!(left <= burst + span.get() / interval, "{left} left within {span} of {start}");
             }
@@ -525,11 +525,11 @@ proptest! {
     ) {
         let policy = build_named("sliding_window", limit, &format!(r#"{{"period": "{period}", "sub_windows": {sub_windows}}}"#));
         let period = span_of(policy.as_ref());
-        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (Nanos(gap.get() % (period.get() / 5)), c.min(limit))).collect();
+        let arrivals: Vec<(Nanos, u64)> = arrivals.into_iter().map(|(gap, c)| (Nanos::from_nanos(gap.get() % (period.get() / 5)), c.min(limit))).collect();
         let admitted = admitted_of(&run(policy.as_ref(), &arrivals));
-        let most = most_in_any(&admitted, Nanos(period.get() / sub_windows * (sub_windows - 1)), true);
+        let most = most_in_any(&admitted, Nanos::from_nanos(period.get() / sub_windows * (sub_windows - 1)), true);
         prop_assert!(most <= limit, "{most} > {limit} within period·(N − 1)/N");
-        for span in [period - Nanos(1), period, Nanos(period.get() / 2), period.times(3)] {
+        for span in [period - Nanos::from_nanos(1), period, Nanos::from_nanos(period.get() / 2), period.times(3)] {
             let most = most_in_any(&admitted, span, true);
             prop_assert!(most <= policy.admitted_bound(span), "{most} > {} in {span}", policy.admitted_bound(span));
         }
@@ -544,11 +544,11 @@ proptest! {
             let decision = policy.decide(&mut slot.clone(), now, cost);
             if !decision.allowed() {
                 let wait = decision.retry_after();
-                prop_assert!(!policy.decide(&mut slot.clone(), now + wait - Nanos(1), cost).allowed(), "admitted 1 ns early");
+                prop_assert!(!policy.decide(&mut slot.clone(), now + wait - Nanos::from_nanos(1), cost).allowed(), "admitted 1 ns early");
                 prop_assert!(policy.decide(&mut slot.clone(), now + wait, cost).allowed(), "denied at retry_after");
             }
         }
-        let at = now + Nanos(later);
+        let at = now + Nanos::from_nanos(later);
         if policy.is_idle(&slot, at) {
             let mut fresh = vec![0u8; policy.state_len()];
             policy.write_fresh(&mut fresh, at);

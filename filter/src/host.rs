@@ -36,10 +36,7 @@ impl Store for SharedData {
 /// every worker shares. (Under `wasm32-wasip1`, `SystemTime::now()` is not
 /// the host clock.)
 pub fn now() -> Nanos {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map_or(Nanos::ZERO, |d| Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+    hostcalls::get_current_time().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map_or(Nanos::ZERO, Nanos::from)
 }
 
 /// Sixteen unpredictable bytes for the hashing secret: std's random hasher

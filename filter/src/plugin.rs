@@ -236,8 +236,7 @@ pub(crate) fn schedule_ticks(plugin: &Plugin, now: Nanos) {
         Some(Duration::from_millis(1))
     } else {
         // What is held back for a shared call leaves on the tick when its time comes.
-        let held =
-            callouts.hold_until().map(|until| Duration::from_nanos((until - now).get()).max(Duration::from_millis(1)));
+        let held = callouts.hold_until().map(|until| Duration::from(until - now).max(Duration::from_millis(1)));
         [plugin.waiting.borrow().next_tick(now), held].into_iter().flatten().min()
     };
     drop(callouts);

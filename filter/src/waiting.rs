@@ -122,7 +122,7 @@ impl Waiting {
         self.waiters = kept;
         taken.sort_by_key(|w| match w.wait {
             Wait::Delay { resume_at } => resume_at,
-            Wait::Refill { .. } | Wait::Answer => Nanos::MAX,
+            Wait::Refill { .. } | Wait::Answer => Nanos::NEVER,
         });
         taken
     }
@@ -148,7 +148,7 @@ impl Waiting {
 mod tests {
     use super::*;
 
-    const MS: Nanos = Nanos(1_000_000);
+    const MS: Nanos = Nanos::from_nanos(1_000_000);
 
     fn waiter(context_id: u32, wait: Wait) -> Waiter {
         Waiter { context_id, since: Nanos::ZERO, wait, request: Shared::default() }
@@ -187,7 +187,7 @@ mod tests {
         waiting.add(waiter(7, Wait::Delay { resume_at: MS.times(500) }));
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(MAX_TICK));
         assert!(waiting.remove(7).is_some());
-        waiting.add(waiter(8, Wait::Delay { resume_at: Nanos(1) }));
+        waiting.add(waiter(8, Wait::Delay { resume_at: Nanos::from_nanos(1) }));
         assert_eq!(waiting.next_tick(Nanos::ZERO), Some(Duration::from_millis(1)));
     }
 }

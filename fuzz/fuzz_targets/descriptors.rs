@@ -11,7 +11,7 @@ use floodgate_core::descriptor::{Attribute, StaticRequest};
 use floodgate_core::metadata::build::{self, Fields};
 use floodgate_core::algorithm::Release;
 use floodgate_core::headers::HeaderBlock;
-use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
+use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
 use floodgate_core::store::MemoryStore;
 use floodgate_core::time::Nanos;
 use libfuzzer_sys::fuzz_target;
@@ -135,6 +135,7 @@ impl Value {
 struct Ignore;
 
 impl Counters<()> for Ignore {
+    fn request(&mut self, _: RequestEvent) {}
     fn rule(&mut self, _: &CompiledRule<()>, _: RuleEvent) {}
     fn store(&mut self, _: StoreEvent, _: u64) {}
 }
@@ -144,7 +145,7 @@ fuzz_target!(|input: Input| {
     let store = MemoryStore::default();
     let Ok(limiter) = Limiter::prepare(config, &store, [1; 16], |_| ()) else { panic!("prepare") };
     let mut headers = HeaderBlock::default();
-    let mut now = Nanos(1_700_000_000_000_000_000);
+    let mut now = Nanos::from_nanos(1_700_000_000_000_000_000);
     for request in input.requests.into_iter().take(64) {
         now = now + Nanos::from_millis(u64::from(request.advance_ms));
         let release = match request.advance_ms % 3 {

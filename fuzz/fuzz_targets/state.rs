@@ -41,7 +41,7 @@ fuzz_target!(|input: Input| {
         return;
     };
     let table = Table::new(policy.clone(), registration.tag, u32::from(input.max_keys.max(1)));
-    let now = Nanos(input.now);
+    let now = Nanos::from_nanos(input.now);
     let cost = u64::from(input.cost.max(1)).min(policy.capacity());
     if let Step::Write(next, _) = table.decide(input.stored.clone(), input.fingerprint, now, cost) {
         match table.decide(next, input.fingerprint, now, cost) {

@@ -15,9 +15,7 @@ impl Clock for SystemClock {
     fn now(&self) -> Nanos {
         // A clock before 1970 is a broken host; treat it as the epoch rather
         // than failing every request.
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(Nanos::ZERO, |d| Nanos(d.as_nanos().try_into().unwrap_or(u64::MAX)))
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(Nanos::ZERO, Nanos::from)
     }
 }
 

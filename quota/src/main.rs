@@ -109,7 +109,7 @@ enum LogFormat {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    parse_duration(text).map(|d| Duration::from_nanos(d.get())).map_err(|e| e.to_string())
+    parse_duration(text).map(Duration::from).map_err(|e| e.to_string())
 }
 
 fn init_logs(format: LogFormat) {
@@ -164,7 +164,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), String> {
-    let lease_ttl = Nanos(u64::try_from(cli.lease_ttl.as_nanos()).unwrap_or(u64::MAX));
+    let lease_ttl = Nanos::from(cli.lease_ttl);
     if lease_ttl > MAX_LEASE_TTL {
         return Err("--lease-ttl must be at most 60s".into());
     }

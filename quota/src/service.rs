@@ -89,7 +89,7 @@ fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
 impl Service {
     /// A service over `store` with the limits of `domains`.
     pub fn new(domains: Domains, store: QuotaStore, metrics: ServiceMetrics, settings: Settings) -> Self {
-        let settings = Settings { lease_ttl: settings.lease_ttl.clamp(Nanos(1), MAX_LEASE_TTL) };
+        let settings = Settings { lease_ttl: settings.lease_ttl.clamp(Nanos::from_nanos(1), MAX_LEASE_TTL) };
         metrics.start(store.name(), store.failure_kinds());
         domains.names().for_each(|name| metrics.add_domain(name));
         Self {
@@ -208,7 +208,7 @@ impl Service {
             };
             let denied = !decision.allowed();
             let retry = match decision.retry_after() {
-                Nanos::MAX => Retry::Never,
+                Nanos::NEVER => Retry::Never,
                 wait => Retry::After(wait.ceil_millis()),
             };
             let (code, retry_after_ms, shadow_over_limit) = match (denied, item.shadow) {

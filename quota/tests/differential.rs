@@ -204,7 +204,7 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                     2 => rng.below(SECOND.times(8).get()),
                     _ => rng.below(DAY.times(40).get()),
                 };
-                clock.advance(Nanos(span));
+                clock.advance(Nanos::from_nanos(span));
                 seen[3] += 1;
             }
         }
@@ -228,6 +228,6 @@ async fn a_huge_yearly_bucket_waits_exactly_as_long_in_both_stores() {
         let denied = store.check(&take(193_572_398)).await.unwrap();
         assert!(!denied.committed);
         // ceil(193,572,398 × 31,536,000 s / 348,573,278) in whole nanoseconds.
-        assert_eq!(denied.decisions[0].retry_after(), Nanos(17_512_814_460_000_001));
+        assert_eq!(denied.decisions[0].retry_after(), Nanos::from_nanos(17_512_814_460_000_001));
     }
 }

@@ -22,7 +22,7 @@ use crate::service::Service;
 
 /// When the measured minute starts: a whole minute since the epoch, so that
 /// it is exactly one per-minute window.
-const MEASURE_FROM: Nanos = Nanos(1_700_000_040 * SECOND.0);
+const MEASURE_FROM: Nanos = Nanos::from_nanos(1_700_000_040 * SECOND.get());
 
 /// The service's lease lifetime (`--lease-ttl`'s default).
 pub const LEASE_TTL: Nanos = SECOND;
@@ -55,7 +55,7 @@ pub struct Config {
 
 /// How long after an answer is applied the requests waiting for it are
 /// decided again (the filter reads the clock again for them).
-const RESUME_AFTER: Nanos = Nanos(1_000);
+const RESUME_AFTER: Nanos = Nanos::from_nanos(1_000);
 
 /// How long a worker holds returns back to share a call.
 pub const RETURN_HOLD: Nanos = MAX_BATCH_DELAY;

@@ -37,7 +37,7 @@ const PER_STRATUM: u64 = 150;
 const WARMUP: Nanos = Nanos::from_secs(10);
 const MEASURE: Nanos = Nanos::from_secs(60);
 const AFTER: Nanos = Nanos::from_secs(35);
-const RESTART_AT: Nanos = Nanos(2_500_000_000);
+const RESTART_AT: Nanos = Nanos::from_nanos(2_500_000_000);
 
 fn grid(allowances: bool) -> Result<Vec<Config>, String> {
     let mut configs = Vec::new();

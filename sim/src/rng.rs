@@ -36,7 +36,7 @@ pub trait Traffic {
 impl Traffic for Rng {
     fn gap(&mut self, rate: f64) -> Nanos {
         let u = self.uniform();
-        Nanos((-(1.0 - u).ln() / rate * 1e9) as u64 + 1)
+        Nanos::from_nanos((-(1.0 - u).ln() / rate * 1e9) as u64 + 1)
     }
 
     fn delay(&mut self) -> Nanos {

@@ -29,7 +29,7 @@ use crate::time::{Nanos, SECOND};
 pub const EPOCHS: usize = 4;
 
 /// `slot_ttl` when none is configured.
-pub const DEFAULT_SLOT_TTL: Nanos = Nanos(300 * SECOND.0);
+pub const DEFAULT_SLOT_TTL: Nanos = Nanos::from_nanos(300 * SECOND.get());
 
 /// Concurrency parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +51,8 @@ pub struct SlotState {
 impl Concurrency {
     /// At most `limit` slots in flight, each reclaimed after about `slot_ttl`.
     pub fn new(limit: u64, slot_ttl: Nanos) -> Self {
-        let slot_ttl = Nanos(slot_ttl.0.max(1));
-        let epoch = Nanos(slot_ttl.0.div_ceil(EPOCHS as u64 - 1));
+        let slot_ttl = Nanos::from_nanos(slot_ttl.get().max(1));
+        let epoch = Nanos::from_nanos(slot_ttl.get().div_ceil(EPOCHS as u64 - 1));
         Self { limit: limit.max(1), slot_ttl, epoch }
     }
 
@@ -63,7 +63,7 @@ impl Concurrency {
     }
 
     fn epoch_of(&self, instant: Nanos) -> u64 {
-        instant.0 / self.epoch.0
+        instant.get() / self.epoch.get()
     }
 
     /// When the slots taken in epoch `index` are reclaimed.
@@ -107,7 +107,7 @@ impl Concurrency {
                 return self.deadline(state.newest.saturating_sub(j as u64)) - now;
             }
         }
-        Nanos::MAX
+        Nanos::NEVER
     }
 
     /// Remaining slots, and the time until the oldest held slots are reclaimed.
@@ -188,7 +188,7 @@ impl Algorithm for Concurrency {
             }
             None => {
                 let retry_after = if cost > self.limit {
-                    Nanos::MAX
+                    Nanos::NEVER
                 } else {
                     self.time_to_reclaim(&current, now, held + cost - self.limit)
                 };
@@ -239,7 +239,7 @@ impl Algorithm for Concurrency {
     /// touches at most `⌈span / epoch⌉ + 1` epochs, hence at most that many
     /// ÷ 4 (rounded up) such groups of epochs.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        let epochs = span.0.div_ceil(self.epoch.0).saturating_add(1);
+        let epochs = span.get().div_ceil(self.epoch.get()).saturating_add(1);
         self.limit.saturating_mul(epochs.div_ceil(EPOCHS as u64))
     }
 }
@@ -266,7 +266,8 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A multiple of every epoch used below, so epochs start at T0.
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0 - 1_700_000_000 * SECOND.0 % (30 * SECOND.0));
+    const T0: Nanos =
+        Nanos::from_nanos(1_700_000_000 * SECOND.get() - 1_700_000_000 * SECOND.get() % (30 * SECOND.get()));
 
     fn take(limiter: &Concurrency, state: SlotState, now: Nanos, cost: u64) -> (bool, SlotState) {
         let (decision, after) = limiter.decide(state, now, cost);
@@ -307,7 +308,7 @@ mod tests {
         assert!(ok);
         assert!(!take(&limiter, state, T0, 2).0);
         assert!(take(&limiter, state, T0, 1).0);
-        assert_eq!(limiter.decide(state, T0, 6).0.retry_after(), Nanos::MAX, "more than the limit: never");
+        assert_eq!(limiter.decide(state, T0, 6).0.retry_after(), Nanos::NEVER, "more than the limit: never");
     }
 
     #[test]
@@ -318,19 +319,19 @@ mod tests {
         let (_, state) = take(&limiter, state, T0 + SECOND.times(25), 1);
         let (denied, _) = limiter.decide(state, T0 + SECOND.times(30), 1);
         assert_eq!(denied.retry_after(), SECOND.times(10), "epoch 0 is reclaimed at T0 + 40 s");
-        assert!(!take(&limiter, state, T0 + SECOND.times(40) - Nanos(1), 1).0);
+        assert!(!take(&limiter, state, T0 + SECOND.times(40) - Nanos::from_nanos(1), 1).0);
         assert!(take(&limiter, state, T0 + SECOND.times(40), 1).0);
         // Two slots at once: wait for epoch 2 too, at T0 + 60 s.
         assert_eq!(limiter.decide(state, T0 + SECOND.times(30), 2).0.retry_after(), SECOND.times(30));
         assert!(limiter.is_idle(state, T0 + SECOND.times(60)));
-        assert!(!limiter.is_idle(state, T0 + SECOND.times(60) - Nanos(1)));
+        assert!(!limiter.is_idle(state, T0 + SECOND.times(60) - Nanos::from_nanos(1)));
     }
 
     #[test]
     fn every_slot_is_held_longer_than_slot_ttl_and_at_most_the_longest_hold() {
         let limiter = limiter(1);
         assert_eq!(limiter.longest_hold(), SECOND.times(40));
-        for offset in [Nanos::ZERO, Nanos(1), SECOND.times(5), SECOND.times(10) - Nanos(1)] {
+        for offset in [Nanos::ZERO, Nanos::from_nanos(1), SECOND.times(5), SECOND.times(10) - Nanos::from_nanos(1)] {
             let at = T0 + offset;
             let (_, state) = take(&limiter, limiter.fresh(at), at, 1);
             assert!(!limiter.is_idle(state, at + SECOND.times(30)), "held at slot_ttl (taken at +{offset})");
@@ -375,12 +376,12 @@ mod tests {
             assert!(ok);
             state = next;
         }
-        assert!(!take(&limiter, state, T0 + SECOND.times(40) - Nanos(1), 1).0);
+        assert!(!take(&limiter, state, T0 + SECOND.times(40) - Nanos::from_nanos(1), 1).0);
         // 40 s touch 5 epochs: four slots taken at T0 + 9 s are reclaimed at
         // T0 + 40 s and four more fit before T0 + 49 s.
-        assert_eq!(limiter.admitted_bound(SECOND.times(40) - Nanos(1)), 8);
+        assert_eq!(limiter.admitted_bound(SECOND.times(40) - Nanos::from_nanos(1)), 8);
         assert_eq!(limiter.admitted_bound(SECOND.times(30)), 4, "30 s touch at most 4 epochs");
-        assert_eq!(limiter.admitted_bound(SECOND.times(30) + Nanos(1)), 8);
+        assert_eq!(limiter.admitted_bound(SECOND.times(30) + Nanos::from_nanos(1)), 8);
     }
 
     #[test]

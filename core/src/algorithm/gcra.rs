@@ -30,8 +30,8 @@ impl Gcra {
     /// only ever admit less than the configured rate, never more.
     pub fn new(limit: u64, period: Nanos, burst: u64) -> Self {
         let limit = limit.max(1);
-        let period = Nanos(period.0.max(1));
-        let interval = Nanos(period.0.div_ceil(limit));
+        let period = Nanos::from_nanos(period.get().max(1));
+        let interval = Nanos::from_nanos(period.get().div_ceil(limit));
         let burst = burst.max(1);
         Self { limit, period, interval, tolerance: interval.times(burst), burst, max_delay: Nanos::ZERO }
     }
@@ -48,7 +48,7 @@ impl Gcra {
 
     /// Units that fit in `slack`.
     fn units_in(&self, slack: Nanos) -> u64 {
-        slack.0 / self.interval.0
+        slack.get() / self.interval.get()
     }
 
     /// Remaining units and reset, given the TAT after the decision.
@@ -75,11 +75,11 @@ impl Algorithm for Gcra {
     }
 
     fn decode(&self, bytes: &[u8]) -> Option<Nanos> {
-        super::get_u64(bytes, 0).map(Nanos)
+        super::get_u64(bytes, 0).map(Nanos::from_nanos)
     }
 
     fn encode(&self, tat: &Nanos, out: &mut [u8]) {
-        super::put_u64(out, 0, tat.0);
+        super::put_u64(out, 0, tat.get());
     }
 
     /// The burst, plus what fits in the longest wait.
@@ -108,7 +108,7 @@ impl Algorithm for Gcra {
             let admission = if overflow == Nanos::ZERO { Admission::Now } else { Admission::Delayed(overflow) };
             (Decision { admission, remaining, reset }, new_tat)
         } else {
-            let retry_after = if cost > self.capacity() { Nanos::MAX } else { overflow - self.max_delay };
+            let retry_after = if cost > self.capacity() { Nanos::NEVER } else { overflow - self.max_delay };
             let (remaining, reset) = self.report(tat, now);
             (Decision::deny(remaining, reset, retry_after), tat)
         }
@@ -171,7 +171,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     fn take_all(meter: &Gcra, tat: Nanos, now: Nanos) -> Nanos {
         let (remaining, _) = meter.report(tat, now);
@@ -193,7 +193,7 @@ mod tests {
         assert_eq!(same, tat, "a denial leaves the state alone");
         assert_eq!(denied.retry_after(), SECOND);
         assert_eq!(denied.reset, SECOND);
-        assert!(!meter.decide(tat, T0 + SECOND - Nanos(1), 1).0.allowed());
+        assert!(!meter.decide(tat, T0 + SECOND - Nanos::from_nanos(1), 1).0.allowed());
         assert!(meter.decide(tat, T0 + SECOND, 1).0.allowed());
     }
 
@@ -202,9 +202,9 @@ mod tests {
         let meter = Gcra::new(2, SECOND, 1); // every 500 ms
         let (first, tat) = meter.decide(meter.fresh(T0), T0, 1);
         assert!(first.allowed());
-        let (second, _) = meter.decide(tat, T0 + Nanos(499_999_999), 1);
+        let (second, _) = meter.decide(tat, T0 + Nanos::from_nanos(499_999_999), 1);
         assert!(!second.allowed());
-        assert_eq!(second.retry_after(), Nanos(1));
+        assert_eq!(second.retry_after(), Nanos::from_nanos(1));
         assert!(meter.decide(tat, T0 + Nanos::from_millis(500), 1).0.allowed());
     }
 
@@ -214,7 +214,7 @@ mod tests {
         let tat = take_all(&meter, meter.fresh(T0), T0);
         let (denied, _) = meter.decide(tat, T0, 4);
         let wait = denied.retry_after();
-        assert!(!meter.decide(tat, T0 + wait - Nanos(1), 4).0.allowed());
+        assert!(!meter.decide(tat, T0 + wait - Nanos::from_nanos(1), 4).0.allowed());
         assert!(meter.decide(tat, T0 + wait, 4).0.allowed());
     }
 

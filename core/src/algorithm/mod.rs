@@ -58,7 +58,7 @@ pub enum Admission {
     /// Admitted, but it must wait this long first (a shaper paces it).
     Delayed(Nanos),
     /// Denied: the same cost would be admitted after `retry_after`
-    /// (`Nanos::MAX` if it never can be).
+    /// (`Nanos::NEVER` if it never can be).
     Denied {
         /// When the same request would be admitted.
         retry_after: Nanos,
@@ -507,7 +507,7 @@ pub(crate) fn div_ceil_u128(numerator: u128, denominator: u128) -> u128 {
 
 /// A u128 result clamped into [`Nanos`] (too large means "never").
 pub(crate) fn nanos_u128(value: u128) -> Nanos {
-    Nanos(u64::try_from(value).unwrap_or(u64::MAX))
+    Nanos::from_nanos(u64::try_from(value).unwrap_or(u64::MAX))
 }
 
 /// Writes `value` little-endian at byte `at` (nothing if it does not fit).

@@ -89,15 +89,15 @@ impl SlidingLog {
     /// At most `limit` (clamped to 1..=[`MAX_LOG_LIMIT`]) units in any
     /// `period`.
     pub fn new(limit: u64, period: Nanos) -> Self {
-        let period = Nanos(period.0.max(1));
+        let period = Nanos::from_nanos(period.get().max(1));
         let limit = usize::try_from(limit).unwrap_or(MAX_LOG_LIMIT).clamp(1, MAX_LOG_LIMIT);
-        let bits = 64 - (period.0 - 1).leading_zeros() as usize;
+        let bits = 64 - (period.get() - 1).leading_zeros() as usize;
         Self { limit, period, width: bits.div_ceil(8).max(1) }
     }
 
     /// True while an entry admitted at `time` counts at `at`.
     fn counts_at(&self, time: u64, at: Nanos) -> bool {
-        Nanos(time) + self.period > at
+        Nanos::from_nanos(time) + self.period > at
     }
 
     /// The log that counts at `now`, and the instant it is read at.
@@ -107,7 +107,7 @@ impl SlidingLog {
     /// reopen); one further ahead is not trusted (a clock once set far ahead
     /// must not lock a key out until then) and starts afresh.
     fn view(&self, mut log: LogState, now: Nanos) -> (LogState, Nanos) {
-        let at = match log.newest().map(Nanos) {
+        let at = match log.newest().map(Nanos::from_nanos) {
             Some(newest) if newest > now && newest - now >= self.period => return (LogState::EMPTY, now),
             Some(newest) => newest.max(now),
             None => now,
@@ -119,7 +119,7 @@ impl SlidingLog {
 
     /// The time from `at` until the `entry`-th oldest entry leaves the period.
     fn until_leaves(&self, log: &LogState, entry: usize, at: Nanos) -> Nanos {
-        log.times().get(entry).map_or(Nanos::ZERO, |t| Nanos(*t) + self.period - at)
+        log.times().get(entry).map_or(Nanos::ZERO, |t| Nanos::from_nanos(*t) + self.period - at)
     }
 
     fn report(&self, log: &LogState, at: Nanos) -> (u64, Nanos) {
@@ -155,7 +155,7 @@ impl Algorithm for SlidingLog {
         let mut previous_age = 0;
         for i in 0..len {
             let age = self.age_at(bytes, i)?;
-            if age < previous_age || age >= self.period.0 || age > newest || (i == 0 && age != 0) {
+            if age < previous_age || age >= self.period.get() || age > newest || (i == 0 && age != 0) {
                 return None;
             }
             *log.times.get_mut(len - 1 - i)? = newest - age;
@@ -169,7 +169,7 @@ impl Algorithm for SlidingLog {
         super::put_u64(out, 0, newest);
         // Entries a period older than the newest can never count again (and
         // would not fit the width): they are not written.
-        let ages = log.times().iter().rev().map(|t| newest - t).take_while(|age| *age < self.period.0);
+        let ages = log.times().iter().rev().map(|t| newest - t).take_while(|age| *age < self.period.get());
         let mut len: u16 = 0;
         for (i, age) in ages.take(self.limit).enumerate() {
             let start = HEADER + i * self.width;
@@ -207,7 +207,7 @@ impl Algorithm for SlidingLog {
             Some(cost) => {
                 let mut after = log;
                 if let Some(new) = after.times.get_mut(log.len..log.len + cost) {
-                    new.fill(at.0);
+                    new.fill(at.get());
                 }
                 after.len += cost;
                 let (remaining, reset) = self.report(&after, at);
@@ -219,7 +219,7 @@ impl Algorithm for SlidingLog {
                     Ok(cost) if cost <= self.limit => {
                         self.until_leaves(&log, log.len + cost - self.limit - 1, at) + ahead
                     }
-                    _ => Nanos::MAX,
+                    _ => Nanos::NEVER,
                 };
                 let (remaining, reset) = self.report(&log, at);
                 (Decision::deny(remaining, reset + ahead, retry_after), log)
@@ -236,8 +236,8 @@ impl Algorithm for SlidingLog {
         let (mut log, _) = self.view(log, now);
         let times = log.times();
         // Entries are in time order, so the grant's are one run.
-        let end = times.iter().rposition(|t| *t == grant.at.0)? + 1;
-        let run = times.get(..end)?.iter().rev().take_while(|t| **t == grant.at.0).count();
+        let end = times.iter().rposition(|t| *t == grant.at.get())? + 1;
+        let run = times.get(..end)?.iter().rev().take_while(|t| **t == grant.at.get()).count();
         let removed = run.min(usize::try_from(grant.cost).unwrap_or(usize::MAX));
         log.times.copy_within(end..log.len, end - removed);
         log.len -= removed;
@@ -252,14 +252,14 @@ impl Algorithm for SlidingLog {
     /// When the newest entry leaves the period.
     fn idle_at(&self, log: LogState, now: Nanos) -> Nanos {
         match self.view(log, now).0.newest() {
-            Some(newest) => (Nanos(newest) + self.period).max(now),
+            Some(newest) => (Nanos::from_nanos(newest) + self.period).max(now),
             None => now,
         }
     }
 
     /// `limit` per started period of the span.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        (self.limit as u64).saturating_mul(span.0 / self.period.0 + 1)
+        (self.limit as u64).saturating_mul(span.get() / self.period.get() + 1)
     }
 }
 
@@ -288,7 +288,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     fn take(log: &SlidingLog, state: LogState, now: Nanos, cost: u64) -> LogState {
         let (decision, after) = log.decide(state, now, cost);
@@ -300,7 +300,7 @@ mod tests {
         let (denied, _) = log.decide(state, now, cost);
         assert!(!denied.allowed());
         assert_eq!(denied.retry_after(), expected);
-        assert!(!log.decide(state, now + expected - Nanos(1), cost).0.allowed(), "1 ns early must deny");
+        assert!(!log.decide(state, now + expected - Nanos::from_nanos(1), cost).0.allowed(), "1 ns early must deny");
         assert!(log.decide(state, now + expected, cost).0.allowed(), "on time must admit");
     }
 
@@ -319,8 +319,8 @@ mod tests {
         assert_retry_exact(&log, state, now, 1, SECOND.times(4));
         assert_retry_exact(&log, state, now, 2, SECOND.times(6));
         assert_retry_exact(&log, state, now, 3, SECOND.times(9));
-        assert_eq!(log.decide(state, now, 4).0.retry_after(), Nanos::MAX);
-        assert!(!log.is_idle(state, T0 + SECOND.times(15) - Nanos(1)));
+        assert_eq!(log.decide(state, now, 4).0.retry_after(), Nanos::NEVER);
+        assert!(!log.is_idle(state, T0 + SECOND.times(15) - Nanos::from_nanos(1)));
         assert!(log.is_idle(state, T0 + SECOND.times(15)));
     }
 
@@ -338,18 +338,21 @@ mod tests {
     fn undo_removes_the_grants_entries_only() {
         let log = SlidingLog::new(4, SECOND);
         let state = take(&log, log.fresh(T0), T0, 1);
-        let state = take(&log, state, T0 + Nanos(5), 2);
-        let grant = Grant { cost: 2, at: T0 + Nanos(5) };
-        let undone = log.release(state, T0 + Nanos(5), grant, Release::Undo).unwrap();
-        assert_eq!(undone.times(), &[T0.0]);
-        assert_eq!(log.release(state, T0 + Nanos(5), grant, Release::Done), None);
-        let elsewhere = Grant { cost: 1, at: T0 + Nanos(3) };
-        assert_eq!(log.release(state, T0 + Nanos(5), elsewhere, Release::Undo), None);
+        let state = take(&log, state, T0 + Nanos::from_nanos(5), 2);
+        let grant = Grant { cost: 2, at: T0 + Nanos::from_nanos(5) };
+        let undone = log.release(state, T0 + Nanos::from_nanos(5), grant, Release::Undo).unwrap();
+        assert_eq!(undone.times(), &[T0.get()]);
+        assert_eq!(log.release(state, T0 + Nanos::from_nanos(5), grant, Release::Done), None);
+        let elsewhere = Grant { cost: 1, at: T0 + Nanos::from_nanos(3) };
+        assert_eq!(log.release(state, T0 + Nanos::from_nanos(5), elsewhere, Release::Undo), None);
         let expired = Grant { cost: 1, at: T0 };
         assert_eq!(log.release(state, T0 + SECOND, expired, Release::Undo), None, "no longer in the log");
         // An older grant's entry is removed from the middle, keeping order.
         let first = Grant { cost: 1, at: T0 };
-        assert_eq!(log.release(state, T0 + Nanos(5), first, Release::Undo).unwrap().times(), &[T0.0 + 5, T0.0 + 5]);
+        assert_eq!(
+            log.release(state, T0 + Nanos::from_nanos(5), first, Release::Undo).unwrap().times(),
+            &[T0.get() + 5, T0.get() + 5]
+        );
     }
 
     #[test]
@@ -365,16 +368,19 @@ mod tests {
     fn state_is_exact_and_compact() {
         let log = SlidingLog::new(6, SECOND.times(60)); // ages need 36 bits: 5 bytes
         assert_eq!(log.state_len(), 10 + 6 * 5);
-        let mut state = take(&log, log.fresh(T0), T0 + Nanos(1), 2);
-        state = take(&log, state, T0 + SECOND.times(59) + Nanos(7), 1);
+        let mut state = take(&log, log.fresh(T0), T0 + Nanos::from_nanos(1), 2);
+        state = take(&log, state, T0 + SECOND.times(59) + Nanos::from_nanos(7), 1);
         let mut bytes = vec![0u8; log.state_len()];
         log.encode(&state, &mut bytes);
         assert_eq!(log.decode(&bytes), Some(state));
         assert_eq!(log.decode(&bytes[..bytes.len() - 1]), None);
         // An entry is gone once it is a period old.
-        state = take(&log, state, T0 + SECOND.times(60) + Nanos(1), 1);
+        state = take(&log, state, T0 + SECOND.times(60) + Nanos::from_nanos(1), 1);
         log.encode(&state, &mut bytes);
-        assert_eq!(log.decode(&bytes).unwrap().times(), &[T0.0 + 59 * SECOND.0 + 7, T0.0 + 60 * SECOND.0 + 1]);
+        assert_eq!(
+            log.decode(&bytes).unwrap().times(),
+            &[T0.get() + 59 * SECOND.get() + 7, T0.get() + 60 * SECOND.get() + 1]
+        );
         assert_eq!(SlidingLog::new(1000, SECOND.times(366 * 86_400)).state_len(), 7010);
         assert_eq!(SlidingLog::new(1, Nanos::from_millis(1)).width, 3);
     }

@@ -87,24 +87,30 @@ pub struct SlidingState {
 impl SlidingWindow {
     /// The weighted estimate: at most about `limit` units per `period`.
     pub fn weighted(limit: u64, period: Nanos) -> Self {
-        let period = Nanos(period.0.max(1));
+        let period = Nanos::from_nanos(period.get().max(1));
         Self { limit: limit.max(1), period, slots: 2, span: period, weighted: true }
     }
 
     /// `sub_windows` counters (clamped to 2..=60) of `period / sub_windows`
     /// each (rounded up).
     pub fn with_sub_windows(limit: u64, period: Nanos, sub_windows: u64) -> Self {
-        let period = Nanos(period.0.max(1));
+        let period = Nanos::from_nanos(period.get().max(1));
         let slots = sub_windows.clamp(2, MAX_SUB_WINDOWS as u64);
-        Self { limit: limit.max(1), period, slots, span: Nanos(period.0.div_ceil(slots)), weighted: false }
+        Self {
+            limit: limit.max(1),
+            period,
+            slots,
+            span: Nanos::from_nanos(period.get().div_ceil(slots)),
+            weighted: false,
+        }
     }
 
     fn index_of(&self, instant: Nanos) -> u64 {
-        instant.0 / self.span.0
+        instant.get() / self.span.get()
     }
 
     fn start_of(&self, index: u64) -> u128 {
-        u128::from(index) * u128::from(self.span.0)
+        u128::from(index) * u128::from(self.span.get())
     }
 
     fn slot(&self, index: u64) -> usize {
@@ -167,9 +173,9 @@ impl SlidingWindow {
         if self.weighted {
             let newest = state.newest;
             let previous = u128::from(self.count_of(state, newest.wrapping_sub(1)));
-            let into = u128::from(at.0).saturating_sub(self.start_of(newest));
-            let left = u128::from(self.period.0).saturating_sub(into);
-            let weighted = super::div_ceil_u128(previous * left, u128::from(self.period.0));
+            let into = u128::from(at.get()).saturating_sub(self.start_of(newest));
+            let left = u128::from(self.period.get()).saturating_sub(into);
+            let weighted = super::div_ceil_u128(previous * left, u128::from(self.period.get()));
             // ≤ a u32 count: fits.
             (weighted as u64).saturating_add(self.count_of(state, newest))
         } else {
@@ -192,10 +198,10 @@ impl SlidingWindow {
                 (self.start_of(newest.saturating_add(1)), current, 0)
             };
             let room = u128::from(budget - current);
-            let period = u128::from(self.period.0);
+            let period = u128::from(self.period.get());
             // ⌈previous·(P − x)/P⌉ ≤ room  ⇔  x ≥ P − ⌊room·P/previous⌋.
             let offset = if previous == 0 { 0 } else { period.saturating_sub(room * period / u128::from(previous)) };
-            (start + offset).max(u128::from(at.0))
+            (start + offset).max(u128::from(at.get()))
         } else {
             // Counters drop out oldest first, one per sub-window.
             let mut counted = self.estimate(state, at);
@@ -207,12 +213,12 @@ impl SlidingWindow {
                 counted -= leaving.min(counted);
             }
             if passed == 0 {
-                u128::from(at.0)
+                u128::from(at.get())
             } else {
                 self.start_of(newest.saturating_add(passed))
             }
         };
-        nanos_u128(until.saturating_sub(u128::from(at.0)))
+        nanos_u128(until.saturating_sub(u128::from(at.get())))
     }
 
     /// Remaining units, and the time until one more is available.
@@ -279,8 +285,11 @@ impl Algorithm for SlidingWindow {
                 (Decision::admit(remaining, reset + ahead), after)
             }
             None => {
-                let retry_after =
-                    if cost > self.limit { Nanos::MAX } else { self.wait_until(&state, at, self.limit - cost) + ahead };
+                let retry_after = if cost > self.limit {
+                    Nanos::NEVER
+                } else {
+                    self.wait_until(&state, at, self.limit - cost) + ahead
+                };
                 let (remaining, reset) = self.report(&state, at, counted);
                 (Decision::deny(remaining, reset + ahead, retry_after), state)
             }
@@ -326,9 +335,9 @@ impl Algorithm for SlidingWindow {
     fn admitted_bound(&self, span: Nanos) -> u64 {
         let limit = u128::from(self.limit);
         let bound = if self.weighted {
-            limit + limit * u128::from(span.0.saturating_sub(1)) / u128::from(self.period.0)
+            limit + limit * u128::from(span.get().saturating_sub(1)) / u128::from(self.period.get())
         } else {
-            let touched = u128::from(span.0.div_ceil(self.span.0)) + 1;
+            let touched = u128::from(span.get().div_ceil(self.span.get())) + 1;
             limit * touched.div_ceil(u128::from(self.slots))
         };
         u64::try_from(bound).unwrap_or(u64::MAX)
@@ -381,7 +390,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0); // a multiple of 10 s
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get()); // a multiple of 10 s
 
     fn admitted(window: &SlidingWindow, state: &mut SlidingState, now: Nanos, cost: u64, tries: u64) -> u64 {
         (0..tries)
@@ -402,7 +411,7 @@ mod tests {
         let denied = probe(window, state, now, cost);
         assert!(!denied.allowed());
         assert_eq!(denied.retry_after(), expected);
-        assert!(!probe(window, state, now + expected - Nanos(1), cost).allowed(), "1 ns early must deny");
+        assert!(!probe(window, state, now + expected - Nanos::from_nanos(1), cost).allowed(), "1 ns early must deny");
         assert!(probe(window, state, now + expected, cost).allowed(), "on time must admit");
     }
 
@@ -424,7 +433,7 @@ mod tests {
         assert_eq!(decision.reset, Nanos::from_millis(500));
         assert_retry_exact(&window, state, later, 4, Nanos::from_millis(500));
         assert!(window.is_idle(state, T0 + SECOND.times(20)));
-        assert!(!window.is_idle(state, T0 + SECOND.times(20) - Nanos(1)));
+        assert!(!window.is_idle(state, T0 + SECOND.times(20) - Nanos::from_nanos(1)));
     }
 
     #[test]
@@ -438,7 +447,7 @@ mod tests {
         assert_retry_exact(&window, state, T0 + SECOND.times(9), 4, SECOND.times(6));
         // A whole limit waits for the previous count to leave completely.
         assert_retry_exact(&window, state, T0 + SECOND.times(9), 7, SECOND.times(11));
-        assert_eq!(probe(&window, state, T0, 8).retry_after(), Nanos::MAX);
+        assert_eq!(probe(&window, state, T0, 8).retry_after(), Nanos::NEVER);
     }
 
     #[test]
@@ -446,13 +455,13 @@ mod tests {
         let limit = 10;
         let period = SECOND.times(10);
         let window = SlidingWindow::weighted(limit, period);
-        let end = T0 + period - Nanos(1);
+        let end = T0 + period - Nanos::from_nanos(1);
         let mut state = window.fresh(end);
         assert_eq!(admitted(&window, &mut state, end, 1, 20), 10);
         // Half a period later (4.999999999 s into the next window) half the
         // previous window still weighs: 4 fit; the interval [end, later] is
         // 5 s long.
-        let later = end + Nanos(period.0 / 2);
+        let later = end + Nanos::from_nanos(period.get() / 2);
         assert_eq!(admitted(&window, &mut state, later, 1, 20), 4);
         assert_eq!(window.admitted_bound(later - end), 14);
         assert_eq!(window.admitted_bound(period), 2 * limit - 1);
@@ -474,22 +483,22 @@ mod tests {
         assert_retry_exact(&window, state, T0 + SECOND.times(5), 4, SECOND.times(5));
         let denied = probe(&window, state, T0 + SECOND.times(5), 1);
         assert_eq!((denied.remaining, denied.reset), (0, SECOND));
-        assert!(!window.is_idle(state, T0 + SECOND.times(9) + Nanos(999_999_999)));
+        assert!(!window.is_idle(state, T0 + SECOND.times(9) + Nanos::from_nanos(999_999_999)));
         assert!(window.is_idle(state, T0 + SECOND.times(10)));
     }
 
     #[test]
     fn sub_windows_admit_twice_the_limit_only_across_a_whole_period() {
         let window = SlidingWindow::with_sub_windows(5, SECOND.times(10), 5); // 2 s counters
-        let first = T0 + SECOND.times(2) - Nanos(1);
+        let first = T0 + SECOND.times(2) - Nanos::from_nanos(1);
         let mut state = window.fresh(first);
         assert_eq!(admitted(&window, &mut state, first, 1, 9), 5);
         // Everything until the counter N − 1 later is denied...
-        assert!(!probe(&window, state, T0 + SECOND.times(10) - Nanos(1), 1).allowed());
+        assert!(!probe(&window, state, T0 + SECOND.times(10) - Nanos::from_nanos(1), 1).allowed());
         // ...and then a second burst: 10 in an interval of 8 s + 1 ns.
         let second = T0 + SECOND.times(10);
         assert_eq!(admitted(&window, &mut state, second, 1, 9), 5);
-        assert_eq!(window.admitted_bound(second - first - Nanos(1)), 5, "(N − 1)·S");
+        assert_eq!(window.admitted_bound(second - first - Nanos::from_nanos(1)), 5, "(N − 1)·S");
         assert_eq!(window.admitted_bound(second - first), 10);
         assert_eq!(window.admitted_bound(SECOND.times(10)), 10);
     }
@@ -497,12 +506,12 @@ mod tests {
     #[test]
     fn a_period_that_does_not_divide_rounds_the_sub_window_up() {
         let window = SlidingWindow::with_sub_windows(1, SECOND.times(7), 60);
-        assert_eq!(window.span, Nanos(116_666_667));
-        let start = Nanos(116_666_667 * 10_000_000_000); // a sub-window starts here
+        assert_eq!(window.span, Nanos::from_nanos(116_666_667));
+        let start = Nanos::from_nanos(116_666_667 * 10_000_000_000); // a sub-window starts here
         let (_, state) = window.decide(window.fresh(start), start, 1);
         // Blocked for 60 whole sub-windows: never less than the period.
-        assert_retry_exact(&window, state, start, 1, Nanos(116_666_667 * 60));
-        assert!(Nanos(116_666_667 * 60) >= SECOND.times(7));
+        assert_retry_exact(&window, state, start, 1, Nanos::from_nanos(116_666_667 * 60));
+        assert!(Nanos::from_nanos(116_666_667 * 60) >= SECOND.times(7));
     }
 
     #[test]
@@ -570,10 +579,14 @@ mod tests {
         let counted = weighted.counting_window(&weighted.fresh(at), at);
         assert_eq!(
             counted,
-            Some(CountingWindow { index: at.0 / SECOND.times(10).0, end: T0 + SECOND.times(10), renews: false })
+            Some(CountingWindow {
+                index: at.get() / SECOND.times(10).get(),
+                end: T0 + SECOND.times(10),
+                renews: false
+            })
         );
         let sub = SlidingWindow::with_sub_windows(10, SECOND.times(10), 5);
         let counted = sub.counting_window(&sub.fresh(at), at);
-        assert_eq!(counted.map(|w| (w.index, w.end)), Some((at.0 / SECOND.times(2).0, T0 + SECOND.times(6))));
+        assert_eq!(counted.map(|w| (w.index, w.end)), Some((at.get() / SECOND.times(2).get(), T0 + SECOND.times(6))));
     }
 }

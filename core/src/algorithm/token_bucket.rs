@@ -29,7 +29,7 @@ pub struct TokenState {
 impl TokenBucket {
     /// A bucket earning `limit` tokens per `period` and holding at most `capacity`.
     pub fn new(limit: u64, period: Nanos, capacity: u64) -> Self {
-        Self { limit: limit.max(1), period: Nanos(period.0.max(1)), capacity: capacity.max(1) }
+        Self { limit: limit.max(1), period: Nanos::from_nanos(period.get().max(1)), capacity: capacity.max(1) }
     }
 
     /// The state at `now`: earned tokens credited, capped at the capacity.
@@ -41,23 +41,23 @@ impl TokenBucket {
             // The clock stepped back: credit nothing until it catches up.
             return state;
         };
-        let earned = u128::from(elapsed.0) * u128::from(self.limit) / u128::from(self.period.0);
+        let earned = u128::from(elapsed.get()) * u128::from(self.limit) / u128::from(self.period.get());
         let tokens = u128::from(state.tokens) + earned;
         if tokens >= u128::from(self.capacity) {
             return self.fresh(now);
         }
         // Advance only by the time the whole tokens took (rounded up, so the
         // bucket can never earn a token early); the rest carries over.
-        let spent = div_ceil_u128(earned * u128::from(self.period.0), u128::from(self.limit));
+        let spent = div_ceil_u128(earned * u128::from(self.period.get()), u128::from(self.limit));
         TokenState {
             tokens: tokens as u64, // < capacity, fits
-            credited_until: state.credited_until + nanos_u128(spent.min(u128::from(elapsed.0))),
+            credited_until: state.credited_until + nanos_u128(spent.min(u128::from(elapsed.get()))),
         }
     }
 
     /// Time from `credited_until` until `tokens` more tokens have been earned.
     fn time_to_earn(&self, tokens: u64) -> Nanos {
-        nanos_u128(div_ceil_u128(u128::from(tokens) * u128::from(self.period.0), u128::from(self.limit)))
+        nanos_u128(div_ceil_u128(u128::from(tokens) * u128::from(self.period.get()), u128::from(self.limit)))
     }
 
     fn report(&self, state: TokenState, now: Nanos) -> (u64, Nanos) {
@@ -75,12 +75,15 @@ impl Algorithm for TokenBucket {
     }
 
     fn decode(&self, bytes: &[u8]) -> Option<TokenState> {
-        Some(TokenState { tokens: super::get_u64(bytes, 0)?, credited_until: Nanos(super::get_u64(bytes, 8)?) })
+        Some(TokenState {
+            tokens: super::get_u64(bytes, 0)?,
+            credited_until: Nanos::from_nanos(super::get_u64(bytes, 8)?),
+        })
     }
 
     fn encode(&self, state: &TokenState, out: &mut [u8]) {
         super::put_u64(out, 0, state.tokens);
-        super::put_u64(out, 8, state.credited_until.0);
+        super::put_u64(out, 8, state.credited_until.get());
     }
 
     fn capacity(&self) -> u64 {
@@ -104,7 +107,7 @@ impl Algorithm for TokenBucket {
             (Decision::admit(remaining, reset), after)
         } else {
             let retry_after = if cost > self.capacity {
-                Nanos::MAX
+                Nanos::NEVER
             } else {
                 state.credited_until + self.time_to_earn(cost - state.tokens) - now
             };
@@ -125,7 +128,7 @@ impl Algorithm for TokenBucket {
             return None;
         }
         let since = now.checked_sub(grant.at).unwrap_or(Nanos::ZERO);
-        let earned = div_ceil_u128(u128::from(since.0) * u128::from(self.limit), u128::from(self.period.0));
+        let earned = div_ceil_u128(u128::from(since.get()) * u128::from(self.limit), u128::from(self.period.get()));
         let back = u128::from(grant.cost).min(u128::from(why.granted(grant)).saturating_sub(earned));
         if back == 0 {
             return None;
@@ -156,7 +159,7 @@ impl Algorithm for TokenBucket {
 
     /// The burst, then what the rate earns.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        let earned = u128::from(span.0) * u128::from(self.limit) / u128::from(self.period.0);
+        let earned = u128::from(span.get()) * u128::from(self.limit) / u128::from(self.period.get());
         self.capacity.saturating_add(u64::try_from(earned).unwrap_or(u64::MAX))
     }
 
@@ -183,7 +186,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     fn take_all(bucket: &TokenBucket, state: TokenState, now: Nanos) -> TokenState {
         let tokens = bucket.refill(state, now).tokens;
@@ -213,7 +216,7 @@ mod tests {
         let bucket = TokenBucket::new(10, SECOND.times(10), 10);
         let empty = take_all(&bucket, bucket.fresh(T0), T0);
         assert_eq!(empty.tokens, 0);
-        assert_eq!(bucket.refill(empty, T0 + SECOND - Nanos(1)).tokens, 0);
+        assert_eq!(bucket.refill(empty, T0 + SECOND - Nanos::from_nanos(1)).tokens, 0);
         assert_eq!(bucket.refill(empty, T0 + SECOND).tokens, 1);
         assert_eq!(bucket.refill(empty, T0 + SECOND.times(3) + Nanos::from_millis(500)).tokens, 3);
         assert_eq!(bucket.refill(empty, T0 + SECOND.times(60)).tokens, 10);
@@ -238,7 +241,10 @@ mod tests {
         let (denied, _) = bucket.decide(empty, T0, 2);
         assert!(!denied.allowed());
         let wait = denied.retry_after();
-        assert!(!bucket.decide(empty, T0 + wait - Nanos(1), 2).0.allowed(), "one nanosecond early must still deny");
+        assert!(
+            !bucket.decide(empty, T0 + wait - Nanos::from_nanos(1), 2).0.allowed(),
+            "one nanosecond early must still deny"
+        );
         assert!(bucket.decide(empty, T0 + wait, 2).0.allowed(), "at retry_after it must admit");
     }
 
@@ -247,7 +253,7 @@ mod tests {
         let bucket = TokenBucket::new(10, SECOND, 5);
         let (decision, _) = bucket.decide(bucket.fresh(T0), T0, 6);
         assert!(!decision.allowed());
-        assert_eq!(decision.retry_after(), Nanos::MAX);
+        assert_eq!(decision.retry_after(), Nanos::NEVER);
     }
 
     #[test]
@@ -309,7 +315,7 @@ mod tests {
     #[test]
     fn state_round_trips_through_bytes() {
         let bucket = TokenBucket::new(10, SECOND, 10);
-        let state = TokenState { tokens: 7, credited_until: T0 + Nanos(3) };
+        let state = TokenState { tokens: 7, credited_until: T0 + Nanos::from_nanos(3) };
         let mut bytes = [0u8; 16];
         bucket.encode(&state, &mut bytes);
         assert_eq!(bucket.decode(&bytes), Some(state));

@@ -64,8 +64,8 @@ impl WarmUp {
     /// `limit / cold_factor` over `warmup`.
     pub fn new(limit: u64, period: Nanos, burst: u64, warmup: Nanos, cold_factor: u64) -> Self {
         let limit = limit.max(1);
-        let period = Nanos(period.0.max(1));
-        let interval = Nanos(period.0.div_ceil(limit));
+        let period = Nanos::from_nanos(period.get().max(1));
+        let interval = Nanos::from_nanos(period.get().div_ceil(limit));
         let burst = burst.max(1);
         Self {
             limit,
@@ -73,7 +73,7 @@ impl WarmUp {
             interval,
             tolerance: interval.times(burst),
             burst,
-            warmup: Nanos(warmup.0.max(1)),
+            warmup: Nanos::from_nanos(warmup.get().max(1)),
             cold_factor: cold_factor.max(1),
         }
     }
@@ -83,9 +83,9 @@ impl WarmUp {
         if warmth >= self.warmup {
             return self.interval;
         }
-        let (warmup, factor) = (u128::from(self.warmup.0), u128::from(self.cold_factor));
-        let numerator = u128::from(self.period.0) * factor * warmup;
-        let denominator = u128::from(self.limit) * (warmup + (factor - 1) * u128::from(warmth.0));
+        let (warmup, factor) = (u128::from(self.warmup.get()), u128::from(self.cold_factor));
+        let numerator = u128::from(self.period.get()) * factor * warmup;
+        let denominator = u128::from(self.limit) * (warmup + (factor - 1) * u128::from(warmth.get()));
         super::nanos_u128(super::div_ceil_u128(numerator, denominator))
     }
 
@@ -115,7 +115,7 @@ impl WarmUp {
         let Some(room) = (self.tolerance - self.interval).checked_sub(backlog) else {
             return (0, backlog - (self.tolerance - self.interval));
         };
-        let remaining = (room.0 / interval.0).saturating_add(1);
+        let remaining = (room.get() / interval.get()).saturating_add(1);
         let reset = if backlog == Nanos::ZERO {
             Nanos::ZERO
         } else {
@@ -137,16 +137,16 @@ impl Algorithm for WarmUp {
 
     fn decode(&self, bytes: &[u8]) -> Option<WarmState> {
         Some(WarmState {
-            tat: Nanos(super::get_u64(bytes, 0)?),
-            warm_since: Nanos(super::get_u64(bytes, 8)?),
-            backlog_ended: Nanos(super::get_u64(bytes, 16)?),
+            tat: Nanos::from_nanos(super::get_u64(bytes, 0)?),
+            warm_since: Nanos::from_nanos(super::get_u64(bytes, 8)?),
+            backlog_ended: Nanos::from_nanos(super::get_u64(bytes, 16)?),
         })
     }
 
     fn encode(&self, state: &WarmState, out: &mut [u8]) {
-        super::put_u64(out, 0, state.tat.0);
-        super::put_u64(out, 8, state.warm_since.0);
-        super::put_u64(out, 16, state.backlog_ended.0);
+        super::put_u64(out, 0, state.tat.get());
+        super::put_u64(out, 8, state.warm_since.get());
+        super::put_u64(out, 16, state.backlog_ended.get());
     }
 
     fn capacity(&self) -> u64 {
@@ -178,7 +178,7 @@ impl Algorithm for WarmUp {
                 (Decision::admit(remaining, reset), WarmState { tat, warm_since, backlog_ended })
             }
             _ => {
-                let retry_after = room.map_or(Nanos::MAX, |room| backlog - room);
+                let retry_after = room.map_or(Nanos::NEVER, |room| backlog - room);
                 let (remaining, reset) = self.report(state.tat, now, interval);
                 (Decision::deny(remaining, reset, retry_after), state)
             }
@@ -226,7 +226,7 @@ impl Algorithm for WarmUp {
     /// after the start) and the last leaves it at most `tolerance` past the
     /// end, so `units × T ≤ span + burst × T`.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        self.burst.saturating_add(span.0 / self.interval.0)
+        self.burst.saturating_add(span.get() / self.interval.get())
     }
 
     fn batchable(&self) -> bool {
@@ -256,7 +256,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     /// One per second once warm, 10 at once, one per 3 s when cold, warm after a minute.
     fn bucket() -> WarmUp {
@@ -285,7 +285,7 @@ mod tests {
         assert_eq!(bucket.interval_at(SECOND.times(60)), SECOND);
         assert_eq!(bucket.interval_at(SECOND.times(600)), SECOND);
         // Rounded up: 10 s × 3 × 60 s / (10 × (60 s + 2 × 1 ns)) is just under 3 s.
-        assert_eq!(bucket.interval_at(Nanos(1)), SECOND.times(3));
+        assert_eq!(bucket.interval_at(Nanos::from_nanos(1)), SECOND.times(3));
     }
 
     #[test]
@@ -333,13 +333,13 @@ mod tests {
         // Backlog 12 s, room for one more at 9 s.
         assert_eq!(denied.retry_after(), SECOND.times(3));
         assert_eq!((denied.remaining, denied.reset), (0, SECOND.times(3)));
-        assert!(!bucket.decide(state, T0 + SECOND.times(3) - Nanos(1), 1).0.allowed());
+        assert!(!bucket.decide(state, T0 + SECOND.times(3) - Nanos::from_nanos(1), 1).0.allowed());
         let (admitted, _) = bucket.decide(state, T0 + SECOND.times(3), 1);
         assert!(admitted.allowed());
         // Warmth 3 s: interval ⌈10 s × 180 / (10 × 66)⌉ = 2.727… s; backlog 9 s + 2.73 s.
-        assert_eq!(bucket.interval_at(SECOND.times(3)), Nanos(2_727_272_728));
+        assert_eq!(bucket.interval_at(SECOND.times(3)), Nanos::from_nanos(2_727_272_728));
         assert_eq!(admitted.remaining, 0);
-        assert_eq!(bucket.decide(state, T0, 11).0.retry_after(), Nanos::MAX, "more than the burst: never");
+        assert_eq!(bucket.decide(state, T0, 11).0.retry_after(), Nanos::NEVER, "more than the burst: never");
     }
 
     #[test]
@@ -379,7 +379,7 @@ mod tests {
         // 60 s without backlog: cold, exactly like a new bucket.
         let cold_at = state.tat + SECOND.times(60);
         assert!(bucket.is_idle(state, cold_at));
-        assert!(!bucket.is_idle(state, cold_at - Nanos(1)));
+        assert!(!bucket.is_idle(state, cold_at - Nanos::from_nanos(1)));
         assert_eq!(burst(&bucket, &mut state, cold_at, 20), 4);
     }
 

@@ -228,7 +228,7 @@ pub fn read_checks(status: Option<u16>, body: &[u8], items: usize) -> Result<Vec
                 (Code::OverLimit, retry) => {
                     let retry_after = match retry {
                         Some(floodgate_protocol::Retry::After(ms)) => Nanos::from_millis(ms),
-                        Some(floodgate_protocol::Retry::Never) => Nanos::MAX,
+                        Some(floodgate_protocol::Retry::Never) => Nanos::NEVER,
                         None => reset,
                     };
                     Decision::deny(remaining, reset, retry_after)

@@ -48,7 +48,7 @@ impl ModeState {
         let shift = u32::try_from(failures - 1).unwrap_or(u32::MAX).min(32);
         let wait = backoff.first.times(1u64 << shift).min(backoff.max);
         ModeState {
-            failing_since: if self.in_fallback() { self.failing_since } else { now.max(Nanos(1)) },
+            failing_since: if self.in_fallback() { self.failing_since } else { now.max(Nanos::from_nanos(1)) },
             failures,
             next_probe: now + wait,
             probe_until: Nanos::ZERO,
@@ -71,9 +71,12 @@ impl ModeState {
     pub fn decode(bytes: &[u8]) -> ModeState {
         let word = |i: usize| get_u64(bytes, i * 8);
         match (word(0), word(1), word(2), word(3)) {
-            (Some(since), Some(failures), Some(next), Some(probe)) => {
-                ModeState { failing_since: Nanos(since), failures, next_probe: Nanos(next), probe_until: Nanos(probe) }
-            }
+            (Some(since), Some(failures), Some(next), Some(probe)) => ModeState {
+                failing_since: Nanos::from_nanos(since),
+                failures,
+                next_probe: Nanos::from_nanos(next),
+                probe_until: Nanos::from_nanos(probe),
+            },
             _ => ModeState::default(),
         }
     }
@@ -96,8 +99,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
-    const MS: Nanos = Nanos(1_000_000);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const MS: Nanos = Nanos::from_nanos(1_000_000);
 
     fn backoff() -> Backoff {
         Backoff { first: MS.times(100), max: SECOND.times(2), probe_ttl: MS.times(500) }

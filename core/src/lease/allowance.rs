@@ -268,7 +268,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     fn policy(name: &str, limit: u64, fields: &str) -> Arc<dyn Policy> {
         let fields = serde_json::from_str(fields).unwrap();

@@ -180,7 +180,7 @@ pub struct Claim {
 /// The longest a claim that no request waits for is held back to share a
 /// call with others (see [`Claim::send_by`]): a small fraction of any
 /// lease's life, and far below any claim's time to live.
-pub const MAX_BATCH_DELAY: Nanos = Nanos(20_000_000);
+pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 
 /// How a request fared on a pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -428,7 +428,8 @@ impl LeasePool {
     fn due(&self, state: &PoolState, now: Nanos, rate: f64, short: bool) -> Option<(Option<u64>, Nanos)> {
         let per_second = |span: Nanos| rate * span.get() as f64 / SECOND.get() as f64;
         // `as` saturates: no rate means the tokens never run out.
-        let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos((tokens as f64 / rate * 1e9) as u64) };
+        let runs_out =
+            |tokens: u64| if tokens == 0 { now } else { now + Nanos::from_nanos((tokens as f64 / rate * 1e9) as u64) };
         let denied = now < state.denied_until;
         if self.pending(state, now) {
             // The next window's lease is in place: only a gap before its
@@ -684,27 +685,27 @@ impl Algorithm for LeasePool {
         Some(PoolState {
             lease: word(0)?,
             tokens: word(1)?,
-            leased_at: Nanos(word(2)?),
-            expires_at: Nanos(word(3)?),
-            refresh_until: Nanos(word(4)?),
+            leased_at: Nanos::from_nanos(word(2)?),
+            expires_at: Nanos::from_nanos(word(3)?),
+            refresh_until: Nanos::from_nanos(word(4)?),
             spent: word(5)?,
-            rate_since: Nanos(word(6)?),
+            rate_since: Nanos::from_nanos(word(6)?),
             limit: word(7)?,
-            window: Nanos(word(8)?),
+            window: Nanos::from_nanos(word(8)?),
             unleased: word(9)?,
-            reset_at: Nanos(word(10)?),
-            denied_until: Nanos(word(11)?),
-            latency: Nanos(word(12)?),
+            reset_at: Nanos::from_nanos(word(10)?),
+            denied_until: Nanos::from_nanos(word(11)?),
+            latency: Nanos::from_nanos(word(12)?),
             held_lease: word(13)?,
             held_tokens: word(14)?,
-            held_until: Nanos(word(15)?),
-            starts_at: Nanos(word(16)?),
+            held_until: Nanos::from_nanos(word(15)?),
+            starts_at: Nanos::from_nanos(word(16)?),
             window_index: word(17)?,
             allowance: word(18)?,
-            slice: Nanos(word(19)?),
+            slice: Nanos::from_nanos(word(19)?),
             final_index: word(20)?,
-            lag: Nanos(word(21)?),
-            renewal_until: Nanos(word(22)?),
+            lag: Nanos::from_nanos(word(21)?),
+            renewal_until: Nanos::from_nanos(word(22)?),
         })
     }
 
@@ -819,8 +820,8 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
-    const MS: Nanos = Nanos(1_000_000);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const MS: Nanos = Nanos::from_nanos(1_000_000);
 
     /// A claim made at `at` whose call left at once.
     fn sent(at: Nanos) -> (Nanos, Nanos) {
@@ -856,7 +857,7 @@ mod tests {
     }
 
     /// The per-second window starting at `T0`, as the service numbers it.
-    const K: u64 = T0.0 / SECOND.0;
+    const K: u64 = T0.get() / SECOND.get();
 
     /// A grant of window `index` (a per-second fixed window) made at `at`:
     /// valid until that window ends, and for a window after `at`'s, starting
@@ -934,7 +935,7 @@ mod tests {
         assert_eq!((state.lease, state.tokens, state.starts_at), (2, 100, T0 + SECOND + MS.times(3)));
         // Before the boundary only this window's tokens count; the next
         // window's never do, even once these run out.
-        assert_eq!(p.usable(&state, T0 + SECOND - Nanos(1)), 30);
+        assert_eq!(p.usable(&state, T0 + SECOND - Nanos::from_nanos(1)), 30);
         let (mut now, mut taken) = (answered, 0);
         while now < T0 + SECOND {
             let (spend, claim, after) = p.spend(state, now, 1);
@@ -990,7 +991,10 @@ mod tests {
         // The answer arrives 1 ms after the service decided: the lease
         // counts from 1 ms after the window's start.
         let (_, state) = p.apply(claimed, near + MS, sent(near), &windowed_grant(2, 50, K + 1, near));
-        assert!(matches!(p.spend(state, T0 + SECOND - Nanos(1), 1).0, Spend::Denied(_)), "still this window's denial");
+        assert!(
+            matches!(p.spend(state, T0 + SECOND - Nanos::from_nanos(1), 1).0, Spend::Denied(_)),
+            "still this window's denial"
+        );
         // Past the denied window's end a request waits that moment, not denied.
         assert_eq!(p.spend(state, T0 + SECOND, 1).0, Spend::Empty);
         assert!(matches!(p.spend(state, T0 + SECOND + MS, 1).0, Spend::Taken(_)), "served at once");
@@ -1029,7 +1033,7 @@ mod tests {
         // more kept, the other 72 returned.
         assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0), (1, 72)], expired: 0 }));
         assert_eq!(p.unspent(&state, at), [(1, 27), (2, 70)], "a configuration going away returns both");
-        assert!(!p.is_idle(state, T0 + SECOND - Nanos(1)), "tokens ahead are not nothing");
+        assert!(!p.is_idle(state, T0 + SECOND - Nanos::from_nanos(1)), "tokens ahead are not nothing");
         // An undo of a unit taken before the next window started goes back
         // to the held tokens it came from, never to the lease ahead.
         let (_, _, spent) = p.spend(state, at + MS, 1);
@@ -1268,7 +1272,7 @@ mod tests {
             // of latency, 1 ms of rounding) to its end.
             let from = if window == 0 { T0 + MS.times(2) } else { start + MS.times(3) };
             if window > 0 {
-                let (spend, claim, _) = p.spend(state, from - Nanos(1), 1);
+                let (spend, claim, _) = p.spend(state, from - Nanos::from_nanos(1), 1);
                 assert_eq!(spend, Spend::Empty, "window {window}: not before it surely started");
                 assert_eq!(claim, None, "a gap of a few ms waits for the window, it does not ask");
             }
@@ -1371,7 +1375,7 @@ mod tests {
         // The next window: the allowance's 2 again, from its start as the
         // allowance's own call placed it (the top-up's latency, 1 ms, is not
         // the allowance's 2 ms); the top-up ended with its window.
-        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3) - Nanos(1), 1);
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3) - Nanos::from_nanos(1), 1);
         assert_eq!(spend, Spend::Empty, "not before the window surely started");
         let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3), 2);
         assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");

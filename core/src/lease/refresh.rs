@@ -17,7 +17,7 @@ use crate::time::{Nanos, SECOND};
 pub const MAX_WANTED: u64 = 1_000_000_000;
 
 /// The least time a refresh is assumed to take, however fast the last ones were.
-pub const MIN_LATENCY: Nanos = Nanos(5_000_000);
+pub const MIN_LATENCY: Nanos = Nanos::from_nanos(5_000_000);
 
 /// The shortest time a rate is averaged over (or the horizon, if shorter):
 /// long enough that a few requests just after a refresh do not look like a
@@ -48,7 +48,7 @@ impl RefreshPolicy {
     /// shorter), so that a few requests just after a refresh do not look
     /// like a flood.
     pub fn rate(&self, spent: u64, since: Nanos, now: Nanos) -> f64 {
-        let window = (now - since).max(self.horizon.min(RATE_FLOOR)).max(Nanos(1));
+        let window = (now - since).max(self.horizon.min(RATE_FLOOR)).max(Nanos::from_nanos(1));
         spent as f64 * SECOND.get() as f64 / window.get() as f64
     }
 
@@ -62,14 +62,14 @@ impl RefreshPolicy {
     pub fn few_requests(rate: f64) -> Nanos {
         let few_requests = if rate > 0.0 { THIN_REQUESTS / rate } else { 0.0 };
         // `as` saturates: a rate near zero makes it "forever" (callers cap it).
-        Nanos((few_requests * SECOND.get() as f64) as u64)
+        Nanos::from_nanos((few_requests * SECOND.get() as f64) as u64)
     }
 
     /// Whether a pool should be refreshed at `now`: it holds `usable`
     /// tokens, its lease is valid from `leased_at` to `expires_at`, it is
     /// spent at `rate`, and refreshes have been taking `latency`.
     pub fn due(&self, usable: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        let quarter = Nanos((expires_at - leased_at).get() / 4);
+        let quarter = Nanos::from_nanos((expires_at - leased_at).get() / 4);
         let lead = self.turnaround(latency).max(Self::few_requests(rate).min(quarter));
         let runs_dry_soon = usable as f64 <= rate * lead.get() as f64 / SECOND.get() as f64;
         usable == 0 || runs_dry_soon || self.expires_soon(leased_at, expires_at, rate, latency, now)
@@ -97,7 +97,7 @@ impl RefreshPolicy {
     /// Whether `now` is within the margin before `expires_at`, at most
     /// `1 / part` of the lease's life (see [`RefreshPolicy::expires_soon`]).
     fn within(&self, part: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        let share = Nanos((expires_at - leased_at).get() / part);
+        let share = Nanos::from_nanos((expires_at - leased_at).get() / part);
         let margin = share.min(self.lead.max(Self::few_requests(rate)));
         expires_at - now <= margin.max(self.turnaround(latency))
     }
@@ -145,7 +145,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos(1_700_000_000 * SECOND.0);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
 
     fn policy() -> RefreshPolicy {
         RefreshPolicy { lead: Nanos::from_millis(300), horizon: SECOND }

@@ -103,7 +103,7 @@ pub fn paced_until(
         return paced_until;
     }
     let span = (u128::from(granted) * u128::from(horizon.get())).div_ceil(u128::from(remaining));
-    paced_until.max(now) + Nanos(u64::try_from(span).unwrap_or(u64::MAX))
+    paced_until.max(now) + Nanos::from_nanos(u64::try_from(span).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -116,15 +116,30 @@ mod tests {
 
     // The cases read in plain nanoseconds.
     fn target(wanted: u64, rate: Option<f64>, usable: u64, capacity: u64) -> u64 {
-        lease_target(wanted, rate, Nanos(usable), capacity)
+        lease_target(wanted, rate, Nanos::from_nanos(usable), capacity)
     }
 
     fn cap(remaining: u64, capacity: u64, horizon: u64, ttl: u64, paced: u64, now: u64) -> u64 {
-        grant_cap(remaining, capacity, Nanos(horizon), Nanos(ttl), Nanos(paced), Nanos(now))
+        grant_cap(
+            remaining,
+            capacity,
+            Nanos::from_nanos(horizon),
+            Nanos::from_nanos(ttl),
+            Nanos::from_nanos(paced),
+            Nanos::from_nanos(now),
+        )
     }
 
     fn pace(granted: u64, remaining: u64, capacity: u64, horizon: u64, paced: u64, now: u64) -> u64 {
-        paced_until(granted, remaining, capacity, Nanos(horizon), Nanos(paced), Nanos(now)).get()
+        paced_until(
+            granted,
+            remaining,
+            capacity,
+            Nanos::from_nanos(horizon),
+            Nanos::from_nanos(paced),
+            Nanos::from_nanos(now),
+        )
+        .get()
     }
 
     #[test]

@@ -225,8 +225,8 @@ mod tests {
         let limiter = build(&json, &store);
         let mut tally = Tally::default();
         // T0 is 20 s into its minute and 1h windows are aligned to the hour.
-        let window_end = Nanos((T0.get() / (3600 * SECOND.0) + 1) * 3600 * SECOND.0);
-        let just_before = window_end - Nanos(1);
+        let window_end = Nanos::from_nanos((T0.get() / (3600 * SECOND.get()) + 1) * 3600 * SECOND.get());
+        let just_before = window_end - Nanos::from_nanos(1);
         assert!(admitted(&limiter, &store, just_before, &[("x-api-key", "a")], &mut tally));
         let reserve =
             *limiter.rules()[0].reserves.borrow_mut().get_mut(limiter_fingerprint(&limiter, "a")).expect("kept");

@@ -333,7 +333,7 @@ mod tests {
         let mut tally = Tally::default();
         let burst = (0..5).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(burst, 3);
-        assert!(!admitted(&limiter, &store, T0 + SECOND - Nanos(1), &[("x-api-key", "a")], &mut tally));
+        assert!(!admitted(&limiter, &store, T0 + SECOND - Nanos::from_nanos(1), &[("x-api-key", "a")], &mut tally));
         assert!(admitted(&limiter, &store, T0 + SECOND, &[("x-api-key", "a")], &mut tally));
         assert!(!admitted(&limiter, &store, T0 + SECOND, &[("x-api-key", "a")], &mut tally));
     }
@@ -536,7 +536,7 @@ mod tests {
         // b and c are never released (their VM crashed): both are reclaimed
         // 40 s after their epoch began, and leave the gauge then.
         drop((b, c));
-        assert!(!check(T0 + SECOND.times(40) - Nanos(1), &mut tally).0.allowed());
+        assert!(!check(T0 + SECOND.times(40) - Nanos::from_nanos(1), &mut tally).0.allowed());
         let (reclaimed, _) = check(T0 + SECOND.times(40), &mut tally);
         assert!(reclaimed.allowed());
         assert_eq!(tally.in_flight[&1], 1, "two reclaimed, one taken");

@@ -174,13 +174,13 @@ mod tests {
         let [refresh] = verdict.refreshes.as_slice() else { panic!("one claim: {:?}", verdict.refreshes) };
         assert_eq!(refresh.descriptor, vec![("api_key".to_string(), "alice".to_string())]);
         // A second request before the answer waits too, without a second claim.
-        let (again, _) = limiter.check(&store, T0 + Nanos(1), &mut request(&limiter, alice), &mut tally);
+        let (again, _) = limiter.check(&store, T0 + Nanos::from_nanos(1), &mut request(&limiter, alice), &mut tally);
         assert_eq!((again.admission, again.refreshes.len()), (Admission::Pending, 0));
         assert_eq!(
             limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 3), &mut tally),
             Some(Applied::Replaced(Leftover::default()))
         );
-        let ok = (0..5).filter(|_| admitted(&limiter, &store, T0 + Nanos(2), alice, &mut tally)).count();
+        let ok = (0..5).filter(|_| admitted(&limiter, &store, T0 + Nanos::from_nanos(2), alice, &mut tally)).count();
         assert_eq!(ok, 3, "exactly the granted tokens, then pending again");
         assert_eq!(tally.rules[&(0, "allowed")], 3);
     }

@@ -123,7 +123,7 @@ mod tests {
             units,
             taken_at: Nanos::ZERO,
             granted: units + 1,
-            until: Nanos(until),
+            until: Nanos::from_nanos(until),
             decision: Decision::admit(10, Nanos::ZERO),
         }
     }
@@ -131,10 +131,10 @@ mod tests {
     #[test]
     fn a_reserve_is_spent_while_it_has_units_and_time() {
         let mut r = reserve(1, 3, 100);
-        assert_eq!(r.spend(Nanos(10), 2), Some(Decision::admit(11, Nanos::ZERO)));
-        assert_eq!(r.spend(Nanos(10), 2), None, "one left");
-        assert_eq!(r.spend(Nanos(100), 1), None, "ended");
-        assert_eq!(r.spend(Nanos(99), 1), Some(Decision::admit(10, Nanos::ZERO)));
+        assert_eq!(r.spend(Nanos::from_nanos(10), 2), Some(Decision::admit(11, Nanos::ZERO)));
+        assert_eq!(r.spend(Nanos::from_nanos(10), 2), None, "one left");
+        assert_eq!(r.spend(Nanos::from_nanos(100), 1), None, "ended");
+        assert_eq!(r.spend(Nanos::from_nanos(99), 1), Some(Decision::admit(10, Nanos::ZERO)));
     }
 
     #[test]
@@ -147,7 +147,7 @@ mod tests {
         assert_eq!(reserves.insert(reserve(999, 1, 5000)).map(|r| r.fingerprint), Some(last));
         assert!(reserves.get_mut(999).is_some() && reserves.get_mut(last).is_none());
         let mut ended = Vec::new();
-        reserves.take_ended(Nanos(1000 - 3), false, &mut ended);
+        reserves.take_ended(Nanos::from_nanos(1000 - 3), false, &mut ended);
         assert_eq!(ended.len(), RESERVES_PER_RULE - 4, "those ending by then");
         reserves.take_ended(Nanos::ZERO, true, &mut ended);
         assert!(reserves.is_empty());

@@ -246,7 +246,7 @@ mod tests {
     use floodgate_core::lease::pool::{Claim, MAX_BATCH_DELAY};
     use floodgate_core::time::SECOND;
 
-    const T0: Nanos = Nanos(1_700_000_000_000_000_000);
+    const T0: Nanos = Nanos::from_nanos(1_700_000_000_000_000_000);
 
     #[test]
     fn returns_are_batched_and_nothing_is_sent_twice() {
@@ -279,12 +279,12 @@ mod tests {
     fn refreshes_no_request_waits_for_are_held_back_to_share_a_call() {
         let mut callouts = Callouts::default();
         let later = T0 + MAX_BATCH_DELAY;
-        callouts.refresh([refresh(1, later), refresh(2, T0 + Nanos(5))], T0);
+        callouts.refresh([refresh(1, later), refresh(2, T0 + Nanos::from_nanos(5))], T0);
         callouts.give_back(9, 3, T0);
         assert!(!callouts.has_outgoing(T0), "nothing waits for them yet");
         assert!(callouts.take_outgoing(T0).is_empty());
-        assert_eq!(callouts.hold_until(), Some(T0 + Nanos(5)));
-        assert!(callouts.has_outgoing(T0 + Nanos(5)), "the first one's time has come");
+        assert_eq!(callouts.hold_until(), Some(T0 + Nanos::from_nanos(5)));
+        assert!(callouts.has_outgoing(T0 + Nanos::from_nanos(5)), "the first one's time has come");
         // A refresh a request waits for leaves at once, and takes the others along.
         callouts.refresh([refresh(3, T0)], T0);
         assert!(callouts.has_outgoing(T0));
@@ -311,12 +311,12 @@ mod tests {
             let early = refresh(lease, not_before + SECOND.halved());
             Refresh { claim: Claim { not_before, ..early.claim }, ..early }
         };
-        callouts.refresh([renewal(1, T0 + Nanos(5)), renewal(2, round), renewal(3, T0)], T0);
+        callouts.refresh([renewal(1, T0 + Nanos::from_nanos(5)), renewal(2, round), renewal(3, T0)], T0);
         assert_eq!(callouts.hold_until(), Some(T0 + SECOND.halved()));
         // A refresh a request waits for leaves at once with the renewals
         // whose time has come; the others stay for their round.
-        callouts.refresh([refresh(4, T0)], T0 + Nanos(10));
-        let out = callouts.take_outgoing(T0 + Nanos(10));
+        callouts.refresh([refresh(4, T0)], T0 + Nanos::from_nanos(10));
+        let out = callouts.take_outgoing(T0 + Nanos::from_nanos(10));
         let Outgoing::Leases(leases) = &out[0] else { panic!("{out:?}") };
         assert_eq!(leases.iter().map(|r| r.lease).collect::<Vec<_>>(), vec![4, 1, 3]);
         assert_eq!(callouts.hold_until(), Some(round + SECOND.halved()));

@@ -248,7 +248,7 @@ impl Plugin {
 fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
     let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
     let body = (!call.body.is_empty()).then_some(call.body.as_slice());
-    let timeout = Duration::from_nanos(timeout.get()).max(Duration::from_millis(1));
+    let timeout = Duration::from(timeout).max(Duration::from_millis(1));
     hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout)
         .map_err(|status| format!("Envoy refused the call to cluster {cluster:?} ({status:?})"))
 }

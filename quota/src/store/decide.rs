@@ -76,7 +76,7 @@ impl Stored {
                 _ => return None,
             };
             let booking = match has_booking {
-                true => Some(Booking { starts: Nanos(word(rest, len + 8)?), units: word(rest, len + 16)? }),
+                true => Some(Booking { starts: Nanos::from_nanos(word(rest, len + 8)?), units: word(rest, len + 16)? }),
                 false => None,
             };
             let allowances = match has_allowances {
@@ -89,7 +89,7 @@ impl Stored {
                 }
                 false => None,
             };
-            let paced_until = Nanos(word(rest, len)?);
+            let paced_until = Nanos::from_nanos(word(rest, len)?);
             readable(first).then(|| Stored { state: rest[..len].to_vec(), paced_until, booking, allowances })
         });
         let mut bucket = found.unwrap_or_else(|| {
@@ -525,9 +525,9 @@ impl LeaseRecord {
             limit: limit.ok()?,
             window: word(2)?,
             granted: word(3)?,
-            granted_at: Nanos(word(4)?),
-            valid_until: Nanos(word(5)?),
-            expires_at: Nanos(word(6)?),
+            granted_at: Nanos::from_nanos(word(4)?),
+            valid_until: Nanos::from_nanos(word(5)?),
+            expires_at: Nanos::from_nanos(word(6)?),
             windows: if words == 9 { word(7)? } else { 0 },
             returned,
             given_back: if words == 9 { word(8)? } else { 0 },
@@ -618,7 +618,7 @@ mod tests {
     use floodgate_core::algorithm::ALGORITHMS;
     use floodgate_core::time::SECOND;
 
-    const NOW: Nanos = Nanos(1_700_002_800 * SECOND.get());
+    const NOW: Nanos = Nanos::from_nanos(1_700_002_800 * SECOND.get());
 
     fn limit(algorithm: &str, limit: u64, period: Nanos, fields: &str) -> Limit {
         Limit::new(algorithm, limit, period, fields).unwrap()
@@ -637,14 +637,14 @@ mod tests {
                 window: 42,
                 windows: 30,
                 granted: 3,
-                granted_at: NOW - Nanos(5),
+                granted_at: NOW - Nanos::from_nanos(5),
                 returned: true,
                 given_back: 2,
-                valid_until: NOW + Nanos(1),
-                expires_at: NOW + Nanos(2),
+                valid_until: NOW + Nanos::from_nanos(1),
+                expires_at: NOW + Nanos::from_nanos(2),
             };
             assert_eq!(LeaseRecord::decode(&record.encode()), Some(record.clone()));
-            assert_eq!(LeaseRecord::live(Some(&record.encode()), NOW + Nanos(2)), None, "expired");
+            assert_eq!(LeaseRecord::live(Some(&record.encode()), NOW + Nanos::from_nanos(2)), None, "expired");
             assert_eq!(LeaseRecord::decode(&record.encode()[..20]), None);
             let mut untagged = record.encode();
             untagged[0] = UNTAGGED;
@@ -667,15 +667,15 @@ mod tests {
         let (_, next) = check(&bucket, None, NOW, 4);
         assert!(next.idle_at > NOW);
         assert_eq!(next.bytes.len(), 1 + 16 + 8, "the tag, the state, then the pace");
-        assert!(check(&bucket, Some(&next.bytes), next.idle_at - Nanos(1), 0).0.remaining < 10);
+        assert!(check(&bucket, Some(&next.bytes), next.idle_at - Nanos::from_nanos(1), 0).0.remaining < 10);
         assert_eq!(check(&bucket, Some(&next.bytes), next.idle_at, 0).0.remaining, 10);
         let window = limit("fixed_window", 7, SECOND.times(60), "{}");
-        let (_, next) = check(&window, None, NOW + Nanos(5), 1);
+        let (_, next) = check(&window, None, NOW + Nanos::from_nanos(5), 1);
         assert_eq!(next.idle_at, NOW + SECOND.times(60));
         assert_eq!(check(&window, None, NOW, 0).1.idle_at, NOW, "an unused window is idle now");
         // Weighted sliding window: the count weighs until the next window ends.
         let sliding = limit("sliding_window", 7, SECOND.times(60), "{}");
-        let (_, next) = check(&sliding, None, NOW + Nanos(5), 1);
+        let (_, next) = check(&sliding, None, NOW + Nanos::from_nanos(5), 1);
         assert_eq!(next.idle_at, NOW + SECOND.times(120));
     }
 
@@ -686,11 +686,11 @@ mod tests {
                 serde_json::from_str(registration.example).unwrap();
             fields.remove("period");
             let limit = limit(registration.name, 5, SECOND.times(60), &serde_json::Value::Object(fields).to_string());
-            let (_, next) = check(&limit, None, NOW + Nanos(5), 1);
+            let (_, next) = check(&limit, None, NOW + Nanos::from_nanos(5), 1);
             let state = &next.bytes[1..=limit.policy().state_len()];
             let name = registration.name;
-            assert!(next.idle_at > NOW + Nanos(5), "{name}");
-            assert!(!limit.policy().is_idle(state, next.idle_at - Nanos(1)), "{name}");
+            assert!(next.idle_at > NOW + Nanos::from_nanos(5), "{name}");
+            assert!(!limit.policy().is_idle(state, next.idle_at - Nanos::from_nanos(1)), "{name}");
             assert!(limit.policy().is_idle(state, next.idle_at), "{name}");
         }
     }
@@ -742,7 +742,7 @@ mod tests {
         assert_eq!(peek(&window, Some(&leased.next.bytes), SECOND.times(last + 1)).remaining, 100);
         assert!(leased.next.idle_at >= SECOND.times(last + 1), "kept while reserved");
         // Renewed from its last window: the next term, ahead.
-        let at = SECOND.times(last) + Nanos(500_000_000);
+        let at = SECOND.times(last) + Nanos::from_nanos(500_000_000);
         let renewed = lease(&window, key, Some(&leased.next.bytes), at, (10, Some(2.0), Some(last + 1), true), SECOND);
         assert_eq!((renewed.window, renewed.starts_at), (last + 1, SECOND.times(last + 1)));
         assert!(renewed.windows >= 15);
@@ -810,7 +810,7 @@ mod tests {
     fn an_allowance_fits_the_next_window_beside_what_leases_ahead_booked_there() {
         let window = limit("fixed_window", 80, SECOND, "{}");
         let key = "k";
-        let late = NOW + Nanos(900_000_000);
+        let late = NOW + Nanos::from_nanos(900_000_000);
         let next = NOW.get() / SECOND.get() + 1;
         // Leases ahead book most of the next window.
         let mut stored: Option<Vec<u8>> = None;
@@ -851,7 +851,7 @@ mod tests {
         let mut now = NOW;
         let mut allowances = 0;
         for _ in 0..20_000 {
-            now = now + Nanos(random(40) * 1_000_000);
+            now = now + Nanos::from_nanos(random(40) * 1_000_000);
             let index = now.get() / SECOND.get();
             match random(10) {
                 0..=2 => {

@@ -146,7 +146,7 @@ pub struct LeaseReturn {
 }
 
 /// The result of a check: whether the costs were taken, and each bucket's
-/// decision (the core's: `retry_after` is `Nanos::MAX` for never).
+/// decision (the core's: `retry_after` is `Nanos::NEVER` for never).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckOutcome {
     /// True when every non-shadow bucket admitted and the costs were taken.

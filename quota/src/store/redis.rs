@@ -297,7 +297,7 @@ impl Clocks {
     /// Redis's time now, as last seen plus the time passed here since.
     fn estimate(&self, tag: &str) -> Option<Nanos> {
         let (time, at) = *lock(&self.by_tag).get(tag)?;
-        Some(time + Nanos(u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX)))
+        Some(time + Nanos::from(at.elapsed()))
     }
 
     fn seen(&self, tag: &str, time: Nanos, at: Instant) {
