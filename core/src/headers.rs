@@ -161,9 +161,9 @@ mod tests {
     }
 
     fn headers(config: &Config, allowed: bool, decision: Decision) -> Vec<(&'static str, String)> {
-        let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
+        let rule = RuleHeaders::new(config.settings.response.headers, &config.rules[0]);
         let mut out = HeaderBlock::default();
-        render(&config.response, allowed, Some((&rule, decision, None)), &mut out);
+        render(&config.settings.response, allowed, Some((&rule, decision, None)), &mut out);
         out.iter().map(|(n, v)| (n, v.to_string())).collect()
     }
 
@@ -211,23 +211,23 @@ mod tests {
     fn a_failure_denial_has_no_numbers_to_report() {
         let config = config("{}");
         let mut out = HeaderBlock::default();
-        render(&config.response, false, None, &mut out);
+        render(&config.settings.response, false, None, &mut out);
         assert_eq!(out.iter().collect::<Vec<_>>(), vec![("x-envoy-ratelimited", "true")]);
     }
 
     #[test]
     fn a_block_is_reused_cleanly() {
         let config = config("{}");
-        let rule = RuleHeaders::new(config.response.headers, &config.rules[0]);
+        let rule = RuleHeaders::new(config.settings.response.headers, &config.rules[0]);
         let mut block = HeaderBlock::default();
         render(
-            &config.response,
+            &config.settings.response,
             false,
             Some((&rule, decision(false, 0, SECOND.get(), SECOND.get()), None)),
             &mut block,
         );
         assert_eq!(block.iter().count(), 4);
-        render(&config.response, true, Some((&rule, decision(true, 5, 0, 0), None)), &mut block);
+        render(&config.settings.response, true, Some((&rule, decision(true, 5, 0, 0), None)), &mut block);
         let fields: Vec<_> = block.iter().collect();
         assert_eq!(fields, vec![("ratelimit-policy", "\"per-key\";q=100;w=60"), ("ratelimit", "\"per-key\";r=5;t=0")]);
     }

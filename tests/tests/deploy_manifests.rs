@@ -110,7 +110,7 @@ fn every_shipped_global_section_names_the_quota_service_of_quota_yaml() {
     let mut checked = 0;
     for path in yaml_files("deploy/istio") {
         for (name, parsed) in parse_wasm_plugins(&path) {
-            let Some(global) = parsed.unwrap().global else { continue };
+            let Some(global) = parsed.unwrap().settings.global else { continue };
             let at = format!("{}: WasmPlugin {name}", path.display());
             assert_eq!(global.cluster, format!("outbound|{port}||{host}"), "{at}: global.cluster");
             assert_eq!(global.authority, format!("{host}:{port}"), "{at}: global.authority");

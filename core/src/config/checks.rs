@@ -119,6 +119,6 @@ mod tests {
                "cost_from_header": {"header_name": "x-cost", "max": 1}}]}"#,
         )
         .unwrap();
-        assert_eq!(config.header_names, vec!["x-key".to_string(), "x-cost".to_string()]);
+        assert_eq!(config.settings.header_names, vec!["x-key".to_string(), "x-cost".to_string()]);
     }
 }

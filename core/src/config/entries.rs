@@ -251,7 +251,7 @@ mod tests {
         let route_metadata = rule.request_match.route_metadata.as_ref().unwrap();
         assert_eq!(route_metadata.value, MetadataValueMatch::String(StringMatch::Prefix(b"go".to_vec())));
         assert!(!route_metadata.invert);
-        assert_eq!(config.header_names, vec![":path".to_string()]);
+        assert_eq!(config.settings.header_names, vec![":path".to_string()]);
         assert_eq!(
             rule.descriptors[0],
             DescriptorEntry::Metadata {

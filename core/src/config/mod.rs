@@ -66,11 +66,19 @@ pub enum FailureMode {
     Deny,
 }
 
-/// A validated plugin configuration.
+/// A validated plugin configuration: its rules, and the settings every
+/// rule shares.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The rules, in order. Every rule that applies must allow a request.
     pub rules: Vec<Rule>,
+    /// What every rule shares.
+    pub settings: Settings,
+}
+
+/// The plugin-wide settings: what the limiter keeps as they are.
+#[derive(Debug, Clone)]
+pub struct Settings {
     /// The limited response.
     pub response: Response,
     /// Shadow mode for every rule.
@@ -116,8 +124,7 @@ impl Config {
         let global = raw.global.map(RawService::validate).transpose()?;
         let mut headers = Headers::default();
         let rules = validate_rules(raw.rules, default_max_keys, global.as_ref(), &mut headers)?;
-        Ok(Config {
-            rules,
+        let settings = Settings {
             response,
             shadow_mode: raw.shadow_mode,
             failure_mode: raw.failure_mode,
@@ -125,7 +132,8 @@ impl Config {
             max_delayed_per_worker,
             global,
             header_names: headers.names,
-        })
+        };
+        Ok(Config { rules, settings })
     }
 }
 
@@ -181,9 +189,9 @@ mod tests {
         assert_eq!(rule.quota(), Quota { limit: 100, window: Some(SECOND.times(60)) });
         assert_eq!(rule.policy().capacity(), 20);
         assert_eq!(rule.table.capacity(), 65_536);
-        assert_eq!(config.header_names, vec![":path".to_string(), "x-api-key".to_string()]);
-        assert_eq!(config.failure_mode, FailureMode::Allow);
-        assert_eq!(config.max_cas_retries, DEFAULT_CAS_RETRIES);
+        assert_eq!(config.settings.header_names, vec![":path".to_string(), "x-api-key".to_string()]);
+        assert_eq!(config.settings.failure_mode, FailureMode::Allow);
+        assert_eq!(config.settings.max_cas_retries, DEFAULT_CAS_RETRIES);
     }
 
     #[test]
@@ -194,8 +202,8 @@ mod tests {
         assert_eq!(rule.policy().capacity(), 5);
         assert_eq!(rule.cost, Cost::Fixed(1));
         assert_eq!(rule.table.capacity(), 4, "a constant descriptor needs one bucket (one group)");
-        assert_eq!(config.response.status, 429);
-        assert_eq!(config.response.headers, HeaderStyle::Ietf);
+        assert_eq!(config.settings.response.status, 429);
+        assert_eq!(config.settings.response.headers, HeaderStyle::Ietf);
         let leaky =
             Config::parse(br#"{"rules": [{"name": "r", "algorithm": "leaky_bucket", "limit": 5, "period": "1s"}]}"#)
                 .unwrap();

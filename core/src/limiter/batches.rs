@@ -35,26 +35,27 @@ impl<H> Pass<'_, H> {
         let table = &compiled.rule.table;
         let policy = table.policy();
         let group = table.group_of(fingerprint);
-        let result = compiled.on_group(self.store, Bucket::Main, group, self.limiter.max_cas_retries, |stored| {
-            table.update(stored, fingerprint, now, |slot| {
-                let mut changed = false;
-                if let Some(old) = old.filter(|old| old.units > 0) {
-                    let (grant, why) = old.unspent();
-                    changed |= policy.release(slot, now, grant, why);
-                }
-                let decision = policy.decide(slot, now, cost);
-                let mut ahead = 0;
-                if decision.admission == Admission::Now {
-                    changed = true;
-                    let wanted = batch.saturating_sub(cost).min(decision.remaining);
-                    if wanted > 0 && policy.decide(slot, now, wanted).allowed() {
-                        ahead = wanted;
+        let result =
+            compiled.on_group(self.store, Bucket::Main, group, self.limiter.settings.max_cas_retries, |stored| {
+                table.update(stored, fingerprint, now, |slot| {
+                    let mut changed = false;
+                    if let Some(old) = old.filter(|old| old.units > 0) {
+                        let (grant, why) = old.unspent();
+                        changed |= policy.release(slot, now, grant, why);
                     }
-                }
-                let window_end = policy.counting_window(slot, now).map(|window| window.end);
-                ((decision, ahead, window_end), changed)
-            })
-        });
+                    let decision = policy.decide(slot, now, cost);
+                    let mut ahead = 0;
+                    if decision.admission == Admission::Now {
+                        changed = true;
+                        let wanted = batch.saturating_sub(cost).min(decision.remaining);
+                        if wanted > 0 && policy.decide(slot, now, wanted).allowed() {
+                            ahead = wanted;
+                        }
+                    }
+                    let window_end = policy.counting_window(slot, now).map(|window| window.end);
+                    ((decision, ahead, window_end), changed)
+                })
+            });
         let Some((decision, ahead, window_end)) = self.limiter.slot_of(compiled, result, self.counters) else {
             // Nothing was written: the old reserve is still this worker's.
             if let Some(evicted) = old.and_then(|old| compiled.reserves.borrow_mut().insert(old)) {
@@ -109,7 +110,7 @@ impl<H> Limiter<H> {
         let table = &compiled.rule.table;
         let (grant, why) = reserve.unspent();
         let group = table.group_of(reserve.fingerprint);
-        let result = compiled.on_group(store, Bucket::Main, group, self.max_cas_retries, |stored| {
+        let result = compiled.on_group(store, Bucket::Main, group, self.settings.max_cas_retries, |stored| {
             table.release(stored, reserve.fingerprint, now, grant, why)
         });
         let _ = self.count_loop(result, counters);

@@ -88,8 +88,8 @@ impl<H> Limiter<H> {
                 Some(outcome)
             }
             Err(LoopError::RetriesExhausted) => {
-                if self.max_cas_retries > 0 {
-                    counters.store(StoreEvent::CasRetries, u64::from(self.max_cas_retries));
+                if self.settings.max_cas_retries > 0 {
+                    counters.store(StoreEvent::CasRetries, u64::from(self.settings.max_cas_retries));
                 }
                 counters.store(StoreEvent::RetriesExhausted, 1);
                 None

@@ -124,7 +124,7 @@ impl<H> Limiter<H> {
                 continue;
             }
             let group = table.group_of(held.fingerprint);
-            let result = compiled.on_group(store, held.bucket, group, self.max_cas_retries, |stored| {
+            let result = compiled.on_group(store, held.bucket, group, self.settings.max_cas_retries, |stored| {
                 table.release(stored, held.fingerprint, now, held.grant, why)
             });
             if let Some(change) = self.count_loop(result, counters).filter(|change| *change != 0) {
@@ -207,9 +207,10 @@ impl<H> Pass<'_, H> {
         let Some(table) = target.compiled.table(bucket) else { return Ruling::local(None, bucket) };
         let (fingerprint, now, cost) = (target.fingerprint, self.now, target.cost);
         let group = table.group_of(fingerprint);
-        let result = target.compiled.on_group(self.store, bucket, group, self.limiter.max_cas_retries, |stored| {
-            table.decide(stored, fingerprint, now, cost)
-        });
+        let result =
+            target.compiled.on_group(self.store, bucket, group, self.limiter.settings.max_cas_retries, |stored| {
+                table.decide(stored, fingerprint, now, cost)
+            });
         Ruling::local(self.limiter.slot_of(target.compiled, result, self.counters), bucket)
     }
 }

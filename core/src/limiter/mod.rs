@@ -53,7 +53,7 @@ pub use counting::{Counters, RequestEvent, RuleEvent, StoreEvent};
 pub use rule::CompiledRule;
 pub use verdict::{CanWait, Permit, Report, Verdict};
 
-use crate::config::{Config, FailureMode, Response};
+use crate::config::{Config, Response, Settings};
 use crate::global::fallback::ModeState;
 use crate::global::settings::QuotaService;
 use crate::headers::{HeaderBlock, RuleHeaders};
@@ -73,14 +73,8 @@ pub const SHARED_DATA_ENTRY_OVERHEAD: u64 = 128;
 #[derive(Debug)]
 pub struct Limiter<H = ()> {
     rules: Vec<CompiledRule<H>>,
-    response: Response,
-    shadow_mode: bool,
-    failure_mode: FailureMode,
-    max_cas_retries: u32,
-    max_delayed_per_worker: u32,
-    header_names: Vec<String>,
+    settings: Settings,
     hash_key: (u64, u64),
-    service: Option<QuotaService>,
 }
 
 impl<H> Limiter<H> {
@@ -101,35 +95,16 @@ impl<H> Limiter<H> {
         store.create_if_absent(SEED_KEY, &entropy)?;
         let seed = store.get(SEED_KEY)?.map(|(v, _)| v).unwrap_or_default();
         let word = |at: usize| crate::algorithm::get_u64(&seed, at).unwrap_or(0);
-        let Config {
-            rules,
-            response,
-            shadow_mode,
-            failure_mode,
-            max_cas_retries,
-            max_delayed_per_worker,
-            global: service,
-            header_names,
-        } = config;
+        let Config { rules, settings } = config;
         let rules = rules
             .into_iter()
             .map(|rule| {
-                let headers = RuleHeaders::new(response.headers, &rule);
+                let headers = RuleHeaders::new(settings.response.headers, &rule);
                 let host = host_data(&rule);
                 CompiledRule::new(rule, host, headers)
             })
             .collect();
-        let limiter = Limiter {
-            rules,
-            response,
-            shadow_mode,
-            failure_mode,
-            max_cas_retries,
-            max_delayed_per_worker,
-            header_names,
-            hash_key: (word(0), word(8)),
-            service,
-        };
+        let limiter = Limiter { rules, settings, hash_key: (word(0), word(8)) };
         for compiled in &limiter.rules {
             compiled.create_tables(store)?;
             if compiled.rule.global.is_some() {
@@ -149,23 +124,23 @@ impl<H> Limiter<H> {
 
     /// The limited response.
     pub fn response(&self) -> &Response {
-        &self.response
+        &self.settings.response
     }
 
     /// The quota service global rules ask, if any rule is global.
     pub fn quota_service(&self) -> Option<&QuotaService> {
-        self.service.as_ref()
+        self.settings.global.as_ref()
     }
 
     /// Most requests one worker keeps waiting for a shaper at once.
     pub fn max_delayed_per_worker(&self) -> u32 {
-        self.max_delayed_per_worker
+        self.settings.max_delayed_per_worker
     }
 
     /// The request headers rules read, indexed by
     /// [`crate::descriptor::HeaderId`]; lower case.
     pub fn header_names(&self) -> &[String] {
-        &self.header_names
+        &self.settings.header_names
     }
 
     /// The most host memory a rule's buckets can take, in bytes.
@@ -186,7 +161,7 @@ impl<H> Limiter<H> {
     pub fn render_headers(&self, verdict: &Verdict, out: &mut HeaderBlock) {
         let rule = verdict.report.and_then(|report| Some((self.rules.get(report.rule)?, report)));
         crate::headers::render(
-            &self.response,
+            &self.settings.response,
             verdict.allowed(),
             rule.map(|(r, report)| (&r.headers, report.decision, report.quota)),
             out,
@@ -195,7 +170,7 @@ impl<H> Limiter<H> {
 
     /// Whether rule `compiled` counts but never enforces.
     fn in_shadow(&self, compiled: &CompiledRule<H>) -> bool {
-        compiled.rule.shadow_mode || self.shadow_mode
+        compiled.rule.shadow_mode || self.settings.shadow_mode
     }
 }
 

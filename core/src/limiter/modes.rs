@@ -63,7 +63,7 @@ impl<H> Limiter<H> {
         if compiled.write_mode_key(&mut key).is_err() {
             return false;
         }
-        let result = measure_and_replace(store, key.as_str(), self.max_cas_retries, |bytes| {
+        let result = measure_and_replace(store, key.as_str(), self.settings.max_cas_retries, |bytes| {
             let mode = ModeState::decode(&bytes);
             match change(mode) {
                 Some(next) => Step::Write(next.encode().to_vec(), Some(next)),

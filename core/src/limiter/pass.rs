@@ -87,7 +87,7 @@ impl<'a, H> Pass<'a, H> {
         };
         let Some(decision) = decision else {
             self.verdict.failed = true;
-            if self.limiter.failure_mode == FailureMode::Deny && !target.shadow {
+            if self.limiter.settings.failure_mode == FailureMode::Deny && !target.shadow {
                 return self.end(Admission::Denied { retry_after: Nanos::ZERO }, None);
             }
             return ControlFlow::Continue(());

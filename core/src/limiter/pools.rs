@@ -25,16 +25,17 @@ impl<H> Pass<'_, H> {
         let (fingerprint, now, cost) = (target.fingerprint, self.now, target.cost);
         let table = &compiled.rule.table;
         let group = table.group_of(fingerprint);
-        let result = compiled.on_group(self.store, Bucket::Main, group, self.limiter.max_cas_retries, |stored| {
-            table.update(stored, fingerprint, now, |slot| {
-                let state: PoolState = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
-                let (spend, claim, after) = pool.spend(state, now, cost);
-                let changed = after != state;
-                pool.encode(&after, slot);
-                let quota = (after.limit > 0).then_some(Quota { limit: after.limit, window: Some(after.window) });
-                ((spend, claim, quota), changed)
-            })
-        });
+        let result =
+            compiled.on_group(self.store, Bucket::Main, group, self.limiter.settings.max_cas_retries, |stored| {
+                table.update(stored, fingerprint, now, |slot| {
+                    let state: PoolState = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
+                    let (spend, claim, after) = pool.spend(state, now, cost);
+                    let changed = after != state;
+                    pool.encode(&after, slot);
+                    let quota = (after.limit > 0).then_some(Quota { limit: after.limit, window: Some(after.window) });
+                    ((spend, claim, quota), changed)
+                })
+            });
         let Some((spend, claim, quota)) = self.limiter.slot_of(compiled, result, self.counters) else {
             return Ruling::local(None, Bucket::Main);
         };
@@ -70,7 +71,7 @@ impl<H> Limiter<H> {
     ) -> Option<Applied> {
         let compiled = self.rules.get(refresh.rule)?;
         let pool = self.pool_of(compiled)?;
-        let result = compiled.on_group(store, Bucket::Main, refresh.group, self.max_cas_retries, |group| {
+        let result = compiled.on_group(store, Bucket::Main, refresh.group, self.settings.max_cas_retries, |group| {
             compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
                 let state = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
                 let (applied, after) = pool.apply(state, now, (refresh.claim.started, refresh.sent), grant);
@@ -86,7 +87,7 @@ impl<H> Limiter<H> {
     pub fn abandon_lease(&self, store: &dyn Store, now: Nanos, refresh: &Refresh, counters: &mut dyn Counters<H>) {
         let Some(compiled) = self.rules.get(refresh.rule) else { return };
         let Some(pool) = self.pool_of(compiled) else { return };
-        let result = compiled.on_group(store, Bucket::Main, refresh.group, self.max_cas_retries, |group| {
+        let result = compiled.on_group(store, Bucket::Main, refresh.group, self.settings.max_cas_retries, |group| {
             compiled.rule.table.update(group, refresh.fingerprint, now, |slot| {
                 let Some(after) = pool.decode(slot).and_then(|state| pool.abandon(state, &refresh.claim)) else {
                     return ((), false);
@@ -110,7 +111,7 @@ impl<H> Limiter<H> {
             let table = &compiled.rule.table;
             for group in 0..table.groups() {
                 let mut here = Vec::new();
-                let result = compiled.on_group(store, Bucket::Main, group, self.max_cas_retries, |stored| {
+                let result = compiled.on_group(store, Bucket::Main, group, self.settings.max_cas_retries, |stored| {
                     // Decided again after a lost race: start the list over.
                     here.clear();
                     table.update_every(stored, |slot| {
@@ -135,13 +136,13 @@ impl<H> Limiter<H> {
     /// What a request that waited out an empty pool is told: try again once
     /// a refresh could have answered.
     pub(super) fn refill_retry(&self) -> Nanos {
-        self.service.as_ref().map_or(SECOND, |s| s.timeout.max(Nanos::from_millis(1)))
+        self.settings.global.as_ref().map_or(SECOND, |s| s.timeout.max(Nanos::from_millis(1)))
     }
 
     /// The pools' arithmetic, if `compiled` is a global rule.
     fn pool_of(&self, compiled: &CompiledRule<H>) -> Option<LeasePool> {
         compiled.rule.global.as_ref()?;
-        Some(self.service.as_ref()?.pool())
+        Some(self.settings.global.as_ref()?.pool())
     }
 
     /// A lease id unique to this claim: the pool, the claim's instant, keyed
