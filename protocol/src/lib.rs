@@ -63,23 +63,33 @@ pub enum Code {
     NoRule,
 }
 
-/// The answer for one descriptor of a check.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
-pub struct CheckStatus {
-    /// The outcome.
-    pub code: Code,
-    /// Units per window (absent for `unlimited` and `no_rule`).
+/// A limit's numbers, as a check's status and a lease's grant report them
+/// (each field absent for `unlimited` and `no_rule`). On the wire they are
+/// fields of the status or grant itself.
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct LimitReport {
+    /// Units per window.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub limit: Option<u64>,
     /// The rule's period in ms (the `w` of `RateLimit-Policy`).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window_ms: Option<u64>,
-    /// Units left after this request.
+    /// Units left.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub remaining: Option<u64>,
     /// Milliseconds until more quota is available (0 when full).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub reset_ms: Option<u64>,
+}
+
+/// The answer for one descriptor of a check.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct CheckStatus {
+    /// The outcome.
+    pub code: Code,
+    /// The limit's numbers after this request.
+    #[serde(flatten)]
+    pub report: LimitReport,
     /// With `over_limit`: milliseconds after which the same request would be
     /// admitted; `null` when it never can be (hits above the capacity).
     #[serde(skip_serializing_if = "Option::is_none", default, deserialize_with = "present_retry")]
@@ -176,18 +186,10 @@ pub struct LeaseGrant {
     /// count in a window that starts then. 0 (absent) for tokens usable now.
     #[serde(skip_serializing_if = "is_zero", default)]
     pub starts_ms: u64,
-    /// Units per window.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub limit: Option<u64>,
-    /// The rule's period in ms.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub window_ms: Option<u64>,
-    /// Units left for everyone after this grant.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub remaining: Option<u64>,
-    /// Milliseconds until more quota is available.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub reset_ms: Option<u64>,
+    /// The limit's numbers after this grant (`remaining`: left unleased
+    /// for everyone).
+    #[serde(flatten)]
+    pub report: LimitReport,
     /// Identifies the window the tokens belong to (0 for a token bucket).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub window: Option<u64>,
@@ -315,6 +317,25 @@ mod tests {
         assert_eq!(serde_json::from_str::<CheckResponse>(&text).unwrap(), denied);
         let allowed: CheckResponse = serde_json::from_str(r#"{"allowed":true,"results":[]}"#).unwrap();
         assert_eq!(allowed.retry_after_ms, None);
+    }
+
+    /// A status's and a grant's numbers are their own fields on the wire
+    /// ([`LimitReport`] is flattened into each), absent when unknown; a
+    /// status's `null` retry still reads as never.
+    #[test]
+    fn a_limits_numbers_are_fields_of_the_status_and_the_grant() {
+        let text =
+            r#"{"code":"over_limit","limit":10,"window_ms":1000,"remaining":0,"reset_ms":250,"retry_after_ms":null}"#;
+        let status: CheckStatus = serde_json::from_str(text).unwrap();
+        let report = LimitReport { limit: Some(10), window_ms: Some(1000), remaining: Some(0), reset_ms: Some(250) };
+        assert_eq!(status.report, report);
+        assert_eq!(status.retry_after_ms, Some(Retry::Never));
+        let back: serde_json::Value = serde_json::from_str(&serde_json::to_string(&status).unwrap()).unwrap();
+        assert_eq!(back, serde_json::from_str::<serde_json::Value>(text).unwrap());
+
+        let grant: LeaseGrant = serde_json::from_str(r#"{"code":"no_rule","granted":5,"valid_ms":1000}"#).unwrap();
+        assert_eq!(grant.report, LimitReport::default());
+        assert_eq!(serde_json::to_string(&grant).unwrap(), r#"{"code":"no_rule","granted":5,"valid_ms":1000}"#);
     }
 
     #[test]

@@ -167,7 +167,7 @@ fn saturate(value: u64) -> u32 {
 }
 
 fn to_status(result: &CheckStatus) -> DescriptorStatus {
-    match (result.code, result.limit) {
+    match (result.code, result.report.limit) {
         // As envoyproxy/ratelimit: unlimited reports everything remaining,
         // no rule reports nothing; neither has a current limit.
         (Code::Unlimited, _) => {
@@ -180,10 +180,10 @@ fn to_status(result: &CheckStatus) -> DescriptorStatus {
             current_limit: Some(RateLimit {
                 name: String::new(),
                 requests_per_unit: saturate(limit),
-                unit: unit_of(result.window_ms.unwrap_or(0)) as i32,
+                unit: unit_of(result.report.window_ms.unwrap_or(0)) as i32,
             }),
-            limit_remaining: saturate(result.remaining.unwrap_or(0)),
-            duration_until_reset: result.reset_ms.map(|ms| ProtoDuration {
+            limit_remaining: saturate(result.report.remaining.unwrap_or(0)),
+            duration_until_reset: result.report.reset_ms.map(|ms| ProtoDuration {
                 seconds: i64::try_from(ms / 1_000).unwrap_or(i64::MAX),
                 // Below 10⁹ by construction.
                 nanos: i32::try_from((ms % 1_000) * 1_000_000).unwrap_or(0),

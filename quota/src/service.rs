@@ -9,7 +9,7 @@ use std::time::Instant;
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{
     check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
-    LeaseResponse, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_LEASES, MAX_UNITS,
+    LeaseResponse, LimitReport, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_LEASES, MAX_UNITS,
 };
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
@@ -191,10 +191,7 @@ impl Service {
                     self.count(&domain.name, "check", if code == Code::Unlimited { "unlimited" } else { "no_rule" });
                     results.push(CheckStatus {
                         code,
-                        limit: None,
-                        window_ms: None,
-                        remaining: None,
-                        reset_ms: None,
+                        report: LimitReport::default(),
                         retry_after_ms: None,
                         shadow_over_limit: false,
                     });
@@ -234,10 +231,12 @@ impl Service {
             );
             results.push(CheckStatus {
                 code,
-                limit: Some(item.limit.limit()),
-                window_ms: Some(item.limit.period().ceil_millis()),
-                remaining: Some(decision.remaining),
-                reset_ms: Some(decision.reset.ceil_millis()),
+                report: LimitReport {
+                    limit: Some(item.limit.limit()),
+                    window_ms: Some(item.limit.period().ceil_millis()),
+                    remaining: Some(decision.remaining),
+                    reset_ms: Some(decision.reset.ceil_millis()),
+                },
                 retry_after_ms,
                 shadow_over_limit,
             });
@@ -312,10 +311,7 @@ impl Service {
                         granted: lease.wanted,
                         valid_ms: ttl.ceil_millis(),
                         starts_ms: 0,
-                        limit: None,
-                        window_ms: None,
-                        remaining: None,
-                        reset_ms: None,
+                        report: LimitReport::default(),
                         window: None,
                         windows: 0,
                         shadow: false,
@@ -338,10 +334,12 @@ impl Service {
                         valid_ms: grant.valid.floor_millis(),
                         // Rounded up: never before the window they belong to starts.
                         starts_ms: grant.starts.ceil_millis(),
-                        limit: Some(limit.limit()),
-                        window_ms: Some(limit.period().ceil_millis()),
-                        remaining: Some(grant.remaining),
-                        reset_ms: Some(grant.reset.ceil_millis()),
+                        report: LimitReport {
+                            limit: Some(limit.limit()),
+                            window_ms: Some(limit.period().ceil_millis()),
+                            remaining: Some(grant.remaining),
+                            reset_ms: Some(grant.reset.ceil_millis()),
+                        },
                         window: Some(grant.window),
                         windows: grant.windows,
                         shadow,

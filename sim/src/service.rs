@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use floodgate_core::time::Nanos;
-use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, ReturnRequest, ReturnResponse};
+use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport, ReturnRequest, ReturnResponse};
 use floodgate_quota::store::decide::{self, LeaseRecord};
 use floodgate_quota::store::{lease_key, Next, LEASE_RECORD_MARGIN};
 
@@ -126,10 +126,12 @@ impl Service {
                 granted,
                 valid_ms: valid.floor_millis(),
                 starts_ms: starts.ceil_millis(),
-                limit: Some(key.rule.limit()),
-                window_ms: Some(key.rule.period().ceil_millis()),
-                remaining: Some(decision.remaining),
-                reset_ms: Some(decision.reset.ceil_millis()),
+                report: LimitReport {
+                    limit: Some(key.rule.limit()),
+                    window_ms: Some(key.rule.period().ceil_millis()),
+                    remaining: Some(decision.remaining),
+                    reset_ms: Some(decision.reset.ceil_millis()),
+                },
                 window: Some(window),
                 windows,
                 shadow: false,

@@ -188,11 +188,11 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
         .iter()
         .zip(refreshes)
         .map(|(grant, refresh)| {
-            let window = Nanos::from_millis(grant.window_ms.unwrap_or(0));
+            let window = Nanos::from_millis(grant.report.window_ms.unwrap_or(0));
             let (granted, unleased) = match grant.code {
                 // Not limited: as much as was asked, for as long as granted.
                 Code::Unlimited | Code::NoRule => (refresh.claim.wanted, 0),
-                Code::Ok | Code::OverLimit => (grant.granted, grant.remaining.unwrap_or(0)),
+                Code::Ok | Code::OverLimit => (grant.granted, grant.report.remaining.unwrap_or(0)),
             };
             GrantedLease {
                 lease: refresh.lease,
@@ -201,10 +201,10 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 starts: Nanos::from_millis(grant.starts_ms),
                 index: grant.window.unwrap_or(0),
                 windows: grant.windows,
-                limit: grant.limit.unwrap_or(0),
+                limit: grant.report.limit.unwrap_or(0),
                 window,
                 unleased,
-                reset: Nanos::from_millis(grant.reset_ms.unwrap_or(0)),
+                reset: Nanos::from_millis(grant.report.reset_ms.unwrap_or(0)),
             }
         })
         .collect())
@@ -221,9 +221,12 @@ pub fn read_checks(status: Option<u16>, body: &[u8], items: usize) -> Result<Vec
         .results
         .iter()
         .map(|result| {
-            let remaining = result.remaining.unwrap_or(0);
-            let reset = Nanos::from_millis(result.reset_ms.unwrap_or(0));
-            let quota = result.limit.map(|limit| Quota { limit, window: result.window_ms.map(Nanos::from_millis) });
+            let remaining = result.report.remaining.unwrap_or(0);
+            let reset = Nanos::from_millis(result.report.reset_ms.unwrap_or(0));
+            let quota = result
+                .report
+                .limit
+                .map(|limit| Quota { limit, window: result.report.window_ms.map(Nanos::from_millis) });
             let decision = match (result.code, result.retry_after_ms) {
                 (Code::OverLimit, retry) => {
                     let retry_after = match retry {
