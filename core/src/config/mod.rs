@@ -73,12 +73,12 @@ pub struct Config {
     /// The rules, in order. Every rule that applies must allow a request.
     pub rules: Vec<Rule>,
     /// What every rule shares.
-    pub settings: Settings,
+    pub settings: PluginSettings,
 }
 
 /// The plugin-wide settings: what the limiter keeps as they are.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct PluginSettings {
     /// The limited response.
     pub response: Response,
     /// Shadow mode for every rule.
@@ -124,7 +124,7 @@ impl Config {
         let global = raw.global.map(RawService::validate).transpose()?;
         let mut headers = Headers::default();
         let rules = validate_rules(raw.rules, default_max_keys, global.as_ref(), &mut headers)?;
-        let settings = Settings {
+        let settings = PluginSettings {
             response,
             shadow_mode: raw.shadow_mode,
             failure_mode: raw.failure_mode,

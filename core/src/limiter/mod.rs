@@ -53,7 +53,7 @@ pub use counting::{Counters, RequestEvent, RuleEvent, StoreEvent};
 pub use rule::CompiledRule;
 pub use verdict::{CanWait, Permit, Report, Verdict};
 
-use crate::config::{Config, Response, Settings};
+use crate::config::{Config, PluginSettings, Response};
 use crate::global::fallback::ModeState;
 use crate::global::settings::QuotaService;
 use crate::headers::{HeaderBlock, RuleHeaders};
@@ -73,7 +73,7 @@ pub const SHARED_DATA_ENTRY_OVERHEAD: u64 = 128;
 #[derive(Debug)]
 pub struct Limiter<H = ()> {
     rules: Vec<CompiledRule<H>>,
-    settings: Settings,
+    settings: PluginSettings,
     hash_key: (u64, u64),
 }
 
