@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::envoy::{Envoy, EnvoyBucket, Filters};
 use crate::load::{closed_loop, LoadResult};
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
 
 /// The accuracy bucket: 100 per 10 s, burst 100.
@@ -45,7 +45,7 @@ fn limiters() -> [Limiter; 2] {
 
 /// One accuracy case on a fresh Envoy: the load's result and the connections
 /// each worker accepted during it.
-fn accuracy_case(s: &Settings, limiter: &Limiter, keys: usize) -> (LoadResult, Vec<u64>) {
+fn accuracy_case(s: &BenchSettings, limiter: &Limiter, keys: usize) -> (LoadResult, Vec<u64>) {
     let envoy = Envoy::start(&format!("acc-{}-{keys}", limiter.name), &limiter.filters, &s.paths);
     let before = envoy.worker_connections();
     // Connection c starts at key c and steps through the keys, so every key
@@ -59,7 +59,7 @@ fn accuracy_case(s: &Settings, limiter: &Limiter, keys: usize) -> (LoadResult, V
     (result, per_worker)
 }
 
-pub fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+pub fn accuracy(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let _ = writeln!(
         out,
         "\n## Accuracy under load\n\nOne bucket per key: {ACC_LIMIT} per {ACC_PERIOD_S} s, burst {ACC_LIMIT}. \
@@ -90,7 +90,7 @@ pub fn accuracy(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value
 
 /// One case's row and warnings; returns the case for the JSON file.
 fn report_case(
-    s: &Settings,
+    s: &BenchSettings,
     out: &mut String,
     limiter: &Limiter,
     keys: usize,

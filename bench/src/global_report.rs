@@ -9,19 +9,19 @@ use serde_json::{json, Value};
 use crate::callouts::CalloutCounts;
 use crate::load::WrkResult;
 use crate::results::{against_reference, columns, Results, VariantResult};
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 use crate::stats::ms;
-use crate::targets::Table;
+use crate::targets::ReportTable;
 use crate::verdicts;
 
 /// The table, its targets and its warnings. Returns the rows' summary for
 /// the JSON file (null when no global-mode variant ran) and the targets'.
-pub fn report(out: &mut String, s: &Settings, results: &Results) -> (Value, Vec<Value>) {
+pub fn report(out: &mut String, s: &BenchSettings, results: &Results) -> (Value, Vec<Value>) {
     let global: Vec<&VariantResult> = results.0.iter().filter(|r| r.variant.service.counts_callouts()).collect();
     if global.is_empty() {
         return (Value::Null, Vec::new());
     }
-    let columns = columns(Table::Global);
+    let columns = columns(ReportTable::Global);
     let _ = writeln!(
         out,
         "\n### Global mode\n\nFloodgate's global rules asking floodgate-quota (memory store, HTTP API, the limit in its \
@@ -42,7 +42,8 @@ pub fn report(out: &mut String, s: &Settings, results: &Results) -> (Value, Vec<
         writeln!(out, "|---|---:|---:|---:|{}---:|---:|---:|---:|---:|---:|---:|---:|", "---:|".repeat(columns.len()));
     let summary: Vec<Value> = global.iter().map(|r| row(out, results, r, &columns)).collect();
     let variants: Vec<_> = global.iter().map(|r| r.variant).collect();
-    let targets = verdicts::report(out, Table::Global, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
+    let targets =
+        verdicts::report(out, ReportTable::Global, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
     for r in &global {
         if r.callouts.iter().any(|c| c.fallback > 0) {
             let _ = writeln!(

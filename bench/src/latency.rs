@@ -11,9 +11,9 @@ use floodgate_e2e::Conn;
 use serde_json::{json, Value};
 
 use crate::rig::Rig;
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 use crate::stats::{load_average, median, ms, per_round, percentile, ratio};
-use crate::targets::{Metric, Table};
+use crate::targets::{ReportTable, RoundFigure};
 use crate::variants::Variant;
 use crate::verdicts;
 
@@ -89,7 +89,7 @@ impl Series {
     }
 }
 
-pub fn latency(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+pub fn latency(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let variants: Vec<&Variant> = s.selected().into_iter().filter(|v| v.latency).collect();
     let _ = writeln!(out, "\n## Latency on one connection\n");
     if variants.is_empty() {
@@ -121,11 +121,11 @@ pub fn latency(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>
         load_averages.push(load_average());
     }
     let rows = table(s, out, &series, &load_averages);
-    let figures = |id: &str, metric: Metric| {
+    let figures = |id: &str, metric: RoundFigure| {
         let one = series.iter().find(|one| one.variant.id == id)?;
-        (metric == Metric::LatencyP50).then(|| one.per_round(|r| r.p50_us))
+        (metric == RoundFigure::LatencyP50).then(|| one.per_round(|r| r.p50_us))
     };
-    let targets = verdicts::report(out, Table::Latency, &variants, &s.paths.quota_unit, &figures);
+    let targets = verdicts::report(out, ReportTable::Latency, &variants, &s.paths.quota_unit, &figures);
     raw.insert(
         "latency".into(),
         json!({
@@ -136,7 +136,7 @@ pub fn latency(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>
 }
 
 /// The table; returns its rows for the JSON file.
-fn table(s: &Settings, out: &mut String, series: &[Series], load_averages: &[f64]) -> Vec<Value> {
+fn table(s: &BenchSettings, out: &mut String, series: &[Series], load_averages: &[f64]) -> Vec<Value> {
     let (load_min, load_max) = crate::stats::spread(load_averages);
     let _ = writeln!(
         out,

@@ -6,7 +6,7 @@
 //! asserts nothing about time.
 //!
 //! Run it through `make -f bench/bench.mk filter-bench` (or `filter-bench-quick`);
-//! the environment variables it reads are listed in [`Settings::from_env`].
+//! the environment variables it reads are listed in [`BenchSettings::from_env`].
 //! What it measures is the table in [`variants`].
 
 // A benchmark binary: a failed set-up step should stop the run loudly.
@@ -34,7 +34,7 @@ use std::fmt::Write as _;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use settings::Settings;
+use settings::BenchSettings;
 
 fn shell(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
@@ -62,7 +62,7 @@ fn machine() -> Value {
 }
 
 /// Stops the run before anything starts when a module it loads is missing.
-fn check_modules(s: &Settings) {
+fn check_modules(s: &BenchSettings) {
     let probing = s.runs("throughput") && s.selected().iter().any(|v| v.probe);
     let mut modules = vec![&s.paths.floodgate_wasm, &s.paths.noop_wasm];
     if probing {
@@ -78,7 +78,7 @@ fn check_modules(s: &Settings) {
 }
 
 /// The run's heading: when, where, which Envoy and settings.
-fn heading(s: &Settings, out: &mut String, date: &str, machine: &Value, envoy_version: &str) {
+fn heading(s: &BenchSettings, out: &mut String, date: &str, machine: &Value, envoy_version: &str) {
     let _ = writeln!(out, "# Floodgate benchmark\n");
     let _ = writeln!(out, "- date: {date}");
     let _ = writeln!(
@@ -101,7 +101,7 @@ fn heading(s: &Settings, out: &mut String, date: &str, machine: &Value, envoy_ve
 
 /// A part of the run: it measures, appends its tables to the output and its
 /// raw numbers to the JSON.
-type Part = fn(&Settings, &mut String, &mut BTreeMap<String, Value>);
+type Part = fn(&BenchSettings, &mut String, &mut BTreeMap<String, Value>);
 
 /// The parts, in the order they run (`BENCH_PARTS` picks them by name).
 const PARTS: [(&str, Part); 4] = [
@@ -113,7 +113,7 @@ const PARTS: [(&str, Part); 4] = [
 
 fn main() {
     envoy::stop_envoys_on_panic();
-    let s = Settings::from_env(&PARTS.map(|(name, _)| name));
+    let s = BenchSettings::from_env(&PARTS.map(|(name, _)| name));
     check_modules(&s);
     let date = shell("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]);
     let machine = machine();

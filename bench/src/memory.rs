@@ -9,7 +9,7 @@ use serde_json::{json, Value};
 
 use crate::envoy::{Envoy, Filters};
 use crate::load::{closed_loop, LoadResult};
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
 
 /// The memory rule's name and table size.
@@ -34,7 +34,7 @@ struct MemoryRun {
 
 /// Reads `/memory` once Envoy is configured and idle, sends `memory_keys`
 /// requests with distinct keys, and reads it again.
-fn memory_run(s: &Settings, envoy: &Envoy) -> MemoryRun {
+fn memory_run(s: &BenchSettings, envoy: &Envoy) -> MemoryRun {
     // A second for start-up allocations to settle before the first reading.
     std::thread::sleep(Duration::from_secs(1));
     let before = envoy.memory();
@@ -72,7 +72,7 @@ fn diff(a: u64, b: u64) -> i64 {
     a as i64 - b as i64
 }
 
-pub fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+pub fn memory(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let filters = |max_keys: u64| Filters::Floodgate(plugin_config(max_keys));
     // The control is the same module, rule and load with the smallest table
     // (max_keys 4: one group): the difference between the two Envoys is the
@@ -111,7 +111,7 @@ pub fn memory(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>)
 }
 
 /// The heading and the table of both Envoys' readings.
-fn table(s: &Settings, out: &mut String, control: &MemoryRun, fg: &MemoryRun, bound: u64) {
+fn table(s: &BenchSettings, out: &mut String, control: &MemoryRun, fg: &MemoryRun, bound: u64) {
     let r = &fg.load;
     let _ = writeln!(
         out,
@@ -141,7 +141,7 @@ fn table(s: &Settings, out: &mut String, control: &MemoryRun, fg: &MemoryRun, bo
 
 /// The table's size against the README's bound, the responses and the counters.
 fn summary(
-    s: &Settings,
+    s: &BenchSettings,
     out: &mut String,
     control: &MemoryRun,
     fg: &MemoryRun,

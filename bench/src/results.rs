@@ -4,7 +4,7 @@
 use crate::callouts::CalloutCounts;
 use crate::load::WrkResult;
 use crate::stats::{median, per_round, ratio};
-use crate::targets::{Metric, Table};
+use crate::targets::{ReportTable, RoundFigure};
 use crate::variants::{Variant, VARIANTS};
 
 /// One variant's rounds.
@@ -50,20 +50,22 @@ impl Results {
     }
 
     /// The per-round figures the targets judge.
-    pub fn figures(&self, id: &str, metric: Metric) -> Option<Vec<f64>> {
+    pub fn figures(&self, id: &str, metric: RoundFigure) -> Option<Vec<f64>> {
         let r = self.get(id)?;
         match metric {
-            Metric::Rps => Some(r.per_round(WrkResult::rps)),
-            Metric::P99 => Some(r.per_round(|w| w.p99_us as f64)),
-            Metric::CalloutsSteady => Some(r.callouts_second_half.iter().map(CalloutCounts::per_request).collect()),
-            Metric::WaitedSteady => Some(r.callouts_second_half.iter().map(CalloutCounts::waited_share).collect()),
-            Metric::LatencyP50 => None,
+            RoundFigure::Rps => Some(r.per_round(WrkResult::rps)),
+            RoundFigure::P99 => Some(r.per_round(|w| w.p99_us as f64)),
+            RoundFigure::CalloutsSteady => {
+                Some(r.callouts_second_half.iter().map(CalloutCounts::per_request).collect())
+            }
+            RoundFigure::WaitedSteady => Some(r.callouts_second_half.iter().map(CalloutCounts::waited_share).collect()),
+            RoundFigure::LatencyP50 => None,
         }
     }
 }
 
 /// The variants whose req/s are ratio columns of `table`.
-pub fn columns(table: Table) -> Vec<&'static str> {
+pub fn columns(table: ReportTable) -> Vec<&'static str> {
     VARIANTS.iter().filter(|v| v.column_of.contains(&table)).map(|v| v.id).collect()
 }
 

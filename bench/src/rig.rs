@@ -3,8 +3,8 @@
 //! variant needs them. All live until the rig is dropped.
 
 use crate::envoy::{Envoy, Filters, QuotaProcess};
-use crate::settings::Settings;
-use crate::variants::{Ports, Service, Variant, LONG_LEASE};
+use crate::settings::BenchSettings;
+use crate::variants::{Ports, QuotaBackend, Variant, LONG_LEASE};
 
 /// The Envoys of a part's variants and what they ask.
 pub struct Rig {
@@ -21,13 +21,13 @@ impl Rig {
     /// `<prefix>-<id>`), and waits until all are ready. All Envoys start up
     /// front: an idle Envoy costs no CPU, and alternating them round by round
     /// spreads any drift in the machine over all variants.
-    pub fn start(s: &Settings, prefix: &str, variants: &[&Variant]) -> Rig {
+    pub fn start(s: &BenchSettings, prefix: &str, variants: &[&Variant]) -> Rig {
         let needs = |f: &dyn Fn(&Variant) -> bool| variants.iter().any(|v| f(v));
         let upstream =
             needs(&|v| v.proxied).then(|| Envoy::start(&format!("{prefix}-upstream"), &Filters::None, &s.paths));
-        let quota = needs(&|v| matches!(v.service, Service::Rls | Service::Leases))
+        let quota = needs(&|v| matches!(v.service, QuotaBackend::Rls | QuotaBackend::Leases))
             .then(|| QuotaProcess::start(&s.paths, &format!("{prefix}-quota"), &[]));
-        let long_lease = needs(&|v| v.service == Service::LongLeases).then(|| {
+        let long_lease = needs(&|v| v.service == QuotaBackend::LongLeases).then(|| {
             QuotaProcess::start(&s.paths, &format!("{prefix}-quota-long-lease"), &["--lease-ttl", LONG_LEASE])
         });
         let ports = Ports {
@@ -51,9 +51,9 @@ impl Rig {
     /// counted on, for Floodgate's global-mode variants.
     pub fn callout_service(&self, variant: &Variant) -> Option<&QuotaProcess> {
         match variant.service {
-            Service::Leases => self.quota.as_ref(),
-            Service::LongLeases => self.long_lease.as_ref(),
-            Service::None | Service::Rls => None,
+            QuotaBackend::Leases => self.quota.as_ref(),
+            QuotaBackend::LongLeases => self.long_lease.as_ref(),
+            QuotaBackend::None | QuotaBackend::Rls => None,
         }
     }
 }

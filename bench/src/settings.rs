@@ -8,7 +8,7 @@ use crate::variants::{self, Variant, VARIANTS};
 
 /// Everything a run can be told through the environment.
 #[derive(Clone, Debug)]
-pub struct Settings {
+pub struct BenchSettings {
     pub paths: Paths,
     pub wrk: WrkSettings,
     /// Throughput and latency rounds (each runs every variant once).
@@ -66,7 +66,7 @@ fn check_names(name: &str, given: &[String], known: &[&str]) {
     assert!(unknown.is_empty(), "{name} names {unknown:?}, which are not among {known:?}");
 }
 
-impl Settings {
+impl BenchSettings {
     /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `PROBE_WASM`,
     /// `QUOTA_BIN`, `WRK_BIN`, `BENCH_ROUNDS` (5), `BENCH_DURATION` (5 s),
     /// `BENCH_WARMUP` (2 s), `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2),
@@ -76,7 +76,7 @@ impl Settings {
     /// `BENCH_QUOTA_UNIT` (`second`), `BENCH_PARTS` (all of `parts`),
     /// `BENCH_VARIANTS` (the rows marked `default`) and `BENCH_RESULTS_DIR`
     /// (`bench/results`). Relative paths are taken from the repository root.
-    pub fn from_env(parts: &[&str]) -> Settings {
+    pub fn from_env(parts: &[&str]) -> BenchSettings {
         let root = repo_root();
         let path = |var: &str, default: &str| {
             let p = PathBuf::from(string_or(var, default));
@@ -88,7 +88,7 @@ impl Settings {
         };
         let scratch = std::env::temp_dir().join(format!("floodgate-bench-{}", std::process::id()));
         std::fs::create_dir_all(&scratch).unwrap();
-        let settings = Settings {
+        let settings = BenchSettings {
             paths: Paths {
                 envoy: string_or("ENVOY_BIN", "envoy"),
                 floodgate_wasm: path("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm"),

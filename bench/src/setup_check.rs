@@ -6,12 +6,12 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use crate::envoy::{Envoy, EnvoyBucket, Filters};
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 
 /// Checks, before measuring anything, that variant (b)'s configuration really
 /// limits per key: with a bucket of 3 per minute, key A gets 3 of 5 and key B
 /// still gets both of its 2.
-pub fn check_envoy_local(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+pub fn check_envoy_local(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let filters = Filters::EnvoyLocal(EnvoyBucket { max_tokens: 3, tokens_per_fill: 3, fill_interval: "60s" });
     let envoy = Envoy::start("check-envoy-local", &filters, &s.paths);
     let mut statuses = Vec::new();

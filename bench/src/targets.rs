@@ -6,7 +6,7 @@ use crate::stats::{median, per_round};
 
 /// The tables of the report: each prints the targets that belong to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Table {
+pub enum ReportTable {
     /// Every throughput variant.
     Throughput,
     /// Floodgate's global-mode variants beside their local references.
@@ -17,7 +17,7 @@ pub enum Table {
 
 /// A per-round figure of one variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
+pub enum RoundFigure {
     /// wrk's requests per second.
     Rps,
     /// wrk's 99th percentile latency.
@@ -32,23 +32,23 @@ pub enum Metric {
     LatencyP50,
 }
 
-impl Metric {
+impl RoundFigure {
     fn name(self) -> &'static str {
         match self {
-            Metric::Rps => "req/s",
-            Metric::P99 => "p99 under load",
-            Metric::CalloutsSteady => "callouts per request at steady load (second halves)",
-            Metric::WaitedSteady => "requests that waited for a refresh at steady load (second halves)",
-            Metric::LatencyP50 => "p50 on one connection",
+            RoundFigure::Rps => "req/s",
+            RoundFigure::P99 => "p99 under load",
+            RoundFigure::CalloutsSteady => "callouts per request at steady load (second halves)",
+            RoundFigure::WaitedSteady => "requests that waited for a refresh at steady load (second halves)",
+            RoundFigure::LatencyP50 => "p50 on one connection",
         }
     }
 
     /// The table whose figures this metric comes from.
-    fn table(self) -> Table {
+    fn table(self) -> ReportTable {
         match self {
-            Metric::Rps | Metric::P99 => Table::Throughput,
-            Metric::CalloutsSteady | Metric::WaitedSteady => Table::Global,
-            Metric::LatencyP50 => Table::Latency,
+            RoundFigure::Rps | RoundFigure::P99 => ReportTable::Throughput,
+            RoundFigure::CalloutsSteady | RoundFigure::WaitedSteady => ReportTable::Global,
+            RoundFigure::LatencyP50 => ReportTable::Latency,
         }
     }
 }
@@ -57,11 +57,11 @@ impl Metric {
 #[derive(Clone, Copy, Debug)]
 pub enum Measure {
     /// The variant's own figure.
-    Value(Metric),
+    Value(RoundFigure),
     /// The variant's figure ÷ `against`'s, round by round.
     Ratio {
         /// What is compared.
-        metric: Metric,
+        metric: RoundFigure,
         /// The other variant's id.
         against: &'static str,
     },
@@ -103,7 +103,7 @@ pub struct Target {
 
 /// A target's figure over the rounds of a run.
 #[derive(Debug)]
-pub struct Outcome {
+pub struct TargetOutcome {
     /// One value per round.
     pub rounds: Vec<f64>,
     /// Their median, which is judged.
@@ -113,7 +113,7 @@ pub struct Outcome {
 }
 
 /// The per-round figures of a variant by id, `None` when it did not run.
-pub type Figures<'a> = dyn Fn(&str, Metric) -> Option<Vec<f64>> + 'a;
+pub type Figures<'a> = dyn Fn(&str, RoundFigure) -> Option<Vec<f64>> + 'a;
 
 impl Target {
     /// A target of issue `issue` that is not tied to a quota unit.
@@ -123,26 +123,26 @@ impl Target {
 
     /// The table it is printed under, for a target on a variant that is
     /// (`global_mode`) or is not one of Floodgate's global-mode variants.
-    pub fn table(&self, global_mode: bool) -> Table {
+    pub fn table(&self, global_mode: bool) -> ReportTable {
         let metric = match self.measure {
             Measure::Value(metric) | Measure::Ratio { metric, .. } => metric,
-            Measure::OverCeilings { .. } => Metric::Rps,
+            Measure::OverCeilings { .. } => RoundFigure::Rps,
         };
         match metric.table() {
-            Table::Throughput if global_mode => Table::Global,
+            ReportTable::Throughput if global_mode => ReportTable::Global,
             table => table,
         }
     }
 
     /// Its figure for variant `id`, or the id of a variant it needs that did not run.
-    pub fn evaluate(&self, id: &'static str, figures: &Figures) -> Result<Outcome, &'static str> {
-        let get = |v: &'static str, m: Metric| figures(v, m).filter(|f| !f.is_empty()).ok_or(v);
+    pub fn evaluate(&self, id: &'static str, figures: &Figures) -> Result<TargetOutcome, &'static str> {
+        let get = |v: &'static str, m: RoundFigure| figures(v, m).filter(|f| !f.is_empty()).ok_or(v);
         let rounds = match self.measure {
             Measure::Value(metric) => get(id, metric)?,
             Measure::Ratio { metric, against } => per_round(&get(id, metric)?, &get(against, metric)?),
             Measure::OverCeilings { ceiling, other, other_ceiling } => {
-                let own = per_round(&get(id, Metric::Rps)?, &get(ceiling, Metric::Rps)?);
-                let others = per_round(&get(other, Metric::Rps)?, &get(other_ceiling, Metric::Rps)?);
+                let own = per_round(&get(id, RoundFigure::Rps)?, &get(ceiling, RoundFigure::Rps)?);
+                let others = per_round(&get(other, RoundFigure::Rps)?, &get(other_ceiling, RoundFigure::Rps)?);
                 per_round(&own, &others)
             }
         };
@@ -151,7 +151,7 @@ impl Target {
             Bound::AtLeast(b) => median >= b,
             Bound::AtMost(b) => median <= b,
         };
-        Ok(Outcome { rounds, median, met })
+        Ok(TargetOutcome { rounds, median, met })
     }
 
     /// What it says, e.g. "(d) ÷ (c), req/s ≥ 0.90".
@@ -168,7 +168,7 @@ impl Target {
             Bound::AtMost(b) => ("≤", b),
         };
         let bound = match self.measure {
-            Measure::Value(Metric::WaitedSteady) => format!("{:.1}%", 100.0 * bound),
+            Measure::Value(RoundFigure::WaitedSteady) => format!("{:.1}%", 100.0 * bound),
             _ => format!("{bound:.2}"),
         };
         format!("{what} {sign} {bound}")
@@ -177,7 +177,7 @@ impl Target {
     /// A measured figure: a share in percent, callouts to five places, ratios to three.
     pub fn format(&self, value: f64) -> String {
         match self.measure {
-            Measure::Value(Metric::WaitedSteady) => format!("{:.2}%", 100.0 * value),
+            Measure::Value(RoundFigure::WaitedSteady) => format!("{:.2}%", 100.0 * value),
             Measure::Value(_) => format!("{value:.5}"),
             _ => format!("{value:.3}"),
         }
@@ -188,18 +188,18 @@ impl Target {
 mod tests {
     use super::*;
 
-    fn figures(id: &str, metric: Metric) -> Option<Vec<f64>> {
+    fn figures(id: &str, metric: RoundFigure) -> Option<Vec<f64>> {
         match (id, metric) {
-            ("x", Metric::Rps) => Some(vec![90.0, 80.0, 100.0]),
-            ("y", Metric::Rps) => Some(vec![100.0, 100.0, 100.0]),
-            ("x", Metric::WaitedSteady) => Some(vec![0.01, 0.002, 0.004]),
+            ("x", RoundFigure::Rps) => Some(vec![90.0, 80.0, 100.0]),
+            ("y", RoundFigure::Rps) => Some(vec![100.0, 100.0, 100.0]),
+            ("x", RoundFigure::WaitedSteady) => Some(vec![0.01, 0.002, 0.004]),
             _ => None,
         }
     }
 
     #[test]
     fn ratios_are_taken_round_by_round_then_the_median_is_judged() {
-        let target = Target::new(14, Measure::Ratio { metric: Metric::Rps, against: "y" }, Bound::AtLeast(0.9));
+        let target = Target::new(14, Measure::Ratio { metric: RoundFigure::Rps, against: "y" }, Bound::AtLeast(0.9));
         let outcome = target.evaluate("x", &figures).unwrap();
         assert_eq!(outcome.rounds, vec![0.9, 0.8, 1.0]);
         assert!(outcome.met, "median 0.9 meets ≥ 0.9");
@@ -209,9 +209,9 @@ mod tests {
 
     #[test]
     fn an_upper_bound_and_a_missing_variant() {
-        let waited = Target::new(15, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005));
+        let waited = Target::new(15, Measure::Value(RoundFigure::WaitedSteady), Bound::AtMost(0.005));
         assert!(waited.evaluate("x", &figures).unwrap().met, "median 0.004");
-        let ratio = Target::new(15, Measure::Ratio { metric: Metric::Rps, against: "z" }, Bound::AtLeast(1.0));
+        let ratio = Target::new(15, Measure::Ratio { metric: RoundFigure::Rps, against: "z" }, Bound::AtLeast(1.0));
         assert_eq!(ratio.evaluate("x", &figures).unwrap_err(), "z");
     }
 

@@ -14,13 +14,13 @@ use crate::global_report;
 use crate::load::{self, wrk, WrkResult};
 use crate::results::{against_reference, columns, Results, VariantResult};
 use crate::rig::Rig;
-use crate::settings::Settings;
+use crate::settings::BenchSettings;
 use crate::stats::{load_average, ms, ratio};
-use crate::targets::Table;
-use crate::variants::{Service, KEYS, PROBE_REPEATS};
+use crate::targets::ReportTable;
+use crate::variants::{QuotaBackend, KEYS, PROBE_REPEATS};
 use crate::verdicts;
 
-pub fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
+pub fn throughput(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     load::check_script(&s.wrk.script);
     let variants = s.selected();
     assert!(!variants.is_empty(), "BENCH_VARIANTS selects no variant");
@@ -57,7 +57,7 @@ pub fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Val
     let json_variants = table(s, out, &results, &load_averages);
     warnings(out, &results);
     let mut targets =
-        verdicts::report(out, Table::Throughput, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
+        verdicts::report(out, ReportTable::Throughput, &variants, &s.paths.quota_unit, &|id, m| results.figures(id, m));
     rls_answers(out, &rig, &results);
     costs(out, &results);
     let (global_mode, global_targets) = global_report::report(out, s, &results);
@@ -74,7 +74,7 @@ pub fn throughput(s: &Settings, out: &mut String, raw: &mut BTreeMap<String, Val
 
 /// One round of one variant: wrk, and for a global-mode variant its
 /// callouts before, in the middle of and after the load.
-fn measure(s: &Settings, rig: &Rig, envoy: &Envoy, result: &mut VariantResult) {
+fn measure(s: &BenchSettings, rig: &Rig, envoy: &Envoy, result: &mut VariantResult) {
     if result.variant.rewarm > 0 {
         wrk(&s.wrk, envoy.port, result.variant.rewarm, result.variant.keys);
     }
@@ -99,9 +99,9 @@ fn measure(s: &Settings, rig: &Rig, envoy: &Envoy, result: &mut VariantResult) {
 }
 
 /// The main table; returns its rows for the JSON file.
-fn table(s: &Settings, out: &mut String, results: &Results, load_averages: &[f64]) -> Vec<Value> {
+fn table(s: &BenchSettings, out: &mut String, results: &Results, load_averages: &[f64]) -> Vec<Value> {
     let (load_min, load_max) = crate::stats::spread(load_averages);
-    let columns = columns(Table::Throughput);
+    let columns = columns(ReportTable::Throughput);
     let _ = writeln!(
         out,
         "\n## Throughput\n\nwrk, {} connections, {} threads, HTTP/1.1 keep-alive on loopback, {KEYS} keys{}; \
@@ -186,7 +186,7 @@ fn warnings(out: &mut String, results: &Results) {
 /// the answers it got from the service (the filter acts only when it calls
 /// the service).
 fn rls_answers(out: &mut String, rig: &Rig, results: &Results) {
-    for (envoy, r) in rig.envoys.iter().zip(&results.0).filter(|(_, r)| r.variant.service == Service::Rls) {
+    for (envoy, r) in rig.envoys.iter().zip(&results.0).filter(|(_, r)| r.variant.service == QuotaBackend::Rls) {
         let (id, ceiling) = (r.variant.id, r.variant.reference.unwrap_or_default());
         let calls = envoy.stats().get("cluster.upstream.ratelimit.ok").copied().unwrap_or(0);
         let _ = writeln!(

@@ -3,7 +3,7 @@
 //! reads these fields and never tests a variant's id.
 
 use crate::envoy::{EnvoyBucket, Filters, HOT_KEY, PER_MINUTE_KEY};
-use crate::targets::{Bound, Measure, Metric, Table, Target};
+use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
 /// many-keys variants use.
@@ -42,7 +42,7 @@ pub struct Ports {
 
 /// Which floodgate-quota instance a variant's Envoy asks, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Service {
+pub enum QuotaBackend {
     /// None.
     None,
     /// Envoy's own `ratelimit` filter asks the shared instance's gRPC API.
@@ -53,10 +53,10 @@ pub enum Service {
     LongLeases,
 }
 
-impl Service {
+impl QuotaBackend {
     /// Whether the variant's callouts are counted (Floodgate's global mode).
     pub fn counts_callouts(self) -> bool {
-        matches!(self, Service::Leases | Service::LongLeases)
+        matches!(self, QuotaBackend::Leases | QuotaBackend::LongLeases)
     }
 }
 
@@ -74,7 +74,7 @@ pub struct Variant {
     /// Whether its route proxies to the upstream Envoy.
     pub proxied: bool,
     /// The floodgate-quota instance it asks.
-    pub service: Service,
+    pub service: QuotaBackend,
     /// Whether it is meant to answer most requests with a 429.
     pub limits: bool,
     /// The variant it is measured against (the `÷ reference` figures): a
@@ -83,7 +83,7 @@ pub struct Variant {
     /// filter for the no-op filter, a proxied path's ceiling.
     pub reference: Option<&'static str>,
     /// The tables that show every variant's req/s as a ratio to this one.
-    pub column_of: &'static [Table],
+    pub column_of: &'static [ReportTable],
     /// Whether it is a host-call probe (the probe module; cost per call reported).
     pub probe: bool,
     /// Whether it is in the latency part.
@@ -107,7 +107,7 @@ const ROW: Variant = Variant {
     filters: |_| Filters::None,
     keys: KEYS,
     proxied: false,
-    service: Service::None,
+    service: QuotaBackend::None,
     limits: false,
     reference: None,
     column_of: &[],
@@ -119,15 +119,15 @@ const ROW: Variant = Variant {
 };
 
 const fn throughput_ratio(issue: u32, against: &'static str, bound: Bound) -> Target {
-    Target::new(issue, Measure::Ratio { metric: Metric::Rps, against }, bound)
+    Target::new(issue, Measure::Ratio { metric: RoundFigure::Rps, against }, bound)
 }
 
 const fn p99_ratio(issue: u32, against: &'static str, bound: Bound) -> Target {
-    Target::new(issue, Measure::Ratio { metric: Metric::P99, against }, bound)
+    Target::new(issue, Measure::Ratio { metric: RoundFigure::P99, against }, bound)
 }
 
 /// Issue 7's lease-mode targets at steady load: callouts per request.
-const LEASE_CALLOUTS: Target = Target::new(7, Measure::Value(Metric::CalloutsSteady), Bound::AtMost(0.02));
+const LEASE_CALLOUTS: Target = Target::new(7, Measure::Value(RoundFigure::CalloutsSteady), Bound::AtMost(0.02));
 
 /// Issue 15's targets with per-second windows.
 const fn per_second(target: Target) -> Target {
@@ -142,8 +142,8 @@ const fn long_tail(quota_unit: Option<&'static str>) -> [Target; 5] {
     [
         Target { quota_unit, ..throughput_ratio(21, "dt", Bound::AtLeast(0.85)) },
         Target { quota_unit, ..throughput_ratio(21, "gct", Bound::AtLeast(1.5)) },
-        Target { quota_unit, ..Target::new(21, Measure::Value(Metric::CalloutsSteady), Bound::AtMost(0.02)) },
-        Target { quota_unit, ..Target::new(21, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005)) },
+        Target { quota_unit, ..Target::new(21, Measure::Value(RoundFigure::CalloutsSteady), Bound::AtMost(0.02)) },
+        Target { quota_unit, ..Target::new(21, Measure::Value(RoundFigure::WaitedSteady), Bound::AtMost(0.005)) },
         Target { quota_unit, ..p99_ratio(21, "dt", Bound::AtMost(1.5)) },
     ]
 }
@@ -156,7 +156,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "a",
         label: "no rate-limit filter",
-        column_of: &[Table::Throughput, Table::Global],
+        column_of: &[ReportTable::Throughput, ReportTable::Global],
         default: true,
         ..ROW
     },
@@ -170,7 +170,7 @@ pub static VARIANTS: &[Variant] = &[
                 fill_interval: "1s",
             })
         },
-        column_of: &[Table::Throughput],
+        column_of: &[ReportTable::Throughput],
         default: true,
         ..ROW
     },
@@ -187,7 +187,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate, per key, never limits",
         filters: |_| floodgate(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
         reference: Some("c"),
-        column_of: &[Table::Global],
+        column_of: &[ReportTable::Global],
         default: true,
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.90)), p99_ratio(14, "c", Bound::AtMost(1.20))],
         ..ROW
@@ -265,7 +265,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Envoy global ratelimit → floodgate-quota gRPC, per key, never limits",
         filters: |p| Filters::EnvoyGlobal { upstream: p.upstream, grpc: p.grpc },
         proxied: true,
-        service: Service::Rls,
+        service: QuotaBackend::Rls,
         reference: Some("u"),
         latency: true,
         default: true,
@@ -289,13 +289,13 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate global, lease, per key (1000 keys)",
         filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
         keys: MANY_KEYS,
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("dk"),
         default: true,
         targets: &[
             per_second(throughput_ratio(15, "dk", Bound::AtLeast(0.90))),
             per_second(Target { issue: 15, ..LEASE_CALLOUTS }),
-            per_second(Target::new(15, Measure::Value(Metric::WaitedSteady), Bound::AtMost(0.005))),
+            per_second(Target::new(15, Measure::Value(RoundFigure::WaitedSteady), Bound::AtMost(0.005))),
             per_second(p99_ratio(15, "dk", Bound::AtMost(1.5))),
         ],
         ..ROW
@@ -320,7 +320,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate global, lease, 10,000 keys, per-second windows",
         filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
         keys: LONG_TAIL_KEYS,
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("dt"),
         default: true,
         targets: &long_tail(Some("second")),
@@ -332,7 +332,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate global, lease, 10,000 keys, per-minute windows",
         filters: |p| global_rule(p.quota_http, "per-api-key-minute", "lease", &per_minute_key(), ""),
         keys: LONG_TAIL_KEYS,
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("dt"),
         default: true,
         targets: &long_tail(None),
@@ -344,7 +344,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate global, check mode, 10,000 keys, per-second windows",
         filters: |p| global_rule(p.quota_http, "per-api-key", "check", PER_KEY, ""),
         keys: LONG_TAIL_KEYS,
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("dt"),
         default: true,
         rewarm: LONG_TAIL_REWARM,
@@ -364,7 +364,7 @@ pub static VARIANTS: &[Variant] = &[
         id: "gl",
         label: "Floodgate global, lease, one hot key",
         filters: |p| global_rule(p.quota_http, "whole-site", "lease", &hot_key(), ""),
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("i"),
         latency: true,
         default: true,
@@ -375,7 +375,7 @@ pub static VARIANTS: &[Variant] = &[
         id: "gc",
         label: "Floodgate global, check mode, one hot key",
         filters: |p| global_rule(p.quota_http, "whole-site", "check", &hot_key(), ""),
-        service: Service::Leases,
+        service: QuotaBackend::Leases,
         reference: Some("i"),
         latency: true,
         default: true,
@@ -386,7 +386,7 @@ pub static VARIANTS: &[Variant] = &[
                 Measure::OverCeilings { ceiling: "a", other: "r", other_ceiling: "u" },
                 Bound::AtLeast(1.0),
             ),
-            Target::new(15, Measure::Ratio { metric: Metric::LatencyP50, against: "r" }, Bound::AtMost(1.2)),
+            Target::new(15, Measure::Ratio { metric: RoundFigure::LatencyP50, against: "r" }, Bound::AtMost(1.2)),
         ],
         ..ROW
     },
@@ -440,7 +440,7 @@ pub static VARIANTS: &[Variant] = &[
             )
         },
         keys: MANY_KEYS,
-        service: Service::LongLeases,
+        service: QuotaBackend::LongLeases,
         reference: Some("dk"),
         targets: &[throughput_ratio(7, "dk", Bound::AtLeast(0.95)), LEASE_CALLOUTS],
         ..ROW
@@ -542,7 +542,7 @@ mod tests {
     fn the_per_minute_rule_sends_the_services_per_minute_entry() {
         let ports = Ports { upstream: 1, grpc: 2, quota_http: 3, long_lease_http: 4 };
         let gtm = find("gtm").unwrap();
-        assert_eq!(gtm.service, Service::Leases, "the instance of (gk)");
+        assert_eq!(gtm.service, QuotaBackend::Leases, "the instance of (gk)");
         match (gtm.filters)(&ports) {
             Filters::FloodgateGlobal { config, quota } => {
                 assert_eq!(quota, 3);

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use serde_json::{json, Value};
 
 use crate::stats::spread;
-use crate::targets::{Figures, Table};
+use crate::targets::{Figures, ReportTable};
 use crate::variants::Variant;
 
 /// Prints one line per target of `variants` that belongs to `table`, with
@@ -14,7 +14,7 @@ use crate::variants::Variant;
 /// the JSON file. `quota_unit` is this run's `BENCH_QUOTA_UNIT`.
 pub fn report(
     out: &mut String,
-    table: Table,
+    table: ReportTable,
     variants: &[&Variant],
     quota_unit: &str,
     figures: &Figures,
@@ -74,19 +74,19 @@ pub fn report(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::targets::Metric;
+    use crate::targets::RoundFigure;
     use crate::variants::VARIANTS;
 
     #[test]
     fn one_line_per_target_of_the_table_with_its_median_spread_and_verdict() {
         let d: Vec<&Variant> = VARIANTS.iter().filter(|v| v.id == "d").collect();
-        let figures = |id: &str, metric: Metric| match (id, metric) {
-            ("d", Metric::Rps) => Some(vec![90.0, 80.0, 100.0]),
-            ("c", Metric::Rps) => Some(vec![100.0; 3]),
+        let figures = |id: &str, metric: RoundFigure| match (id, metric) {
+            ("d", RoundFigure::Rps) => Some(vec![90.0, 80.0, 100.0]),
+            ("c", RoundFigure::Rps) => Some(vec![100.0; 3]),
             _ => None,
         };
         let mut out = String::new();
-        let summary = report(&mut out, Table::Throughput, &d, "second", &figures);
+        let summary = report(&mut out, ReportTable::Throughput, &d, "second", &figures);
         assert!(
             out.contains("- Issue 14: (d) ÷ (c), req/s ≥ 0.90: **0.900** (0.800–1.000 over 3 round(s)) — met\n"),
             "{out}"
@@ -94,11 +94,15 @@ mod tests {
         assert!(out.contains("- Issue 14: (d) ÷ (c), p99 under load ≤ 1.20: not measured"), "{out}");
         assert_eq!(summary.len(), 2);
         let mut none = String::new();
-        assert!(report(&mut none, Table::Global, &d, "second", &figures).is_empty());
+        assert!(report(&mut none, ReportTable::Global, &d, "second", &figures).is_empty());
         assert!(none.is_empty(), "no target of (d) belongs to the global table");
         let gl: Vec<&Variant> = VARIANTS.iter().filter(|v| v.id == "gl").collect();
         let mut global = String::new();
-        assert!(report(&mut global, Table::Throughput, &gl, "second", &figures).is_empty(), "{global}");
-        assert_eq!(report(&mut global, Table::Global, &gl, "second", &figures).len(), 2, "(gl) ÷ (i) and its callouts");
+        assert!(report(&mut global, ReportTable::Throughput, &gl, "second", &figures).is_empty(), "{global}");
+        assert_eq!(
+            report(&mut global, ReportTable::Global, &gl, "second", &figures).len(),
+            2,
+            "(gl) ÷ (i) and its callouts"
+        );
     }
 }

@@ -18,7 +18,7 @@ use floodgate_protocol::LeaseResponse;
 
 use crate::keys::{Key, Shape, DOMAIN};
 use crate::rng::{self, Traffic};
-use crate::service::Service;
+use crate::service::SimulatedService;
 
 /// When the measured minute starts: a whole minute since the epoch, so that
 /// it is exactly one per-minute window.
@@ -29,7 +29,7 @@ pub const LEASE_TTL: Nanos = SECOND;
 
 /// What to simulate.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct FleetConfig {
     /// A label for the report.
     pub name: String,
     /// Envoys in the fleet.
@@ -69,12 +69,12 @@ pub const WORKERS: u32 = 2;
 /// What a fleet did. Sums marked *weighted* count each simulated key as the
 /// `weight` keys it stands for; the others are as simulated.
 #[derive(Debug, Clone, Default)]
-pub struct Outcome {
+pub struct FleetOutcome {
     /// The configuration's label.
     pub name: String,
     /// Envoys, and keys the fleet stands for.
     pub envoys: u32,
-    /// See [`Config::total_keys`].
+    /// See [`FleetConfig::total_keys`].
     pub total_keys: u64,
     /// Keys simulated.
     pub simulated_keys: usize,
@@ -104,19 +104,19 @@ pub struct Outcome {
     /// Leases asked for, weighted: ones a request waits for (sent at
     /// once), held ones (sent by their `send_by`), and the held ones' total hold.
     pub urgent: f64,
-    /// See [`Outcome::urgent`].
+    /// See [`FleetOutcome::urgent`].
     pub held: f64,
-    /// See [`Outcome::urgent`], seconds.
+    /// See [`FleetOutcome::urgent`], seconds.
     pub hold_secs: f64,
     /// Return items, weighted.
     pub return_items: f64,
     /// Lease calls, return calls, lease items and return items, as simulated.
     pub sim_lease_calls: u64,
-    /// See [`Outcome::sim_lease_calls`].
+    /// See [`FleetOutcome::sim_lease_calls`].
     pub sim_return_calls: u64,
-    /// See [`Outcome::sim_lease_calls`].
+    /// See [`FleetOutcome::sim_lease_calls`].
     pub sim_leases: u64,
-    /// See [`Outcome::sim_lease_calls`].
+    /// See [`FleetOutcome::sim_lease_calls`].
     pub sim_returns: u64,
     /// Body bytes of the items (requests and answers), weighted.
     pub item_bytes: f64,
@@ -128,15 +128,15 @@ pub struct Outcome {
     pub return_call_bytes: f64,
     /// The store's keys and values, bytes, weighted: mean and peak over the measured seconds.
     pub state_mean: f64,
-    /// See [`Outcome::state_mean`].
+    /// See [`FleetOutcome::state_mean`].
     pub state_peak: f64,
     /// Of its entries, lease records, weighted mean.
     pub state_records_mean: f64,
     /// Key windows checked, and over their limit, before and after the restart (as simulated).
     pub windows_checked: u64,
-    /// See [`Outcome::windows_checked`].
+    /// See [`FleetOutcome::windows_checked`].
     pub over_before: u64,
-    /// See [`Outcome::windows_checked`].
+    /// See [`FleetOutcome::windows_checked`].
     pub over_after: u64,
     /// Windows over their limit after the restart, by when they started:
     /// spanning it or within 1 s of it, within 5, 10, 20 s, later.
@@ -149,13 +149,13 @@ pub struct Outcome {
     /// Keys limited below their demand: admitted and limit over the
     /// measured windows, weighted.
     pub excess_admitted: f64,
-    /// See [`Outcome::excess_admitted`].
+    /// See [`FleetOutcome::excess_admitted`].
     pub excess_limit: f64,
     /// Per simulated key: rate, shape, requests and leases asked for (measured).
     pub per_key: Vec<(f64, Shape, u64, u64)>,
     /// Tokens returned to the service, and tokens lost to expiry in pools, weighted.
     pub returned_tokens: f64,
-    /// See [`Outcome::returned_tokens`].
+    /// See [`FleetOutcome::returned_tokens`].
     pub expired_tokens: f64,
 }
 
@@ -240,10 +240,10 @@ struct PoolEntry {
 }
 
 struct Fleet<'a> {
-    config: &'a Config,
+    config: &'a FleetConfig,
     quota: QuotaService,
     pool: LeasePool,
-    service: Service,
+    service: SimulatedService,
     rng: Rng,
     queue: BinaryHeap<Reverse<(Nanos, u64, Event)>>,
     seq: u64,
@@ -259,7 +259,7 @@ struct Fleet<'a> {
     from: Nanos,
     until: Nanos,
     restart: Option<Nanos>,
-    out: Outcome,
+    out: FleetOutcome,
     state_samples: u64,
     empty_lease: (usize, usize),
     empty_return: (usize, usize),
@@ -602,7 +602,7 @@ impl Fleet<'_> {
         }
     }
 
-    fn run(mut self) -> Result<Outcome, String> {
+    fn run(mut self) -> Result<FleetOutcome, String> {
         let start = self.from - self.config.warmup;
         for key in 0..self.config.keys.len() {
             let rate = self.config.keys.get(key).map_or(1.0, |k| k.rate);
@@ -627,7 +627,7 @@ impl Fleet<'_> {
         Ok(self.finish())
     }
 
-    fn finish(mut self) -> Outcome {
+    fn finish(mut self) -> FleetOutcome {
         let mut out = std::mem::take(&mut self.out);
         let samples = self.state_samples.max(1) as f64;
         out.state_mean /= samples;
@@ -699,7 +699,7 @@ impl Fleet<'_> {
 }
 
 /// Runs one configuration.
-pub fn simulate(config: &Config) -> Result<Outcome, String> {
+pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
     let quota = QuotaService {
         cluster: "quota".into(),
         authority: "quota".into(),
@@ -717,7 +717,7 @@ pub fn simulate(config: &Config) -> Result<Outcome, String> {
     let empty_return = (quota.return_call(&[]).body.len(), empty_returned.len());
     let until = MEASURE_FROM + config.measure;
     let exact = config.keys.iter().all(|k| k.weight == 1.0) && config.keys.len() as u64 == config.total_keys;
-    let out = Outcome {
+    let out = FleetOutcome {
         name: config.name.clone(),
         envoys: config.envoys,
         total_keys: config.total_keys,
@@ -726,13 +726,13 @@ pub fn simulate(config: &Config) -> Result<Outcome, String> {
         secs: config.measure.get() as f64 / 1e9,
         lease_call_bytes: (empty_lease.0 + empty_lease.1) as f64,
         return_call_bytes: (empty_return.0 + empty_return.1) as f64,
-        ..Outcome::default()
+        ..FleetOutcome::default()
     };
     let fleet = Fleet {
         config,
         pool: quota.pool(),
         quota,
-        service: Service::new(LEASE_TTL, config.allowances),
+        service: SimulatedService::new(LEASE_TTL, config.allowances),
         rng: rng::seeded(config.seed),
         queue: BinaryHeap::new(),
         seq: 0,

@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use floodgate_core::time::{Nanos, SECOND};
 
-use crate::fleet::{simulate, Config, Outcome};
+use crate::fleet::{simulate, FleetConfig, FleetOutcome};
 
 /// The fixed seed: the same run gives the same numbers.
 const SEED: u64 = 21;
@@ -39,12 +39,12 @@ const MEASURE: Nanos = Nanos::from_secs(60);
 const AFTER: Nanos = Nanos::from_secs(35);
 const RESTART_AT: Nanos = Nanos::from_nanos(2_500_000_000);
 
-fn grid(allowances: bool) -> Result<Vec<Config>, String> {
+fn grid(allowances: bool) -> Result<Vec<FleetConfig>, String> {
     let mut configs = Vec::new();
     for &total in &KEY_COUNTS {
         let keys = keys::zipf(total, HEAD, PER_STRATUM, SEED ^ total)?;
         for &envoys in &FLEETS {
-            configs.push(Config {
+            configs.push(FleetConfig {
                 name: format!("{envoys}x{total}"),
                 envoys,
                 total_keys: total,
@@ -63,8 +63,8 @@ fn grid(allowances: bool) -> Result<Vec<Config>, String> {
 
 /// The end-to-end test's size (`tests/tests/long_tail.rs`): 3 Envoys, 300
 /// keys at 3 requests a second, per-second windows of 40.
-fn e2e(allowances: bool) -> Result<Config, String> {
-    Ok(Config {
+fn e2e(allowances: bool) -> Result<FleetConfig, String> {
+    Ok(FleetConfig {
         name: "e2e-3x300".into(),
         envoys: 3,
         total_keys: 300,
@@ -79,9 +79,9 @@ fn e2e(allowances: bool) -> Result<Config, String> {
 }
 
 /// Runs `configs` on two threads (the machine's cores); results in order.
-fn run_all(configs: &[Config]) -> Result<Vec<Outcome>, String> {
+fn run_all(configs: &[FleetConfig]) -> Result<Vec<FleetOutcome>, String> {
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<Option<Result<Outcome, String>>>> = Mutex::new(vec![None; configs.len()]);
+    let results: Mutex<Vec<Option<Result<FleetOutcome, String>>>> = Mutex::new(vec![None; configs.len()]);
     std::thread::scope(|scope| {
         for _ in 0..2 {
             scope.spawn(|| loop {
@@ -268,7 +268,7 @@ mod tests {
                 Key::new(i, rate, 1.0, shape, limit.ceil() as u64, over).unwrap()
             })
             .collect();
-        let config = Config {
+        let config = FleetConfig {
             name: "test".into(),
             envoys: 3,
             total_keys: keys.len() as u64,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::fleet::{Outcome, LEASE_TTL, WORKERS};
+use crate::fleet::{FleetOutcome, LEASE_TTL, WORKERS};
 
 /// The service's calls a second, as simulated and as the batching model
 /// puts them for the whole fleet.
@@ -25,7 +25,7 @@ impl Calls {
 
 /// The calls a second the simulation itself made (only the simulated keys'
 /// claims share calls: with sampling, fewer than the whole fleet's).
-pub fn simulated(o: &Outcome) -> Calls {
+pub fn simulated(o: &FleetOutcome) -> Calls {
     Calls { lease: o.sim_lease_calls as f64 / o.secs, returns: o.sim_return_calls as f64 / o.secs }
 }
 
@@ -39,7 +39,7 @@ pub fn simulated(o: &Outcome) -> Calls {
 /// first, `min(d, time to the next urgent claim)`; calls at a held item's
 /// deadline come `g·e^(−u·d) / (1 + g·(1 − e^(−u·d))/u)` a second. A call
 /// carries at most `MAX_ITEMS` leases.
-pub fn modelled(o: &Outcome) -> Calls {
+pub fn modelled(o: &FleetOutcome) -> Calls {
     let workers = f64::from(o.envoys) * f64::from(WORKERS);
     let per = |x: f64| x / workers / o.secs;
     let (u, h, r) = (per(o.urgent), per(o.held), per(o.return_items));
@@ -59,7 +59,7 @@ pub fn modelled(o: &Outcome) -> Calls {
 }
 
 /// The calls a second reported: as simulated when every key was, else modelled.
-pub fn calls(o: &Outcome) -> Calls {
+pub fn calls(o: &FleetOutcome) -> Calls {
     if o.exact {
         simulated(o)
     } else {
@@ -68,12 +68,12 @@ pub fn calls(o: &Outcome) -> Calls {
 }
 
 /// Leases a second (weighted).
-pub fn leases(o: &Outcome) -> f64 {
+pub fn leases(o: &FleetOutcome) -> f64 {
     (o.urgent + o.held) / o.secs
 }
 
 /// Body bytes a second, both ways, weighted.
-pub fn bytes(o: &Outcome) -> f64 {
+pub fn bytes(o: &FleetOutcome) -> f64 {
     let c = calls(o);
     (o.item_bytes + c.lease * o.secs * o.lease_call_bytes + c.returns * o.secs * o.return_call_bytes) / o.secs
 }
@@ -101,7 +101,7 @@ fn si(x: f64) -> String {
 pub const HEADER: &str = "| Envoys | keys (simulated) | calls/s | leases/s | leases/call | body bytes/s | requests/s | waited | waits p50/p99 ms | windows over limit (before / after restart) | utilisation under excess | store state |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 /// One row of the main table.
-pub fn row(o: &Outcome) -> String {
+pub fn row(o: &FleetOutcome) -> String {
     let c = calls(o);
     let leases = leases(o);
     let util = if o.excess_limit > 0.0 {
@@ -145,7 +145,7 @@ pub fn share((admitted, limit): (f64, f64)) -> f64 {
 }
 
 /// One CSV line.
-pub fn csv(o: &Outcome) -> String {
+pub fn csv(o: &FleetOutcome) -> String {
     let c = calls(o);
     let n = o.requests.max(1e-9);
     let util = if o.excess_limit > 0.0 { o.excess_admitted / o.excess_limit } else { 0.0 };
@@ -199,7 +199,7 @@ pub fn csv(o: &Outcome) -> String {
 /// beside `m = r·L/N` (a pair's expected requests per lease lifetime) and
 /// `2/(1 + m)`: a request at a cold pair costs the lease it waits for and
 /// the one its empty pool claims at once after it.
-pub fn thin_pairs(outcomes: &[Outcome], rates: &[f64], fleets: &[u32]) -> String {
+pub fn thin_pairs(outcomes: &[FleetOutcome], rates: &[f64], fleets: &[u32]) -> String {
     let mut out = String::new();
     let ttl = LEASE_TTL.get() as f64 / 1e9;
     let _ = write!(out, "| rate r (req/s, keys within ×√10) |");

@@ -27,7 +27,7 @@ struct Entry {
 
 /// The service's store and settings.
 #[derive(Debug)]
-pub struct Service {
+pub struct SimulatedService {
     store: HashMap<String, Entry>,
     /// How long leased tokens stay valid (`--lease-ttl`, 1 s by default).
     ttl: Nanos,
@@ -41,10 +41,10 @@ fn key_of(descriptor: &[(String, String)]) -> Option<usize> {
     descriptor.first().and_then(|(_, v)| v.strip_prefix('k')).and_then(|i| i.parse().ok())
 }
 
-impl Service {
+impl SimulatedService {
     /// An empty store; leases valid `ttl`; allowances granted if `allowances`.
     pub fn new(ttl: Nanos, allowances: bool) -> Self {
-        Service { store: HashMap::new(), ttl, allowances }
+        SimulatedService { store: HashMap::new(), ttl, allowances }
     }
 
     /// The bytes stored under `key` at `now` (an entry past its time to live is gone).
@@ -80,7 +80,7 @@ impl Service {
     }
 
     /// Bytes of the lease records held at `now` (their first byte is the
-    /// record tag, 255), weighted as [`Service::size`].
+    /// record tag, 255), weighted as [`SimulatedService::size`].
     pub fn records_size(&self, keys: &[Key], now: Nanos) -> f64 {
         self.store
             .iter()
@@ -90,7 +90,7 @@ impl Service {
     }
 
     /// `POST /v1/lease`: the request body in, the response body out, as
-    /// `Service::lease` and the store's `lease` decide it.
+    /// `SimulatedService::lease` and the store's `lease` decide it.
     pub fn lease(&mut self, keys: &[Key], body: &[u8], now: Nanos) -> Result<Vec<u8>, String> {
         let request: LeaseRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
         let mut leases = Vec::with_capacity(request.leases.len());

@@ -397,7 +397,7 @@ impl Drop for Envoy {
 
 /// A response.
 #[derive(Debug)]
-pub struct Response {
+pub struct HttpResponse {
     /// Status code.
     pub status: u16,
     /// Headers, names lower-cased.
@@ -406,7 +406,7 @@ pub struct Response {
     pub body: Vec<u8>,
 }
 
-impl Response {
+impl HttpResponse {
     /// The first value of header `name`.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
@@ -428,12 +428,12 @@ impl Conn {
     }
 
     /// Sends `GET path` with `headers` (raw bytes) and reads the response.
-    pub fn get(&mut self, path: &str, headers: &[(&str, &[u8])]) -> Response {
+    pub fn get(&mut self, path: &str, headers: &[(&str, &[u8])]) -> HttpResponse {
         self.request("GET", path, headers)
     }
 
     /// Sends a bodiless request and reads the response.
-    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> Response {
+    pub fn request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> HttpResponse {
         self.try_request(method, path, headers).unwrap()
     }
 
@@ -452,12 +452,17 @@ impl Conn {
     }
 
     /// Like [`Conn::request`], but returns I/O errors.
-    pub fn try_request(&mut self, method: &str, path: &str, headers: &[(&str, &[u8])]) -> std::io::Result<Response> {
+    pub fn try_request(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &[u8])],
+    ) -> std::io::Result<HttpResponse> {
         self.send_only(method, path, headers)?;
         self.read_response()
     }
 
-    fn read_response(&mut self) -> std::io::Result<Response> {
+    fn read_response(&mut self) -> std::io::Result<HttpResponse> {
         let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
         let mut line = String::new();
         if self.reader.read_line(&mut line)? == 0 {
@@ -485,7 +490,7 @@ impl Conn {
             self.reader.read_exact(&mut body)?;
             body
         };
-        Ok(Response { status, headers, body })
+        Ok(HttpResponse { status, headers, body })
     }
 
     fn read_chunked(&mut self) -> std::io::Result<Vec<u8>> {

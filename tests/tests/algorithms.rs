@@ -9,14 +9,14 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{assert_both_workers_served, hammer, Conn, Envoy, Response, Setup, FAULT_DELAY_FROM_HEADER};
+use floodgate_e2e::{assert_both_workers_served, hammer, Conn, Envoy, HttpResponse, Setup, FAULT_DELAY_FROM_HEADER};
 
 /// A request: path and headers.
 type Request = (&'static str, Vec<(&'static str, String)>);
 
 /// Sends each request from its own connection, all at once; returns each
 /// response with the time it took, in the order given.
-fn send_all(port: u16, requests: Vec<Request>) -> Vec<(Response, Duration)> {
+fn send_all(port: u16, requests: Vec<Request>) -> Vec<(HttpResponse, Duration)> {
     let barrier = Arc::new(Barrier::new(requests.len()));
     let handles: Vec<_> = requests
         .into_iter()
@@ -36,7 +36,7 @@ fn send_all(port: u16, requests: Vec<Request>) -> Vec<(Response, Duration)> {
 }
 
 /// Sends one request to `path` from each of `clients` connections at once.
-fn burst(envoy: &Envoy, clients: usize, path: &'static str) -> Vec<(Response, Duration)> {
+fn burst(envoy: &Envoy, clients: usize, path: &'static str) -> Vec<(HttpResponse, Duration)> {
     send_all(envoy.port, vec![(path, Vec::new()); clients])
 }
 
@@ -59,7 +59,7 @@ fn the_shaper_delays_requests_to_the_rate_and_denies_beyond_max_delay() {
     let mut results = burst(&envoy, 10, "/");
     results.sort_by_key(|(_, took)| *took);
     let served: Vec<Duration> = results.iter().filter(|(r, _)| r.status == 200).map(|(_, t)| *t).collect();
-    let denied: Vec<&Response> = results.iter().filter(|(r, _)| r.status == 429).map(|(r, _)| r).collect();
+    let denied: Vec<&HttpResponse> = results.iter().filter(|(r, _)| r.status == 429).map(|(r, _)| r).collect();
     assert_eq!(served.len(), 6, "one at once and five paced within max_delay: {results:?}");
     assert_eq!(denied.len(), 4);
     // The k-th served request went on no earlier than k seconds after the
@@ -181,7 +181,7 @@ fn wave(keys: &[&str], count: usize, delay_ms: u64) -> Vec<Request> {
 }
 
 /// Statuses of a wave's responses for each key, as (200s, 503s).
-fn tally(results: &[(Response, Duration)], keys: &[&str], count: usize) -> Vec<(usize, usize)> {
+fn tally(results: &[(HttpResponse, Duration)], keys: &[&str], count: usize) -> Vec<(usize, usize)> {
     results
         .chunks(count)
         .zip(keys)
@@ -257,7 +257,8 @@ const WARM_UP: &str = r#"{"rules": [
 #[test]
 fn a_burst_on_a_cold_warm_up_bucket_admits_fewer_than_a_token_bucket() {
     let envoy = Envoy::start(&Setup::new(WARM_UP));
-    let count = |results: &[(Response, Duration)], status| results.iter().filter(|(r, _)| r.status == status).count();
+    let count =
+        |results: &[(HttpResponse, Duration)], status| results.iter().filter(|(r, _)| r.status == status).count();
     let warm = burst(&envoy, 20, "/warm");
     let plain = burst(&envoy, 20, "/plain");
     // Cold: one request every 3 s, so 1 + 9 s of burst room / 3 s = 4 at once.
