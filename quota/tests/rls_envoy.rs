@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Envoy, Response};
+use floodgate_e2e::{Envoy, HttpResponse};
 use serde_json::Value;
 
 fn example(name: &str) -> PathBuf {
@@ -112,12 +112,12 @@ fn backend() -> (tokio::runtime::Runtime, u16) {
     (runtime, port)
 }
 
-fn get(envoy: &Envoy, path: &str, key: Option<&str>) -> Response {
+fn get(envoy: &Envoy, path: &str, key: Option<&str>) -> HttpResponse {
     let headers: Vec<(&str, &[u8])> = key.map(|k| ("x-api-key", k.as_bytes())).into_iter().collect();
     envoy.connect().get(path, &headers)
 }
 
-fn header<'a>(response: &'a Response, name: &str) -> &'a str {
+fn header<'a>(response: &'a HttpResponse, name: &str) -> &'a str {
     response.header(name).unwrap_or_else(|| panic!("no {name} in {response:?}"))
 }
 
@@ -129,7 +129,7 @@ fn envoys_ratelimit_filter_uses_the_grpc_api() {
     let deny = Envoy::start_bootstrap(|port, admin| bootstrap(port, admin, quota.grpc, backend_port, true));
 
     // Exactly 3 for alice (a bucket of 3 per hour), then 429s.
-    let answers: Vec<Response> = (0..5).map(|_| get(&open, "/items", Some("alice"))).collect();
+    let answers: Vec<HttpResponse> = (0..5).map(|_| get(&open, "/items", Some("alice"))).collect();
     let statuses: Vec<u16> = answers.iter().map(|r| r.status).collect();
     assert_eq!(statuses, [200, 200, 200, 429, 429], "{answers:?}");
     assert_eq!(answers[0].body, b"backend");
@@ -158,7 +158,7 @@ fn envoys_ratelimit_filter_uses_the_grpc_api() {
     }
 
     // Shadow mode: /beta's limit of 1 is counted, reported, never enforced.
-    let beta: Vec<Response> = (0..3).map(|_| get(&open, "/beta", None)).collect();
+    let beta: Vec<HttpResponse> = (0..3).map(|_| get(&open, "/beta", None)).collect();
     assert!(beta.iter().all(|r| r.status == 200 && r.header("x-envoy-ratelimited").is_none()), "{beta:?}");
     assert_eq!(header(&beta[2], "x-ratelimit-remaining"), "0");
     let metrics = quota.metrics();
