@@ -38,8 +38,10 @@
 //! - `envoy`: `Host` over proxy-wasm's ABI, the only caller of it;
 //! - `metrics`: counts kept in the worker and flushed to Envoy on a tick.
 //!
-//! For tests, `mock_host` (proxy-wasm's ABI, mocked) and `host_tests` (the
-//! whole filter through the SDK's real dispatcher, its host calls and its
+//! For tests, `fake_host` (a `Host` that records what it is asked, on a
+//! fake clock) and `outcome_tests` (pausing and resuming against it);
+//! `mock_host` (proxy-wasm's ABI, mocked) and `host_tests` (the whole
+//! filter through the SDK's real dispatcher, its host calls and its
 //! allocations).
 //!
 //! Every call to the host goes through `Host`; the SDK's trait callbacks
@@ -49,6 +51,8 @@
 //! bytes only, because the SDK's `String` getters panic on non-UTF-8 input.
 
 mod envoy;
+#[cfg(test)]
+mod fake_host;
 mod host;
 #[cfg(test)]
 mod host_tests;
@@ -57,6 +61,8 @@ mod metrics;
 #[cfg(test)]
 mod mock_host;
 mod outcome;
+#[cfg(test)]
+mod outcome_tests;
 mod plugin;
 mod quota;
 mod root;
