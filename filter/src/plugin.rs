@@ -241,6 +241,7 @@ impl<H: Host> Plugin<H> {
             increment(&self.metrics.delay_abandoned, 1);
             let outcome = outcome::next(Site::Handler, Event::Gone);
             let checked = self.callouts.borrow_mut().forget(context_id);
+            // Giving back reads neither when it arrived nor the time.
             let request = RequestRef { context_id, state, since: Nanos::ZERO };
             for permit in checked.into_iter().chain([permit]) {
                 self.act(request, outcome, None, permit, Nanos::ZERO);

@@ -112,6 +112,8 @@ impl RootContext for FloodgateRoot {
                 return false;
             }
         };
+        // The plugin's own handle on Envoy (with the buffer its local
+        // replies are serialized into).
         let host = Envoy::default();
         let define = |rule: &_| RuleMetrics::define(&host, rule);
         let limiter = match Limiter::prepare(config, &SharedData(&host), host::entropy(&host), define) {
