@@ -3,44 +3,26 @@
 
 use std::rc::Rc;
 
-use floodgate_core::algorithm::Release;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action, MapType};
+use proxy_wasm::types::Action;
 
-use crate::host;
-use crate::metrics::increment;
-use crate::plugin::{schedule_ticks, Plugin};
+use crate::envoy::Envoy;
+use crate::host::Host;
+use crate::outcome::{Outcome, Site};
+use crate::plugin::{schedule_ticks, Plugin, RequestRef};
 use crate::waiting::{Shared, Stage};
 
 /// One request.
 pub(crate) struct FloodgateHttp {
-    pub(crate) plugin: Rc<Plugin>,
+    pub(crate) plugin: Rc<Plugin<Envoy>>,
     pub(crate) context_id: u32,
     pub(crate) state: Shared,
 }
 
 impl Context for FloodgateHttp {
     /// The stream ended (completed, reset or failed): give the permit back.
-    /// A request that was still waiting was never served, so its units are
-    /// undone; a served one releases what it held while in flight.
     fn on_done(&mut self) -> bool {
-        let plugin = Rc::clone(&self.plugin);
-        let waiting = self.state.borrow().stage == Stage::Waiting;
-        let permit = std::mem::take(&mut self.state.borrow_mut().permit);
-        let counted = if waiting && plugin.waiting.borrow_mut().remove(self.context_id).is_some() {
-            increment(&plugin.metrics.delay_abandoned, 1);
-            if let Some(checked) = plugin.callouts.borrow_mut().forget(self.context_id) {
-                plugin.release(checked, Release::Undo);
-            }
-            plugin.release(permit, Release::Undo);
-            true
-        } else {
-            plugin.release(permit, Release::Done)
-        };
-        if counted {
-            plugin.counted(host::now());
-        }
+        self.plugin.ended(self.context_id, &self.state);
         true
     }
 }
@@ -51,19 +33,20 @@ impl HttpContext for FloodgateHttp {
             return Action::Continue;
         }
         let plugin = Rc::clone(&self.plugin);
-        let now = host::now();
+        let now = plugin.host.now();
         let held = plugin.callouts.borrow().hold_until();
-        let action = plugin.decide(self.context_id, &self.state, now, now, false);
+        let request = RequestRef { context_id: self.context_id, state: &self.state, since: now };
+        let outcome = plugin.decide(Site::Handler, request, now, false);
         plugin.post(now);
         let first_count = !plugin.unflushed.replace(true);
         // Calls to send, or held back until a new instant: the tick must know.
         let callouts = plugin.callouts.borrow();
         let calls = callouts.has_outgoing(now) || callouts.hold_until() != held;
         drop(callouts);
-        if first_count || self.state.borrow().stage == Stage::Waiting || calls {
+        if first_count || matches!(outcome, Outcome::Pause(_)) || calls {
             schedule_ticks(&plugin, now);
         }
-        action
+        outcome.action()
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -72,7 +55,7 @@ impl HttpContext for FloodgateHttp {
         let state = self.state.borrow();
         if state.stage != Stage::Limited {
             for (name, value) in state.headers.iter() {
-                if let Err(status) = hostcalls::add_map_value(MapType::HttpResponseHeaders, name, value) {
+                if let Err(status) = self.plugin.host.add_response_header(name, value) {
                     log::warn!("floodgate: could not add response header {name}: {status:?}");
                 }
             }

@@ -26,19 +26,33 @@
 //! - `root`: a configuration's root context on one VM — the plugin, the tick,
 //!   the calls requests posted, every answer of the quota service;
 //! - `plugin`: what a configuration's requests on one worker share, and a
-//!   request's path through it (decide, answer or pause, finish, release);
+//!   request's path through it (decide, act on the outcome, release);
+//! - `outcome`: the one decision of what becomes of a request — go on,
+//!   answer limited, pause, resume, or give back because its client left;
 //! - `http`: one request's context;
 //! - `quota`: the quota client: what this worker has to send, sending it,
 //!   and applying the answers;
 //! - `waiting`: the requests a worker keeps paused, and when to wake up;
-//! - `host`: Envoy behind the core's traits (shared data, request, clock);
+//! - `host`: the `Host` trait, every call the filter makes to Envoy, and
+//!   over it the core's traits (shared data as the store, the request);
+//! - `envoy`: `Host` over proxy-wasm's ABI, the only caller of it;
 //! - `metrics`: counts kept in the worker and flushed to Envoy on a tick.
 //!
-//! Host calls go through `proxy_wasm::hostcalls`, which return `Result`s,
-//! rather than the SDK's trait helpers, several of which unwrap; header values
-//! are read as bytes only, because the SDK's `String` getters panic on
-//! non-UTF-8 input.
+//! For tests, `fake_host` (a `Host` that records what it is asked, on a
+//! fake clock) and `outcome_tests` (pausing and resuming against it);
+//! `mock_host` (proxy-wasm's ABI, mocked) and `host_tests` (the whole
+//! filter through the SDK's real dispatcher, its host calls and its
+//! allocations).
+//!
+//! Every call to the host goes through `Host`; the SDK's trait callbacks
+//! (`Context`, `HttpContext`, `RootContext`) are only entry points. `Envoy`
+//! calls `proxy_wasm::hostcalls`, which return `Result`s, rather than the
+//! SDK's trait helpers, several of which unwrap; header values are read as
+//! bytes only, because the SDK's `String` getters panic on non-UTF-8 input.
 
+mod envoy;
+#[cfg(test)]
+mod fake_host;
 mod host;
 #[cfg(test)]
 mod host_tests;
@@ -46,6 +60,9 @@ mod http;
 mod metrics;
 #[cfg(test)]
 mod mock_host;
+mod outcome;
+#[cfg(test)]
+mod outcome_tests;
 mod plugin;
 mod quota;
 mod root;

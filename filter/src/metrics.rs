@@ -18,8 +18,9 @@ use std::time::Duration;
 use floodgate_core::config::Rule;
 use floodgate_core::global::calls::CallError;
 use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
-use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
+
+use crate::host::Host;
 
 const STORE_EVENTS: [(StoreEvent, &str); 6] = [
     (StoreEvent::CasRetries, "cas_retries"),
@@ -53,8 +54,8 @@ pub struct Metric {
 }
 
 impl Metric {
-    fn define(kind: MetricType, name: &str) -> Self {
-        Metric { id: hostcalls::define_metric(kind, name).ok(), pending: Cell::new(0) }
+    fn define(host: &impl Host, kind: MetricType, name: &str) -> Self {
+        Metric { id: host.define_metric(kind, name).ok(), pending: Cell::new(0) }
     }
 
     /// Adds `by` (a gauge: may be negative).
@@ -66,23 +67,23 @@ impl Metric {
 
     /// Hands what was added to Envoy (Envoy adds a positive offset to a
     /// gauge and subtracts a negative one).
-    fn flush(&self) {
+    fn flush(&self, host: &impl Host) {
         let pending = self.pending.replace(0);
         if let (Some(id), 1.. | ..=-1) = (self.id, pending) {
             // A failed increment loses these counts; nothing to do about it here.
-            let _ = hostcalls::increment_metric(id, pending);
+            let _ = host.increment_metric(id, pending);
         }
     }
 }
 
-fn counter(name: &str) -> Metric {
-    Metric::define(MetricType::Counter, name)
+fn counter(host: &impl Host, name: &str) -> Metric {
+    Metric::define(host, MetricType::Counter, name)
 }
 
 /// A gauge. Every worker's VM defines it under the same name, and Envoy keeps
 /// one gauge per name for the process, so each worker's changes add up.
-fn gauge(name: &str) -> Metric {
-    Metric::define(MetricType::Gauge, name)
+fn gauge(host: &impl Host, name: &str) -> Metric {
+    Metric::define(host, MetricType::Gauge, name)
 }
 
 /// Adds `by` to counter `metric`.
@@ -105,21 +106,25 @@ impl RuleMetrics {
     /// gauge `floodgate.rule.<name>.in_flight` if the rule's algorithm holds
     /// units while requests are in flight, and a global rule's
     /// `floodgate.rule.<name>.fallback_active` gauge.
-    pub fn define(rule: &Rule) -> Self {
+    pub fn define(host: &impl Host, rule: &Rule) -> Self {
         let name = |metric: &str| format!("floodgate.rule.{}.{metric}", rule.name);
         Self {
-            events: RULE_EVENTS.map(|(_, event)| counter(&name(event))),
-            in_flight: if rule.policy().holds_until_done() { gauge(&name("in_flight")) } else { Metric::default() },
+            events: RULE_EVENTS.map(|(_, event)| counter(host, &name(event))),
+            in_flight: if rule.policy().holds_until_done() {
+                gauge(host, &name("in_flight"))
+            } else {
+                Metric::default()
+            },
             fallback_active: rule
                 .global
                 .as_ref()
-                .and_then(|_| hostcalls::define_metric(MetricType::Gauge, &name("fallback_active")).ok()),
+                .and_then(|_| host.define_metric(MetricType::Gauge, &name("fallback_active")).ok()),
         }
     }
 
-    fn flush(&self) {
-        self.events.iter().for_each(Metric::flush);
-        self.in_flight.flush();
+    fn flush(&self, host: &impl Host) {
+        self.events.iter().for_each(|metric| metric.flush(host));
+        self.in_flight.flush(host);
     }
 }
 
@@ -162,7 +167,8 @@ pub struct Metrics {
 
 impl Metrics {
     /// Defines every plugin-wide metric.
-    pub fn define() -> Self {
+    pub fn define(host: &impl Host) -> Self {
+        let counter = |name: &str| counter(host, name);
         Self {
             allowed: counter("floodgate.allowed"),
             limited: counter("floodgate.limited"),
@@ -202,7 +208,7 @@ impl Metrics {
     /// Hands every count of this worker to Envoy: the plugin-wide ones and
     /// those of `limiter`'s rules. (Every field is named, so a new metric
     /// cannot be left out of the flush.)
-    pub fn flush(&self, limiter: &Limiter<RuleMetrics>) {
+    pub fn flush(&self, host: &impl Host, limiter: &Limiter<RuleMetrics>) {
         let Metrics {
             allowed,
             limited,
@@ -241,15 +247,15 @@ impl Metrics {
             refill_waits,
             refill_wait_ms,
         ];
-        single.into_iter().chain(store).chain(callouts_failed).for_each(Metric::flush);
-        limiter.rules().iter().for_each(|rule| rule.host.flush());
+        single.into_iter().chain(store).chain(callouts_failed).for_each(|metric| metric.flush(host));
+        limiter.rules().iter().for_each(|rule| rule.host.flush(host));
     }
 
     /// Sets every global rule's `fallback_active` gauge from this worker's view.
-    pub fn set_modes(&self, limiter: &Limiter<RuleMetrics>) {
+    pub fn set_modes(&self, host: &impl Host, limiter: &Limiter<RuleMetrics>) {
         for compiled in limiter.rules() {
             if let Some(id) = compiled.host.fallback_active {
-                let _ = hostcalls::record_metric(id, u64::from(compiled.in_fallback()));
+                let _ = host.record_metric(id, u64::from(compiled.in_fallback()));
             }
         }
     }

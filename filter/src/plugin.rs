@@ -1,20 +1,20 @@
 //! What every request of one configuration on one worker shares, and the
-//! request's path through it: deciding, answering or pausing, finishing a
-//! paused request, giving a permit back, counting. The quota service's side
-//! of it is in [`crate::quota`].
+//! request's path through it: deciding, acting on what becomes of it (as
+//! [`crate::outcome`] decides: going on, answering, pausing, resuming,
+//! giving back), giving a permit back when it ends, counting. The quota
+//! service's side of it is in [`crate::quota`].
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use floodgate_core::algorithm::{Admission, Release};
+use floodgate_core::algorithm::Release;
 use floodgate_core::limiter::{CanWait, Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::Action;
 
-use crate::host::{self, HeaderReads, HostRequest, SharedData};
+use crate::host::{HeaderReads, Host, HostRequest, SharedData};
 use crate::metrics::{self, increment, Metrics, RuleMetrics};
+use crate::outcome::{self, Event, Outcome, Site};
 use crate::quota::Callouts;
 use crate::waiting::{Shared, Stage, Wait, Waiter, Waiting};
 
@@ -24,7 +24,9 @@ pub(crate) const GLOBAL_TICK: Duration = Duration::from_millis(50);
 
 /// What every request of a plugin on one worker shares: built once per
 /// configuration.
-pub(crate) struct Plugin {
+pub(crate) struct Plugin<H> {
+    /// The host every call goes to.
+    pub(crate) host: H,
     pub(crate) limiter: Limiter<RuleMetrics>,
     /// The root's shared queue (see [`Plugin::post`]).
     pub(crate) queue: Option<u32>,
@@ -36,8 +38,6 @@ pub(crate) struct Plugin {
     /// The header values a request read, kept between requests so that
     /// reading them allocates nothing.
     pub(crate) header_reads: RefCell<HeaderReads>,
-    /// A limited reply's serialized headers, kept between replies.
-    pub(crate) reply_buffer: RefCell<Vec<u8>>,
     pub(crate) metrics: Metrics,
     pub(crate) shadow_log: RateLimitedLog,
     pub(crate) callout_log: RateLimitedLog,
@@ -49,25 +49,51 @@ pub(crate) struct Plugin {
     pub(crate) closing: Cell<Option<usize>>,
 }
 
-impl Plugin {
+impl<H: Host> Plugin<H> {
+    /// A plugin for `limiter` on one worker, over `host`: `queue` is the
+    /// root's shared queue, and `metrics` were defined with `host`.
+    pub(crate) fn new(host: H, limiter: Limiter<RuleMetrics>, metrics: Metrics, queue: Option<u32>) -> Self {
+        let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
+        Plugin {
+            host,
+            limiter,
+            queue,
+            posted: Cell::new(false),
+            unflushed: Cell::new(false),
+            header_reads: RefCell::default(),
+            metrics,
+            shadow_log: RateLimitedLog::default(),
+            callout_log: RateLimitedLog::default(),
+            waiting,
+            callouts: RefCell::new(Callouts::default()),
+            closing: Cell::new(None),
+        }
+    }
+
+    /// Shared data, as the core's store.
+    pub(crate) fn store(&self) -> SharedData<'_, H> {
+        SharedData(&self.host)
+    }
+
     /// Gives back a permit's units for `why`; true when it had any to give
     /// back (the clock is read only then).
     pub(crate) fn release(&self, permit: Permit, why: Release) -> bool {
         if !self.limiter.needs_release(&permit, why) {
             return false;
         }
-        self.limiter.release(&SharedData, host::now(), permit, why, &mut self.metrics.counters());
+        self.limiter.release(&self.store(), self.host.now(), permit, why, &mut self.metrics.counters());
         true
     }
 
     /// Decides the request of context `context_id` and acts on the verdict.
-    /// Called by the request's own handler, and by the worker's tick for a
-    /// request that waits for a refill (with the effective context set to
-    /// it; `waited_out` once its wait is over).
-    pub(crate) fn decide(&self, context_id: u32, state: &Shared, since: Nanos, now: Nanos, waited_out: bool) -> Action {
+    /// Called at [`Site::Handler`] by the request's own handler, and at
+    /// [`Site::Root`] by the worker's root for a request that waits for a
+    /// refill (with the effective context set to it; `waited_out` once its
+    /// wait is over).
+    pub(crate) fn decide(&self, site: Site, request: RequestRef<'_>, now: Nanos, waited_out: bool) -> Outcome {
         let limiter = &self.limiter;
         let reads = std::mem::take(&mut *self.header_reads.borrow_mut());
-        let mut request = HostRequest::new(limiter.header_names(), reads);
+        let mut read = HostRequest::new(&self.host, limiter.header_names(), reads);
         let can_wait = if waited_out {
             CanWait::WaitedOut
         } else if self.waiting.borrow().is_full() {
@@ -76,37 +102,73 @@ impl Plugin {
             CanWait::Yes
         };
         let (mut verdict, permit) =
-            limiter.check_waited(&SharedData, now, &mut request, can_wait, &mut self.metrics.counters());
-        *self.header_reads.borrow_mut() = request.into_reads();
+            limiter.check_waited(&self.store(), now, &mut read, can_wait, &mut self.metrics.counters());
+        *self.header_reads.borrow_mut() = read.into_reads();
         if !verdict.refreshes.is_empty() {
             increment(&self.metrics.refreshes, verdict.refreshes.len() as u64);
             self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes), now);
         }
-        let wait = match verdict.admission {
-            Admission::Delayed(delay) => Wait::Delay { resume_at: now + delay },
-            Admission::Pending if !verdict.checks.is_empty() => Wait::Answer,
-            Admission::Pending => {
-                Wait::Refill { deadline: since + limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait) }
-            }
-            Admission::Now | Admission::Denied { .. } => return self.finish(state, verdict, permit, now),
-        };
-        // The limiter was told whether there is room: a request it lets wait has it.
-        self.waiting.borrow_mut().add(Waiter { context_id, since, wait, request: Rc::clone(state) });
-        if let Wait::Answer = wait {
-            self.callouts.borrow_mut().check(context_id, verdict, permit);
-        } else {
-            if let Wait::Delay { .. } = wait {
-                limiter.render_headers(&verdict, &mut state.borrow_mut().headers);
-            }
-            state.borrow_mut().permit = permit;
-        }
-        state.borrow_mut().stage = Stage::Waiting;
-        Action::Pause
+        let max_wait = limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait);
+        let outcome = outcome::next(site, Event::Decided { verdict: &verdict, since: request.since, now, max_wait });
+        self.act(request, outcome, Some(verdict), permit, now);
+        outcome
     }
 
-    /// Acts on a final verdict for a request: lets it through or answers it
-    /// as limited. Returns what its handler returns to Envoy.
-    pub(crate) fn finish(&self, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) -> Action {
+    /// Carries out `outcome` for `request` (the effective context): the
+    /// only code that pauses, resumes, answers or gives back a request.
+    /// `verdict` is the verdict on it and `permit` what it took, if it was
+    /// just decided; a request decided earlier (its shaper's delay over)
+    /// holds its permit and headers in its state already, and one whose
+    /// client has gone hands over only what the filter holds for it outside
+    /// its state. Returns false when the host refused to resume it.
+    fn act(
+        &self,
+        request: RequestRef<'_>,
+        outcome: Outcome,
+        verdict: Option<Verdict>,
+        permit: Permit,
+        now: Nanos,
+    ) -> bool {
+        let RequestRef { context_id, state, since } = request;
+        match (outcome, verdict) {
+            (Outcome::Pause(wait), Some(verdict)) => {
+                // The limiter was told whether there is room: a request it lets wait has it.
+                self.waiting.borrow_mut().add(Waiter { context_id, since, wait, request: Rc::clone(state) });
+                if let Wait::Answer = wait {
+                    self.callouts.borrow_mut().check(context_id, verdict, permit);
+                } else {
+                    if let Wait::Delay { .. } = wait {
+                        self.limiter.render_headers(&verdict, &mut state.borrow_mut().headers);
+                    }
+                    state.borrow_mut().permit = permit;
+                }
+                state.borrow_mut().stage = Stage::Waiting;
+            }
+            (Outcome::Continue | Outcome::Resume | Outcome::Reply, Some(verdict)) => {
+                self.finish(state, outcome, verdict, permit, now);
+                if let Outcome::Resume = outcome {
+                    return self.resume();
+                }
+            }
+            // A paused request decided before: it goes on as it was told.
+            (Outcome::Resume, None) => {
+                if !self.resume() {
+                    return false;
+                }
+                state.borrow_mut().stage = Stage::Passed;
+            }
+            // What its client took goes back undone; a permit still in its
+            // state goes back when its stream ends.
+            (Outcome::GiveBack, _) => self.give_back(permit),
+            // Not reached: a verdict that pauses or finishes a request comes with it.
+            (Outcome::Continue | Outcome::Reply | Outcome::Pause(_), None) => {}
+        }
+        true
+    }
+
+    /// Records a final verdict in a request's state, and answers it with a
+    /// local reply if it is limited.
+    fn finish(&self, state: &Shared, outcome: Outcome, verdict: Verdict, permit: Permit, now: Nanos) {
         let limiter = &self.limiter;
         if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
             self.shadow_log.record(now, log::Level::Info, || {
@@ -116,33 +178,80 @@ impl Plugin {
         let mut state = state.borrow_mut();
         limiter.render_headers(&verdict, &mut state.headers);
         state.permit = permit;
-        if verdict.allowed() {
+        if outcome != Outcome::Reply {
             state.stage = Stage::Passed;
-            return Action::Continue;
+            return;
         }
         state.stage = Stage::Limited;
         let response = limiter.response();
-        let buffer = &mut self.reply_buffer.borrow_mut();
-        if let Err(status) =
-            host::send_local_reply(response.status, state.headers.iter(), response.body.as_bytes(), buffer)
-        {
+        if let Err(status) = self.host.send_local_reply(response.status, &state.headers, response.body.as_bytes()) {
             log::warn!("floodgate: could not send the limited response: {status:?}");
         }
-        Action::Pause
     }
 
-    /// Finishes a paused request from the root context: switches to it and
-    /// resumes it or answers it as limited.
-    pub(crate) fn finish_paused(&self, context_id: u32, state: &Shared, verdict: Verdict, permit: Permit, now: Nanos) {
-        if hostcalls::set_effective_context(context_id).is_err() {
-            // The client left: what it took goes back.
-            self.release(permit, Release::Undo);
-            return;
-        }
-        if let Action::Continue = self.finish(state, verdict, permit, now) {
-            if let Err(status) = hostcalls::resume_http_request() {
+    /// Resumes the effective (paused) request; false when the host refused.
+    fn resume(&self) -> bool {
+        match self.host.resume_request() {
+            Ok(()) => true,
+            Err(status) => {
                 log::warn!("floodgate: could not resume a request: {status:?}");
+                false
             }
+        }
+    }
+
+    /// Makes paused request `context_id` the effective context, from the
+    /// root: only this worker can resume its own requests, and a client
+    /// that has gone makes this fail ([`Event::Gone`]).
+    fn switch_to(&self, context_id: u32) -> bool {
+        self.host.set_effective_context(context_id).is_ok()
+    }
+
+    /// Finishes a paused request from the root context with the verdict
+    /// settled from its check's answer: switches to it (`waiter`, if it
+    /// still waits), and resumes it or answers it as limited; gives its
+    /// permit back if its client has gone.
+    pub(crate) fn finish_paused(&self, waiter: Option<&Waiter>, verdict: Verdict, permit: Permit, now: Nanos) {
+        let event = match waiter {
+            Some(waiter) if self.switch_to(waiter.context_id) => Event::Answered(&verdict),
+            _ => Event::Gone,
+        };
+        match (outcome::next(Site::Root, event), waiter) {
+            (outcome, Some(waiter)) => {
+                self.act(RequestRef::of(waiter), outcome, Some(verdict), permit, now);
+            }
+            (_, None) => self.give_back(permit),
+        }
+    }
+
+    /// What a request whose client has gone took goes back, undone: it was
+    /// never served.
+    fn give_back(&self, permit: Permit) {
+        self.release(permit, Release::Undo);
+    }
+
+    /// A request's stream ended (completed, reset or failed): its permit
+    /// goes back. One still waiting was never served: its client has gone,
+    /// and what it took (and what its check holds) is undone; a served one
+    /// releases what it held while in flight.
+    pub(crate) fn ended(&self, context_id: u32, state: &Shared) {
+        let waiting = state.borrow().stage == Stage::Waiting;
+        let permit = std::mem::take(&mut state.borrow_mut().permit);
+        let counted = if waiting && self.waiting.borrow_mut().remove(context_id).is_some() {
+            increment(&self.metrics.delay_abandoned, 1);
+            let outcome = outcome::next(Site::Handler, Event::Gone);
+            let checked = self.callouts.borrow_mut().forget(context_id);
+            // Giving back reads neither when it arrived nor the time.
+            let request = RequestRef { context_id, state, since: Nanos::ZERO };
+            for permit in checked.into_iter().chain([permit]) {
+                self.act(request, outcome, None, permit, Nanos::ZERO);
+            }
+            true
+        } else {
+            self.release(permit, Release::Done)
+        };
+        if counted {
+            self.counted(self.host.now());
         }
     }
 
@@ -157,7 +266,7 @@ impl Plugin {
     /// The end of a root-context callback: counts reach Envoy, and the tick
     /// is set for what remains to do.
     pub(crate) fn settle_root(&self, now: Nanos) {
-        self.metrics.flush(&self.limiter);
+        self.metrics.flush(&self.host, &self.limiter);
         self.unflushed.set(false);
         schedule_ticks(self, now);
     }
@@ -171,7 +280,7 @@ impl Plugin {
             return;
         }
         let Some(queue) = self.queue else { return };
-        match hostcalls::enqueue_shared_queue(queue, None) {
+        match self.host.enqueue(queue) {
             Ok(()) => self.posted.set(true),
             Err(status) => log::warn!("floodgate: cannot post calls to the root context: {status:?}"),
         }
@@ -186,16 +295,19 @@ impl Plugin {
     pub(crate) fn finish_due(&self, now: Nanos, refills_only: bool) {
         let due = self.waiting.borrow_mut().take_due(now, refills_only);
         for waiter in due {
+            let request = RequestRef::of(&waiter);
+            if !self.switch_to(waiter.context_id) {
+                // Its client has gone: on_done gave back what its state held.
+                self.act(request, outcome::next(Site::Root, Event::Gone), None, Permit::default(), now);
+                if let Wait::Delay { .. } = waiter.wait {
+                    increment(&self.metrics.delay_abandoned, 1);
+                }
+                continue;
+            }
             match waiter.wait {
                 Wait::Delay { resume_at } => {
-                    // Only this worker can resume its own requests; a client
-                    // that has gone makes this fail, and its units were given
-                    // back in on_done.
-                    let resumed = hostcalls::set_effective_context(waiter.context_id)
-                        .and_then(|()| hostcalls::resume_http_request())
-                        .is_ok();
-                    if resumed {
-                        waiter.request.borrow_mut().stage = Stage::Passed;
+                    let outcome = outcome::next(Site::Root, Event::DelayOver);
+                    if self.act(request, outcome, None, Permit::default(), now) {
                         increment(&self.metrics.delayed, 1);
                         increment(&self.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
                         increment(&self.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
@@ -204,19 +316,10 @@ impl Plugin {
                     }
                 }
                 Wait::Refill { deadline } => {
-                    if hostcalls::set_effective_context(waiter.context_id).is_err() {
-                        continue;
-                    }
-                    let waited_out = now >= deadline;
-                    let action = self.decide(waiter.context_id, &waiter.request, waiter.since, now, waited_out);
-                    if !matches!(waiter.request.borrow().stage, Stage::Waiting) {
+                    let outcome = self.decide(Site::Root, request, now, now >= deadline);
+                    if !matches!(outcome, Outcome::Pause(_)) {
                         increment(&self.metrics.refill_waits, 1);
                         increment(&self.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
-                        if let Action::Continue = action {
-                            if let Err(status) = hostcalls::resume_http_request() {
-                                log::warn!("floodgate: could not resume a request: {status:?}");
-                            }
-                        }
                     }
                 }
                 Wait::Answer => {}
@@ -225,12 +328,31 @@ impl Plugin {
     }
 }
 
+/// The request the filter acts on: its context, the state its handlers
+/// share with the root, and when it arrived.
+#[derive(Clone, Copy)]
+pub(crate) struct RequestRef<'s> {
+    /// Envoy's id of its context.
+    pub(crate) context_id: u32,
+    /// Its state.
+    pub(crate) state: &'s Shared,
+    /// When it arrived.
+    pub(crate) since: Nanos,
+}
+
+impl<'s> RequestRef<'s> {
+    /// A paused request.
+    pub(crate) fn of(waiter: &'s Waiter) -> Self {
+        RequestRef { context_id: waiter.context_id, state: &waiter.request, since: waiter.since }
+    }
+}
+
 /// Sets this worker's tick: soon when calls are queued and not posted, or a
 /// paused request is due, or calls held back must leave; every
 /// [`GLOBAL_TICK`] while global rules exist;
 /// within [`metrics::FLUSH_PERIOD`] while counts wait to be flushed or the
 /// worker holds units taken ahead; else not at all.
-pub(crate) fn schedule_ticks(plugin: &Plugin, now: Nanos) {
+pub(crate) fn schedule_ticks<H: Host>(plugin: &Plugin<H>, now: Nanos) {
     let callouts = plugin.callouts.borrow();
     let period = if callouts.has_outgoing(now) && !plugin.posted.get() {
         Some(Duration::from_millis(1))
@@ -244,7 +366,7 @@ pub(crate) fn schedule_ticks(plugin: &Plugin, now: Nanos) {
     // Counts to flush, or units taken ahead to give back when they end.
     let flush = (plugin.unflushed.get() || plugin.limiter.holds_reserves()).then_some(metrics::FLUSH_PERIOD);
     let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
-    if let Err(status) = hostcalls::set_tick_period(period) {
+    if let Err(status) = plugin.host.set_tick_period(period) {
         log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");
     }
 }

@@ -3,29 +3,30 @@
 //! tick, sends what requests posted, receives every answer of the quota
 //! service, and creates each request's context.
 
-use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use floodgate_core::config::Config;
 use floodgate_core::global::calls::{CallError, MAX_ANSWER_BYTES};
 use floodgate_core::limiter::Limiter;
-use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, MapType};
+use proxy_wasm::types::ContextType;
 
-use crate::host::{self, SharedData};
+use crate::envoy::Envoy;
+use crate::host::{self, Host, SharedData};
 use crate::http::{FloodgateHttp, PassThrough};
 use crate::metrics::{Metrics, RuleMetrics};
-use crate::plugin::{schedule_ticks, Plugin, RateLimitedLog};
-use crate::quota::{Callout, Callouts};
-use crate::waiting::{Shared, Waiting};
+use crate::plugin::{schedule_ticks, Plugin};
+use crate::quota::Callout;
+use crate::waiting::Shared;
 
 /// One plugin configuration on one VM (Envoy's main thread or a worker).
 /// Per-plugin state lives here, not in statics: plugins with the same code
 /// and `vm_id` share a VM.
 pub(crate) struct FloodgateRoot {
     context_id: u32,
-    plugin: Option<Rc<Plugin>>,
+    /// The host, for what the root does before it has a plugin.
+    host: Envoy,
+    plugin: Option<Rc<Plugin<Envoy>>>,
     /// Whether this VM has checked that Envoy has the quota service's cluster.
     cluster_checked: bool,
     /// This root's shared queue, through which its requests post calls to it
@@ -35,7 +36,7 @@ pub(crate) struct FloodgateRoot {
 
 impl FloodgateRoot {
     pub(crate) fn new(context_id: u32) -> Self {
-        FloodgateRoot { context_id, plugin: None, cluster_checked: false, queue: None }
+        FloodgateRoot { context_id, host: Envoy::default(), plugin: None, cluster_checked: false, queue: None }
     }
 }
 
@@ -45,8 +46,8 @@ impl Context for FloodgateRoot {
     /// context stays until the service has answered (as far as Envoy waits).
     fn on_done(&mut self) -> bool {
         let Some(plugin) = self.plugin.clone() else { return true };
-        plugin.limiter.return_reserves(&SharedData, host::now(), true, &mut plugin.metrics.counters());
-        plugin.metrics.flush(&plugin.limiter);
+        plugin.limiter.return_reserves(&plugin.store(), plugin.host.now(), true, &mut plugin.metrics.counters());
+        plugin.metrics.flush(&plugin.host, &plugin.limiter);
         match plugin.give_back_all() {
             0 => true,
             calls => {
@@ -64,7 +65,9 @@ impl Context for FloodgateRoot {
         let status = if num_headers == 0 {
             None
         } else {
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+            plugin
+                .host
+                .call_answer_header(":status")
                 .ok()
                 .flatten()
                 .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
@@ -74,18 +77,18 @@ impl Context for FloodgateRoot {
         } else if body_size == 0 {
             Ok(Vec::new())
         } else {
-            Ok(hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size).ok().flatten().unwrap_or_default())
+            Ok(plugin.host.call_answer_body(body_size).ok().flatten().unwrap_or_default())
         };
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
         let refilled = matches!(callout, Callout::Leases(_));
         plugin.answered(callout, status, body);
-        plugin.metrics.set_modes(&plugin.limiter);
-        let now = host::now();
+        plugin.metrics.set_modes(&plugin.host, &plugin.limiter);
+        let now = plugin.host.now();
         if refilled {
             // The requests that waited for these pools go on now.
             plugin.finish_due(now, true);
         }
-        let _ = hostcalls::set_effective_context(self.context_id);
+        let _ = plugin.host.set_effective_context(self.context_id);
         plugin.send_queued();
         plugin.settle_root(now);
     }
@@ -93,7 +96,7 @@ impl Context for FloodgateRoot {
 
 impl RootContext for FloodgateRoot {
     fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
-        let raw = match hostcalls::get_buffer(BufferType::PluginConfiguration, 0, usize::MAX) {
+        let raw = match self.host.plugin_configuration() {
             Ok(Some(bytes)) => bytes,
             Ok(None) => Vec::new(),
             Err(status) => {
@@ -109,7 +112,11 @@ impl RootContext for FloodgateRoot {
                 return false;
             }
         };
-        let limiter = match Limiter::prepare(config, &SharedData, host::entropy(), RuleMetrics::define) {
+        // The plugin's own handle on Envoy (with the buffer its local
+        // replies are serialized into).
+        let host = Envoy::default();
+        let define = |rule: &_| RuleMetrics::define(&host, rule);
+        let limiter = match Limiter::prepare(config, &SharedData(&host), host::entropy(&host), define) {
             Ok(limiter) => limiter,
             Err(error) => {
                 log::error!("floodgate: cannot prepare shared data: {error}");
@@ -126,25 +133,12 @@ impl RootContext for FloodgateRoot {
                 limiter.shared_data_bytes(index)
             );
         }
-        let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
         if self.queue.is_none() {
-            self.queue = register_queue(self.context_id);
+            self.queue = register_queue(&self.host, self.context_id);
         }
-        let plugin = Rc::new(Plugin {
-            limiter,
-            queue: self.queue,
-            posted: Cell::new(false),
-            unflushed: Cell::new(false),
-            header_reads: RefCell::default(),
-            reply_buffer: RefCell::default(),
-            metrics: Metrics::define(),
-            shadow_log: RateLimitedLog::default(),
-            callout_log: RateLimitedLog::default(),
-            waiting,
-            callouts: RefCell::new(Callouts::default()),
-            closing: Cell::new(None),
-        });
-        schedule_ticks(&plugin, host::now());
+        let metrics = Metrics::define(&host);
+        let plugin = Rc::new(Plugin::new(host, limiter, metrics, self.queue));
+        schedule_ticks(&plugin, plugin.host.now());
         self.plugin = Some(plugin);
         true
     }
@@ -154,31 +148,31 @@ impl RootContext for FloodgateRoot {
     /// the paused requests whose time has come.
     fn on_tick(&mut self) {
         let Some(plugin) = self.plugin.clone() else { return };
-        let now = host::now();
+        let now = plugin.host.now();
         if let Some(service) = plugin.limiter.quota_service() {
             if !self.cluster_checked {
                 self.cluster_checked = true;
                 plugin.check_cluster(service);
             }
-            plugin.limiter.read_modes(&SharedData);
-            plugin.metrics.set_modes(&plugin.limiter);
+            plugin.limiter.read_modes(&plugin.store());
+            plugin.metrics.set_modes(&plugin.host, &plugin.limiter);
             plugin.send_due_probes(service, now);
             plugin.send_queued();
         }
         plugin.finish_due(now, false);
-        let _ = hostcalls::set_effective_context(self.context_id);
+        let _ = plugin.host.set_effective_context(self.context_id);
         plugin.send_queued();
-        plugin.limiter.return_reserves(&SharedData, now, false, &mut plugin.metrics.counters());
+        plugin.limiter.return_reserves(&plugin.store(), now, false, &mut plugin.metrics.counters());
         plugin.settle_root(now);
     }
 
     /// A request posted calls: send them now.
     fn on_queue_ready(&mut self, queue_id: u32) {
-        while let Ok(Some(_)) = hostcalls::dequeue_shared_queue(queue_id) {}
+        while let Ok(Some(_)) = self.host.dequeue(queue_id) {}
         let Some(plugin) = self.plugin.clone() else { return };
         plugin.posted.set(false);
         plugin.send_queued();
-        plugin.settle_root(host::now());
+        plugin.settle_root(plugin.host.now());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -199,10 +193,10 @@ impl RootContext for FloodgateRoot {
 /// Registers root context `root_id`'s shared queue under a name no other
 /// worker uses: Envoy runs `on_queue_ready` on the registering worker, in
 /// the registering context, so a post reaches this root and no other.
-fn register_queue(root_id: u32) -> Option<u32> {
-    let [a, b, c, d, e, f, g, h, ..] = host::entropy();
+fn register_queue(host: &impl Host, root_id: u32) -> Option<u32> {
+    let [a, b, c, d, e, f, g, h, ..] = host::entropy(host);
     let name = format!("floodgate:{root_id}:{:016x}", u64::from_le_bytes([a, b, c, d, e, f, g, h]));
-    hostcalls::register_shared_queue(&name)
+    host.register_queue(&name)
         .map_err(|status| log::warn!("floodgate: no shared queue ({status:?}): calls leave on the next tick"))
         .ok()
 }

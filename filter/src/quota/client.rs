@@ -6,25 +6,23 @@
 
 use std::time::Duration;
 
-use floodgate_core::algorithm::Release;
 use floodgate_core::global::calls::{self, Call, CallError, CheckAnswer, Refresh};
 use floodgate_core::global::settings::QuotaService;
 use floodgate_core::lease::pool::{Applied, GrantedLease};
 use floodgate_core::time::Nanos;
-use proxy_wasm::hostcalls;
 
 use super::callouts::{Callout, Outgoing, StatusCall};
-use crate::host::{self, SharedData};
+use crate::host::Host;
 use crate::metrics::increment;
 use crate::plugin::Plugin;
 
-impl Plugin {
+impl<H: Host> Plugin<H> {
     /// Probes the quota service once, first thing: Envoy refuses at once a
     /// call to a cluster it does not have, and a misspelt `global.cluster`
     /// must be said plainly, not only counted. (`envoy --mode validate`
     /// refuses every call, so this cannot be a configuration check.)
     pub(crate) fn check_cluster(&self, service: &QuotaService) {
-        match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+        match self.dispatch(&service.cluster, &service.probe_call(), service.timeout) {
             Ok(token) => {
                 increment(&self.metrics.callouts_sent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Hello));
@@ -34,9 +32,9 @@ impl Plugin {
                     "floodgate: global.cluster {:?} cannot be called ({why}): is it a cluster of Envoy's configuration? Global rules use their fall-back",
                     service.cluster
                 );
-                let now = host::now();
+                let now = self.host.now();
                 for rule in 0..self.limiter.rules().len() {
-                    self.limiter.record_callout(&SharedData, now, rule, false);
+                    self.limiter.record_callout(&self.store(), now, rule, false);
                 }
                 self.metrics.count_failed_callout(&CallError::NotSent(why));
             }
@@ -47,9 +45,9 @@ impl Plugin {
     /// probe is due (one worker at a time claims each, see
     /// `Limiter::due_probes`); the answer switches the rule back.
     pub(crate) fn send_due_probes(&self, service: &QuotaService, now: Nanos) {
-        for rule in self.limiter.due_probes(&SharedData, now) {
+        for rule in self.limiter.due_probes(&self.store(), now) {
             let callout = Callout::Status(StatusCall::Probe(rule));
-            match dispatch(&service.cluster, &service.probe_call(), service.timeout) {
+            match self.dispatch(&service.cluster, &service.probe_call(), service.timeout) {
                 Ok(token) => {
                     increment(&self.metrics.callouts_sent, 1);
                     self.callouts.borrow_mut().sent(token, callout);
@@ -63,11 +61,11 @@ impl Plugin {
     /// away; the number of calls made.
     pub(crate) fn give_back_all(&self) -> usize {
         let Some(service) = self.limiter.quota_service() else { return 0 };
-        let unspent = self.limiter.take_unspent(&SharedData, host::now());
+        let unspent = self.limiter.take_unspent(&self.store(), self.host.now());
         let mut sent = 0;
         for chunk in unspent.chunks(calls::MAX_ITEMS) {
             let tokens = chunk.iter().map(|(_, t)| t).sum();
-            if let Ok(token) = dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
+            if let Ok(token) = self.dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
                 increment(&self.metrics.callouts_sent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Returns(tokens)));
                 sent += 1;
@@ -83,7 +81,7 @@ impl Plugin {
             let left = left.saturating_sub(1);
             self.closing.set(Some(left));
             if left == 0 {
-                let _ = hostcalls::done();
+                let _ = self.host.done();
             }
         }
     }
@@ -91,7 +89,7 @@ impl Plugin {
     /// Sends everything queued for the quota service.
     pub(crate) fn send_queued(&self) {
         let Some(service) = self.limiter.quota_service() else { return };
-        let now = host::now();
+        let now = self.host.now();
         let outgoing = self.callouts.borrow_mut().take_outgoing(now);
         for call in outgoing {
             let (request, callout) = match call {
@@ -111,7 +109,7 @@ impl Plugin {
                     (service.check_call(&items, hits), Callout::Check { context_id, indices })
                 }
             };
-            match dispatch(&service.cluster, &request, service.timeout) {
+            match self.dispatch(&service.cluster, &request, service.timeout) {
                 Ok(token) => {
                     increment(&self.metrics.callouts_sent, 1);
                     self.callouts.borrow_mut().sent(token, callout);
@@ -124,7 +122,7 @@ impl Plugin {
     /// Handles the answer to one of this worker's calls: each kind of call
     /// reads its own answer; one that is not usable fails the call.
     pub(crate) fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
-        let now = host::now();
+        let now = self.host.now();
         let failed = match callout {
             Callout::Leases(refreshes) => match body.and_then(|body| calls::read_leases(status, &body, &refreshes)) {
                 Ok(grants) => {
@@ -160,9 +158,9 @@ impl Plugin {
     pub(crate) fn leases_granted(&self, refreshes: &[Refresh], grants: Vec<GrantedLease>, now: Nanos) {
         let counters = &mut self.metrics.counters();
         for (refresh, grant) in refreshes.iter().zip(grants) {
-            self.limiter.record_callout(&SharedData, now, refresh.rule, true);
+            self.limiter.record_callout(&self.store(), now, refresh.rule, true);
             increment(&self.metrics.tokens_leased, grant.granted);
-            let applied = self.limiter.apply_lease(&SharedData, now, refresh, &grant, counters);
+            let applied = self.limiter.apply_lease(&self.store(), now, refresh, &grant, counters);
             let mut callouts = self.callouts.borrow_mut();
             match applied {
                 // What the pool does not keep of the replaced leases.
@@ -188,46 +186,41 @@ impl Plugin {
                 increment(&self.metrics.tokens_returned, tokens);
                 self.return_settled();
             }
-            StatusCall::Probe(rule) => self.limiter.record_callout(&SharedData, now, rule, true),
+            StatusCall::Probe(rule) => self.limiter.record_callout(&self.store(), now, rule, true),
             StatusCall::Hello => {}
         }
     }
 
-    /// Records a check call's answers and finishes the request once all its
-    /// calls have answered.
+    /// Records a check call's answers and, once all its calls have
+    /// answered, finishes the request with the verdict they settle.
     pub(crate) fn settle(&self, context_id: u32, indices: &[usize], answers: Option<Vec<CheckAnswer>>, now: Nanos) {
         let done = self.callouts.borrow_mut().record_check(context_id, indices, answers);
         let Some((job, answers)) = done else { return };
         let (context_id, verdict, permit) = job.into_parts();
         let counters = &mut self.metrics.counters();
-        let (verdict, permit) = self.limiter.settle(&SharedData, now, verdict, permit, answers.as_deref(), counters);
+        let (verdict, permit) = self.limiter.settle(&self.store(), now, verdict, permit, answers.as_deref(), counters);
         let waiter = self.waiting.borrow_mut().remove(context_id);
-        match waiter {
-            Some(waiter) => self.finish_paused(context_id, &waiter.request, verdict, permit, now),
-            None => {
-                self.release(permit, Release::Undo);
-            }
-        }
+        self.finish_paused(waiter.as_ref(), verdict, permit, now);
     }
 
     /// A call got no usable answer: pools' claims end, rules fall back.
     pub(crate) fn callout_failed(&self, callout: Callout, why: &CallError) {
-        let now = host::now();
+        let now = self.host.now();
         self.metrics.count_failed_callout(why);
         self.callout_log.record(now, log::Level::Warn, || format!("quota service call failed, rules fall back: {why}"));
         let counters = &mut self.metrics.counters();
         match callout {
             Callout::Leases(refreshes) => {
                 for refresh in &refreshes {
-                    self.limiter.abandon_lease(&SharedData, now, refresh, counters);
-                    self.limiter.record_callout(&SharedData, now, refresh.rule, false);
+                    self.limiter.abandon_lease(&self.store(), now, refresh, counters);
+                    self.limiter.record_callout(&self.store(), now, refresh.rule, false);
                 }
             }
             // Tokens not given back are lost to this window: never more admitted.
             Callout::Status(StatusCall::Returns(_)) => self.return_settled(),
             // A failed first call says nothing the next calls will not.
             Callout::Status(StatusCall::Hello) => {}
-            Callout::Status(StatusCall::Probe(rule)) => self.limiter.record_callout(&SharedData, now, rule, false),
+            Callout::Status(StatusCall::Probe(rule)) => self.limiter.record_callout(&self.store(), now, rule, false),
             Callout::Check { context_id, indices } => {
                 let rules: Vec<usize> = self
                     .callouts
@@ -236,19 +229,20 @@ impl Plugin {
                     .map(|job| indices.iter().filter_map(|&i| job.verdict.checks.get(i).map(|c| c.rule)).collect())
                     .unwrap_or_default();
                 for rule in rules {
-                    self.limiter.record_callout(&SharedData, now, rule, false);
+                    self.limiter.record_callout(&self.store(), now, rule, false);
                 }
                 self.settle(context_id, &indices, None, now);
             }
         }
     }
-}
 
-/// Dispatches `call` to `cluster` from the current (root) context.
-fn dispatch(cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
-    let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
-    let body = (!call.body.is_empty()).then_some(call.body.as_slice());
-    let timeout = Duration::from(timeout).max(Duration::from_millis(1));
-    hostcalls::dispatch_http_call(cluster, headers, body, vec![], timeout)
-        .map_err(|status| format!("Envoy refused the call to cluster {cluster:?} ({status:?})"))
+    /// Dispatches `call` to `cluster` from the current (root) context.
+    fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
+        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let body = (!call.body.is_empty()).then_some(call.body.as_slice());
+        let timeout = Duration::from(timeout).max(Duration::from_millis(1));
+        self.host
+            .dispatch_call(cluster, headers, body, timeout)
+            .map_err(|status| format!("Envoy refused the call to cluster {cluster:?} ({status:?})"))
+    }
 }
