@@ -40,8 +40,16 @@ pub enum Event<'v> {
     },
     /// The quota service answered its check: the verdict settled from the
     /// answer (or the fall-back), final. A shaper's delay deferred behind
-    /// the check is not waited for: the answer finishes the request.
-    Answered(&'v Verdict),
+    /// the check still holds: from `since`, when the request arrived and
+    /// the shaper gave it its time; it goes on once that is over.
+    Answered {
+        /// The verdict.
+        verdict: &'v Verdict,
+        /// When the request arrived.
+        since: Nanos,
+        /// Now.
+        now: Nanos,
+    },
     /// Its shaper's delay is over.
     DelayOver,
     /// The root could not switch to it: its client has gone.
@@ -69,7 +77,12 @@ pub fn next(site: Site, event: Event<'_>) -> Outcome {
     match event {
         Event::Gone => Outcome::GiveBack,
         Event::DelayOver => Outcome::Resume,
-        Event::Answered(verdict) => finish(site, verdict),
+        Event::Answered { verdict, since, now } => match verdict.admission {
+            Admission::Delayed(delay) if now < since + delay => {
+                Outcome::Pause(Wait::Delay { resume_at: since + delay })
+            }
+            _ => finish(site, verdict),
+        },
         Event::Decided { verdict, since, now, max_wait } => match verdict.admission {
             Admission::Delayed(delay) => Outcome::Pause(Wait::Delay { resume_at: now + delay }),
             Admission::Pending if !verdict.checks.is_empty() => Outcome::Pause(Wait::Answer),
@@ -137,9 +150,17 @@ mod tests {
     #[test]
     fn a_paused_request_is_resumed_answered_or_given_back() {
         assert_eq!(next(Site::Root, Event::DelayOver), Outcome::Resume);
-        assert_eq!(next(Site::Root, Event::Answered(&verdict(Admission::Now))), Outcome::Resume);
+        fn answered(verdict: &Verdict) -> Event<'_> {
+            Event::Answered { verdict, since: MS, now: MS.times(3) }
+        }
+        assert_eq!(next(Site::Root, answered(&verdict(Admission::Now))), Outcome::Resume);
         let no = verdict(Admission::Denied { retry_after: MS });
-        assert_eq!(next(Site::Root, Event::Answered(&no)), Outcome::Reply);
+        assert_eq!(next(Site::Root, answered(&no)), Outcome::Reply);
+        // A shaper's delay behind the check: until its time, from arrival.
+        let delayed = verdict(Admission::Delayed(MS.times(5)));
+        assert_eq!(next(Site::Root, answered(&delayed)), Outcome::Pause(Wait::Delay { resume_at: MS.times(6) }));
+        let over = verdict(Admission::Delayed(MS));
+        assert_eq!(next(Site::Root, answered(&over)), Outcome::Resume, "its time is over: on at once");
         assert_eq!(next(Site::Root, Event::Gone), Outcome::GiveBack);
     }
 }

@@ -221,3 +221,30 @@ fn a_check_answer_resumes_the_right_context() {
     assert!(replies[0].headers.contains(&("retry-after".to_string(), "5".to_string())), "{:?}", replies[0].headers);
     assert_eq!(first.borrow().stage, Stage::Limited);
 }
+
+/// A shaper's delay and a check on one request: the check's answer does
+/// not skip the delay. The request waits until the time the shaper gave it
+/// on arrival, then goes on.
+#[test]
+fn a_check_answer_keeps_a_shapers_delay() {
+    let shaper = r#"{"name": "paced", "algorithm": "shaper", "limit": 10, "period": "10s", "max_delay": "5s"},"#;
+    let plugin = plugin(&global(shaper, r#""mode": "check","#));
+    let (first, _) = arrive(&plugin, 2);
+    let (second, _) = arrive(&plugin, 3);
+    let calls = send(&plugin);
+    assert_eq!(calls.len(), 2, "{calls:?}");
+    answer(&plugin, calls[0].1, ALLOWED);
+    assert_eq!(plugin.host.take_resumed(), [2], "no delay: on at once");
+    assert_eq!(first.borrow().stage, Stage::Passed);
+    plugin.host.advance_ms(10);
+    answer(&plugin, calls[1].1, ALLOWED);
+    assert!(plugin.host.take_resumed().is_empty(), "its shaper gave it a second");
+    assert_eq!(second.borrow().stage, Stage::Waiting);
+    plugin.host.advance_ms(989);
+    tick(&plugin);
+    assert!(plugin.host.take_resumed().is_empty(), "not before its time");
+    plugin.host.advance_ms(1);
+    tick(&plugin);
+    assert_eq!(plugin.host.take_resumed(), [3]);
+    assert_eq!(second.borrow().stage, Stage::Passed);
+}

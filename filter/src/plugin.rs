@@ -213,7 +213,9 @@ impl<H: Host> Plugin<H> {
     /// permit back if its client has gone.
     pub(crate) fn finish_paused(&self, waiter: Option<&Waiter>, verdict: Verdict, permit: Permit, now: Nanos) {
         let event = match waiter {
-            Some(waiter) if self.switch_to(waiter.context_id) => Event::Answered(&verdict),
+            Some(waiter) if self.switch_to(waiter.context_id) => {
+                Event::Answered { verdict: &verdict, since: waiter.since, now }
+            }
             _ => Event::Gone,
         };
         match (outcome::next(Site::Root, event), waiter) {
