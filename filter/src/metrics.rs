@@ -41,6 +41,65 @@ const RULE_EVENTS: [(RuleEvent, &str); 5] = [
 
 const FAILURES: [&str; 5] = ["not_sent", "refused", "timeout", "bad_status", "bad_answer"];
 
+/// A plugin-wide counter (each rule's are [`RuleMetrics`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counter {
+    /// Requests let through (whether or not a rule applied).
+    Allowed,
+    /// Requests answered as limited.
+    Limited,
+    /// Requests a shadow-mode rule would have limited.
+    ShadowLimited,
+    /// Requests a shaper delayed, and that went on after waiting.
+    Delayed,
+    /// Milliseconds of delay the shapers asked for, summed.
+    DelayRequestedMs,
+    /// Milliseconds delayed requests actually waited, summed.
+    DelayActualMs,
+    /// Paused requests whose client left while they waited.
+    DelayAbandoned,
+    /// Requests denied because their worker already had
+    /// `max_delayed_per_worker` requests paused.
+    DelayQueueFull,
+    /// Lease-pool refreshes claimed.
+    Refreshes,
+    /// Calls sent to the quota service.
+    CalloutsSent,
+    /// Calls answered usably.
+    CalloutsOk,
+    /// Tokens granted to this Envoy's pools.
+    TokensLeased,
+    /// Unspent tokens given back to the service.
+    TokensReturned,
+    /// Tokens whose lease ended before they were spent.
+    TokensExpired,
+    /// Requests that waited for an empty pool's refill.
+    RefillWaits,
+    /// Milliseconds they waited, summed.
+    RefillWaitMs,
+}
+
+/// Each plugin-wide counter's name (after `floodgate.`), in the order of
+/// [`Counter`]: the one list that defines and flushes them.
+const COUNTERS: [(Counter, &str); 16] = [
+    (Counter::Allowed, "allowed"),
+    (Counter::Limited, "limited"),
+    (Counter::ShadowLimited, "shadow_limited"),
+    (Counter::Delayed, "delayed"),
+    (Counter::DelayRequestedMs, "delay_requested_ms"),
+    (Counter::DelayActualMs, "delay_actual_ms"),
+    (Counter::DelayAbandoned, "delay_abandoned"),
+    (Counter::DelayQueueFull, "delay_queue_full"),
+    (Counter::Refreshes, "global.refreshes"),
+    (Counter::CalloutsSent, "global.callouts_sent"),
+    (Counter::CalloutsOk, "global.callouts_ok"),
+    (Counter::TokensLeased, "global.tokens_leased"),
+    (Counter::TokensReturned, "global.tokens_returned"),
+    (Counter::TokensExpired, "global.tokens_expired"),
+    (Counter::RefillWaits, "global.refill_waits"),
+    (Counter::RefillWaitMs, "global.refill_wait_ms"),
+];
+
 /// The longest Envoy's stats lag the worker's counts.
 pub const FLUSH_PERIOD: Duration = Duration::from_millis(100);
 
@@ -130,64 +189,28 @@ impl RuleMetrics {
 
 /// The plugin-wide counters.
 pub struct Metrics {
-    allowed: Metric,
-    limited: Metric,
-    shadow_limited: Metric,
+    /// By [`Counter`].
+    counters: [Metric; COUNTERS.len()],
     store: [Metric; STORE_EVENTS.len()],
-    /// Requests a shaper delayed, and that went on after waiting.
-    pub delayed: Metric,
-    /// Milliseconds of delay the shaper asked for, summed.
-    pub delay_requested_ms: Metric,
-    /// Milliseconds delayed requests actually waited, summed.
-    pub delay_actual_ms: Metric,
-    /// Delayed requests whose client left while they waited.
-    pub delay_abandoned: Metric,
-    /// Requests denied because this worker already had
-    /// `max_delayed_per_worker` requests waiting.
-    delay_queue_full: Metric,
-    /// Lease-pool refreshes claimed.
-    pub refreshes: Metric,
-    /// Calls sent to the quota service.
-    pub callouts_sent: Metric,
-    /// Calls answered usably.
-    pub callouts_ok: Metric,
     /// Calls failed, by kind (see [`Metrics::count_failed_callout`]).
-    callouts_failed: [Metric; 5],
-    /// Tokens granted to this Envoy's pools.
-    pub tokens_leased: Metric,
-    /// Unspent tokens given back to the service.
-    pub tokens_returned: Metric,
-    /// Tokens whose lease ended before they were spent.
-    pub tokens_expired: Metric,
-    /// Requests that waited for an empty pool's refill.
-    pub refill_waits: Metric,
-    /// Milliseconds they waited, summed.
-    pub refill_wait_ms: Metric,
+    callouts_failed: [Metric; FAILURES.len()],
 }
 
 impl Metrics {
     /// Defines every plugin-wide metric.
     pub fn define(host: &impl Host) -> Self {
-        let counter = |name: &str| counter(host, name);
+        let counter = |name: &str| counter(host, &format!("floodgate.{name}"));
         Self {
-            allowed: counter("floodgate.allowed"),
-            limited: counter("floodgate.limited"),
-            shadow_limited: counter("floodgate.shadow_limited"),
-            store: STORE_EVENTS.map(|(_, name)| counter(&format!("floodgate.{name}"))),
-            delayed: counter("floodgate.delayed"),
-            delay_requested_ms: counter("floodgate.delay_requested_ms"),
-            delay_actual_ms: counter("floodgate.delay_actual_ms"),
-            delay_abandoned: counter("floodgate.delay_abandoned"),
-            delay_queue_full: counter("floodgate.delay_queue_full"),
-            refreshes: counter("floodgate.global.refreshes"),
-            callouts_sent: counter("floodgate.global.callouts_sent"),
-            callouts_ok: counter("floodgate.global.callouts_ok"),
-            callouts_failed: FAILURES.map(|kind| counter(&format!("floodgate.global.callouts_{kind}"))),
-            tokens_leased: counter("floodgate.global.tokens_leased"),
-            tokens_returned: counter("floodgate.global.tokens_returned"),
-            tokens_expired: counter("floodgate.global.tokens_expired"),
-            refill_waits: counter("floodgate.global.refill_waits"),
-            refill_wait_ms: counter("floodgate.global.refill_wait_ms"),
+            counters: COUNTERS.map(|(_, name)| counter(name)),
+            store: STORE_EVENTS.map(|(_, name)| counter(name)),
+            callouts_failed: FAILURES.map(|kind| counter(&format!("global.callouts_{kind}"))),
+        }
+    }
+
+    /// Adds `by` to `counter`.
+    pub fn count(&self, counter: Counter, by: u64) {
+        if let Some(metric) = self.counters.get(counter as usize) {
+            increment(metric, by);
         }
     }
 
@@ -206,48 +229,10 @@ impl Metrics {
     }
 
     /// Hands every count of this worker to Envoy: the plugin-wide ones and
-    /// those of `limiter`'s rules. (Every field is named, so a new metric
-    /// cannot be left out of the flush.)
+    /// those of `limiter`'s rules.
     pub fn flush(&self, host: &impl Host, limiter: &Limiter<RuleMetrics>) {
-        let Metrics {
-            allowed,
-            limited,
-            shadow_limited,
-            store,
-            delayed,
-            delay_requested_ms,
-            delay_actual_ms,
-            delay_abandoned,
-            delay_queue_full,
-            refreshes,
-            callouts_sent,
-            callouts_ok,
-            callouts_failed,
-            tokens_leased,
-            tokens_returned,
-            tokens_expired,
-            refill_waits,
-            refill_wait_ms,
-        } = self;
-        let single = [
-            allowed,
-            limited,
-            shadow_limited,
-            delayed,
-            delay_requested_ms,
-            delay_actual_ms,
-            delay_abandoned,
-            delay_queue_full,
-            refreshes,
-            callouts_sent,
-            callouts_ok,
-            tokens_leased,
-            tokens_returned,
-            tokens_expired,
-            refill_waits,
-            refill_wait_ms,
-        ];
-        single.into_iter().chain(store).chain(callouts_failed).for_each(|metric| metric.flush(host));
+        let every = self.counters.iter().chain(&self.store).chain(&self.callouts_failed);
+        every.for_each(|metric| metric.flush(host));
         limiter.rules().iter().for_each(|rule| rule.host.flush(host));
     }
 
@@ -271,16 +256,13 @@ pub struct MetricCounters<'a>(&'a Metrics);
 
 impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn request(&mut self, event: RequestEvent) {
-        let metrics = self.0;
-        increment(
-            match event {
-                RequestEvent::Allowed => &metrics.allowed,
-                RequestEvent::Limited => &metrics.limited,
-                RequestEvent::ShadowLimited => &metrics.shadow_limited,
-                RequestEvent::NoRoomToWait => &metrics.delay_queue_full,
-            },
-            1,
-        );
+        let counter = match event {
+            RequestEvent::Allowed => Counter::Allowed,
+            RequestEvent::Limited => Counter::Limited,
+            RequestEvent::ShadowLimited => Counter::ShadowLimited,
+            RequestEvent::NoRoomToWait => Counter::DelayQueueFull,
+        };
+        self.0.count(counter, 1);
     }
 
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
@@ -297,6 +279,20 @@ impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn store(&mut self, event: StoreEvent, count: u64) {
         if let Some(metric) = STORE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| self.0.store.get(i)) {
             increment(metric, count);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`Metrics::count`] finds a counter by its place in [`COUNTERS`].
+    #[test]
+    fn every_counter_is_named_once_in_its_place() {
+        for (place, (counter, name)) in COUNTERS.iter().enumerate() {
+            assert_eq!(*counter as usize, place, "{name}");
+            assert_eq!(COUNTERS.iter().filter(|(_, other)| other == name).count(), 1, "{name}");
         }
     }
 }

@@ -13,7 +13,7 @@ use floodgate_core::limiter::{CanWait, Limiter, Permit, Verdict};
 use floodgate_core::time::{Nanos, SECOND};
 
 use crate::host::{HeaderReads, Host, HostRequest, SharedData};
-use crate::metrics::{self, increment, Metrics, RuleMetrics};
+use crate::metrics::{self, Counter, Metrics, RuleMetrics};
 use crate::outcome::{self, Event, Outcome, Site};
 use crate::quota::Callouts;
 use crate::waiting::{Shared, Stage, Wait, Waiter, Waiting};
@@ -105,7 +105,7 @@ impl<H: Host> Plugin<H> {
             limiter.check_waited(&self.store(), now, &mut read, can_wait, &mut self.metrics.counters());
         *self.header_reads.borrow_mut() = read.into_reads();
         if !verdict.refreshes.is_empty() {
-            increment(&self.metrics.refreshes, verdict.refreshes.len() as u64);
+            self.metrics.count(Counter::Refreshes, verdict.refreshes.len() as u64);
             self.callouts.borrow_mut().refresh(std::mem::take(&mut verdict.refreshes), now);
         }
         let max_wait = limiter.quota_service().map_or(Nanos::ZERO, |s| s.max_wait);
@@ -240,7 +240,7 @@ impl<H: Host> Plugin<H> {
         let waiting = state.borrow().stage == Stage::Waiting;
         let permit = std::mem::take(&mut state.borrow_mut().permit);
         let counted = if waiting && self.waiting.borrow_mut().remove(context_id).is_some() {
-            increment(&self.metrics.delay_abandoned, 1);
+            self.metrics.count(Counter::DelayAbandoned, 1);
             let outcome = outcome::next(Site::Handler, Event::Gone);
             let checked = self.callouts.borrow_mut().forget(context_id);
             // Giving back reads neither when it arrived nor the time.
@@ -302,7 +302,7 @@ impl<H: Host> Plugin<H> {
                 // Its client has gone: on_done gave back what its state held.
                 self.act(request, outcome::next(Site::Root, Event::Gone), None, Permit::default(), now);
                 if let Wait::Delay { .. } = waiter.wait {
-                    increment(&self.metrics.delay_abandoned, 1);
+                    self.metrics.count(Counter::DelayAbandoned, 1);
                 }
                 continue;
             }
@@ -310,18 +310,18 @@ impl<H: Host> Plugin<H> {
                 Wait::Delay { resume_at } => {
                     let outcome = outcome::next(Site::Root, Event::DelayOver);
                     if self.act(request, outcome, None, Permit::default(), now) {
-                        increment(&self.metrics.delayed, 1);
-                        increment(&self.metrics.delay_requested_ms, (resume_at - waiter.since).ceil_millis());
-                        increment(&self.metrics.delay_actual_ms, (now - waiter.since).ceil_millis());
+                        self.metrics.count(Counter::Delayed, 1);
+                        self.metrics.count(Counter::DelayRequestedMs, (resume_at - waiter.since).ceil_millis());
+                        self.metrics.count(Counter::DelayActualMs, (now - waiter.since).ceil_millis());
                     } else {
-                        increment(&self.metrics.delay_abandoned, 1);
+                        self.metrics.count(Counter::DelayAbandoned, 1);
                     }
                 }
                 Wait::Refill { deadline } => {
                     let outcome = self.decide(Site::Root, request, now, now >= deadline);
                     if !matches!(outcome, Outcome::Pause(_)) {
-                        increment(&self.metrics.refill_waits, 1);
-                        increment(&self.metrics.refill_wait_ms, (now - waiter.since).ceil_millis());
+                        self.metrics.count(Counter::RefillWaits, 1);
+                        self.metrics.count(Counter::RefillWaitMs, (now - waiter.since).ceil_millis());
                     }
                 }
                 Wait::Answer => {}

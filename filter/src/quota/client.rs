@@ -13,7 +13,7 @@ use floodgate_core::time::Nanos;
 
 use super::callouts::{Callout, Outgoing, StatusCall};
 use crate::host::Host;
-use crate::metrics::increment;
+use crate::metrics::Counter;
 use crate::plugin::Plugin;
 
 impl<H: Host> Plugin<H> {
@@ -24,7 +24,7 @@ impl<H: Host> Plugin<H> {
     pub(crate) fn check_cluster(&self, service: &QuotaService) {
         match self.dispatch(&service.cluster, &service.probe_call(), service.timeout) {
             Ok(token) => {
-                increment(&self.metrics.callouts_sent, 1);
+                self.metrics.count(Counter::CalloutsSent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Hello));
             }
             Err(why) => {
@@ -49,7 +49,7 @@ impl<H: Host> Plugin<H> {
             let callout = Callout::Status(StatusCall::Probe(rule));
             match self.dispatch(&service.cluster, &service.probe_call(), service.timeout) {
                 Ok(token) => {
-                    increment(&self.metrics.callouts_sent, 1);
+                    self.metrics.count(Counter::CalloutsSent, 1);
                     self.callouts.borrow_mut().sent(token, callout);
                 }
                 Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
@@ -66,7 +66,7 @@ impl<H: Host> Plugin<H> {
         for chunk in unspent.chunks(calls::MAX_ITEMS) {
             let tokens = chunk.iter().map(|(_, t)| t).sum();
             if let Ok(token) = self.dispatch(&service.cluster, &service.return_call(chunk), service.timeout) {
-                increment(&self.metrics.callouts_sent, 1);
+                self.metrics.count(Counter::CalloutsSent, 1);
                 self.callouts.borrow_mut().sent(token, Callout::Status(StatusCall::Returns(tokens)));
                 sent += 1;
             }
@@ -111,7 +111,7 @@ impl<H: Host> Plugin<H> {
             };
             match self.dispatch(&service.cluster, &request, service.timeout) {
                 Ok(token) => {
-                    increment(&self.metrics.callouts_sent, 1);
+                    self.metrics.count(Counter::CalloutsSent, 1);
                     self.callouts.borrow_mut().sent(token, callout);
                 }
                 Err(why) => self.callout_failed(callout, &CallError::NotSent(why)),
@@ -149,7 +149,7 @@ impl<H: Host> Plugin<H> {
             },
         };
         match failed {
-            None => increment(&self.metrics.callouts_ok, 1),
+            None => self.metrics.count(Counter::CalloutsOk, 1),
             Some((callout, why)) => self.callout_failed(callout, &why),
         }
     }
@@ -159,13 +159,13 @@ impl<H: Host> Plugin<H> {
         let counters = &mut self.metrics.counters();
         for (refresh, grant) in refreshes.iter().zip(grants) {
             self.limiter.record_callout(&self.store(), now, refresh.rule, true);
-            increment(&self.metrics.tokens_leased, grant.granted);
+            self.metrics.count(Counter::TokensLeased, grant.granted);
             let applied = self.limiter.apply_lease(&self.store(), now, refresh, &grant, counters);
             let mut callouts = self.callouts.borrow_mut();
             match applied {
                 // What the pool does not keep of the replaced leases.
                 Some(Applied::Replaced(left)) => {
-                    increment(&self.metrics.tokens_expired, left.expired);
+                    self.metrics.count(Counter::TokensExpired, left.expired);
                     for (lease, tokens) in left.returns {
                         callouts.give_back(lease, tokens, now);
                     }
@@ -183,7 +183,7 @@ impl<H: Host> Plugin<H> {
     pub(crate) fn acknowledged(&self, call: StatusCall, now: Nanos) {
         match call {
             StatusCall::Returns(tokens) => {
-                increment(&self.metrics.tokens_returned, tokens);
+                self.metrics.count(Counter::TokensReturned, tokens);
                 self.return_settled();
             }
             StatusCall::Probe(rule) => self.limiter.record_callout(&self.store(), now, rule, true),
