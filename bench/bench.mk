@@ -3,6 +3,7 @@
 #
 #   make -f bench/bench.mk filter-bench         # the full run (about 12-13 minutes on 2 cores)
 #   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
+#   make -f bench/bench.mk filter-bench-ab BASE_WASM=old.wasm  # this module against another, alternating rounds
 #
 # Paths are relative to the repository root. Tunables (environment or make
 # variables): BENCH_ROUNDS, BENCH_DURATION, BENCH_WARMUP, BENCH_CONNECTIONS,
@@ -24,7 +25,7 @@ BENCH_RUN := FLOODGATE_WASM=$(BENCH_WASM_DIR)/floodgate.wasm \
   QUOTA_BIN=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/floodgate-quota \
   cargo run --quiet --release -p floodgate-bench
 
-.PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps
+.PHONY: filter-bench filter-bench-quick filter-bench-build filter-bench-deps filter-bench-ab
 
 filter-bench-deps:
 	@rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
@@ -45,3 +46,9 @@ filter-bench: filter-bench-build
 filter-bench-quick: filter-bench-build
 	BENCH_ROUNDS=1 BENCH_DURATION=2 BENCH_WARMUP=1 BENCH_LATENCY_REQUESTS=500 BENCH_ACCURACY_SECS=2 \
 	  BENCH_MEMORY_KEYS=100000 $(BENCH_RUN)
+
+# This module against BASE_WASM (e.g. main's before a change) on the local
+# rows, in alternating rounds of one run each (AB_ROUNDS, default 4).
+filter-bench-ab: filter-bench-build
+	@test -n "$(BASE_WASM)" || { echo "BASE_WASM=<a floodgate.wasm to compare with> is required"; exit 2; }
+	python3 bench/scripts/ab.py $(BASE_WASM) $(BENCH_WASM_DIR)/floodgate.wasm $(or $(AB_ROUNDS),4)
