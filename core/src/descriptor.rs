@@ -772,7 +772,7 @@ mod tests {
     }
 
     fn claims() -> Vec<u8> {
-        use crate::metadata::build::{metadata, Value};
+        use crate::metadata::build::{metadata, ProtoValue as Value};
         let text = |s: &str| Value::String(s.as_bytes().to_vec());
         metadata(&[(
             b"envoy.filters.http.jwt_authn",
@@ -847,7 +847,7 @@ mod tests {
 
     #[test]
     fn metadata_from_the_route_and_malformed_metadata() {
-        use crate::metadata::build::{metadata, Value};
+        use crate::metadata::build::{metadata, ProtoValue as Value};
         let route = metadata(&[(b"floodgate", vec![(b"tier".to_vec(), Value::String(b"gold".to_vec()))])]);
         let entries = vec![DescriptorEntry::Metadata {
             key: "tier".into(),
@@ -865,7 +865,7 @@ mod tests {
 
     #[test]
     fn a_huge_claim_contributes_a_bounded_distinct_value() {
-        use crate::metadata::build::{metadata, Value};
+        use crate::metadata::build::{metadata, ProtoValue as Value};
         use crate::value::MAX_VALUE_BYTES;
         let blob = |sub: &[u8]| {
             metadata(&[(
@@ -964,7 +964,7 @@ mod tests {
 
     #[test]
     fn route_name_and_route_metadata_conditions() {
-        use crate::metadata::build::{metadata, Value};
+        use crate::metadata::build::{metadata, ProtoValue as Value};
         let route = metadata(&[(
             b"floodgate",
             vec![(b"tier".to_vec(), Value::String(b"gold".to_vec())), (b"paid".to_vec(), Value::Bool(true))],

@@ -224,7 +224,7 @@ impl<'a> Fields<'a> {
 pub mod build {
     /// A `google.protobuf.Value`.
     #[derive(Debug, Clone, PartialEq)]
-    pub enum Value {
+    pub enum ProtoValue {
         /// `null`.
         Null,
         /// A number.
@@ -237,11 +237,11 @@ pub mod build {
         /// last one wins when read).
         Struct(Fields),
         /// A list.
-        List(Vec<Value>),
+        List(Vec<ProtoValue>),
     }
 
     /// A struct's fields: names and values, in order.
-    pub type Fields = Vec<(Vec<u8>, Value)>;
+    pub type Fields = Vec<(Vec<u8>, ProtoValue)>;
 
     /// A serialized `Metadata` with these namespaces and their structs.
     pub fn metadata(namespaces: &[(&[u8], Fields)]) -> Vec<u8> {
@@ -255,7 +255,7 @@ pub mod build {
         out
     }
 
-    fn structure(fields: &[(Vec<u8>, Value)]) -> Vec<u8> {
+    fn structure(fields: &[(Vec<u8>, ProtoValue)]) -> Vec<u8> {
         let mut out = Vec::new();
         for (name, value) in fields {
             let mut entry = Vec::new();
@@ -266,18 +266,18 @@ pub mod build {
         out
     }
 
-    fn encode(value: &Value) -> Vec<u8> {
+    fn encode(value: &ProtoValue) -> Vec<u8> {
         let mut out = Vec::new();
         match value {
-            Value::Null => varint_field(&mut out, 1, 0),
-            Value::Number(n) => {
+            ProtoValue::Null => varint_field(&mut out, 1, 0),
+            ProtoValue::Number(n) => {
                 varint(&mut out, (2 << 3) | 1);
                 out.extend_from_slice(&n.to_bits().to_le_bytes());
             }
-            Value::String(s) => bytes_field(&mut out, 3, s),
-            Value::Bool(b) => varint_field(&mut out, 4, u64::from(*b)),
-            Value::Struct(fields) => bytes_field(&mut out, 5, &structure(fields)),
-            Value::List(items) => {
+            ProtoValue::String(s) => bytes_field(&mut out, 3, s),
+            ProtoValue::Bool(b) => varint_field(&mut out, 4, u64::from(*b)),
+            ProtoValue::Struct(fields) => bytes_field(&mut out, 5, &structure(fields)),
+            ProtoValue::List(items) => {
                 let mut list = Vec::new();
                 for item in items {
                     bytes_field(&mut list, 1, &encode(item));
@@ -310,7 +310,7 @@ pub mod build {
 
 #[cfg(test)]
 mod tests {
-    use super::build::{metadata, Value};
+    use super::build::{metadata, ProtoValue as Value};
     use super::*;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;

@@ -790,7 +790,7 @@ fn a_warm_worker_allocates_nothing_per_request() {
 /// name and nothing else, however many rules ask.
 #[test]
 fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
-    use floodgate_core::metadata::build::{metadata, Value};
+    use floodgate_core::metadata::build::{metadata, ProtoValue as Value};
     on_a_worker(|| {
         let user =
             r#"{"metadata": {"descriptor_key": "user", "metadata_key": {"key": "jwt", "path": [{"key": "sub"}]}}}"#;

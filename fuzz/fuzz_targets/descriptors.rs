@@ -120,14 +120,14 @@ impl Name {
 }
 
 impl Value {
-    fn build(self) -> build::Value {
+    fn build(self) -> build::ProtoValue {
         match self {
-            Value::Null => build::Value::Null,
-            Value::Number(n) => build::Value::Number(n),
-            Value::String(s) => build::Value::String(s),
-            Value::Bool(b) => build::Value::Bool(b),
-            Value::Struct(f) => build::Value::Struct(fields(f)),
-            Value::List(items) => build::Value::List(items.into_iter().map(Value::build).collect()),
+            Value::Null => build::ProtoValue::Null,
+            Value::Number(n) => build::ProtoValue::Number(n),
+            Value::String(s) => build::ProtoValue::String(s),
+            Value::Bool(b) => build::ProtoValue::Bool(b),
+            Value::Struct(f) => build::ProtoValue::Struct(fields(f)),
+            Value::List(items) => build::ProtoValue::List(items.into_iter().map(Value::build).collect()),
         }
     }
 }
