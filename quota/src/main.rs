@@ -193,7 +193,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tick.tick().await;
-            let dropped = sweeper.store().sweep();
+            // In steps, requests served in between (with one worker thread,
+            // every request used to wait for a whole sweep).
+            let dropped = sweeper.store().sweep().await;
             if dropped > 0 {
                 tracing::debug!(dropped, "idle entries dropped");
             }

@@ -102,6 +102,8 @@ pub struct LocalStore {
     max_entries: usize,
     /// Entries looked at to drop idle ones, ever (see [`LocalStore::examined`]).
     examined: AtomicUsize,
+    /// The shard the sweep's next step starts from.
+    sweep_at: AtomicUsize,
     /// Live lease records per caller, in shards of their own (a leaf lock:
     /// never held while waiting for another).
     records_of: [Mutex<HashMap<Caller, usize>>; SHARDS],
@@ -126,6 +128,7 @@ impl LocalStore {
             held: Counts::default(),
             max_entries: max_entries.max(1),
             examined: AtomicUsize::new(0),
+            sweep_at: AtomicUsize::new(0),
             records_of: std::array::from_fn(|_| Mutex::new(HashMap::new())),
         }
     }
@@ -222,21 +225,32 @@ impl LocalStore {
     }
 
     /// Drops every entry due now (a bucket idle and unused for a window, an
-    /// expired lease record), a bounded step per shard lock. Costs what it
+    /// expired lease record), in [`LocalStore::sweep_step`]s. Costs what it
     /// drops, not what the store holds. Returns how many it dropped.
     pub fn sweep(&self) -> usize {
-        let now = self.clock.now();
         let mut total = 0;
-        for (index, shard) in self.shards.iter().enumerate() {
-            loop {
-                let dropped = self.drop_due(index, &mut lock(shard), now, SWEEP_STEP);
-                total += dropped;
-                if dropped < SWEEP_STEP {
-                    break;
-                }
+        loop {
+            let (dropped, more) = self.sweep_step();
+            total += dropped;
+            if !more {
+                return total;
             }
         }
-        total
+    }
+
+    /// One step of the sweep: looks at up to 1,024 entries at the
+    /// head of the next shard (from where the last step was) whose head is
+    /// due, under its lock; returns how many it dropped and whether a
+    /// shard's head is still due. Shards with nothing due are passed over
+    /// by their published head, without their locks.
+    pub fn sweep_step(&self) -> (usize, bool) {
+        let now = self.clock.now();
+        let due = |index: usize| self.due.get(index).is_some_and(|d| d.load(Ordering::Relaxed) <= now.get());
+        let from = self.sweep_at.load(Ordering::Relaxed);
+        let Some(index) = (0..SHARDS).map(|k| (from + k) % SHARDS).find(|i| due(*i)) else { return (0, false) };
+        self.sweep_at.store(index, Ordering::Relaxed);
+        let dropped = self.shards.get(index).map_or(0, |shard| self.drop_due(index, &mut lock(shard), now, SWEEP_STEP));
+        (dropped, (0..SHARDS).any(due))
     }
 
     /// Room for `new` more entries of each kind (buckets, records), reserved
@@ -433,8 +447,8 @@ impl Backend for LocalStore {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn sweep(&self) -> usize {
-        LocalStore::sweep(self)
+    fn sweep_step(&self) -> (usize, bool) {
+        LocalStore::sweep_step(self)
     }
 
     fn inline(&self) -> bool {
@@ -531,6 +545,33 @@ mod tests {
         assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
         clock.advance(SECOND.times(2));
         assert_eq!(memory(&store).sweep(), 1);
+    }
+
+    /// A sweep of many expired entries lets other tasks run between its
+    /// steps: on one worker thread (as the bench runs the service), a mass
+    /// expiry no longer stalls every request for the whole sweep (a probe
+    /// saw p99 255 ms, max 551 ms, while 760,000 lease records expired).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_sweep_lets_other_tasks_run_between_its_steps() {
+        let clock = Arc::new(FakeClock::new(T0));
+        let store = Arc::new(store(&clock, 100_000));
+        for i in 0..20_000 {
+            assert!(store.check(&[item(&format!("k{i}"), 1)]).await.unwrap().committed);
+        }
+        clock.advance(SECOND.times(2));
+        let sweeping = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { store.sweep().await }
+        });
+        // Runs after the sweep's first step, if the sweep lets it.
+        let meanwhile = tokio::spawn({
+            let store = Arc::clone(&store);
+            async move { memory(&store).len() }
+        });
+        let (dropped, held) = (sweeping.await.unwrap(), meanwhile.await.unwrap());
+        assert_eq!(dropped, 20_000);
+        assert!(0 < held && held < 20_000, "another task ran mid-sweep: it saw {held} entries");
+        assert!(memory(&store).is_empty());
     }
 
     fn caller(last: u8) -> Option<Caller> {

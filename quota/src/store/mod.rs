@@ -314,9 +314,21 @@ impl QuotaStore {
         self.backend.ping().await
     }
 
-    /// See [`Backend::sweep`].
-    pub fn sweep(&self) -> usize {
-        self.backend.sweep()
+    /// Drops what is no longer needed, step by step (see
+    /// [`Backend::sweep_step`]), letting the runtime's other tasks run
+    /// between steps: a mass expiry (a million lease records ending within
+    /// seconds) never holds the thread that serves requests for the whole
+    /// sweep. Returns how many entries it dropped.
+    pub async fn sweep(&self) -> usize {
+        let mut dropped = 0;
+        loop {
+            let (step, more) = self.backend.sweep_step();
+            dropped += step;
+            if !more {
+                return dropped;
+            }
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Runs transactions, each: read its keys, let `decide` (given their
