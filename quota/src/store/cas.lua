@@ -59,6 +59,8 @@ for g = 1, groups do
     status = 1
   else
     local fresh = timely
+    -- Keys holding a turn (of this instance, or one run out), to end it.
+    local turned = {}
     if fresh then
       for i = first, last do
         local held = redis.call('HMGET', KEYS[i], 'n', 'turn', 'turn_until')
@@ -66,6 +68,7 @@ for g = 1, groups do
           fresh = false
           break
         end
+        turned[i] = held[2]
         if held[2] and held[2] ~= ARGV[3] and tonumber(held[3]) > now then
           fresh = false
           break
@@ -83,8 +86,11 @@ for g = 1, groups do
           end
           redis.call('PEXPIRE', KEYS[i], ARGV[at + 3])
         end
-        -- A turn ends with its holder's decision (any other one has run out).
-        redis.call('HDEL', KEYS[i], 'turn', 'turn_until')
+        -- A turn ends with its holder's decision (any other one has run
+        -- out); a key without one needs no command (most keys, most writes).
+        if turned[i] then
+          redis.call('HDEL', KEYS[i], 'turn', 'turn_until')
+        end
       end
       status = 1
     else
