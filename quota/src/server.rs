@@ -195,7 +195,8 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                 let held = Held { _permit: permit, _slot: slot };
                 let stopping = stopping.clone();
                 // Peer addresses tell callers apart only where per-peer
-                // shares are on (0: behind a proxy, every caller has its address).
+                // shares are on (0: behind a proxy, every caller has the
+                // proxy's address).
                 let caller = (limits.peer_share() > 0).then_some(Caller(peer.ip()));
                 match &app {
                     App::Http(router) => {
