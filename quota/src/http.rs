@@ -9,6 +9,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::Extension;
 use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -16,6 +17,7 @@ use serde::Serialize;
 use crate::auth;
 use crate::server::BodyTimeout;
 use crate::service::{ApiError, Service};
+use crate::store::Caller;
 use floodgate_protocol::{ErrorBody, MAX_BODY_BYTES};
 
 /// What the handlers share.
@@ -132,9 +134,17 @@ async fn check(State(state): State<AppState>, headers: HeaderMap, body: Result<B
     record(&state, "check", response)
 }
 
-async fn lease(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+/// A lease's records are charged to its caller (set by the server loop,
+/// absent where addresses do not tell callers apart).
+async fn lease(
+    State(state): State<AppState>,
+    caller: Option<Extension<Caller>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let caller = caller.map(|Extension(caller)| caller);
     let response = match authorize(&state, &headers).and_then(|()| parse(body)) {
-        Ok(req) => outcome(state.service.lease(req).await),
+        Ok(req) => outcome(state.service.lease(req, caller).await),
         Err((status, message)) => error(status, message),
     };
     record(&state, "lease", response)

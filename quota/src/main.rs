@@ -59,7 +59,9 @@ struct Cli {
     reload_interval: Duration,
 
     /// Most buckets the memory store holds, and most lease records beside
-    /// them (entries no longer kept are dropped first, then new keys get 503).
+    /// them, at most a sixteenth of those of one caller (peer address, while
+    /// --max-connections-per-peer is not 0); entries no longer kept are
+    /// dropped first, then new keys get 503.
     #[arg(long, default_value_t = 1_000_000)]
     memory_max_buckets: usize,
 
@@ -78,8 +80,10 @@ struct Cli {
     max_connections: u32,
 
     /// Most connections one peer address may hold open on each listener,
-    /// never more than half its cap (0: no limit). Behind a proxy or load
-    /// balancer every connection has its address: set 0.
+    /// never more than half its cap; not 0, each peer address is also a
+    /// caller with its share of the memory store's lease records (0: neither
+    /// limit). Behind a proxy or load balancer every connection has its
+    /// address: set 0.
     #[arg(long, default_value_t = 64)]
     max_connections_per_peer: u32,
 
@@ -189,7 +193,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         let mut tick = tokio::time::interval(Duration::from_secs(10));
         loop {
             tick.tick().await;
-            let dropped = sweeper.store().sweep();
+            // In steps, requests served in between (with one worker thread,
+            // every request used to wait for a whole sweep).
+            let dropped = sweeper.store().sweep().await;
             if dropped > 0 {
                 tracing::debug!(dropped, "idle entries dropped");
             }

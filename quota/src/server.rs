@@ -14,7 +14,9 @@
 //!   (HTTP: a 503; gRPC: closed), rather than waiting in the kernel's queue
 //!   or using up the open-files limit;
 //! - a **per-peer cap**: one peer address holds at most so many of the
-//!   connections, so one client cannot take them all;
+//!   connections, so one client cannot take them all (and, with the cap on,
+//!   each request carries its peer address as its [`Caller`], which the
+//!   memory store charges lease records to);
 //! - a **shutdown deadline**: after the shutdown signal no connection is
 //!   accepted, requests in flight finish, and whatever is still open at the
 //!   deadline is closed.
@@ -45,6 +47,7 @@ use tokio::time::{sleep, Instant, Sleep};
 use tower::ServiceExt;
 
 use crate::rls::RlsService;
+use crate::store::Caller;
 
 /// The server's limits (each a command-line flag of the binary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -191,8 +194,14 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                 let _ = stream.set_nodelay(true);
                 let held = Held { _permit: permit, _slot: slot };
                 let stopping = stopping.clone();
+                // Peer addresses tell callers apart only where per-peer
+                // shares are on (0: behind a proxy, every caller has the
+                // proxy's address).
+                let caller = (limits.peer_share() > 0).then_some(Caller(peer.ip()));
                 match &app {
-                    App::Http(router) => connections.spawn(serve_http(stream, router.clone(), limits, stopping, held)),
+                    App::Http(router) => {
+                        connections.spawn(serve_http(stream, router.clone(), limits, stopping, held, caller))
+                    }
                     App::Grpc(rls) => connections.spawn(serve_grpc(stream, rls.clone(), limits, stopping, held)),
                 };
             }
@@ -261,12 +270,22 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
     let _ = stopping.wait_for(|stop| *stop).await;
 }
 
-async fn serve_http(stream: TcpStream, router: Router, limits: Limits, stopping: watch::Receiver<bool>, held: Held) {
+async fn serve_http(
+    stream: TcpStream,
+    router: Router,
+    limits: Limits,
+    stopping: watch::Receiver<bool>,
+    held: Held,
+    caller: Option<Caller>,
+) {
     let body_read_timeout = limits.body_read_timeout;
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
-        let request = request.map(|inner| {
+        let mut request = request.map(|inner| {
             Body::new(DeadlineBody { inner, deadline: Box::pin(sleep(body_read_timeout)), limit: body_read_timeout })
         });
+        if let Some(caller) = caller {
+            request.extensions_mut().insert(caller);
+        }
         router.clone().oneshot(request)
     });
     let mut http = http1::Builder::new();

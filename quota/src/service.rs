@@ -14,7 +14,7 @@ use floodgate_protocol::{
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
 use crate::metrics::ServiceMetrics;
-use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, LeaseReturn, QuotaStore, StoreFailure};
+use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, Caller, LeaseReturn, QuotaStore, StoreFailure};
 
 /// An error for the caller, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,8 +245,9 @@ impl Service {
         Ok(CheckResponse { allowed, retry_after_ms: if allowed { None } else { wait }, results })
     }
 
-    /// `POST /v1/lease`: grant batches of tokens, sized to each caller's rate.
-    pub async fn lease(&self, req: LeaseRequest) -> Result<LeaseResponse, ApiError> {
+    /// `POST /v1/lease`: grant batches of tokens, sized to each caller's
+    /// rate; their records are charged to `caller` (see [`Caller`]).
+    pub async fn lease(&self, req: LeaseRequest, caller: Option<Caller>) -> Result<LeaseResponse, ApiError> {
         check_descriptors("leases", MAX_LEASES, req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
         for (i, lease) in req.leases.iter().enumerate() {
             check_lease_id(&format!("leases[{i}].id"), &lease.id).map_err(bad)?;
@@ -281,6 +282,7 @@ impl Service {
                         window: lease.window,
                         per_window: lease.per_window,
                         record: lease_key(&domain.name, &lease.id),
+                        caller,
                     });
                     plan.push(Ok((items.len() - 1, limit.clone(), *shadow)));
                 }

@@ -166,10 +166,12 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                         match (rng.below(4), rng.below(5)) {
                             (0, 0) if !leases.is_empty() => {
                                 let record = recent(&mut rng, &leases).record;
-                                BucketLease { key, limit, wanted, rate, window, per_window, record }
+                                BucketLease { key, limit, wanted, rate, window, per_window, record, caller: None }
                             }
                             (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
-                            _ => BucketLease { key, limit, wanted, rate, window, per_window, record: new },
+                            _ => {
+                                BucketLease { key, limit, wanted, rate, window, per_window, record: new, caller: None }
+                            }
                         }
                     })
                     .collect();

@@ -114,7 +114,7 @@ impl SimulatedService {
                         let done = LeaseRecord::of(&key.bucket, &key.rule, &leased, now, LEASE_RECORD_MARGIN);
                         let bucket = key.bucket.clone();
                         self.put(&bucket, leased.next.clone(), index);
-                        self.put(&record_key, done.to_next(), index);
+                        self.put(&record_key, done.to_next(None), index);
                     }
                     let starts = leased.starts_at - now;
                     (leased.granted, (leased.decision, leased.window, leased.windows, leased.valid, starts, false))
@@ -159,7 +159,7 @@ impl SimulatedService {
             let again = done.returned;
             if !again {
                 done.returned = true;
-                self.put(&record_key, done.to_next(), owner);
+                self.put(&record_key, done.to_next(None), owner);
             }
             if let Some(next) = next {
                 let bucket = done.bucket.clone();

@@ -42,10 +42,13 @@ pub trait Backend: std::fmt::Debug + Send + Sync + 'static {
     /// Whether it answers now.
     fn ping(&self) -> BoxFuture<'_, Result<(), StoreFailure>>;
 
-    /// Drops what is no longer needed (a store that expires entries itself
-    /// has nothing to do); returns how many entries it dropped.
-    fn sweep(&self) -> usize {
-        0
+    /// Drops some of what is no longer needed, one bounded step (a store
+    /// that expires entries itself has nothing to do): returns how many
+    /// entries the step dropped, and whether more may be due. The caller
+    /// lets other tasks run between steps, so that a mass expiry never
+    /// holds the thread that serves requests.
+    fn sweep_step(&self) -> (usize, bool) {
+        (0, false)
     }
 
     /// Whether its rounds end without waiting (no I/O): they then run on

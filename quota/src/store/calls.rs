@@ -176,7 +176,7 @@ fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos)
             *slot = Some(leased.next.clone());
         }
         if let Some(slot) = writes.get_mut(record) {
-            *slot = Some(done.to_next());
+            *slot = Some(done.to_next(item.caller));
         }
     }
     let outcome = LeaseOutcome {
@@ -228,7 +228,7 @@ fn give_back(
     done.returned = true;
     done.given_back = back;
     if let Some(slot) = writes.get_mut(record) {
-        *slot = Some(done.to_next());
+        *slot = Some(done.to_next(None));
     }
     if let (Some(slot), Some(next)) = (writes.get_mut(at), next) {
         *slot = Some(next);

@@ -12,6 +12,7 @@ use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::Nanos;
 
 use crate::config::Limit;
+use crate::store::Caller;
 
 /// Every stored value starts with a tag byte: a bucket's is its algorithm's
 /// (`Registration::tag`), a lease record's [`RECORD_TAG`]. A value stored
@@ -159,7 +160,7 @@ impl Stored {
         }
         // A key in use keeps its place for a window after its last use,
         // even once idle: between its windows it is still a live key.
-        Next { bytes, idle_at, keep_until: idle_at.max(now + window_len(limit)), kind: Kind::Bucket }
+        Next { bytes, idle_at, keep_until: idle_at.max(now + window_len(limit)), kind: Kind::Bucket, owner: None }
     }
 }
 
@@ -184,6 +185,10 @@ pub struct Next {
     pub keep_until: Nanos,
     /// A bucket or a lease record (each has its own room in the memory store).
     pub kind: Kind,
+    /// For a new lease record, the caller whose share of the records' room
+    /// it takes in a store of bounded room (see [`Caller`]); `None` for
+    /// buckets, and for records of callers not told apart.
+    pub owner: Option<Caller>,
 }
 
 /// What an entry is.
@@ -535,9 +540,9 @@ impl LeaseRecord {
         })
     }
 
-    /// The record as an entry to store.
-    pub fn to_next(&self) -> Next {
-        Next { bytes: self.encode(), idle_at: self.expires_at, keep_until: self.expires_at, kind: Kind::Record }
+    /// The record as an entry to store, charged to `owner` (see [`Next::owner`]).
+    pub fn to_next(&self, owner: Option<Caller>) -> Next {
+        Next { bytes: self.encode(), idle_at: self.expires_at, keep_until: self.expires_at, kind: Kind::Record, owner }
     }
 
     /// The record in `stored`, if there is one still counting at `now`.

@@ -23,6 +23,7 @@ pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
 
 use std::fmt;
+use std::net::IpAddr;
 use std::str::FromStr;
 use std::sync::Arc;
 
@@ -65,6 +66,14 @@ pub struct BucketCheck {
     pub shadow: bool,
 }
 
+/// Who a call comes from, as far as the service can tell callers apart: the
+/// peer address of its connection. A store of bounded room (the memory
+/// store) charges each lease record to its caller, so that one caller cannot
+/// take the room from every other one, while a hot key leased by a fleet
+/// of Envoys (each its own address) is not bounded as one caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Caller(pub IpAddr);
+
 /// One bucket of a lease.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BucketLease {
@@ -84,6 +93,10 @@ pub struct BucketLease {
     /// See [`lease_key`]: where the grant is recorded, atomically with it. A
     /// lease whose record exists is not granted again but answered from it.
     pub record: String,
+    /// Whom the record is charged to (see [`Caller`]); `None` where peer
+    /// addresses do not tell callers apart (`--max-connections-per-peer 0`,
+    /// behind a proxy): then only the records' room as a whole bounds it.
+    pub caller: Option<Caller>,
 }
 
 /// What one lease got.
@@ -185,8 +198,8 @@ pub enum Room {
     Buckets,
     /// Lease records (as many as buckets).
     Records,
-    /// One bucket's share of the lease records' room.
-    BucketRecords,
+    /// One caller's share of the lease records' room.
+    CallerRecords,
 }
 
 impl fmt::Display for StoreFailure {
@@ -200,10 +213,10 @@ impl fmt::Display for StoreFailure {
             StoreFailure::Full(Room::Records) => {
                 write!(f, "the memory store's room for lease records is full: every record is of a live lease")
             }
-            StoreFailure::Full(Room::BucketRecords) => write!(
+            StoreFailure::Full(Room::CallerRecords) => write!(
                 f,
-                "the lease records of this descriptor's bucket fill its share of the memory store's room for them \
-                 (a sixteenth): its leases are refused until some expire"
+                "the lease records of this caller (its peer address) fill its share of the memory store's room \
+                 for them (a sixteenth): its new leases are refused until some expire"
             ),
             StoreFailure::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
             StoreFailure::ClockOff { offset_ms, bound_ms } => write!(
@@ -301,9 +314,21 @@ impl QuotaStore {
         self.backend.ping().await
     }
 
-    /// See [`Backend::sweep`].
-    pub fn sweep(&self) -> usize {
-        self.backend.sweep()
+    /// Drops what is no longer needed, step by step (see
+    /// [`Backend::sweep_step`]), letting the runtime's other tasks run
+    /// between steps: a mass expiry (a million lease records ending within
+    /// seconds) never holds the thread that serves requests for the whole
+    /// sweep. Returns how many entries it dropped.
+    pub async fn sweep(&self) -> usize {
+        let mut dropped = 0;
+        loop {
+            let (step, more) = self.backend.sweep_step();
+            dropped += step;
+            if !more {
+                return dropped;
+            }
+            tokio::task::yield_now().await;
+        }
     }
 
     /// Runs transactions, each: read its keys, let `decide` (given their

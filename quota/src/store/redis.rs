@@ -19,9 +19,10 @@
 //! group of keys with its own compare-and-swap, written or answered on its
 //! own, so 200 leases cost one round trip and one lost race holds no other.
 //! With `--redis-clock local` the instance decides only while its clock is
-//! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script that writes leaves a
-//! mark of what it wrote, so that a resend after a dropped connection does
-//! not decide those groups again.
+//! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script marks each key it
+//! writes, in the write itself (a field of this instance's holding the
+//! version written: no key or command of its own), so that a resend after a
+//! dropped connection does not decide the groups it wrote again.
 //!
 //! Failure handling: every transaction is bounded by a timeout; the
 //! connection is made lazily, and a connection Redis dropped (a restart, a
@@ -78,10 +79,6 @@ pub const REGISTRATION: Registration = Registration {
 /// algorithms trust a state of the next window (a clock stepped back) and
 /// never take it for a stale one to reset.
 pub const LOCAL_CLOCK_BOUND: Nanos = Nanos::from_millis(250);
-
-/// How long a script's mark of what it wrote outlives the call's
-/// `--store-timeout`, within which a resend comes.
-const MARK_SLACK_MS: u64 = 1_000;
 
 /// Where the resend flag is among the script's arguments (0-based).
 const RESEND_ARG: usize = 5;
@@ -553,13 +550,13 @@ impl RedisStore {
                 // Without a time yet, the first round trip only reads.
                 o.writes = now.map(|now| o.batch.decide(&values_of(&o.known), now));
             }
-            let invocation = self.invocation(tag, open, now, !cluster);
+            let invocation = self.invocation(open, now, !cluster);
             self.round_trips.fetch_add(1, Ordering::Relaxed);
             let mut sent = self.send(&mut conn, &invocation, false).await;
             if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
                 // Redis dropped the connection (a restart): the same script
                 // once more, on a new connection. If the first got through,
-                // its mark says which batches it wrote: they are not decided
+                // its marks say which batches it wrote: they are not decided
                 // again (whoever wrote the keys since).
                 resent = true;
                 conn = self.connect().await?;
@@ -660,12 +657,12 @@ impl RedisStore {
     /// The script's keys and arguments for the decisions of `open` (each
     /// batch one group) at `now` (a batch without writes, and no time: a
     /// read), and each batch's new versions. A batch that keeps losing asks
-    /// for its turn (see `cas.lua`). With `mark`, the script marks what it
-    /// wrote, so that a resend knows.
-    fn invocation(&self, tag: &str, open: &mut [Open], now: Option<Nanos>, mark: bool) -> Invocation {
+    /// for its turn (see `cas.lua`). With `mark`, the script marks the keys
+    /// it writes, so that a resend knows.
+    fn invocation(&self, open: &mut [Open], now: Option<Nanos>, mark: bool) -> Invocation {
         let writing = |o: &Open| o.writes.as_ref().is_some_and(|w| w.iter().any(Option::is_some));
         let keys_total: usize = open.iter().map(|o| o.batch.keys.len()).sum();
-        let mut keys: Vec<String> = Vec::with_capacity(keys_total + 1);
+        let mut keys: Vec<String> = Vec::with_capacity(keys_total);
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + 2 * open.len() + 5 * keys_total);
         let any_writes = open.iter().any(|o| o.writes.is_some());
         let (time, tolerance) = match (&self.options.clock, self.options.clock_bound) {
@@ -679,8 +676,7 @@ impl RedisStore {
         args.push(TURN_US.to_string().into_bytes());
         args.push(open.len().to_string().into_bytes());
         args.push(Vec::new()); // set to '1' on a resend, see `send`
-        let mark_ms = u64::try_from(self.options.timeout.as_millis()).unwrap_or(u64::MAX).saturating_add(MARK_SLACK_MS);
-        args.push(if mark { mark_ms.to_string().into_bytes() } else { b"0".to_vec() });
+        args.push(if mark { b"1".to_vec() } else { b"0".to_vec() });
         for o in open.iter() {
             args.push(o.batch.keys.len().to_string().into_bytes());
             args.push(if writing(o) && o.lost >= CLAIM_AFTER { b"1".to_vec() } else { Vec::new() });
@@ -713,11 +709,6 @@ impl RedisStore {
                     }
                 }
             }
-        }
-        if mark {
-            let n = self.writes.fetch_add(1, Ordering::Relaxed);
-            // In the keys' hash tag (a single Redis: no slots to be in).
-            keys.push(format!("fg:{{{tag}}}:tx:{:x}-{n:x}", self.seed));
         }
         Invocation { keys, args }
     }
@@ -825,8 +816,9 @@ fn values_of(known: &[Known]) -> Vec<Option<Vec<u8>>> {
 }
 
 /// True when the keys already hold the versions a script would have
-/// written: it was applied (a resend whose mark has expired finds the first
-/// send's writes, unless another writer came since).
+/// written: it was applied (a resend finds the first send's writes unless
+/// another writer came since; on a Redis Cluster, where no marks are
+/// written, the client library's own retries may send a script twice).
 fn applied(current: &[Known], versions: &[Option<Vec<u8>>]) -> bool {
     let mut written = current.iter().zip(versions).filter_map(|(known, version)| version.as_ref().map(|v| (known, v)));
     let first = written.next();

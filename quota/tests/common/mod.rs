@@ -538,7 +538,27 @@ impl Fixture {
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let response = self.client.post(format!("{}{path}", self.base)).json(body).send().await.expect("request");
+        Self::post_with(&self.client, &self.base, path, body).await
+    }
+
+    /// A client whose connections come from `address` (a loopback address
+    /// other than 127.0.0.1: another peer, another caller).
+    pub fn client_from(address: &str) -> reqwest::Client {
+        reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .no_proxy()
+            .local_address(Some(address.parse().expect("an address")))
+            .build()
+            .expect("client")
+    }
+
+    /// POST through `client` (see [`Fixture::client_from`]).
+    pub async fn post_from(&self, client: &reqwest::Client, path: &str, body: &Value) -> (u16, Value) {
+        Self::post_with(client, &self.base, path, body).await
+    }
+
+    async fn post_with(client: &reqwest::Client, base: &str, path: &str, body: &Value) -> (u16, Value) {
+        let response = client.post(format!("{base}{path}")).json(body).send().await.expect("request");
         let status = response.status().as_u16();
         let text = response.text().await.expect("body");
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
