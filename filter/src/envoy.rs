@@ -17,12 +17,12 @@ use crate::host::Host;
 
 /// Envoy, through proxy-wasm's ABI.
 #[derive(Default)]
-pub struct Envoy {
+pub struct EnvoyHost {
     /// A local reply's serialized headers, kept between replies.
     reply_buffer: RefCell<Vec<u8>>,
 }
 
-impl Host for Envoy {
+impl Host for EnvoyHost {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, Status> {
         hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
     }

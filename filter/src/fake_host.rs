@@ -30,7 +30,7 @@ pub struct Reply {
 
 /// A call the filter dispatched.
 #[derive(Debug, Clone)]
-pub struct Call {
+pub struct RecordedCall {
     /// Its token.
     pub token: u32,
     /// Its `:path`.
@@ -56,7 +56,7 @@ pub struct FakeHost {
     /// Local replies sent, in order.
     pub replies: RefCell<Vec<Reply>>,
     /// Calls dispatched, in order.
-    pub calls: RefCell<Vec<Call>>,
+    pub calls: RefCell<Vec<RecordedCall>>,
     /// Every request's headers.
     pub headers: RefCell<Vec<(String, Vec<u8>)>>,
     /// Shared data: value and version per key.
@@ -183,7 +183,7 @@ impl Host for FakeHost {
         let mut calls = self.calls.borrow_mut();
         let token = calls.len() as u32 + 1;
         let path = headers.iter().find(|(n, _)| *n == ":path").map(|(_, v)| v.to_string()).unwrap_or_default();
-        calls.push(Call { token, path, context: self.effective.get() });
+        calls.push(RecordedCall { token, path, context: self.effective.get() });
         Ok(token)
     }
 

@@ -1,6 +1,6 @@
 //! The host, as the filter sees it: every call the filter makes to Envoy is
 //! a method of [`Host`], implemented over proxy-wasm's ABI by
-//! [`crate::envoy::Envoy`] and, in tests, by a fake that records what it is
+//! [`crate::envoy::EnvoyHost`] and, in tests, by a fake that records what it is
 //! asked. Over it, Envoy's side of the core's traits: shared data as the
 //! [`Store`], the request's headers, address and attributes as the
 //! [`Request`].

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use crate::envoy::Envoy;
+use crate::envoy::EnvoyHost;
 use crate::host::Host;
 use crate::outcome::{Outcome, Site};
 use crate::plugin::{schedule_ticks, Plugin, RequestRef};
@@ -14,7 +14,7 @@ use crate::waiting::{Shared, Stage};
 
 /// One request.
 pub(crate) struct FloodgateHttp {
-    pub(crate) plugin: Rc<Plugin<Envoy>>,
+    pub(crate) plugin: Rc<Plugin<EnvoyHost>>,
     pub(crate) context_id: u32,
     pub(crate) state: Shared,
 }

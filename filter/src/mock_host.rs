@@ -84,7 +84,7 @@ impl LocalResponse {
 
 /// One worker's host.
 #[derive(Debug, Default)]
-pub struct Host {
+pub struct MockHost {
     /// The shared data of the workers of one Envoy.
     pub shared: SharedMap,
     /// The host clock, nanoseconds since the Unix epoch.
@@ -142,7 +142,7 @@ pub struct Host {
 }
 
 thread_local! {
-    static HOST: RefCell<Host> = RefCell::new(Host::default());
+    static HOST: RefCell<MockHost> = RefCell::new(MockHost::default());
 }
 
 thread_local! {
@@ -213,11 +213,11 @@ impl Drop for InHost {
 }
 
 /// Runs `f` on this worker's host.
-pub fn with<R>(f: impl FnOnce(&mut Host) -> R) -> R {
+pub fn with<R>(f: impl FnOnce(&mut MockHost) -> R) -> R {
     HOST.with(|host| f(&mut host.borrow_mut()))
 }
 
-impl Host {
+impl MockHost {
     /// The value of metric `name` (0 if never touched).
     pub fn metric(&self, name: &str) -> i64 {
         self.metric_names
@@ -275,7 +275,7 @@ unsafe fn read_map(data: *const u8, size: usize) -> Headers {
 /// The header map `map` as the host has it now; a map the host does not
 /// have at this point (an answer's headers after a reset) is `BadArgument`,
 /// as in Envoy.
-fn header_map(host: &Host, map: MapType) -> Result<&[(String, String)], Status> {
+fn header_map(host: &MockHost, map: MapType) -> Result<&[(String, String)], Status> {
     let headers = match map {
         MapType::HttpRequestHeaders => host.request_headers.get(&host.effective),
         MapType::HttpCallResponseHeaders => host.answer.as_ref().and_then(|(headers, _)| headers.as_ref()),

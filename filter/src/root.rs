@@ -11,7 +11,7 @@ use floodgate_core::limiter::Limiter;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 
-use crate::envoy::Envoy;
+use crate::envoy::EnvoyHost;
 use crate::host::{self, Host, SharedData};
 use crate::http::{FloodgateHttp, PassThrough};
 use crate::metrics::{Metrics, RuleMetrics};
@@ -25,8 +25,8 @@ use crate::waiting::Shared;
 pub(crate) struct FloodgateRoot {
     context_id: u32,
     /// The host, for what the root does before it has a plugin.
-    host: Envoy,
-    plugin: Option<Rc<Plugin<Envoy>>>,
+    host: EnvoyHost,
+    plugin: Option<Rc<Plugin<EnvoyHost>>>,
     /// Whether this VM has checked that Envoy has the quota service's cluster.
     cluster_checked: bool,
     /// This root's shared queue, through which its requests post calls to it
@@ -36,7 +36,7 @@ pub(crate) struct FloodgateRoot {
 
 impl FloodgateRoot {
     pub(crate) fn new(context_id: u32) -> Self {
-        FloodgateRoot { context_id, host: Envoy::default(), plugin: None, cluster_checked: false, queue: None }
+        FloodgateRoot { context_id, host: EnvoyHost::default(), plugin: None, cluster_checked: false, queue: None }
     }
 }
 
@@ -114,7 +114,7 @@ impl RootContext for FloodgateRoot {
         };
         // The plugin's own handle on Envoy (with the buffer its local
         // replies are serialized into).
-        let host = Envoy::default();
+        let host = EnvoyHost::default();
         let define = |rule: &_| RuleMetrics::define(&host, rule);
         let limiter = match Limiter::prepare(config, &SharedData(&host), host::entropy(&host), define) {
             Ok(limiter) => limiter,

@@ -79,7 +79,7 @@ pub type Open = fn(&str, &StoreOptions) -> Result<Arc<dyn Backend>, String>;
 
 /// A backend as `--store` names it.
 #[derive(Debug)]
-pub struct Registration {
+pub struct BackendRegistration {
     /// Its name, as metrics label it.
     pub name: &'static str,
     /// How `--store` writes it, for messages.

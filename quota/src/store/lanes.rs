@@ -63,7 +63,7 @@ pub struct Job {
 pub type Answer<A> = Arc<Mutex<Option<A>>>;
 
 /// The receiver of a job's outcome.
-pub type Outcome = oneshot::Receiver<Result<(), StoreFailure>>;
+pub type Settled = oneshot::Receiver<Result<(), StoreFailure>>;
 
 /// A job on `keys` (distinct, all of `group`) deciding with `decide` before
 /// `deadline`, the receiver of its outcome, and where its answer will be.
@@ -72,7 +72,7 @@ pub fn job<A: Send + 'static>(
     group: String,
     deadline: Option<Instant>,
     mut decide: impl FnMut(&[Option<Vec<u8>>], Nanos) -> (A, Writes) + Send + 'static,
-) -> (Job, Outcome, Answer<A>) {
+) -> (Job, Settled, Answer<A>) {
     let answer: Answer<A> = Arc::new(Mutex::new(None));
     let slot = Arc::clone(&answer);
     let decide: Decide = Box::new(move |values, now| {
@@ -85,7 +85,7 @@ pub fn job<A: Send + 'static>(
 }
 
 /// The answer of a job once its outcome has come.
-pub async fn answer<A>(outcome: Outcome, answer: &Answer<A>) -> Result<A, StoreFailure> {
+pub async fn answer<A>(outcome: Settled, answer: &Answer<A>) -> Result<A, StoreFailure> {
     outcome.await.map_err(|_| StoreFailure::Unavailable("the store dropped the transaction".into()))??;
     lock(answer).take().ok_or_else(|| StoreFailure::Unavailable("the transaction ended without an answer".into()))
 }

@@ -33,12 +33,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use floodgate_core::time::{Clock, Nanos};
 
-use super::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
+use super::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
 use super::lanes::Batch;
 use super::{Caller, Kind, Room, StoreFailure, Writes};
 
 /// `--store memory`.
-pub const REGISTRATION: Registration = Registration {
+pub const REGISTRATION: BackendRegistration = BackendRegistration {
     name: "memory",
     usage: "`memory`",
     accepts: |text| text == "memory",

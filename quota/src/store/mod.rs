@@ -16,7 +16,7 @@ mod lanes;
 mod memory;
 mod redis;
 
-pub use self::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
+pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
 pub use self::memory::LocalStore;
@@ -245,13 +245,13 @@ impl StoreFailure {
 
 /// Every backend `--store` can name: a new one is its own file and one
 /// line here.
-pub const BACKENDS: &[Registration] = &[memory::REGISTRATION, redis::REGISTRATION];
+pub const BACKENDS: &[BackendRegistration] = &[memory::REGISTRATION, redis::REGISTRATION];
 
 /// `--store`, parsed once: which backend, at which address.
 #[derive(Debug, Clone)]
 pub struct StoreSpec {
     /// The backend.
-    pub backend: &'static Registration,
+    pub backend: &'static BackendRegistration,
     address: String,
 }
 

@@ -53,13 +53,13 @@ use std::any::Any;
 
 use floodgate_core::time::{Clock, Nanos};
 
-use super::backend::{Backend, BoxFuture, Finisher, Registration, StoreOptions};
+use super::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
 use super::decide::UNTAGGED;
 use super::lanes::Batch;
 use super::{Kind, StoreFailure, Writes};
 
 /// `--store redis://…` (`rediss://`, `redis+unix://`) and `redis+cluster://…`.
-pub const REGISTRATION: Registration = Registration {
+pub const REGISTRATION: BackendRegistration = BackendRegistration {
     name: "redis",
     usage: "a redis:// URL or redis+cluster://host:port[,host:port…]",
     accepts: |text| ["redis://", "rediss://", "redis+unix://", CLUSTER_SCHEME].iter().any(|s| text.starts_with(s)),
