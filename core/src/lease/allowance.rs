@@ -262,24 +262,12 @@ pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::{fresh, policy};
     use super::*;
-    use crate::algorithm::{Params, Registration};
-    use std::sync::Arc;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
-
-    fn policy(name: &str, limit: u64, fields: &str) -> Arc<dyn Policy> {
-        let fields = serde_json::from_str(fields).unwrap();
-        Registration::find(name).unwrap().build(Params::new("rule", limit, fields)).unwrap()
-    }
-
-    fn fresh(policy: &dyn Policy, now: Nanos) -> Vec<u8> {
-        let mut state = vec![0; policy.state_len()];
-        policy.write_fresh(&mut state, now);
-        state
-    }
 
     #[test]
     fn terms_group_windows_from_a_phase_of_the_keys_own() {

@@ -26,6 +26,8 @@ pub mod booking;
 pub mod pool;
 pub mod refresh;
 mod sizing;
+#[cfg(test)]
+mod testing;
 
 pub use pool::{Applied, Claim, GrantedLease, LeasePool, PoolState, Spend};
 pub use sizing::*;
