@@ -109,6 +109,7 @@ impl Service {
             window: SECOND,
             unleased: remaining,
             reset: Nanos::from_millis(reset.ceil_millis()),
+            near_limit: false,
         }
     }
 
@@ -172,7 +173,8 @@ struct Run {
 /// `pools` Envoys, each receiving `rate` requests per second, for `secs`
 /// seconds from `start`.
 fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) -> Run {
-    let pool = LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) };
+    let refresh = RefreshPolicy { lead: MS.times(300), horizon: SECOND };
+    let pool = LeasePool { refresh, claim_ttl: MS.times(600), overshoot: None };
     let mut service = Service::new(limit);
     let mut rng = Rng::new(seed.wrapping_mul(2).wrapping_add(1));
     let mut states: Vec<PoolState> = (0..pools).map(|_| pool.fresh(start)).collect();
@@ -201,7 +203,9 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
                 let steady = now >= steady_from;
                 seen.steady.1 += u64::from(steady);
                 match spend {
-                    Spend::Taken(_) => *seen.per_window.entry(now.get() / SECOND.get()).or_default() += 1,
+                    Spend::Taken(_) | Spend::Unleased(_) => {
+                        *seen.per_window.entry(now.get() / SECOND.get()).or_default() += 1
+                    }
                     Spend::Empty => seen.steady.0 += u64::from(steady),
                     Spend::Denied(_) => {}
                 }

@@ -31,12 +31,13 @@ const STORE_EVENTS: [(StoreEvent, &str); 6] = [
     (StoreEvent::CorruptState, "corrupt_state"),
 ];
 
-const RULE_EVENTS: [(RuleEvent, &str); 5] = [
+const RULE_EVENTS: [(RuleEvent, &str); 6] = [
     (RuleEvent::Allowed, "allowed"),
     (RuleEvent::Delayed, "delayed"),
     (RuleEvent::Limited, "limited"),
     (RuleEvent::ShadowLimited, "shadow_limited"),
     (RuleEvent::Fallback, "fallback"),
+    (RuleEvent::Overshoot, "overshoot"),
 ];
 
 const FAILURES: [&str; 5] = ["not_sent", "refused", "timeout", "bad_status", "bad_answer"];

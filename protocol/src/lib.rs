@@ -22,7 +22,7 @@ pub const MAX_DESCRIPTORS: usize = 32;
 pub const MAX_LEASES: usize = 512;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 16;
-/// Largest `hits`, `wanted` or `tokens`.
+/// Largest `hits`, `wanted`, `reported` or `tokens`.
 pub const MAX_UNITS: u64 = 1_000_000_000;
 /// Longest descriptor key or value, in bytes.
 pub const MAX_ENTRY_LEN: usize = 256;
@@ -161,6 +161,12 @@ pub struct LeaseWant {
     /// tokens of one window, as before this field existed.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub per_window: bool,
+    /// Units the caller admitted of this descriptor without a lease since
+    /// its last report (a rule's overshoot budget): the service counts them
+    /// in the bucket, whatever its limit says, before it decides this
+    /// lease. Absent (0): nothing to report.
+    #[serde(skip_serializing_if = "is_zero", default)]
+    pub reported: u64,
 }
 
 /// `POST /v1/lease`.
@@ -206,6 +212,10 @@ pub struct LeaseGrant {
     /// and nothing more was taken.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub replayed: bool,
+    /// The key has used more than three quarters of its limit: a caller
+    /// admitting it without a lease (an overshoot budget) should stop.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub near_limit: bool,
 }
 
 /// Response of `POST /v1/lease`.

@@ -255,6 +255,7 @@ impl Service {
                 return Err(bad(format!("leases[{i}].id repeats leases[{first}].id: each lease needs its own id")));
             }
             check_units(&format!("leases[{i}].wanted"), lease.wanted)?;
+            check_units(&format!("leases[{i}].reported"), lease.reported)?;
             if let Some(rate) = lease.rate {
                 if !rate.is_finite() || rate < 0.0 {
                     return Err(bad(format!("leases[{i}].rate must be a non-negative number of tokens per second")));
@@ -281,6 +282,7 @@ impl Service {
                         rate: lease.rate,
                         window: lease.window,
                         per_window: lease.per_window,
+                        reported: lease.reported,
                         record: lease_key(&domain.name, &lease.id),
                         caller,
                     });
@@ -318,6 +320,7 @@ impl Service {
                         windows: 0,
                         shadow: false,
                         replayed: false,
+                        near_limit: false,
                     });
                 }
                 Ok((at, limit, shadow)) => {
@@ -346,6 +349,7 @@ impl Service {
                         windows: grant.windows,
                         shadow,
                         replayed: grant.replayed,
+                        near_limit: grant.near_limit,
                     });
                 }
             }

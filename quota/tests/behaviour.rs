@@ -490,6 +490,34 @@ async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
     assert_eq!(r["allowed"], false, "the window's 1000 were all used: {r}");
 }
 
+/// Issue 21, item 6: units a caller admitted without a lease (a rule's
+/// overshoot budget) and reported with a lease count in the bucket, past
+/// the limit if need be, also when the lease gets nothing; the answer says
+/// when the key is near its limit.
+async fn reported_units_count_also_when_nothing_is_granted(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.clock.set(T0 + SECOND.times(20));
+    let reporting = |value: &str, reported: u64| {
+        let mut body = lease("fw", value, 1, 1.0);
+        body["leases"][0]["reported"] = json!(reported);
+        body
+    };
+    let first = f.lease(reporting("r", 2)).await;
+    assert_eq!(first["leases"][0]["granted"], 1, "the last one: {first}");
+    assert_eq!(first["leases"][0]["near_limit"], true);
+    let over = f.lease(reporting("r", 4)).await;
+    assert_eq!(over["leases"][0]["granted"], 0, "{over}");
+    let r = f.check(check(json!([[["fw", "r"]]]), 0)).await;
+    assert_eq!(r["results"][0]["remaining"], 0, "{r}");
+    f.clock.advance(SECOND.times(40));
+    let fresh = f.lease(reporting("s", 3)).await;
+    assert_eq!(fresh["leases"][0]["granted"], 0, "{fresh}");
+    let r = f.check(check(json!([[["fw", "s"]]]), 1)).await;
+    assert_eq!(r["allowed"], false, "counted though nothing was granted: {r}");
+    let far = f.lease(lease("big", "r", 1, 1.0)).await;
+    assert_eq!(far["leases"][0].get("near_limit"), None, "absent while far below: {far}");
+}
+
 /// A lease retried with its id (after a timeout, say) is answered from its
 /// record: the same grant, `replayed`, and nothing more taken.
 async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
@@ -712,8 +740,8 @@ async fn a_lease_ahead_is_granted_from_the_next_windows_budget(backend: Backend)
     assert_eq!(
         r["leases"][0],
         json!({"code": "ok", "granted": 50, "valid_ms": 1200, "starts_ms": 200, "limit": 100, "window_ms": 1000,
-               "remaining": 50, "reset_ms": 1200, "window": next}),
-        "60/s over the second it may be used, at most half of the next window's 100"
+               "remaining": 50, "reset_ms": 1200, "window": next, "near_limit": true}),
+        "60/s over the second it may be used, at most half of the next window's 100 (the current one is used up)"
     );
     let r = f.lease(lease_for(next, "sec", "a", 500, 60.0)).await;
     assert_eq!((r["leases"][0]["granted"].clone(), r["leases"][0]["remaining"].clone()), (json!(25), json!(25)));
@@ -917,6 +945,7 @@ with_all_stores!(
     a_partial_return_gives_back_the_unused_part,
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
+    reported_units_count_also_when_nothing_is_granted,
     a_lease_id_replays_only_its_own_lease,
     a_retried_return_says_it_was_returned_already,
     a_return_after_a_lower_burst_says_what_really_went_back,

@@ -160,17 +160,21 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                         let wanted = cost(&mut rng, &limit);
                         let window = named_window(&mut rng, &limit, clock.now());
                         let per_window = rng.below(2) == 0;
+                        // Now and then units admitted without a lease.
+                        let reported = if rng.below(6) == 0 { rng.below(4) } else { 0 };
                         let new = format!("fg:{{t}}:lease:{step}-{i}");
                         // Now and then a retry of an earlier lease, rarely
                         // with its id on another bucket.
                         match (rng.below(4), rng.below(5)) {
                             (0, 0) if !leases.is_empty() => {
                                 let record = recent(&mut rng, &leases).record;
-                                BucketLease { key, limit, wanted, rate, window, per_window, record, caller: None }
+                                let caller = None;
+                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
                             }
                             (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
                             _ => {
-                                BucketLease { key, limit, wanted, rate, window, per_window, record: new, caller: None }
+                                let (record, caller) = (new, None);
+                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
                             }
                         }
                     })

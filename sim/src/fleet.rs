@@ -11,6 +11,7 @@ use std::collections::{BinaryHeap, HashMap};
 use floodgate_core::algorithm::Algorithm;
 use floodgate_core::global::calls::{read_leases, Refresh, MAX_ITEMS};
 use floodgate_core::global::settings::QuotaService;
+use floodgate_core::lease::overshoot::{worst_case_over, Overshoot};
 use floodgate_core::lease::pool::{Applied, Claim, LeasePool, PoolState, Spend, MAX_BATCH_DELAY};
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
@@ -51,6 +52,8 @@ pub struct FleetConfig {
     /// Whether the service grants allowances to the leases that ask for
     /// them (as the filter does); false only to compare.
     pub allowances: bool,
+    /// The rule's overshoot budget (`None`: strict, the default).
+    pub overshoot: Option<Overshoot>,
 }
 
 /// How long after an answer is applied the requests waiting for it are
@@ -153,6 +156,14 @@ pub struct FleetOutcome {
     pub excess_limit: f64,
     /// Per simulated key: rate, shape, requests and leases asked for (measured).
     pub per_key: Vec<(f64, Shape, u64, u64)>,
+    /// Requests admitted without a lease (an overshoot budget), weighted.
+    pub unleased: f64,
+    /// The most any window admitted over its limit (as simulated).
+    pub max_over: u64,
+    /// Windows that admitted more over their limit than the overshoot
+    /// budget's worst case for the Envoys that admitted without a lease in
+    /// them (`floodgate_core::lease::overshoot::worst_case_over`): must be 0.
+    pub over_worst_case: u64,
     /// Tokens returned to the service, and tokens lost to expiry in pools, weighted.
     pub returned_tokens: f64,
     /// See [`FleetOutcome::returned_tokens`].
@@ -254,6 +265,8 @@ struct Fleet<'a> {
     next_id: u64,
     /// Per key: admitted units per window (a fixed window's, a bucket's second).
     admitted: Vec<HashMap<u64, u64>>,
+    /// Per key and window: the Envoys that admitted it without a lease.
+    unleased_by: Vec<HashMap<u64, Vec<u32>>>,
     /// Per key: requests and leases asked for, measured.
     counts: Vec<(u64, u64)>,
     from: Nanos,
@@ -287,6 +300,19 @@ impl Fleet<'_> {
         }
     }
 
+    /// A request admitted without a lease by `envoy`.
+    fn admit_unleased(&mut self, envoy: u32, key: u32, now: Nanos) {
+        self.admit(key, now);
+        let Some(k) = self.config.keys.get(key as usize) else { return };
+        let window = now.get() / k.shape.period().get();
+        if let Some(windows) = self.unleased_by.get_mut(key as usize) {
+            let envoys = windows.entry(window).or_default();
+            if !envoys.contains(&envoy) {
+                envoys.push(envoy);
+            }
+        }
+    }
+
     fn request(&mut self, key: u32, now: Nanos) {
         let end = self.until + self.config.after;
         let Some(k) = self.config.keys.get(key as usize) else { return };
@@ -313,6 +339,12 @@ impl Fleet<'_> {
         entry.state = after;
         match spend {
             Spend::Taken(_) => self.admit(key, now),
+            Spend::Unleased(_) => {
+                self.admit_unleased(envoy, key, now);
+                if measuring {
+                    self.out.unleased += w;
+                }
+            }
             Spend::Denied(_) => {
                 if measuring {
                     self.out.denied += w;
@@ -544,6 +576,13 @@ impl Fleet<'_> {
                 self.admit(waiter.key, now);
                 true
             }
+            Spend::Unleased(_) => {
+                self.admit_unleased(waiter.envoy, waiter.key, now);
+                if measuring {
+                    self.out.unleased += w;
+                }
+                true
+            }
             Spend::Denied(_) => {
                 if measuring {
                     self.out.denied += w;
@@ -646,6 +685,12 @@ impl Fleet<'_> {
                 let (starts, ends) = (period.times(window), period.times(window + 1));
                 out.windows_checked += 1;
                 let after = self.restart.is_some_and(|r| ends > r);
+                out.max_over = out.max_over.max(units.saturating_sub(key.limit));
+                let unleased_envoys = self.unleased_by.get(index).and_then(|w| w.get(&window)).map_or(0, Vec::len);
+                let worst = self.config.overshoot.map_or(0, |o| worst_case_over(unleased_envoys as u64, &o, period));
+                if units > bound + worst {
+                    out.over_worst_case += 1;
+                }
                 if units > bound {
                     if let Some(restart) = self.restart.filter(|_| after) {
                         // By when the window started (one spanning the restart: 0).
@@ -730,7 +775,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
     };
     let fleet = Fleet {
         config,
-        pool: quota.pool(),
+        pool: LeasePool { overshoot: config.overshoot, ..quota.pool() },
         quota,
         service: SimulatedService::new(LEASE_TTL, config.allowances),
         rng: rng::seeded(config.seed),
@@ -742,6 +787,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         calls: HashMap::new(),
         next_id: 1,
         admitted: vec![HashMap::new(); config.keys.len()],
+        unleased_by: vec![HashMap::new(); config.keys.len()],
         counts: vec![(0, 0); config.keys.len()],
         from: MEASURE_FROM,
         until,

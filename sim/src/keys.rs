@@ -119,6 +119,18 @@ pub fn zipf(total: u64, head: u64, per_stratum: u64, seed: u64) -> Result<Vec<Ke
         .collect()
 }
 
+/// Thin keys for the overshoot budget's table: `count` keys with
+/// per-second windows of 10, three in four at 2 requests a second (below
+/// the limit), one in four at 20 (twice the limit).
+pub fn thin(count: usize) -> Result<Vec<Key>, String> {
+    (0..count)
+        .map(|index| {
+            let over = index % 4 == 3;
+            Key::new(index, if over { 20.0 } else { 2.0 }, 1.0, Shape::PerSecond, 10, over)
+        })
+        .collect()
+}
+
 /// The end-to-end comparison (`tests/tests/long_tail.rs`): `count` keys at
 /// 3 requests a second each, per-second fixed windows of 40.
 pub fn flat(count: usize) -> Result<Vec<Key>, String> {

@@ -20,6 +20,8 @@ use std::time::Instant;
 
 use floodgate_core::time::{Nanos, SECOND};
 
+use floodgate_core::lease::overshoot::{worst_case_over, Overshoot};
+
 use crate::fleet::{simulate, FleetConfig, FleetOutcome};
 
 /// The fixed seed: the same run gives the same numbers.
@@ -55,6 +57,7 @@ fn grid(allowances: bool) -> Result<Vec<FleetConfig>, String> {
                 restart_at: Some(RESTART_AT),
                 seed: SEED ^ total ^ (u64::from(envoys) << 32),
                 allowances,
+                overshoot: None,
             });
         }
     }
@@ -75,8 +78,40 @@ fn e2e(allowances: bool) -> Result<FleetConfig, String> {
         restart_at: None,
         seed: SEED,
         allowances,
+        overshoot: None,
     })
 }
+
+/// Fleet sizes of the overshoot table (3: the end-to-end test's).
+const OVERSHOOT_FLEETS: [u32; 4] = [3, 100, 1_000, 10_000];
+
+/// The overshoot table: thin keys (`keys::thin`) over fleets of
+/// [`OVERSHOOT_FLEETS`], strict and with a budget of 1 a second.
+fn overshoot_grid(allowances: bool) -> Result<Vec<FleetConfig>, String> {
+    let keys = keys::thin(200)?;
+    let mut configs = Vec::new();
+    for &envoys in &OVERSHOOT_FLEETS {
+        for overshoot in [None, Some(OVERSHOOT)] {
+            configs.push(FleetConfig {
+                name: format!("{envoys}x200-{}", if overshoot.is_some() { "overshoot" } else { "strict" }),
+                envoys,
+                total_keys: 200,
+                keys: keys.clone(),
+                warmup: WARMUP,
+                measure: Nanos::from_secs(30),
+                after: Nanos::ZERO,
+                restart_at: None,
+                seed: SEED ^ u64::from(envoys),
+                allowances,
+                overshoot,
+            });
+        }
+    }
+    Ok(configs)
+}
+
+/// The overshoot table's budget: 1 unit a second per key and Envoy.
+const OVERSHOOT: Overshoot = Overshoot { limit: 1, period: SECOND };
 
 /// Runs `configs` on two threads (the machine's cores); results in order.
 fn run_all(configs: &[FleetConfig]) -> Result<Vec<FleetOutcome>, String> {
@@ -115,9 +150,13 @@ fn main() -> Result<(), String> {
         let names: Vec<&str> = only.split(',').collect();
         configs.retain(|c| names.contains(&c.name.as_str()));
     }
+    let overshoot = overshoot_grid(allowances)?;
+    let grid_len = configs.len();
+    configs.extend(overshoot);
     configs.push(e2e(allowances)?);
     let mut outcomes = run_all(&configs)?;
     let e2e = outcomes.pop().ok_or("no e2e outcome")?;
+    let overshoot = outcomes.split_off(grid_len);
 
     let mut md = String::new();
     let _ = writeln!(md, "# Fleet simulation\n");
@@ -179,6 +218,19 @@ fn main() -> Result<(), String> {
         fleet::LEASE_TTL.get() as f64 / 1e9
     );
     let _ = writeln!(md, "{}", report::thin_pairs(&outcomes, &[0.1, 1.0, 10.0, 100.0], &FLEETS));
+    let _ = writeln!(
+        md,
+        "\nThin pairs with an overshoot budget: 200 keys with per-second windows of 10, three in four at 2 req/s, one \
+         in four at 20 req/s (twice its limit), spread evenly over the fleet; strict (the default) against a budget of \
+         1 unit a second per key and Envoy, 30 s measured. Over: the most any window admitted above its limit, and \
+         the worst case `E × limit × (⌈W/period⌉ + 1)` at the largest E (Envoys that admitted the key without a lease in \
+         a window) the run allows; beyond it: windows above their own E's worst case (must be 0).\n\n{}",
+        report::OVERSHOOT_HEADER
+    );
+    for o in &overshoot {
+        let worst = worst_case_over(u64::from(o.envoys), &OVERSHOOT, SECOND);
+        let _ = writeln!(md, "{}", report::overshoot_row(o, worst));
+    }
     let n = e2e.requests.max(1.0);
     let _ = writeln!(
         md,
@@ -279,6 +331,7 @@ mod tests {
             restart_at: None,
             seed: 7,
             allowances: true,
+            overshoot: None,
         };
         let out = simulate(&config).unwrap();
         assert!(out.windows_checked > 100, "{out:?}");

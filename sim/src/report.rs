@@ -194,6 +194,26 @@ pub fn csv(o: &FleetOutcome) -> String {
     )
 }
 
+/// The overshoot table's header.
+pub const OVERSHOOT_HEADER: &str = "| Envoys | mode | leases per request | waited | admitted without a lease | \
+used of limits under excess | over: most in a window | worst case | beyond it |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|";
+
+/// One row of the overshoot table; `worst` is the bound at every Envoy.
+pub fn overshoot_row(o: &FleetOutcome, worst: u64) -> String {
+    let n = o.requests.max(1.0);
+    let mode = if o.name.ends_with("overshoot") { "budget 1/s" } else { "strict" };
+    format!(
+        "| {} | {mode} | {:.3} | {:.2} % | {:.2} % | {:.1} % | {} | {worst} | {} |",
+        o.envoys,
+        o.sim_leases as f64 / n,
+        100.0 * o.waited / n,
+        100.0 * o.unleased / n,
+        100.0 * share((o.excess_admitted, o.excess_limit)),
+        o.max_over,
+        o.over_worst_case,
+    )
+}
+
 /// Callouts (leases asked for) per request by key rate and fleet size, from
 /// the simulated keys (every key-count run of one fleet size together),
 /// beside `m = r·L/N` (a pair's expected requests per lease lifetime) and

@@ -8,9 +8,10 @@
 
 use std::collections::HashMap;
 
+use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport, ReturnRequest, ReturnResponse};
-use floodgate_quota::store::decide::{self, LeaseRecord};
+use floodgate_quota::store::decide::{self, LeaseAsk, LeaseRecord};
 use floodgate_quota::store::{lease_key, Next, LEASE_RECORD_MARGIN};
 
 use crate::keys::{Key, DOMAIN};
@@ -105,22 +106,35 @@ impl SimulatedService {
                     let d = decide::peek(&key.rule, self.get(&key.bucket, now), now);
                     let (granted, valid) =
                         if done.returned { (0, Nanos::ZERO) } else { (done.granted, done.valid_until - now) };
-                    (granted, (d, done.window, done.windows, valid, done.granted_at - now, true))
+                    let near = near_limit(d.remaining, key.rule.policy().capacity());
+                    (granted, (d, done.window, done.windows, valid, done.granted_at - now, true, near))
                 }
                 None => {
-                    let ask = (want.wanted, want.rate, want.window, want.per_window && self.allowances);
+                    let ask = LeaseAsk {
+                        wanted: want.wanted,
+                        rate: want.rate,
+                        window: want.window,
+                        per_window: want.per_window && self.allowances,
+                        reported: want.reported,
+                    };
                     let leased = decide::lease(&key.rule, &key.bucket, self.get(&key.bucket, now), now, ask, self.ttl);
-                    if leased.granted > 0 {
-                        let done = LeaseRecord::of(&key.bucket, &key.rule, &leased, now, LEASE_RECORD_MARGIN);
+                    if leased.granted > 0 || want.reported > 0 {
                         let bucket = key.bucket.clone();
                         self.put(&bucket, leased.next.clone(), index);
+                    }
+                    if leased.granted > 0 {
+                        let done = LeaseRecord::of(&key.bucket, &key.rule, &leased, now, LEASE_RECORD_MARGIN);
                         self.put(&record_key, done.to_next(None), index);
                     }
                     let starts = leased.starts_at - now;
-                    (leased.granted, (leased.decision, leased.window, leased.windows, leased.valid, starts, false))
+                    let near = leased.near_limit;
+                    (
+                        leased.granted,
+                        (leased.decision, leased.window, leased.windows, leased.valid, starts, false, near),
+                    )
                 }
             };
-            let (decision, window, windows, valid, starts, replayed) = outcome;
+            let (decision, window, windows, valid, starts, replayed, near_limit) = outcome;
             leases.push(LeaseGrant {
                 code: Code::Ok,
                 granted,
@@ -136,6 +150,7 @@ impl SimulatedService {
                 windows,
                 shadow: false,
                 replayed,
+                near_limit,
             });
         }
         serde_json::to_vec(&LeaseResponse { leases }).map_err(|e| e.to_string())

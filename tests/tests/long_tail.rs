@@ -24,6 +24,8 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 40}
   - key: user_m
     rate_limit: {unit: minute, requests_per_unit: 600}
+  - key: user_thin
+    rate_limit: {unit: second, requests_per_unit: 1}
 ";
 
 /// Both rules key on the `x-user` header, each under its own descriptor key.
@@ -38,6 +40,12 @@ const PLUGIN: &str = r#"{"rules": [
 const PLUGIN_SECOND: &str = r#"{"rules": [
     {"name": "per-second", "scope": "global", "fallback": "deny",
      "descriptors": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user_s"}}]}],
+  "global": {"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}"#;
+
+/// A rule with an overshoot budget of 1 a second per key and Envoy.
+const PLUGIN_OVERSHOOT: &str = r#"{"rules": [
+    {"name": "thin", "scope": "global", "fallback": "deny", "overshoot": {"limit": 1, "period": "1s"},
+     "descriptors": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user_thin"}}]}],
   "global": {"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}"#;
 
 const USERS: usize = 300;
@@ -290,4 +298,40 @@ fn demand_moved_to_one_envoy_gets_the_share_within_a_few_seconds() {
         let got = one.get(&("hot".to_string(), second)).copied().unwrap_or(0);
         assert!(got >= 36, "second {second}: the Envoy with all the demand got {got} of 40: {one:?}");
     }
+}
+
+/// Thin pairs with an overshoot budget (`{"limit": 1, "period": "1s"}`):
+/// 450 users at 2 requests a second each, twice their limit of 1 a second,
+/// spread over three Envoys (each sees a user 2/3 of a second apart, about
+/// as often as a lease lasts). Requests at a pool without a lease are
+/// admitted from the budget instead of waiting, reported, and counted
+/// window by window no user passes the README's bound, `limit + E × 1 ×
+/// (⌈1 s / 1 s⌉ + 1)` with E = 3 Envoys; the limit still limits.
+#[test]
+fn an_overshoot_budget_admits_thin_keys_at_once_within_its_bound() {
+    let service = QuotaServer::start(LIMITS, "memory");
+    let logs: Vec<PathBuf> = (0..3)
+        .map(|i| std::env::temp_dir().join(format!("floodgate-overshoot-{}-{i}.log", std::process::id())))
+        .collect();
+    let envoys: Vec<Envoy> = logs
+        .iter()
+        .map(|log| {
+            let _ = std::fs::remove_file(log);
+            let mut setup = Setup::new(PLUGIN_OVERSHOOT).with_cluster("floodgate-quota", &[service.port]);
+            setup.hcm_extra = admissions_logged_to(log);
+            Envoy::start(&setup)
+        })
+        .collect();
+    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    let seen = paced(&ports, Duration::from_secs(10), |random| format!("user-{}", random % 450));
+    let (overshoot, waited) = (total(&envoys, "rule.thin.overshoot"), total(&envoys, "global.refill_waits"));
+    eprintln!("overshoot: {seen:?}; {overshoot} admitted without a lease, {waited} waited for a lease");
+    thread::sleep(Duration::from_millis(500)); // the access logs' flush
+    let counts = per_window(&admissions(&logs), 1_000_000_000);
+    let most = counts.values().max().copied().unwrap_or(0);
+    let bound = 1 + 3 * 2;
+    assert!(most <= bound, "a user passed the bound of {bound} in a second: {most}");
+    assert!(overshoot > 0, "some requests were admitted without a lease");
+    assert!(seen.limited > seen.admitted / 4, "the limit still limits: {seen:?}");
+    assert_eq!(seen.other, 0, "{seen:?}");
 }

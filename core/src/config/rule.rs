@@ -197,7 +197,7 @@ fn local_table(
     params: Map<String, Value>,
     max_keys: u32,
 ) -> Result<(&'static Registration, Table), ConfigError> {
-    for only_global in ["mode", "fallback"] {
+    for only_global in ["mode", "fallback", "overshoot"] {
         if params.contains_key(only_global) {
             return Err(error(format!("{at}.{only_global}"), "applies only to a rule with \"scope\": \"global\""));
         }

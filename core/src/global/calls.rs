@@ -126,6 +126,7 @@ impl QuotaService {
                     rate: Some(r.claim.rate),
                     window: r.claim.window,
                     per_window: r.claim.per_window,
+                    reported: r.claim.reported,
                 })
                 .collect(),
         };
@@ -205,6 +206,7 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 window,
                 unleased,
                 reset: Nanos::from_millis(grant.report.reset_ms.unwrap_or(0)),
+                near_limit: grant.near_limit,
             }
         })
         .collect())
@@ -280,6 +282,7 @@ mod tests {
                 send_by: Nanos::ZERO,
                 not_before: Nanos::ZERO,
                 per_window: true,
+                reported: 2,
             },
             sent: Nanos::ZERO,
             lease,
@@ -298,14 +301,16 @@ mod tests {
         assert_eq!(
             body,
             serde_json::json!({"domain": "edge", "leases": [{"id": "00000000000000ab",
-                "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0, "per_window": true}]})
+                "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0, "per_window": true,
+                "reported": 2}]})
         );
     }
 
     #[test]
     fn a_grant_is_read_into_the_pools_terms() {
         let body = br#"{"leases": [{"code": "ok", "granted": 30, "valid_ms": 1000, "limit": 100,
-            "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3, "windows": 2}]}"#;
+            "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3, "windows": 2,
+            "near_limit": true}]}"#;
         let grants = read_leases(Some(200), body, &[refresh(9)]).unwrap();
         assert_eq!(
             grants,
@@ -319,7 +324,8 @@ mod tests {
                 limit: 100,
                 window: SECOND.times(60),
                 unleased: 20,
-                reset: SECOND.times(5)
+                reset: SECOND.times(5),
+                near_limit: true,
             }]
         );
     }

@@ -10,15 +10,16 @@ use serde_json::{Map, Value};
 
 use crate::algorithm::{Params, Registration, ALGORITHMS};
 use crate::error::ConfigError;
+use crate::lease::overshoot::{Overshoot, MAX_OVERSHOOT};
 use crate::lease::pool::LeasePool;
 use crate::lease::refresh::RefreshPolicy;
 use crate::table::Table;
 use crate::time::{parse_duration, Nanos, SECOND};
 
 /// Stored groups of lease pools carry this tag (never a registered
-/// algorithm's); it changes with the pool's state layout (201: a lease's
+/// algorithm's); it changes with the pool's state layout (202: what the overshoot budget admitted; 201: a lease's
 /// start and window), so a layout of another release is never misread.
-pub const POOL_TAG: u8 = 201;
+pub const POOL_TAG: u8 = 202;
 
 /// The top-level `global` section as written.
 #[derive(Deserialize, Debug)]
@@ -60,6 +61,7 @@ impl QuotaService {
             // A refresher that neither answered nor failed within twice the
             // timeout crashed or hung: another worker takes over.
             claim_ttl: self.timeout.times(2),
+            overshoot: None,
         }
     }
 }
@@ -142,6 +144,9 @@ pub struct GlobalRule {
     pub mode: GlobalMode,
     /// While the service fails.
     pub fallback: Fallback,
+    /// Its pools (in lease mode): the service's refresh policy and the
+    /// rule's overshoot budget, if any.
+    pub pool: LeasePool,
 }
 
 /// The registration global rules carry in place of an algorithm: their
@@ -181,6 +186,19 @@ pub(crate) fn global_rule(
         Some(value) => serde_json::from_value(value.clone())
             .map_err(|_| err("mode", format!("{value} is not a mode: use \"lease\" or \"check\"")))?,
     };
+    let overshoot = match fields.remove("overshoot") {
+        None => None,
+        Some(_) if mode == GlobalMode::Check => {
+            return Err(err(
+                "overshoot",
+                "applies only to lease mode (a check-mode rule asks the service for every request)".into(),
+            ))
+        }
+        Some(Value::Object(budget)) => Some(overshoot_budget(&format!("{at}.overshoot"), budget)?),
+        Some(other) => {
+            return Err(err("overshoot", format!("{other} is not a budget: use {{\"limit\": …, \"period\": …}}")))
+        }
+    };
     let fallback = match fields.remove("fallback") {
         None => Fallback::Allow,
         Some(Value::String(s)) if s == "allow" => Fallback::Allow,
@@ -199,12 +217,48 @@ pub(crate) fn global_rule(
         let message = if ALGORITHMS.iter().any(|a| a.fields.contains(&name.as_str())) {
             format!("does not apply to a global rule ({lives_in_service}); remove it")
         } else {
-            format!("unknown field `{name}` (a global rule takes mode and fallback)")
+            format!("unknown field `{name}` (a global rule takes mode, fallback and overshoot)")
         };
         return Err(err(name, message));
     }
-    let pool = Table::new(Arc::new(service.pool()), POOL_TAG, max_keys);
-    Ok((pool, GlobalRule { mode, fallback }))
+    let pool = LeasePool { overshoot, ..service.pool() };
+    let table = Table::new(Arc::new(pool), POOL_TAG, max_keys);
+    Ok((table, GlobalRule { mode, fallback, pool }))
+}
+
+/// An overshoot budget: `limit` units per `period`, both required.
+fn overshoot_budget(at: &str, mut fields: Map<String, Value>) -> Result<Overshoot, ConfigError> {
+    let field = |name: &str| format!("{at}.{name}");
+    let limit = match fields.remove("limit") {
+        Some(value) => value.as_u64().filter(|n| (1..=MAX_OVERSHOOT).contains(n)).ok_or_else(|| ConfigError {
+            field: field("limit"),
+            message: format!("must be between 1 and {MAX_OVERSHOOT}, got {value}"),
+        })?,
+        None => return Err(ConfigError { field: at.into(), message: "missing field `limit`".into() }),
+    };
+    let period = match fields.remove("period") {
+        Some(Value::String(text)) => {
+            let period = span(&field("period"), Some(text.clone()), SECOND, SECOND.times(3600))?;
+            if period < Nanos::from_millis(1) {
+                return Err(ConfigError { field: field("period"), message: format!("{text:?} is shorter than 1ms") });
+            }
+            period
+        }
+        Some(other) => {
+            return Err(ConfigError {
+                field: field("period"),
+                message: format!("{other} is not a duration like \"1s\""),
+            })
+        }
+        None => return Err(ConfigError { field: at.into(), message: "missing field `period`".into() }),
+    };
+    if let Some(name) = fields.keys().next() {
+        return Err(ConfigError {
+            field: field(name),
+            message: "unknown field (a budget takes limit and period)".into(),
+        });
+    }
+    Ok(Overshoot { limit, period })
 }
 
 /// A local fall-back limit: `limit`, optional `algorithm` and its fields.

@@ -56,7 +56,7 @@ pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
     units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
 }
 
-fn share_of(limit: u64) -> u64 {
+pub(crate) fn share_of(limit: u64) -> u64 {
     u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1)).unwrap_or(u64::MAX)
 }
 

@@ -17,12 +17,16 @@
 //!   of the rule's bucket table in shared data: spent by requests, renewed
 //!   ahead of need (single flight across workers), given back when replaced.
 //! * [`refresh`]: when a pool needs more, and how much to ask for.
+//! * [`overshoot`]: the opt-in budget of units a pool may admit without a
+//!   lease (thin pairs at fleet scale), reported to the service, and the
+//!   bound it keeps.
 //!
 //! How these go over the wire is `crate::global::calls`; the limiter's
 //! face to them is `crate::limiter` (`apply_lease`, `take_unspent`, …).
 
 pub mod allowance;
 pub mod booking;
+pub mod overshoot;
 pub mod pool;
 pub mod refresh;
 mod sizing;

@@ -42,13 +42,20 @@
 //! half, but its call leaves only in the allowance's last window
 //! ([`Claim::not_before`]): the answer is then a lease ahead of the next
 //! window, as above.
+//!
+//! **Overshoot.** A pool of a rule with an overshoot budget
+//! ([`crate::lease::overshoot`]) that holds no lease admits a request from
+//! the budget instead of making it wait ([`Spend::Unleased`]); the claim it
+//! makes carries what was so admitted to the service ([`Claim::reported`]),
+//! and a grant that says the key is near its limit holds the pool strict.
 
+use super::overshoot::{Overshoot, Unleased};
 use super::refresh::{RefreshPolicy, RATE_FLOOR, THIN_REQUESTS};
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
 use crate::time::{Nanos, SECOND};
 
 /// Bytes of a pool's state.
-pub const STATE_LEN: usize = 23 * 8;
+pub const STATE_LEN: usize = 27 * 8;
 
 /// The protocol's rounding of times: a window's start learnt from a whole
 /// number of milliseconds is counted this much later, never earlier.
@@ -115,6 +122,9 @@ pub struct PoolState {
     /// its windows surely started: its call's latency (answer's arrival
     /// less the call's departure) and the protocol's rounding.
     pub lag: Nanos,
+    /// What the pool admitted without a lease, under the rule's overshoot
+    /// budget (all zero without one).
+    pub without_lease: Unleased,
 }
 
 /// What the service granted for one pool.
@@ -143,6 +153,9 @@ pub struct GrantedLease {
     pub unleased: u64,
     /// Time until more quota becomes available.
     pub reset: Nanos,
+    /// The key has used most of its limit: admit nothing of it without a
+    /// lease for a while (see [`crate::lease::overshoot`]).
+    pub near_limit: bool,
 }
 
 /// A claimed refresh: the worker that made it asks the service.
@@ -175,6 +188,9 @@ pub struct Claim {
     /// do not take allowances it would hold for a term wherever its demand
     /// goes.
     pub per_window: bool,
+    /// Units the pool admitted without a lease since its last report, for
+    /// the service to count (taken out of the pool with the claim).
+    pub reported: u64,
 }
 
 /// The longest a claim that no request waits for is held back to share a
@@ -189,6 +205,9 @@ pub enum Spend {
     Taken(Decision),
     /// The service has nothing left until `retry_after`: denied here.
     Denied(Decision),
+    /// No lease here, and the rule's overshoot budget held the cost:
+    /// admitted, to be reported to the service.
+    Unleased(Decision),
     /// No tokens here now; a refresh is claimed or in flight: ask again.
     Empty,
 }
@@ -224,6 +243,8 @@ pub struct LeasePool {
     /// How long a claim holds before another worker may take it over: a
     /// refresher that crashed or hung is replaced after this.
     pub claim_ttl: Nanos,
+    /// The rule's overshoot budget, if it has one (strict without).
+    pub overshoot: Option<Overshoot>,
 }
 
 impl LeasePool {
@@ -343,8 +364,15 @@ impl LeasePool {
         // A request that found the pool short is demand too: counted in
         // the rate the refresh is sized by, so a revived pool asks for more
         // than one token.
-        let unmet = if matches!(spend, Spend::Taken(_)) { 0 } else { cost };
-        let claim = self.claim(&mut after, now, cost, unmet);
+        let unmet = if matches!(spend, Spend::Taken(_) | Spend::Unleased(_)) { 0 } else { cost };
+        let mut claim = self.claim(&mut after, now, cost, unmet);
+        if let Some(claim) = claim.as_mut() {
+            claim.reported = std::mem::take(&mut after.without_lease.unreported);
+            if matches!(spend, Spend::Unleased(_)) {
+                // Nobody waits for it: it may share a call with others.
+                claim.send_by = claim.send_by.max(now + MAX_BATCH_DELAY);
+            }
+        }
         (spend, claim, after)
     }
 
@@ -371,10 +399,28 @@ impl LeasePool {
         } else if now < state.denied_until {
             let report = self.report(&after, now);
             Spend::Denied(Decision::deny(report.remaining, report.reset, state.denied_until - now))
+        } else if let Some(budget) = self.unleased(&state, now, cost) {
+            after.without_lease = budget;
+            after.spent = after.spent.saturating_add(cost);
+            Spend::Unleased(self.report(&after, now))
         } else {
             Spend::Empty
         };
         (spend, after)
+    }
+
+    /// The overshoot budget after admitting `cost` without a lease at
+    /// `now`, when the rule has one, the pool holds no lease (none yet, or
+    /// its last one over; a lease whose tokens ran out still holds the key
+    /// strict), and the budget holds the cost.
+    fn unleased(&self, state: &PoolState, now: Nanos, cost: u64) -> Option<Unleased> {
+        let overshoot = self.overshoot?;
+        let holds =
+            self.pending(state, now) || self.held(state, now) > 0 || (state.lease != 0 && now < self.lease_end(state));
+        if holds {
+            return None;
+        }
+        overshoot.admit(state.without_lease, now, cost)
     }
 
     /// Claims a refresh into `state` if one is due at `now` and none is in
@@ -418,7 +464,7 @@ impl LeasePool {
         let wanted = self.refresh.wanted(rate, usable).max(cost);
         let known = now - state.rate_since >= RATE_FLOOR || (state.lease != 0 && now - state.leased_at >= RATE_FLOOR);
         let per_window = state.allowance > 0 || known;
-        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window })
+        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window, reported: 0 })
     }
 
     /// Whether a refresh is due at `now` at `rate`, for which window
@@ -486,9 +532,14 @@ impl LeasePool {
         (claim_started, sent): (Nanos, Nanos),
         grant: &GrantedLease,
     ) -> (Applied, PoolState) {
-        let state = self.rolled(state, now);
+        let mut state = self.rolled(state, now);
         if grant.lease != 0 && (state.lease == grant.lease || state.held_lease == grant.lease) {
             return (Applied::Duplicate, state);
+        }
+        if grant.near_limit {
+            // Strict through the window after the one the answer speaks of.
+            let strict_until = now + grant.reset + grant.window;
+            state.without_lease.strict_until = state.without_lease.strict_until.max(strict_until);
         }
         if state.lease != 0 && state.leased_at > claim_started {
             // A newer lease is in place; this claim is over all the same.
@@ -552,6 +603,7 @@ impl LeasePool {
             slice,
             final_index: grant.index.saturating_add(windows - 1),
             lag: latency + ROUNDING,
+            without_lease: state.without_lease,
         };
         (Applied::Replaced(leftover), after)
     }
@@ -650,12 +702,16 @@ impl LeasePool {
 
     /// Ends `claim` without an answer (the callout failed), so the next
     /// request may claim again; `None` when the claim is no longer this one.
+    /// What it was to report stays to be reported with the next claim.
     pub fn abandon(&self, state: PoolState, claim: &Claim) -> Option<PoolState> {
+        let mut after = state;
+        after.without_lease.unreported = after.without_lease.unreported.saturating_add(claim.reported);
         if state.renewal_until == claim.send_by + self.claim_ttl {
-            return Some(PoolState { renewal_until: Nanos::ZERO, ..state });
+            after.renewal_until = Nanos::ZERO;
+        } else if state.refresh_until == claim.started + self.claim_ttl {
+            after.refresh_until = Nanos::ZERO;
         }
-        (state.refresh_until == claim.started + self.claim_ttl)
-            .then_some(PoolState { refresh_until: Nanos::ZERO, ..state })
+        (after != state).then_some(after)
     }
 
     /// What a response reports: this Envoy's tokens plus what the service
@@ -706,6 +762,12 @@ impl Algorithm for LeasePool {
             final_index: word(20)?,
             lag: Nanos::from_nanos(word(21)?),
             renewal_until: Nanos::from_nanos(word(22)?),
+            without_lease: Unleased {
+                period_start: Nanos::from_nanos(word(23)?),
+                used: word(24)?,
+                unreported: word(25)?,
+                strict_until: Nanos::from_nanos(word(26)?),
+            },
         })
     }
 
@@ -734,6 +796,10 @@ impl Algorithm for LeasePool {
             s.final_index,
             s.lag.get(),
             s.renewal_until.get(),
+            s.without_lease.period_start.get(),
+            s.without_lease.used,
+            s.without_lease.unreported,
+            s.without_lease.strict_until.get(),
         ];
         for (i, word) in words.into_iter().enumerate() {
             put_u64(out, i * 8, word);
@@ -759,7 +825,7 @@ impl Algorithm for LeasePool {
     fn decide(&self, state: PoolState, now: Nanos, cost: u64) -> (Decision, PoolState) {
         let state = self.rolled(state, now);
         match self.take(state, now, cost) {
-            (Spend::Taken(decision), after) => (decision, after),
+            (Spend::Taken(decision) | Spend::Unleased(decision), after) => (decision, after),
             (Spend::Denied(decision), _) => (decision, state),
             (Spend::Empty, _) => (Decision::deny(0, Nanos::ZERO, Nanos::ZERO), state),
         }
@@ -793,18 +859,28 @@ impl Algorithm for LeasePool {
         })
     }
 
-    /// Nothing unspent (now or ahead), nothing in flight, nothing denied:
-    /// losing it loses nothing.
+    /// Nothing unspent (now or ahead), nothing in flight, nothing denied,
+    /// no overshoot budget in use: losing it loses nothing. (Units admitted
+    /// without a lease and not reported yet are not kept for: losing their
+    /// report lets no more through than the budget's bound.)
     fn is_idle(&self, state: PoolState, now: Nanos) -> bool {
         let unspent = self.unspent(&state, now).iter().all(|(_, tokens)| *tokens == 0);
-        unspent && now >= state.refresh_until && now >= state.renewal_until && now >= state.denied_until
+        let budget = self.overshoot.is_some_and(|o| o.in_use(&state.without_lease, now));
+        unspent && !budget && now >= state.refresh_until && now >= state.renewal_until && now >= state.denied_until
     }
 
-    /// When the tokens expire and any claim or denial has run out.
+    /// When the tokens expire and any claim, denial or overshoot budget in
+    /// use has run out.
     fn idle_at(&self, state: PoolState, now: Nanos) -> Nanos {
         let tokens_until = if state.tokens > 0 || self.windows_left(&state) { self.lease_end(&state) } else { now };
         let held_until = if state.held_tokens > 0 { state.held_until } else { now };
-        now.max(tokens_until).max(held_until).max(state.refresh_until).max(state.renewal_until).max(state.denied_until)
+        let budget_until = self.overshoot.map_or(now, |o| o.in_use_until(&state.without_lease));
+        now.max(tokens_until)
+            .max(held_until)
+            .max(state.refresh_until)
+            .max(state.renewal_until)
+            .max(state.denied_until)
+            .max(budget_until)
     }
 
     /// Whatever the leases applied to it held: not bounded here.
@@ -829,7 +905,11 @@ mod tests {
     }
 
     fn pool() -> LeasePool {
-        LeasePool { refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND }, claim_ttl: MS.times(600) }
+        LeasePool {
+            refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND },
+            claim_ttl: MS.times(600),
+            overshoot: None,
+        }
     }
 
     fn grant(lease: u64, granted: u64) -> GrantedLease {
@@ -844,6 +924,7 @@ mod tests {
             window: SECOND.times(60),
             unleased: 500,
             reset: SECOND.times(30),
+            near_limit: false,
         }
     }
 
@@ -1422,5 +1503,88 @@ mod tests {
         let (applied, after) = p.apply(state, at, (at, at), &ahead);
         assert_eq!(applied, Applied::Stale);
         assert_eq!((after.lease, after.allowance), (1, 3));
+    }
+
+    /// A pool of a rule that may admit 2 units a second without a lease.
+    fn overshooting() -> LeasePool {
+        LeasePool { overshoot: Some(Overshoot { limit: 2, period: SECOND }), ..pool() }
+    }
+
+    #[test]
+    fn a_cold_pool_with_a_budget_admits_at_once_and_reports_with_its_claim() {
+        let p = overshooting();
+        let (spend, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        assert!(matches!(spend, Spend::Unleased(_)), "{spend:?}");
+        let claim = claim.expect("the pool still asks for a lease");
+        assert_eq!(claim.reported, 1, "what it admitted goes with the claim");
+        assert_eq!(claim.send_by, T0 + MAX_BATCH_DELAY, "nobody waits for it: it may share a call");
+        // A second request before the answer: from the budget, no second claim.
+        let (spend, again, state) = p.spend(state, T0 + MS, 1);
+        assert!(matches!(spend, Spend::Unleased(_)));
+        assert_eq!(again, None);
+        // The budget is spent: the third waits, as under strict.
+        let (spend, _, state) = p.spend(state, T0 + MS.times(2), 1);
+        assert_eq!(spend, Spend::Empty);
+        assert_eq!(state.without_lease.unreported, 1, "reported with the next claim");
+        // A strict pool never admits without a lease.
+        assert_eq!(pool().spend(pool().fresh(T0), T0, 1).0, Spend::Empty);
+    }
+
+    #[test]
+    fn a_pool_that_holds_a_lease_spends_only_its_tokens() {
+        let p = overshooting();
+        let state = PoolState { without_lease: Unleased::default(), ..leased(1) };
+        let (spend, _, state) = p.spend(state, T0 + MS, 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        // Its tokens spent, its lease still counting: strict, it waits.
+        let (spend, _, _) = p.spend(state, T0 + MS.times(2), 1);
+        assert_eq!(spend, Spend::Empty);
+        // Once the lease is over, the budget admits again.
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(11), 1);
+        assert!(matches!(spend, Spend::Unleased(_)), "{spend:?}");
+    }
+
+    #[test]
+    fn a_key_near_its_limit_holds_the_pool_strict_past_its_lease() {
+        let p = overshooting();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let claim = claim.unwrap();
+        let near =
+            GrantedLease { near_limit: true, valid: SECOND, window: SECOND, reset: MS.times(400), ..grant(1, 1) };
+        let (_, state) = p.apply(state, T0 + MS, sent(claim.started), &near);
+        assert_eq!(state.without_lease.strict_until, T0 + MS + MS.times(400) + SECOND);
+        let after_lease = T0 + SECOND + MS.times(100);
+        let (spend, _, _) = p.spend(state, after_lease, 1);
+        assert_eq!(spend, Spend::Empty, "strict until the window after the answer's ends");
+        let (spend, _, _) = p.spend(state, T0 + SECOND.times(2), 1);
+        assert!(matches!(spend, Spend::Unleased(_)));
+    }
+
+    #[test]
+    fn a_report_whose_call_failed_goes_with_the_next_claim() {
+        let p = overshooting();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let claim = claim.unwrap();
+        let state = p.abandon(state, &claim).unwrap();
+        assert_eq!(state.without_lease.unreported, 1);
+        let (_, next, _) = p.spend(state, T0 + MS, 1);
+        assert_eq!(next.map(|c| c.reported), Some(2), "the first and this one");
+    }
+
+    #[test]
+    fn a_pool_whose_budget_is_in_use_is_not_idle() {
+        let p = overshooting();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let state = p.abandon(state, &claim.unwrap()).unwrap();
+        let state = PoolState { without_lease: Unleased { unreported: 0, ..state.without_lease }, ..state };
+        assert!(!p.is_idle(state, T0 + MS), "forgotten, its period's budget would start afresh");
+        assert_eq!(p.idle_at(state, T0 + MS), T0 + SECOND);
+        assert!(p.is_idle(state, T0 + SECOND));
+        let bytes = {
+            let mut out = vec![0; STATE_LEN];
+            p.encode(&state, &mut out);
+            out
+        };
+        assert_eq!(p.decode(&bytes), Some(state), "the budget's use is stored with the pool");
     }
 }

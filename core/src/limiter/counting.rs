@@ -22,6 +22,10 @@ pub enum RuleEvent {
     ShadowLimited,
     /// A global rule decided by its fall-back: the quota service was failing.
     Fallback,
+    /// A global rule's pool admitted a request's units without a lease,
+    /// under the rule's overshoot budget (counted when the budget is
+    /// spent, whatever the request's other rules then decide).
+    Overshoot,
 }
 
 /// What became of a request, counted once when its verdict is final (a

@@ -14,7 +14,7 @@ use crate::time::{Nanos, SECOND};
 
 use super::pass::{Pass, Ruling, Target};
 use super::rule::Bucket;
-use super::{CompiledRule, Counters, Limiter};
+use super::{CompiledRule, Counters, Limiter, RuleEvent};
 
 impl<H> Pass<'_, H> {
     /// Spends the request's cost from its pool, claiming a refresh if one is
@@ -47,8 +47,11 @@ impl<H> Pass<'_, H> {
                 self.verdict.refreshes.push(Refresh { rule, group, fingerprint, claim, sent, lease, descriptor });
             }
         }
+        if matches!(spend, Spend::Unleased(_)) {
+            self.counters.rule(compiled, RuleEvent::Overshoot);
+        }
         match spend {
-            Spend::Taken(decision) | Spend::Denied(decision) => {
+            Spend::Taken(decision) | Spend::Unleased(decision) | Spend::Denied(decision) => {
                 Ruling::Decided { decision: Some(decision), bucket: Bucket::Main, quota }
             }
             Spend::Empty => Ruling::Pending,
@@ -141,8 +144,7 @@ impl<H> Limiter<H> {
 
     /// The pools' arithmetic, if `compiled` is a global rule.
     fn pool_of(&self, compiled: &CompiledRule<H>) -> Option<LeasePool> {
-        compiled.rule.global.as_ref()?;
-        Some(self.settings.global.as_ref()?.pool())
+        Some(compiled.rule.global.as_ref()?.pool)
     }
 
     /// A lease id unique to this claim: the pool, the claim's instant, keyed
@@ -184,6 +186,30 @@ mod tests {
         let ok = (0..5).filter(|_| admitted(&limiter, &store, T0 + Nanos::from_nanos(2), alice, &mut tally)).count();
         assert_eq!(ok, 3, "exactly the granted tokens, then pending again");
         assert_eq!(tally.rules[&(0, "allowed")], 3);
+    }
+
+    /// A rule with an overshoot budget admits a key this Envoy holds no
+    /// lease for at once, and its refresh reports what it so admitted; a
+    /// rule without one (the default) makes the request wait.
+    #[test]
+    fn a_rule_with_an_overshoot_budget_admits_a_cold_key_at_once_and_reports_it() {
+        let store = MemoryStore::default();
+        let config =
+            GLOBAL.replace(r#""scope": "global","#, r#""scope": "global", "overshoot": {"limit": 1, "period": "1s"},"#);
+        let limiter = build(&config, &store);
+        let mut tally = Tally::default();
+        let alice = &[("x-api-key", "alice")];
+        let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, alice), &mut tally);
+        assert!(verdict.allowed(), "{verdict:?}");
+        let [refresh] = verdict.refreshes.as_slice() else { panic!("one claim: {:?}", verdict.refreshes) };
+        assert_eq!(refresh.claim.reported, 1);
+        let (again, _) = limiter.check(&store, T0 + Nanos::from_nanos(1), &mut request(&limiter, alice), &mut tally);
+        assert_eq!(again.admission, Admission::Pending, "the budget of 1 a second is spent");
+        assert_eq!((tally.rules[&(0, "allowed")], tally.rules[&(0, "overshoot")]), (1, 1));
+
+        let strict = build(GLOBAL, &MemoryStore::default());
+        let (verdict, _) = strict.check(&store, T0, &mut request(&strict, alice), &mut tally);
+        assert_eq!(verdict.admission, Admission::Pending);
     }
 
     #[test]

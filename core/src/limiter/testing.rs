@@ -45,6 +45,7 @@ impl Counters<usize> for Tally {
             RuleEvent::Limited => "limited",
             RuleEvent::ShadowLimited => "shadow_limited",
             RuleEvent::Fallback => "fallback",
+            RuleEvent::Overshoot => "overshoot",
         };
         *self.rules.entry((rule.host, name)).or_default() += 1;
     }
@@ -102,5 +103,6 @@ pub(super) fn lease(id: u64, granted: u64) -> GrantedLease {
         window: SECOND.times(60),
         unleased: 50,
         reset: SECOND.times(30),
+        near_limit: false,
     }
 }

@@ -270,8 +270,16 @@ mod tests {
     }
 
     fn refresh(lease: u64, send_by: Nanos) -> Refresh {
-        let claim =
-            Claim { started: T0, wanted: 1, rate: 1.0, window: None, send_by, not_before: T0, per_window: true };
+        let claim = Claim {
+            started: T0,
+            wanted: 1,
+            rate: 1.0,
+            window: None,
+            send_by,
+            not_before: T0,
+            per_window: true,
+            reported: 0,
+        };
         Refresh { rule: 0, group: 0, fingerprint: lease, claim, sent: T0, lease, descriptor: Vec::new() }
     }
 

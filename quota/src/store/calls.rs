@@ -4,6 +4,7 @@
 //! contended key holds no other) and returns (per lease: read its record,
 //! then give back to the bucket it names). Every decision is `decide`'s.
 
+use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::time::Nanos;
 
 use super::decide::{self, LeaseRecord};
@@ -165,16 +166,26 @@ fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos)
             valid,
             starts: done.granted_at - now,
             replayed: true,
+            near_limit: near_limit(d.remaining, item.limit.policy().capacity()),
         };
         return (Some(outcome), writes);
     }
-    let ask = (item.wanted, item.rate, item.window, item.per_window);
+    let ask = decide::LeaseAsk {
+        wanted: item.wanted,
+        rate: item.rate,
+        window: item.window,
+        per_window: item.per_window,
+        reported: item.reported,
+    };
     let leased = decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
-    if leased.granted > 0 {
-        let done = LeaseRecord::of(&item.key, &item.limit, &leased, now, LEASE_RECORD_MARGIN);
+    // Reported units count even when nothing is granted.
+    if leased.granted > 0 || item.reported > 0 {
         if let Some(slot) = writes.get_mut(bucket) {
             *slot = Some(leased.next.clone());
         }
+    }
+    if leased.granted > 0 {
+        let done = LeaseRecord::of(&item.key, &item.limit, &leased, now, LEASE_RECORD_MARGIN);
         if let Some(slot) = writes.get_mut(record) {
             *slot = Some(done.to_next(item.caller));
         }
@@ -188,6 +199,7 @@ fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos)
         valid: leased.valid,
         starts: leased.starts_at - now,
         replayed: false,
+        near_limit: leased.near_limit,
     };
     (Some(outcome), writes)
 }

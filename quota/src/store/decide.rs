@@ -8,6 +8,7 @@
 use floodgate_core::algorithm::{Decision, Grant, Release};
 use floodgate_core::lease::allowance::{allowance_target, far_below, Reservations, Terms, DEFAULT_TERM};
 use floodgate_core::lease::booking::{self, Booking};
+use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::time::Nanos;
 
@@ -227,8 +228,28 @@ pub struct Leased {
     pub starts_at: Nanos,
     /// How long (from now) the tokens may be used.
     pub valid: Nanos,
-    /// The bucket after the grant (store it when `granted > 0`).
+    /// The key has used most of its limit (see
+    /// `floodgate_core::lease::overshoot::near_limit`), in the window that
+    /// counts now or the one the tokens are for.
+    pub near_limit: bool,
+    /// The bucket after the grant and the report (store it when either
+    /// took something).
     pub next: Next,
+}
+
+/// What a caller asks of one lease (see [`lease`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LeaseAsk {
+    /// The most tokens it wants.
+    pub wanted: u64,
+    /// Its observed consumption, tokens per second.
+    pub rate: Option<f64>,
+    /// The window it wants tokens of (`None`: the one that counts now).
+    pub window: Option<u64>,
+    /// It can hold an allowance.
+    pub per_window: bool,
+    /// Units it admitted without a lease, to count first.
+    pub reported: u64,
 }
 
 /// Takes a batch of tokens for a caller that wants at most `wanted` and
@@ -253,17 +274,43 @@ pub struct Leased {
 /// A caller that can hold one (`per_window`) gets an allowance when the
 /// bucket `key` is a fixed window far enough below its limit
 /// ([`lease_allowance`]); otherwise a lease as above.
-pub fn lease(
-    limit: &Limit,
-    key: &str,
-    stored: Option<&[u8]>,
-    now: Nanos,
-    (wanted, rate, window, per_window): (u64, Option<f64>, Option<u64>, bool),
-    ttl: Nanos,
-) -> Leased {
+///
+/// Units the caller `reported` (admitted without a lease, under a rule's
+/// overshoot budget) are counted first, at `now`: in full by an algorithm
+/// that counts in windows, whatever its limit says (they were admitted);
+/// by any other as far as the bucket holds them. The answer says whether
+/// the key is then near its limit.
+pub fn lease(limit: &Limit, key: &str, stored: Option<&[u8]>, now: Nanos, ask: LeaseAsk, ttl: Nanos) -> Leased {
+    let mut bucket = Stored::load(limit, stored, now);
+    count_reported(limit, &mut bucket, now, ask.reported);
+    let capacity = limit.policy().capacity();
+    let near_now = near_limit(bucket.decide_copy(limit, now).remaining, capacity);
+    let mut leased = lease_counted(limit, key, bucket, now, ask, ttl);
+    leased.near_limit = near_now || near_limit(leased.decision.remaining, capacity);
+    leased
+}
+
+/// Counts `reported` units at `now` (see [`lease`]).
+fn count_reported(limit: &Limit, bucket: &mut Stored, now: Nanos, reported: u64) {
+    let policy = limit.policy();
+    if reported == 0 {
+        return;
+    }
+    if policy.counting_window(&bucket.state, now).is_some() {
+        policy.count(&mut bucket.state, now, reported);
+    } else {
+        let fits = bucket.decide_copy(limit, now).remaining.min(reported);
+        if fits > 0 {
+            bucket.decide(limit, now, fits);
+        }
+    }
+}
+
+/// A lease decided on `bucket` once reports are counted (see [`lease`]).
+fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: LeaseAsk, ttl: Nanos) -> Leased {
+    let LeaseAsk { wanted, rate, window, per_window, .. } = ask;
     let policy = limit.policy();
     let capacity = policy.capacity();
-    let mut bucket = Stored::load(limit, stored, now);
     if per_window {
         if let Some(leased) = lease_allowance(limit, key, &bucket, now, rate, window) {
             return leased;
@@ -294,7 +341,8 @@ pub fn lease(
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
     bucket.paced_until = paced_until(granted, remaining, capacity, horizon, bucket.paced_until, now);
-    Leased { granted, decision: d, window, windows: 0, starts_at: now, valid, next: bucket.into_next(limit, now) }
+    let next = bucket.into_next(limit, now);
+    Leased { granted, decision: d, window, windows: 0, starts_at: now, valid, near_limit: false, next }
 }
 
 /// An allowance (see `floodgate_core::lease::allowance`): tokens in each
@@ -360,6 +408,7 @@ fn lease_allowance(
         windows,
         starts_at,
         valid,
+        near_limit: false,
         next: bucket.into_next(limit, now),
     })
 }
@@ -404,7 +453,8 @@ fn lease_ahead(
     let decision = Decision::admit(then.remaining, (ahead.starts - now) + then.reset);
     let (starts_at, valid) = (ahead.starts, (ahead.starts - now) + usable);
     let window = ahead.window.index;
-    Leased { granted, decision, window, windows: 0, starts_at, valid, next: bucket.into_next(limit, now) }
+    let next = bucket.into_next(limit, now);
+    Leased { granted, decision, window, windows: 0, starts_at, valid, near_limit: false, next }
 }
 
 /// The bucket as it stands, without taking anything.
@@ -625,6 +675,10 @@ mod tests {
 
     const NOW: Nanos = Nanos::from_nanos(1_700_002_800 * SECOND.get());
 
+    fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) -> LeaseAsk {
+        LeaseAsk { wanted, rate, window, per_window, reported: 0 }
+    }
+
     fn limit(algorithm: &str, limit: u64, period: Nanos, fields: &str) -> Limit {
         Limit::new(algorithm, limit, period, fields).unwrap()
     }
@@ -728,11 +782,36 @@ mod tests {
         LeaseRecord::of(key, limit, leased, now, crate::store::LEASE_RECORD_MARGIN)
     }
 
+    /// Units a caller admitted without a lease (an overshoot budget) are
+    /// counted before its lease is decided: in full by a window, past its
+    /// limit if need be; by a bucket as far as it holds them. The answer
+    /// says when the key has used more than three quarters of its limit.
+    #[test]
+    fn reported_units_count_first_and_the_answer_says_when_the_key_is_near() {
+        let window = limit("fixed_window", 10, SECOND, "{}");
+        let reporting = |reported| LeaseAsk { reported, ..ask(5, Some(1.0), None, false) };
+        let far = lease(&window, "k", None, NOW, reporting(2), SECOND);
+        assert!(!far.near_limit);
+        assert_eq!(peek(&window, Some(&far.next.bytes), NOW).remaining, 10 - 2 - far.granted);
+        let near = lease(&window, "k", None, NOW, reporting(8), SECOND);
+        assert!(near.near_limit);
+        assert_eq!(near.granted, 1, "half of the two left");
+        let full = lease(&window, "k", Some(&near.next.bytes), NOW, reporting(5), SECOND);
+        assert_eq!((full.granted, full.near_limit), (0, true));
+        let next = lease(&window, "k", Some(&full.next.bytes), NOW, ask(1, Some(1.0), None, false), SECOND);
+        assert_eq!(next.granted, 0, "admitted past the limit: counted all the same");
+
+        let bucket = limit("token_bucket", 10, SECOND, "{}");
+        let drained = lease(&bucket, "k", None, NOW, reporting(25), SECOND);
+        assert_eq!((drained.granted, drained.near_limit), (0, true));
+        assert_eq!(peek(&bucket, Some(&drained.next.bytes), NOW).remaining, 0, "what it held, no more");
+    }
+
     #[test]
     fn an_allowance_covers_its_windows_to_its_terms_end_and_renews_ahead() {
         let window = limit("fixed_window", 100, SECOND, "{}");
         let key = "fg:{edge}:fw:[[\"user\",\"alice\"]]";
-        let leased = lease(&window, key, None, NOW, (10, Some(2.0), None, true), SECOND);
+        let leased = lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND);
         let index = NOW.get() / SECOND.get();
         assert_eq!(leased.window, index);
         assert!(leased.windows >= 15 && leased.windows <= 45, "{} windows", leased.windows);
@@ -748,13 +827,14 @@ mod tests {
         assert!(leased.next.idle_at >= SECOND.times(last + 1), "kept while reserved");
         // Renewed from its last window: the next term, ahead.
         let at = SECOND.times(last) + Nanos::from_nanos(500_000_000);
-        let renewed = lease(&window, key, Some(&leased.next.bytes), at, (10, Some(2.0), Some(last + 1), true), SECOND);
+        let renewed =
+            lease(&window, key, Some(&leased.next.bytes), at, ask(10, Some(2.0), Some(last + 1), true), SECOND);
         assert_eq!((renewed.window, renewed.starts_at), (last + 1, SECOND.times(last + 1)));
         assert!(renewed.windows >= 15);
         assert_eq!(peek(&window, Some(&renewed.next.bytes), at).remaining, 94, "this window keeps its own");
         assert_eq!(peek(&window, Some(&renewed.next.bytes), SECOND.times(last + 1)).remaining, 94);
         // A caller that cannot hold one gets a lease of one window, as before.
-        let single = lease(&window, key, None, NOW, (10, Some(2.0), None, false), SECOND);
+        let single = lease(&window, key, None, NOW, ask(10, Some(2.0), None, false), SECOND);
         assert_eq!((single.windows, single.granted), (0, 2));
     }
 
@@ -765,7 +845,7 @@ mod tests {
         let mut stored: Option<Vec<u8>> = None;
         let mut allowances = 0;
         for _ in 0..10 {
-            let leased = lease(&window, key, stored.as_deref(), NOW, (10, Some(1.0), None, true), SECOND);
+            let leased = lease(&window, key, stored.as_deref(), NOW, ask(10, Some(1.0), None, true), SECOND);
             if leased.windows > 0 {
                 allowances += 1;
             } else {
@@ -776,21 +856,21 @@ mod tests {
         assert_eq!(allowances, 7, "4 each, and 3/4 of 40 is 30");
         // A holder's share stays small: 5 a second wants 11 a window, more
         // than a quarter of 40.
-        assert_eq!(lease(&window, "other", None, NOW, (10, Some(5.0), None, true), SECOND).windows, 0);
+        assert_eq!(lease(&window, "other", None, NOW, ask(10, Some(5.0), None, true), SECOND).windows, 0);
         // A window already near its limit takes no new allowance.
         let (_, busy) = check(&window, None, NOW, 27);
-        assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
+        assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
         let sliding = limit("sliding_window", 100, SECOND, "{}");
-        assert_eq!(lease(&sliding, key, None, NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
+        assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
         let bucket = limit("token_bucket", 100, SECOND, "{}");
-        assert_eq!(lease(&bucket, key, None, NOW, (10, Some(1.0), None, true), SECOND).windows, 0);
+        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
     }
 
     #[test]
     fn a_returned_allowance_gives_back_this_windows_rest_and_frees_the_windows_after() {
         let window = limit("fixed_window", 100, SECOND, "{}");
         let key = "k";
-        let leased = lease(&window, key, None, NOW, (10, Some(2.0), None, true), SECOND);
+        let leased = lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND);
         let record = record_of(key, &window, &leased, NOW);
         let later = NOW + SECOND.times(3);
         let (back, next) = give_back(&record, Some(&leased.next.bytes), later, 4);
@@ -800,7 +880,7 @@ mod tests {
         assert_eq!(peek(&window, Some(&next.bytes), later + SECOND).remaining, 100, "nothing reserved after");
         // An allowance ahead, returned before it starts: all of it.
         let index = NOW.get() / SECOND.get();
-        let ahead = lease(&window, key, None, NOW, (10, Some(2.0), Some(index + 1), true), SECOND);
+        let ahead = lease(&window, key, None, NOW, ask(10, Some(2.0), Some(index + 1), true), SECOND);
         assert_eq!(ahead.starts_at, NOW + SECOND);
         let record = record_of(key, &window, &ahead, NOW);
         let (back, next) = give_back(&record, Some(&ahead.next.bytes), NOW, 6);
@@ -821,14 +901,14 @@ mod tests {
         let mut stored: Option<Vec<u8>> = None;
         let mut booked = 0;
         for _ in 0..4 {
-            let ahead = lease(&window, key, stored.as_deref(), late, (80, Some(500.0), Some(next), false), SECOND);
+            let ahead = lease(&window, key, stored.as_deref(), late, ask(80, Some(500.0), Some(next), false), SECOND);
             booked += ahead.granted;
             stored = Some(ahead.next.bytes);
         }
         assert!(booked > 70, "{booked} booked");
         // An allowance from this window on covers the next one too: it must
         // fit there beside them, or be no allowance.
-        let leased = lease(&window, key, stored.as_deref(), late, (10, Some(5.0), None, true), SECOND);
+        let leased = lease(&window, key, stored.as_deref(), late, ask(10, Some(5.0), None, true), SECOND);
         let in_next = booked + if leased.windows > 1 { leased.granted } else { 0 };
         assert!(in_next <= 80, "the next window holds {in_next} of 80");
         let counted = peek(&window, Some(&leased.next.bytes), NOW + SECOND);
@@ -863,7 +943,7 @@ mod tests {
                     let named = (random(2) == 0).then_some(index + 1);
                     let rate = Some(random(30) as f64);
                     let leased =
-                        lease(&window, key, stored.as_deref(), now, (random(20) + 1, rate, named, true), SECOND);
+                        lease(&window, key, stored.as_deref(), now, ask(random(20) + 1, rate, named, true), SECOND);
                     stored = Some(leased.next.bytes.clone());
                     if leased.granted == 0 {
                         continue;

@@ -586,6 +586,7 @@ mod tests {
             rate: None,
             window: None,
             per_window: false,
+            reported: 0,
             record: format!("lease:{id}"),
             caller: from,
         }

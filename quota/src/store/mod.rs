@@ -90,6 +90,9 @@ pub struct BucketLease {
     pub window: Option<u64>,
     /// The caller can hold an allowance (see `decide::lease`).
     pub per_window: bool,
+    /// Units the caller admitted without a lease, counted before the lease
+    /// is decided (see `decide::lease`).
+    pub reported: u64,
     /// See [`lease_key`]: where the grant is recorded, atomically with it. A
     /// lease whose record exists is not granted again but answered from it.
     pub record: String,
@@ -121,6 +124,8 @@ pub struct LeaseOutcome {
     pub starts: Nanos,
     /// The lease was already recorded: this repeats its grant, nothing was taken.
     pub replayed: bool,
+    /// The key has used most of its limit (see `decide::Leased::near_limit`).
+    pub near_limit: bool,
 }
 
 /// What a lease call got: every lease's outcome, or, when a lease's id is
