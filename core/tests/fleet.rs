@@ -110,6 +110,7 @@ impl Service {
             unleased: remaining,
             reset: Nanos::from_millis(reset.ceil_millis()),
             near_limit: false,
+            report_only: false,
         }
     }
 
@@ -230,7 +231,7 @@ fn run(limit: u64, pools: usize, rate: f64, secs: u64, start: Nanos, seed: u64) 
                 let returns = match applied {
                     Applied::Replaced(left) => left.returns.to_vec(),
                     Applied::Stale => vec![(grant.lease, grant.granted)],
-                    Applied::Duplicate => Vec::new(),
+                    Applied::Duplicate | Applied::Reported => Vec::new(),
                 };
                 for (id, tokens) in returns.into_iter().filter(|(_, t)| *t > 0) {
                     queue.push(Reverse((now + rng.delay(), Event::Returned { id, tokens })));

@@ -176,7 +176,26 @@ pub struct LeaseRequest {
     pub domain: String,
     /// Independent leases, taken in order.
     pub leases: Vec<LeaseWant>,
+    /// The caller admits keys without a lease (an overshoot budget): answer
+    /// with the domain's recent [`NearNotice`]s. Absent (false): none.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub notices: bool,
 }
+
+/// A key of the domain that the service found near its limit while
+/// deciding a lease that reported units admitted without one: callers
+/// that admit keys without a lease should stop for this one.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NearNotice {
+    /// The key's descriptor, as it was reported.
+    pub descriptor: Descriptor,
+    /// For how long from now (ms): until the window after the one it was
+    /// found near in has ended.
+    pub for_ms: u64,
+}
+
+/// Most notices one answer carries, the most recent first.
+pub const MAX_NOTICES: usize = 32;
 
 /// One granted lease.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
@@ -223,6 +242,10 @@ pub struct LeaseGrant {
 pub struct LeaseResponse {
     /// One per requested lease, in order.
     pub leases: Vec<LeaseGrant>,
+    /// Only when asked for ([`LeaseRequest::notices`]): keys of the domain
+    /// recently found near their limit, at most [`MAX_NOTICES`].
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub near: Vec<NearNotice>,
 }
 
 /// One item of `POST /v1/return`.

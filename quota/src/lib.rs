@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod metrics;
+pub mod notices;
 pub mod reload;
 pub mod rls;
 pub mod server;

@@ -14,6 +14,7 @@ use floodgate_protocol::{
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
 use crate::metrics::ServiceMetrics;
+use crate::notices::NoticeBoard;
 use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, Caller, LeaseReturn, QuotaStore, StoreFailure};
 
 /// An error for the caller, with the HTTP status it maps to.
@@ -73,6 +74,8 @@ pub struct Service {
     /// outage every request fails, and one line a second is enough.
     last_store_log: std::sync::atomic::AtomicU64,
     started: Instant,
+    /// Keys found near their limit, for callers that admit keys without a lease.
+    notices: NoticeBoard,
 }
 
 fn bad(message: impl Into<String>) -> ApiError {
@@ -99,6 +102,7 @@ impl Service {
             settings,
             last_store_log: std::sync::atomic::AtomicU64::new(u64::MAX),
             started: Instant::now(),
+            notices: NoticeBoard::default(),
         }
     }
 
@@ -306,6 +310,8 @@ impl Service {
 
         let mut leases = Vec::with_capacity(plan.len());
         let mut granted_total = 0u64;
+        // The notice board's clock: monotonic, from this instance's start.
+        let since_start = Nanos::from(self.started.elapsed());
         for (step, lease) in plan.into_iter().zip(&req.leases) {
             match step {
                 Err(code) => {
@@ -331,6 +337,11 @@ impl Service {
                     if !grant.replayed {
                         granted_total += grant.granted;
                     }
+                    if grant.near_limit && lease.reported > 0 {
+                        // Strict until the window after this one has ended, as the caller is.
+                        let until = since_start + grant.reset + limit.period();
+                        self.notices.post(&domain.name, &lease.descriptor, until);
+                    }
                     leases.push(LeaseGrant {
                         code: Code::Ok,
                         granted: grant.granted,
@@ -355,7 +366,8 @@ impl Service {
             }
         }
         self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
-        Ok(LeaseResponse { leases })
+        let near = if req.notices { self.notices.current(&domain.name, since_start) } else { Vec::new() };
+        Ok(LeaseResponse { leases, near })
     }
 
     /// `POST /v1/return`: take back unused tokens of leases, named by id.

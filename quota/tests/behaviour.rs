@@ -518,6 +518,24 @@ async fn reported_units_count_also_when_nothing_is_granted(backend: Backend) {
     assert_eq!(far["leases"][0].get("near_limit"), None, "absent while far below: {far}");
 }
 
+/// A key found near its limit while deciding a lease that reported units
+/// is posted: every lease call that asks for notices gets it back (any key
+/// it leases), until the window after that one has ended; one that does not
+/// ask gets none.
+async fn a_key_found_near_its_limit_is_noticed_to_callers_that_ask(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    f.clock.set(T0 + SECOND.times(20));
+    let mut body = lease("sec", "hot", 1, 1.0);
+    body["leases"][0]["reported"] = json!(90);
+    assert_eq!(f.lease(body).await["leases"][0]["near_limit"], true);
+    let mut asking = lease("big", "other", 1, 1.0);
+    asking["notices"] = json!(true);
+    let answer = f.lease(asking.clone()).await;
+    assert_eq!(answer["near"][0]["descriptor"], json!([["sec", "hot"]]), "{answer}");
+    assert!(answer["near"][0]["for_ms"].as_u64().unwrap() > 1000, "through the next window: {answer}");
+    assert_eq!(f.lease(lease("big", "other", 1, 1.0)).await.get("near"), None, "not asked");
+}
+
 /// A lease retried with its id (after a timeout, say) is answered from its
 /// record: the same grant, `replayed`, and nothing more taken.
 async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
@@ -946,6 +964,7 @@ with_all_stores!(
     a_return_gives_back_only_what_a_lease_granted,
     a_lease_retried_with_its_id_is_not_granted_twice,
     reported_units_count_also_when_nothing_is_granted,
+    a_key_found_near_its_limit_is_noticed_to_callers_that_ask,
     a_lease_id_replays_only_its_own_lease,
     a_retried_return_says_it_was_returned_already,
     a_return_after_a_lower_burst_says_what_really_went_back,

@@ -11,7 +11,7 @@ use std::collections::{BinaryHeap, HashMap};
 use floodgate_core::algorithm::Algorithm;
 use floodgate_core::global::calls::{read_leases, Refresh, MAX_ITEMS};
 use floodgate_core::global::settings::QuotaService;
-use floodgate_core::lease::overshoot::{worst_case_over, Overshoot};
+use floodgate_core::lease::overshoot::{notice_key, worst_case_over, NearSet, Overshoot};
 use floodgate_core::lease::pool::{Applied, Claim, LeasePool, PoolState, Spend, MAX_BATCH_DELAY};
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
@@ -158,6 +158,11 @@ pub struct FleetOutcome {
     pub per_key: Vec<(f64, Shape, u64, u64)>,
     /// Requests admitted without a lease (an overshoot budget), weighted.
     pub unleased: f64,
+    /// Requests of keys whose demand is below their limit, and those of
+    /// them that waited, weighted.
+    pub requests_under: f64,
+    /// See [`FleetOutcome::requests_under`].
+    pub waited_under: f64,
     /// The most any window admitted over its limit (as simulated).
     pub max_over: u64,
     /// Windows that admitted more over their limit than the overshoot
@@ -265,6 +270,8 @@ struct Fleet<'a> {
     next_id: u64,
     /// Per key: admitted units per window (a fixed window's, a bucket's second).
     admitted: Vec<HashMap<u64, u64>>,
+    /// Per Envoy: the near-limit notices it heard.
+    near: Vec<NearSet>,
     /// Per key and window: the Envoys that admitted it without a lease.
     unleased_by: Vec<HashMap<u64, Vec<u32>>>,
     /// Per key: requests and leases asked for, measured.
@@ -300,6 +307,13 @@ impl Fleet<'_> {
         }
     }
 
+    /// Until when `envoy` heard `key` is near its limit (as the limiter's
+    /// `near_until`).
+    fn near_until(&self, envoy: u32, key: u32, now: Nanos) -> Option<Nanos> {
+        let near = self.near.get(envoy as usize).filter(|n| !n.is_quiet(now))?;
+        near.until(notice_key(&self.config.keys.get(key as usize)?.descriptor), now)
+    }
+
     /// A request admitted without a lease by `envoy`.
     fn admit_unleased(&mut self, envoy: u32, key: u32, now: Nanos) {
         self.admit(key, now);
@@ -324,17 +338,25 @@ impl Fleet<'_> {
         let worker = envoy * WORKERS + self.rng.below(u64::from(WORKERS)) as u32;
         let measuring = self.measuring(now);
         let w = self.weight(key);
+        let under = !k.over;
         if measuring {
             self.out.requests += w;
+            if under {
+                self.out.requests_under += w;
+            }
             if let Some(c) = self.counts.get_mut(key as usize) {
                 c.0 += 1;
             }
         }
+        let near_until = self.near_until(envoy, key, now);
         let entry = self
             .pools
             .entry((envoy, key))
             .or_insert_with(|| PoolEntry { state: self.pool.fresh(now), waiters: Vec::new() });
-        let before = entry.state;
+        let mut before = entry.state;
+        if let Some(until) = near_until {
+            before.without_lease.strict_until = before.without_lease.strict_until.max(until);
+        }
         let (spend, claim, after) = self.pool.spend(before, now, 1);
         entry.state = after;
         match spend {
@@ -354,6 +376,9 @@ impl Fleet<'_> {
                 let cold = before.lease == 0 || (now >= lease_end(&before) && now >= before.held_until);
                 if measuring {
                     self.out.waited += w;
+                    if under {
+                        self.out.waited_under += w;
+                    }
                     if cold {
                         self.out.waited_cold += w;
                     } else if self.config.keys.get(key as usize).is_some_and(|k| k.over) {
@@ -528,7 +553,16 @@ impl Fleet<'_> {
     fn answered(&mut self, id: u64, now: Nanos) -> Result<(), String> {
         let Some(InFlight::Leases { worker, pending, answer }) = self.calls.remove(&id) else { return Ok(()) };
         let refreshes: Vec<Refresh> = pending.iter().map(|p| p.refresh.clone()).collect();
-        let grants = read_leases(Some(200), &answer, &refreshes).map_err(|e| e.to_string())?;
+        let answer = read_leases(Some(200), &answer, &refreshes).map_err(|e| e.to_string())?;
+        let grants = answer.grants;
+        // The Envoy's near set, as `Limiter::heard_near` keeps it.
+        if let Some(envoy) = pending.first().map(|p| p.envoy) {
+            if let Some(near) = self.near.get_mut(envoy as usize) {
+                for &(key, span) in &answer.near {
+                    near.heard(key, now + span, now);
+                }
+            }
+        }
         let measuring = self.measuring(now);
         for (p, grant) in pending.iter().zip(grants) {
             let entry = self.pools.entry((p.envoy, p.key)).or_default();
@@ -546,7 +580,7 @@ impl Fleet<'_> {
                 }
                 Applied::Stale if grant.granted > 0 => self.give_back(worker, p.key, grant.lease, grant.granted, now),
                 Applied::Stale => {}
-                Applied::Duplicate => {}
+                Applied::Duplicate | Applied::Reported => {}
             }
             // The waiting requests go on just after the answer is applied
             // (`finish_due`, with its own reading of the clock).
@@ -562,11 +596,16 @@ impl Fleet<'_> {
     /// a lease ahead starts, or when its wait is over.
     fn retry(&mut self, id: u64, now: Nanos) {
         let Some(waiter) = self.waiters.get(&id).copied() else { return };
+        let near_until = self.near_until(waiter.envoy, waiter.key, now);
         let Some(entry) = self.pools.get_mut(&(waiter.envoy, waiter.key)) else {
             self.waiters.remove(&id);
             return;
         };
-        let (spend, claim, after) = self.pool.spend(entry.state, now, 1);
+        let mut before = entry.state;
+        if let Some(until) = near_until {
+            before.without_lease.strict_until = before.without_lease.strict_until.max(until);
+        }
+        let (spend, claim, after) = self.pool.spend(before, now, 1);
         entry.state = after;
         let over = now >= waiter.deadline;
         let measuring = self.measuring(waiter.since);
@@ -754,7 +793,8 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         max_wait: Nanos::from_millis(200),
         lease_horizon: SECOND,
     };
-    let empty_answer = serde_json::to_vec(&LeaseResponse { leases: Vec::new() }).map_err(|e| e.to_string())?;
+    let empty_answer =
+        serde_json::to_vec(&LeaseResponse { leases: Vec::new(), near: Vec::new() }).map_err(|e| e.to_string())?;
     let empty_returned =
         serde_json::to_vec(&floodgate_protocol::ReturnResponse { returned: Vec::new(), replayed: Vec::new() })
             .map_err(|e| e.to_string())?;
@@ -788,6 +828,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         next_id: 1,
         admitted: vec![HashMap::new(); config.keys.len()],
         unleased_by: vec![HashMap::new(); config.keys.len()],
+        near: vec![NearSet::default(); config.envoys as usize],
         counts: vec![(0, 0); config.keys.len()],
         from: MEASURE_FROM,
         until,

@@ -195,18 +195,20 @@ pub fn csv(o: &FleetOutcome) -> String {
 }
 
 /// The overshoot table's header.
-pub const OVERSHOOT_HEADER: &str = "| Envoys | mode | leases per request | waited | admitted without a lease | \
-used of limits under excess | over: most in a window | worst case | beyond it |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|";
+pub const OVERSHOOT_HEADER: &str = "| Envoys | mode | leases per request | waited: keys below their limit | \
+keys above it | admitted without a lease | used of limits under excess | over: most in a window | worst case | \
+beyond it |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|";
 
 /// One row of the overshoot table; `worst` is the bound at every Envoy.
 pub fn overshoot_row(o: &FleetOutcome, worst: u64) -> String {
     let n = o.requests.max(1.0);
     let mode = if o.name.ends_with("overshoot") { "budget 1/s" } else { "strict" };
     format!(
-        "| {} | {mode} | {:.3} | {:.2} % | {:.2} % | {:.1} % | {} | {worst} | {} |",
+        "| {} | {mode} | {:.3} | {:.2} % | {:.2} % | {:.2} % | {:.1} % | {} | {worst} | {} |",
         o.envoys,
         o.sim_leases as f64 / n,
-        100.0 * o.waited / n,
+        100.0 * o.waited_under / o.requests_under.max(1.0),
+        100.0 * (o.waited - o.waited_under) / (o.requests - o.requests_under).max(1.0),
         100.0 * o.unleased / n,
         100.0 * share((o.excess_admitted, o.excess_limit)),
         o.max_over,

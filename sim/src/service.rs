@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport, ReturnRequest, ReturnResponse};
+use floodgate_quota::notices::NoticeBoard;
 use floodgate_quota::store::decide::{self, LeaseAsk, LeaseRecord};
 use floodgate_quota::store::{lease_key, Next, LEASE_RECORD_MARGIN};
 
@@ -35,6 +36,8 @@ pub struct SimulatedService {
     /// Whether a lease that asks `per_window` may get an allowance (false:
     /// as if the filter never asked, for comparison).
     allowances: bool,
+    /// Keys found near their limit (the service's own board).
+    notices: NoticeBoard,
 }
 
 /// The key index a descriptor names (`k<index>`).
@@ -45,7 +48,7 @@ fn key_of(descriptor: &[(String, String)]) -> Option<usize> {
 impl SimulatedService {
     /// An empty store; leases valid `ttl`; allowances granted if `allowances`.
     pub fn new(ttl: Nanos, allowances: bool) -> Self {
-        SimulatedService { store: HashMap::new(), ttl, allowances }
+        SimulatedService { store: HashMap::new(), ttl, allowances, notices: NoticeBoard::default() }
     }
 
     /// The bytes stored under `key` at `now` (an entry past its time to live is gone).
@@ -135,6 +138,10 @@ impl SimulatedService {
                 }
             };
             let (decision, window, windows, valid, starts, replayed, near_limit) = outcome;
+            if near_limit && want.reported > 0 {
+                // As the service posts it: until the window after this one has ended.
+                self.notices.post(DOMAIN, &want.descriptor, now + decision.reset + key.rule.period());
+            }
             leases.push(LeaseGrant {
                 code: Code::Ok,
                 granted,
@@ -153,7 +160,8 @@ impl SimulatedService {
                 near_limit,
             });
         }
-        serde_json::to_vec(&LeaseResponse { leases }).map_err(|e| e.to_string())
+        let near = if request.notices { self.notices.current(DOMAIN, now) } else { Vec::new() };
+        serde_json::to_vec(&LeaseResponse { leases, near }).map_err(|e| e.to_string())
     }
 
     /// `POST /v1/return`: as the store's `give_back` (without its retry

@@ -6,11 +6,12 @@
 
 use floodgate_protocol::{
     CheckRequest, CheckResponse, Code, LeaseRequest, LeaseResponse, LeaseWant, ReturnRequest, ReturnTokens,
-    MAX_DESCRIPTORS, MAX_LEASES,
+    MAX_DESCRIPTORS, MAX_LEASES, MAX_NOTICES,
 };
 
 use super::settings::QuotaService;
 use crate::algorithm::{Decision, Quota};
+use crate::lease::overshoot::notice_key;
 use crate::lease::pool::{Claim, GrantedLease};
 use crate::time::Nanos;
 
@@ -129,6 +130,7 @@ impl QuotaService {
                     reported: r.claim.reported,
                 })
                 .collect(),
+            notices: refreshes.iter().any(|r| r.claim.wants_notices),
         };
         self.call("POST", "/v1/lease", serde_json::to_vec(&request).unwrap_or_default())
     }
@@ -177,14 +179,31 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CallError> {
     serde_json::from_slice(body).map_err(|e| CallError::Body(e.to_string()))
 }
 
-/// Reads a lease answer for `refreshes` (in order): one grant each.
-pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<Vec<GrantedLease>, CallError> {
+/// A lease call's answer, read.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseAnswer {
+    /// One grant per refresh, in order.
+    pub grants: Vec<GrantedLease>,
+    /// The near-limit notices it brought: each key
+    /// ([`crate::lease::overshoot::notice_key`]) and for how long from now.
+    pub near: Vec<(u64, Nanos)>,
+}
+
+/// Reads a lease answer for `refreshes` (in order): one grant each, and
+/// the notices.
+pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<LeaseAnswer, CallError> {
     usable_status(status)?;
     let answer: LeaseResponse = parse(body)?;
     if answer.leases.len() != refreshes.len() {
         return Err(CallError::Body(format!("{} leases for {} asked", answer.leases.len(), refreshes.len())));
     }
-    Ok(answer
+    let near = answer
+        .near
+        .iter()
+        .take(MAX_NOTICES)
+        .map(|notice| (notice_key(&notice.descriptor), Nanos::from_millis(notice.for_ms)))
+        .collect();
+    let grants = answer
         .leases
         .iter()
         .zip(refreshes)
@@ -207,9 +226,11 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 unleased,
                 reset: Nanos::from_millis(grant.report.reset_ms.unwrap_or(0)),
                 near_limit: grant.near_limit,
+                report_only: refresh.claim.wanted == 0,
             }
         })
-        .collect())
+        .collect();
+    Ok(LeaseAnswer { grants, near })
 }
 
 /// Reads a check answer for `items` (in order).
@@ -283,6 +304,7 @@ mod tests {
                 not_before: Nanos::ZERO,
                 per_window: true,
                 reported: 2,
+                wants_notices: true,
             },
             sent: Nanos::ZERO,
             lease,
@@ -302,7 +324,7 @@ mod tests {
             body,
             serde_json::json!({"domain": "edge", "leases": [{"id": "00000000000000ab",
                 "descriptor": [["api_key", "alice"]], "wanted": 40, "rate": 20.0, "per_window": true,
-                "reported": 2}]})
+                "reported": 2}], "notices": true})
         );
     }
 
@@ -310,10 +332,12 @@ mod tests {
     fn a_grant_is_read_into_the_pools_terms() {
         let body = br#"{"leases": [{"code": "ok", "granted": 30, "valid_ms": 1000, "limit": 100,
             "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3, "windows": 2,
-            "near_limit": true}]}"#;
-        let grants = read_leases(Some(200), body, &[refresh(9)]).unwrap();
+            "near_limit": true}], "near": [{"descriptor": [["user", "bob"]], "for_ms": 1500}]}"#;
+        let answer = read_leases(Some(200), body, &[refresh(9)]).unwrap();
+        let bob = notice_key(&[("user".into(), "bob".into())]);
+        assert_eq!(answer.near, vec![(bob, Nanos::from_millis(1500))]);
         assert_eq!(
-            grants,
+            answer.grants,
             vec![GrantedLease {
                 lease: 9,
                 granted: 30,
@@ -326,6 +350,7 @@ mod tests {
                 unleased: 20,
                 reset: SECOND.times(5),
                 near_limit: true,
+                report_only: false,
             }]
         );
     }

@@ -8,7 +8,12 @@
 //! counts in the key's bucket before it decides that lease. The service
 //! answers `near_limit` once a key has used more than three quarters of
 //! its limit; the Envoy then stops admitting the key without a lease until
-//! the window after the one the answer came in has ended.
+//! the window after the one the answer came in has ended. The service also
+//! posts such a key on its notice board, and every lease call of an Envoy
+//! whose rules admit without a lease brings the board back: the Envoy keeps
+//! the notices in a [`NearSet`] in shared data, and its pools admit none
+//! of those keys without a lease either. So the fleet hears that a key is
+//! near from any call, not only from a call about that key.
 //!
 //! **The bound.** Units admitted with leases (and checks) stay within the
 //! limit, as always; units admitted without one are at most the budget per
@@ -23,6 +28,8 @@
 //! is already full and before any has heard that it is near.
 
 use super::allowance::share_of;
+use crate::algorithm::{get_u64, put_u64};
+use crate::hash::SipHasher;
 use crate::time::Nanos;
 
 /// The largest budget a rule may state per period: a few requests, not a
@@ -69,6 +76,12 @@ impl Overshoot {
         Some(Unleased { period_start, used, unreported: budget.unreported.saturating_add(cost), ..budget })
     }
 
+    /// Whether the budget alone covers a pool spending `rate` units a
+    /// second: then its claims only report (see `LeasePool::spend`).
+    pub fn covers(&self, rate: f64) -> bool {
+        rate * self.period.get() as f64 / 1e9 <= self.limit as f64
+    }
+
     /// Whether forgetting `budget` at `now` would let the Envoy admit more
     /// than the bound: while its period counts, or the key is held strict.
     pub fn in_use(&self, budget: &Unleased, now: Nanos) -> bool {
@@ -96,6 +109,88 @@ pub fn near_limit(remaining: u64, capacity: u64) -> bool {
 pub fn worst_case_over(envoys: u64, budget: &Overshoot, window: Nanos) -> u64 {
     let periods = window.get().div_ceil(budget.period.get().max(1)).saturating_add(1);
     envoys.saturating_mul(budget.limit).saturating_mul(periods)
+}
+
+/// Most notices an Envoy keeps (the service sends at most 32 a call).
+pub const NEAR_SLOTS: usize = 64;
+
+/// The keys an Envoy heard are near their limit, each until when: a fixed
+/// number of slots, the one ending soonest given up for a new one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NearSet {
+    slots: Vec<(u64, Nanos)>,
+}
+
+/// A notice's key: a hash of the descriptor as the protocol carries it
+/// (the same on every worker and Envoy; a collision only makes a key strict).
+pub fn notice_key(descriptor: &[(String, String)]) -> u64 {
+    let mut hasher = SipHasher::new(0x6e65_6172, 0x006c_696d_6974);
+    for (key, value) in descriptor {
+        hasher.write_field(key.as_bytes());
+        hasher.write_field(value.as_bytes());
+    }
+    hasher.finish()
+}
+
+impl NearSet {
+    /// Until when `key` is near its limit, if it still is at `now`.
+    pub fn until(&self, key: u64, now: Nanos) -> Option<Nanos> {
+        self.slots.iter().find(|(k, until)| *k == key && *until > now).map(|(_, until)| *until)
+    }
+
+    /// Whether no notice holds at `now` (nothing to look up).
+    pub fn is_quiet(&self, now: Nanos) -> bool {
+        self.slots.iter().all(|(_, until)| *until <= now)
+    }
+
+    /// Records that `key` is near until `until`; true when that changed the set.
+    pub fn heard(&mut self, key: u64, until: Nanos, now: Nanos) -> bool {
+        self.slots.retain(|(_, end)| *end > now);
+        if until <= now {
+            return false;
+        }
+        if let Some(slot) = self.slots.iter_mut().find(|(k, _)| *k == key) {
+            let later = until > slot.1;
+            slot.1 = slot.1.max(until);
+            return later;
+        }
+        if self.slots.len() < NEAR_SLOTS {
+            self.slots.push((key, until));
+            return true;
+        }
+        match self.slots.iter_mut().min_by_key(|(_, end)| *end) {
+            Some(soonest) if soonest.1 < until => {
+                *soonest = (key, until);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Records every notice of `other`; true when that changed the set.
+    pub fn merge(&mut self, other: &NearSet, now: Nanos) -> bool {
+        other.slots.iter().fold(false, |changed, &(key, until)| self.heard(key, until, now) || changed)
+    }
+
+    /// The set as stored: 16 bytes a notice.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0; self.slots.len() * 16];
+        for (i, (key, until)) in self.slots.iter().enumerate() {
+            put_u64(&mut out, i * 16, *key);
+            put_u64(&mut out, i * 16 + 8, until.get());
+        }
+        out
+    }
+
+    /// A stored set (what does not read as one: empty, which only makes
+    /// the pools less strict than the notices asked, never lets a lease's
+    /// tokens count twice).
+    pub fn decode(bytes: &[u8]) -> NearSet {
+        let slots = (0..(bytes.len() / 16).min(NEAR_SLOTS))
+            .map_while(|i| Some((get_u64(bytes, i * 16)?, Nanos::from_nanos(get_u64(bytes, i * 16 + 8)?))))
+            .collect();
+        NearSet { slots }
+    }
 }
 
 #[cfg(test)]
@@ -145,5 +240,27 @@ mod tests {
     fn the_worst_case_counts_every_period_a_window_can_overlap() {
         assert_eq!(worst_case_over(3, &BUDGET, SECOND), 3 * 2 * 2);
         assert_eq!(worst_case_over(10, &Overshoot { limit: 1, period: SECOND }, SECOND.times(60)), 10 * 61);
+    }
+
+    #[test]
+    fn a_near_set_keeps_the_latest_notices_in_a_fixed_room() {
+        let mut set = NearSet::default();
+        let alice = notice_key(&[("user".into(), "alice".into())]);
+        assert_ne!(alice, notice_key(&[("user".into(), "bob".into())]));
+        assert!(set.is_quiet(T0));
+        assert!(set.heard(alice, T0 + SECOND, T0));
+        assert!(!set.heard(alice, T0 + Nanos::from_millis(500), T0), "an earlier end changes nothing");
+        assert_eq!(set.until(alice, T0), Some(T0 + SECOND));
+        assert_eq!(set.until(alice, T0 + SECOND), None, "over");
+        for key in 1..=NEAR_SLOTS as u64 + 10 {
+            set.heard(key, T0 + SECOND.times(2 + key), T0);
+        }
+        assert_eq!(set.slots.len(), NEAR_SLOTS);
+        assert_eq!(set.until(alice, T0), None, "the one ending soonest made room");
+        assert_eq!(NearSet::decode(&set.encode()), set);
+        assert_eq!(NearSet::decode(b"garbage"), NearSet::default());
+        let mut other = NearSet::default();
+        assert!(other.merge(&set, T0) && !other.merge(&set, T0));
+        assert!(set.is_quiet(T0 + SECOND.times(100)));
     }
 }

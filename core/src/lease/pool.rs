@@ -156,6 +156,9 @@ pub struct GrantedLease {
     /// The key has used most of its limit: admit nothing of it without a
     /// lease for a while (see [`crate::lease::overshoot`]).
     pub near_limit: bool,
+    /// The claim only reported units admitted without a lease and asked
+    /// for none (`wanted` 0): its `granted` 0 denies nothing.
+    pub report_only: bool,
 }
 
 /// A claimed refresh: the worker that made it asks the service.
@@ -191,6 +194,9 @@ pub struct Claim {
     /// Units the pool admitted without a lease since its last report, for
     /// the service to count (taken out of the pool with the claim).
     pub reported: u64,
+    /// The pool's rule admits keys without a lease (an overshoot budget):
+    /// its call asks for the service's near-limit notices.
+    pub wants_notices: bool,
 }
 
 /// The longest a claim that no request waits for is held back to share a
@@ -233,6 +239,9 @@ pub enum Applied {
     Stale,
     /// This lease was applied already (a replayed answer): nothing to do.
     Duplicate,
+    /// The answer to a report that asked for no tokens
+    /// ([`GrantedLease::report_only`]): the pool took note of what it said.
+    Reported,
 }
 
 /// The pools of one global rule.
@@ -371,6 +380,12 @@ impl LeasePool {
             if matches!(spend, Spend::Unleased(_)) {
                 // Nobody waits for it: it may share a call with others.
                 claim.send_by = claim.send_by.max(now + MAX_BATCH_DELAY);
+                if self.overshoot.is_some_and(|o| o.covers(claim.rate)) {
+                    // The budget alone covers the pool's pace (a thin pair):
+                    // tokens leased now would likely expire unspent, taken
+                    // from the limit all the same. Report only.
+                    *claim = Claim { wanted: 0, window: None, per_window: false, ..*claim };
+                }
             }
         }
         (spend, claim, after)
@@ -464,7 +479,8 @@ impl LeasePool {
         let wanted = self.refresh.wanted(rate, usable).max(cost);
         let known = now - state.rate_since >= RATE_FLOOR || (state.lease != 0 && now - state.leased_at >= RATE_FLOOR);
         let per_window = state.allowance > 0 || known;
-        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window, reported: 0 })
+        let wants_notices = self.overshoot.is_some();
+        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window, reported: 0, wants_notices })
     }
 
     /// Whether a refresh is due at `now` at `rate`, for which window
@@ -540,6 +556,11 @@ impl LeasePool {
             // Strict through the window after the one the answer speaks of.
             let strict_until = now + grant.reset + grant.window;
             state.without_lease.strict_until = state.without_lease.strict_until.max(strict_until);
+        }
+        if grant.report_only {
+            let ours = state.refresh_until == claim_started + self.claim_ttl;
+            let refresh_until = if ours { Nanos::ZERO } else { state.refresh_until };
+            return (Applied::Reported, PoolState { refresh_until, ..state });
         }
         if state.lease != 0 && state.leased_at > claim_started {
             // A newer lease is in place; this claim is over all the same.
@@ -925,6 +946,7 @@ mod tests {
             unleased: 500,
             reset: SECOND.times(30),
             near_limit: false,
+            report_only: false,
         }
     }
 
@@ -1528,6 +1550,28 @@ mod tests {
         assert_eq!(state.without_lease.unreported, 1, "reported with the next claim");
         // A strict pool never admits without a lease.
         assert_eq!(pool().spend(pool().fresh(T0), T0, 1).0, Spend::Empty);
+    }
+
+    /// A pool whose pace the budget covers only reports: a lease of a pair
+    /// that sees its key so seldom would expire unspent, taken from the
+    /// limit all the same. Its answer grants nothing and denies nothing.
+    #[test]
+    fn a_pool_its_budget_covers_only_reports_and_its_answer_denies_nothing() {
+        let p = overshooting();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let claim = claim.unwrap();
+        assert_eq!((claim.wanted, claim.reported, claim.per_window, claim.wants_notices), (0, 1, false, true));
+        let answer = GrantedLease { granted: 0, report_only: true, ..grant(1, 0) };
+        let (applied, state) = p.apply(state, T0 + MS, sent(T0), &answer);
+        assert_eq!(applied, Applied::Reported);
+        assert_eq!((state.lease, state.denied_until, state.refresh_until), (0, Nanos::ZERO, Nanos::ZERO));
+        let (spend, _, _) = p.spend(state, T0 + MS.times(2), 1);
+        assert!(matches!(spend, Spend::Unleased(_)), "the budget's second unit: {spend:?}");
+        // A pool busier than its budget leases as usual.
+        let busy = PoolState { spent: 50, rate_since: T0 - SECOND, ..p.fresh(T0) };
+        let (spend, claim, _) = p.spend(busy, T0, 1);
+        assert!(matches!(spend, Spend::Unleased(_)));
+        assert!(claim.unwrap().wanted > 1);
     }
 
     #[test]

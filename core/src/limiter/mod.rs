@@ -57,12 +57,19 @@ use crate::config::{Config, PluginSettings, Response};
 use crate::global::fallback::ModeState;
 use crate::global::settings::QuotaService;
 use crate::headers::{HeaderBlock, RuleHeaders};
+use crate::lease::overshoot::NearSet;
 use crate::store::{Store, StoreError};
+
+use std::cell::RefCell;
 
 use rule::Key;
 
 /// Shared-data key holding the per-VM secret that keys descriptor hashing.
 pub const SEED_KEY: &str = "fg:seed";
+
+/// Shared-data key holding the near-limit notices this Envoy heard
+/// ([`crate::lease::overshoot::NearSet`]), for rules with an overshoot budget.
+pub const NEAR_KEY: &str = "fg:near";
 
 /// Host memory per shared-data entry beyond its key and value: measured on
 /// Envoy 1.40 at about 97 bytes with a million clients (allocator rounding
@@ -75,6 +82,8 @@ pub struct Limiter<H = ()> {
     rules: Vec<CompiledRule<H>>,
     settings: PluginSettings,
     hash_key: (u64, u64),
+    /// This worker's copy of the near-limit notices (see `pools`).
+    near: RefCell<NearSet>,
 }
 
 impl<H> Limiter<H> {
@@ -104,7 +113,8 @@ impl<H> Limiter<H> {
                 CompiledRule::new(rule, host, headers)
             })
             .collect();
-        let limiter = Limiter { rules, settings, hash_key: (word(0), word(8)) };
+        let near = RefCell::new(NearSet::default());
+        let limiter = Limiter { rules, settings, hash_key: (word(0), word(8)), near };
         for compiled in &limiter.rules {
             compiled.create_tables(store)?;
             if compiled.rule.global.is_some() {
@@ -112,6 +122,9 @@ impl<H> Limiter<H> {
                 compiled.write_mode_key(&mut key)?;
                 store.create_if_absent(key.as_str(), &ModeState::default().encode())?;
             }
+        }
+        if limiter.rules.iter().any(|c| c.rule.global.as_ref().is_some_and(|g| g.pool.overshoot.is_some())) {
+            store.create_if_absent(NEAR_KEY, &[])?;
         }
         limiter.read_modes(store);
         Ok(limiter)

@@ -43,9 +43,10 @@ impl<H> Limiter<H> {
             .collect()
     }
 
-    /// Reads every global rule's mode from shared data into this worker's
-    /// view (the host calls it on its tick).
+    /// Reads every global rule's mode, and the near-limit notices, from
+    /// shared data into this worker's view (the host calls it on its tick).
     pub fn read_modes(&self, store: &dyn Store) {
+        self.read_near(store);
         let mut key = Key::default();
         for compiled in self.rules.iter().filter(|c| c.rule.global.is_some()) {
             if compiled.write_mode_key(&mut key).is_ok() {

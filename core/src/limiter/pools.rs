@@ -5,16 +5,17 @@
 //! configuration goes away. The pool's arithmetic is [`crate::lease::pool`].
 
 use crate::algorithm::{Algorithm, Quota};
-use crate::descriptor::{protocol_descriptor, Request};
+use crate::descriptor::{protocol_descriptor, DescriptorEntry, Request};
 use crate::global::calls::Refresh;
 use crate::hash::SipHasher;
+use crate::lease::overshoot::{notice_key, NearSet};
 use crate::lease::pool::{Applied, GrantedLease, LeasePool, PoolState, Spend};
-use crate::store::Store;
+use crate::store::{measure_and_replace, Step, Store};
 use crate::time::{Nanos, SECOND};
 
 use super::pass::{Pass, Ruling, Target};
 use super::rule::Bucket;
-use super::{CompiledRule, Counters, Limiter, RuleEvent};
+use super::{CompiledRule, Counters, Limiter, RuleEvent, NEAR_KEY};
 
 impl<H> Pass<'_, H> {
     /// Spends the request's cost from its pool, claiming a refresh if one is
@@ -23,12 +24,20 @@ impl<H> Pass<'_, H> {
         let compiled = target.compiled;
         let Some(pool) = self.limiter.pool_of(compiled) else { return Ruling::local(None, Bucket::Main) };
         let (fingerprint, now, cost) = (target.fingerprint, self.now, target.cost);
+        // A key the fleet heard is near its limit is admitted only with a lease.
+        let near_until = match pool.overshoot {
+            Some(_) => self.limiter.near_until(&compiled.rule.descriptors, request, now),
+            None => None,
+        };
         let table = &compiled.rule.table;
         let group = table.group_of(fingerprint);
         let result =
             compiled.on_group(self.store, Bucket::Main, group, self.limiter.settings.max_cas_retries, |stored| {
                 table.update(stored, fingerprint, now, |slot| {
-                    let state: PoolState = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
+                    let mut state: PoolState = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
+                    if let Some(until) = near_until {
+                        state.without_lease.strict_until = state.without_lease.strict_until.max(until);
+                    }
                     let (spend, claim, after) = pool.spend(state, now, cost);
                     let changed = after != state;
                     pool.encode(&after, slot);
@@ -136,6 +145,44 @@ impl<H> Limiter<H> {
         taken
     }
 
+    /// Records the near-limit notices a lease answer brought (`(key, for
+    /// how long)`, see [`crate::lease::overshoot`]): in this worker's copy at
+    /// once, and in shared data for the other workers, which read it on
+    /// their tick.
+    pub fn heard_near(&self, store: &dyn Store, now: Nanos, notices: &[(u64, Nanos)]) {
+        let mut heard = NearSet::default();
+        for &(key, span) in notices {
+            heard.heard(key, now + span, now);
+        }
+        if !self.near.borrow_mut().merge(&heard, now) {
+            return;
+        }
+        let _ = measure_and_replace(store, NEAR_KEY, self.settings.max_cas_retries, |bytes| {
+            let mut stored = NearSet::decode(&bytes);
+            match stored.merge(&heard, now) {
+                true => Step::Write(stored.encode(), ()),
+                false => Step::Keep(()),
+            }
+        });
+    }
+
+    /// Reads the near-limit notices from shared data into this worker's copy.
+    pub(super) fn read_near(&self, store: &dyn Store) {
+        if let Ok(Some((bytes, _))) = store.get(NEAR_KEY) {
+            *self.near.borrow_mut() = NearSet::decode(&bytes);
+        }
+    }
+
+    /// Until when the request's key is near its limit, if this worker heard
+    /// so (the descriptor is built only while some notice holds).
+    fn near_until(&self, entries: &[DescriptorEntry], request: &mut dyn Request, now: Nanos) -> Option<Nanos> {
+        let near = self.near.borrow();
+        if near.is_quiet(now) {
+            return None;
+        }
+        near.until(notice_key(&protocol_descriptor(entries, request)?), now)
+    }
+
     /// What a request that waited out an empty pool is told: try again once
     /// a refresh could have answered.
     pub(super) fn refill_retry(&self) -> Nanos {
@@ -210,6 +257,30 @@ mod tests {
         let strict = build(GLOBAL, &MemoryStore::default());
         let (verdict, _) = strict.check(&store, T0, &mut request(&strict, alice), &mut tally);
         assert_eq!(verdict.admission, Admission::Pending);
+    }
+
+    /// A key the fleet heard is near its limit (a notice brought by any
+    /// lease answer) is admitted only with a lease, on every worker: the
+    /// one that heard at once, the others from their next tick.
+    #[test]
+    fn a_near_limit_notice_holds_every_worker_strict_for_that_key() {
+        let store = MemoryStore::default();
+        let config =
+            GLOBAL.replace(r#""scope": "global","#, r#""scope": "global", "overshoot": {"limit": 5, "period": "1s"},"#);
+        let limiter = build(&config, &store);
+        let other = build(&config, &store);
+        let mut tally = Tally::default();
+        let key = |name: &str| notice_key(&[("api_key".into(), name.into())]);
+        limiter.heard_near(&store, T0, &[(key("alice"), SECOND), (key("bob"), SECOND)]);
+        let verdict = |l: &Limiter<usize>, key, at, tally: &mut Tally| {
+            l.check(&store, at, &mut request(l, &[("x-api-key", key)]), tally).0.admission
+        };
+        assert_eq!(verdict(&other, "alice", T0, &mut tally), Admission::Now, "not heard yet");
+        assert_eq!(verdict(&limiter, "alice", T0, &mut tally), Admission::Pending, "strict: it waits for a lease");
+        other.read_modes(&store);
+        assert_eq!(verdict(&other, "bob", T0, &mut tally), Admission::Pending, "heard from shared data");
+        assert_eq!(verdict(&other, "carol", T0, &mut tally), Admission::Now, "another key");
+        assert_eq!(verdict(&other, "bob", T0 + SECOND, &mut tally), Admission::Now, "the notice is over");
     }
 
     #[test]

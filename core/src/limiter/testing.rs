@@ -104,5 +104,6 @@ pub(super) fn lease(id: u64, granted: u64) -> GrantedLease {
         unleased: 50,
         reset: SECOND.times(30),
         near_limit: false,
+        report_only: false,
     }
 }

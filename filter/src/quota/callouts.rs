@@ -279,6 +279,7 @@ mod tests {
             not_before: T0,
             per_window: true,
             reported: 0,
+            wants_notices: false,
         };
         Refresh { rule: 0, group: 0, fingerprint: lease, claim, sent: T0, lease, descriptor: Vec::new() }
     }

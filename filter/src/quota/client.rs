@@ -125,8 +125,11 @@ impl<H: Host> Plugin<H> {
         let now = self.host.now();
         let failed = match callout {
             Callout::Leases(refreshes) => match body.and_then(|body| calls::read_leases(status, &body, &refreshes)) {
-                Ok(grants) => {
-                    self.leases_granted(&refreshes, grants, now);
+                Ok(answer) => {
+                    if !answer.near.is_empty() {
+                        self.limiter.heard_near(&self.store(), now, &answer.near);
+                    }
+                    self.leases_granted(&refreshes, answer.grants, now);
                     None
                 }
                 Err(why) => Some((Callout::Leases(refreshes), why)),
@@ -174,7 +177,7 @@ impl<H: Host> Plugin<H> {
                 // take it: the grant goes back whole.
                 Some(Applied::Stale) | None if grant.granted > 0 => callouts.give_back(grant.lease, grant.granted, now),
                 Some(Applied::Stale) | None => {}
-                Some(Applied::Duplicate) => {}
+                Some(Applied::Duplicate | Applied::Reported) => {}
             }
         }
     }
