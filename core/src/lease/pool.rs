@@ -447,6 +447,16 @@ impl LeasePool {
             return None;
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
+        let first = unmet == 0 && state.spent <= cost && state.without_lease.unreported == 0;
+        if first && self.usable(state, now) == 0 && !self.windows_left(state) {
+            // The request that spent the pool's last token is the only one
+            // its rate observation has seen (a cold pair's, whose lease it
+            // waited for): no evidence of another soon. A lease now would
+            // likely expire unspent, taken from the limit all the same (at
+            // fleet scale a quarter to a third of a limit under excess
+            // demand went so); the next request claims, if one comes.
+            return None;
+        }
         let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
         let renewal = window.is_some() && self.windows_left(state);
         if !renewal && now < state.refresh_until {
@@ -1157,6 +1167,28 @@ mod tests {
         // Another worker, 1 ms later, sees the claim: it waits, no second callout.
         let (spend, second, _) = p.spend(state, T0 + MS, 1);
         assert_eq!((spend, second), (Spend::Empty, None));
+    }
+
+    /// A cold pair's request that waited for a lease of one token spends
+    /// it and claims no second lease: one request is no evidence of
+    /// another (a lease claimed then would usually expire unspent, taken
+    /// from the limit all the same). A second request claims, and one of a
+    /// pool that has seen more claims at once.
+    #[test]
+    fn the_only_request_a_pool_has_seen_claims_no_second_lease() {
+        let p = pool();
+        let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+        let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &grant(1, 1));
+        let (spend, again, state) = p.spend(state, T0 + MS.times(2), 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        assert_eq!(again, None, "no evidence of another request");
+        let (spend, next, _) = p.spend(state, T0 + MS.times(500), 1);
+        assert_eq!(spend, Spend::Empty);
+        assert!(next.is_some(), "the next request claims");
+        let seen_more = PoolState { spent: 3, rate_since: T0 - SECOND, ..state };
+        let (spend, prefetch, _) = p.spend(PoolState { tokens: 1, ..seen_more }, T0 + MS.times(2), 1);
+        assert!(matches!(spend, Spend::Taken(_)));
+        assert!(prefetch.is_some(), "a pool that has seen more refreshes before it runs dry");
     }
 
     #[test]
