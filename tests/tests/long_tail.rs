@@ -26,6 +26,8 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 600}
   - key: user_thin
     rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user_b
+    rate_limit: {unit: second, requests_per_unit: 40, algorithm: token_bucket, burst: 40}
 ";
 
 /// Both rules key on the `x-user` header, each under its own descriptor key.
@@ -46,6 +48,12 @@ const PLUGIN_SECOND: &str = r#"{"rules": [
 const PLUGIN_OVERSHOOT: &str = r#"{"rules": [
     {"name": "thin", "scope": "global", "fallback": "deny", "overshoot": {"limit": 1, "period": "1s"},
      "descriptors": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user_thin"}}]}],
+  "global": {"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}"#;
+
+/// A per-user token bucket (40 a second, burst 40).
+const PLUGIN_BUCKET: &str = r#"{"rules": [
+    {"name": "bucket", "scope": "global", "fallback": "deny",
+     "descriptors": [{"request_headers": {"header_name": "x-user", "descriptor_key": "user_b"}}]}],
   "global": {"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}"#;
 
 const USERS: usize = 300;
@@ -333,5 +341,50 @@ fn an_overshoot_budget_admits_thin_keys_at_once_within_its_bound() {
     assert!(most <= bound, "a user passed the bound of {bound} in a second: {most}");
     assert!(overshoot > 0, "some requests were admitted without a lease");
     assert!(seen.limited > seen.admitted / 4, "the limit still limits: {seen:?}");
+    assert_eq!(seen.other, 0, "{seen:?}");
+}
+
+/// The long tail under a token bucket (40 a second, burst 40, per user):
+/// 300 users at about 3 requests a second, and one user at about 150,
+/// spread over three Envoys. Token buckets are leased by lifetime (the
+/// service's `--lease-ttl`, 1 s), not by allowance: every admission is
+/// covered by tokens the bucket gave, spent within a lease lifetime of the
+/// grant, so over any span `T` the fleet admits at most `burst + rate ×
+/// (T + 1 s)` of a user. Checked for the hot user over the whole run and
+/// for every user second by second.
+/// The share of requests that waited is printed (thin pairs wait for their
+/// lease here: buckets get no allowances).
+#[test]
+fn the_long_tail_under_a_token_bucket_holds_its_bound() {
+    let service = QuotaServer::start(LIMITS, "memory");
+    let logs: Vec<PathBuf> =
+        (0..3).map(|i| std::env::temp_dir().join(format!("floodgate-bucket-{}-{i}.log", std::process::id()))).collect();
+    let envoys: Vec<Envoy> = logs
+        .iter()
+        .map(|log| {
+            let _ = std::fs::remove_file(log);
+            let mut setup = Setup::new(PLUGIN_BUCKET).with_cluster("floodgate-quota", &[service.port]);
+            setup.hcm_extra = admissions_logged_to(log);
+            Envoy::start(&setup)
+        })
+        .collect();
+    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    // One request in six is the hot user's: about 150 a second.
+    let user = |random: u64| if random % 6 == 0 { "hot".to_string() } else { many_users(random / 6) };
+    let started = Instant::now();
+    let seen = paced(&ports, Duration::from_secs(10), user);
+    let secs = started.elapsed().as_secs_f64();
+    let waited = total(&envoys, "global.refill_waits");
+    eprintln!("bucket: {seen:?} in {secs:.1} s; {waited} waited for a lease");
+    thread::sleep(Duration::from_millis(500)); // the access logs' flush
+    let admitted = admissions(&logs);
+    let hot = admitted.iter().filter(|(_, user)| user == "hot").count() as f64;
+    let bound = 40.0 + 40.0 * (secs + 1.0);
+    eprintln!("bucket: the hot user got {hot} (bound {bound:.0})");
+    assert!(hot <= bound, "the hot user got {hot}, more than burst + rate × (T + 1 s) = {bound:.0}");
+    assert!(hot >= 40.0 * secs * 0.5, "the hot user got its share: {hot} in {secs:.1} s");
+    let counts = per_window(&admitted, 1_000_000_000);
+    let most = counts.values().max().copied().unwrap_or(0);
+    assert!(most <= 40 + 40 * 2, "a user passed burst + rate × 2 s in a second: {most}");
     assert_eq!(seen.other, 0, "{seen:?}");
 }
