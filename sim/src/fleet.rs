@@ -98,6 +98,10 @@ pub struct FleetOutcome {
     /// Waits of keys below their limit at a pair whose allowance's window
     /// ran dry, weighted.
     pub waited_dry_allowance: f64,
+    /// Waits of keys below their limit at a pair whose live lease went to
+    /// the one request it had seen (no second lease is claimed then unless
+    /// the key's tokens are plentiful), weighted.
+    pub waited_after_one: f64,
     /// Requests that waited out `max_wait` and were denied, weighted.
     pub waited_out: f64,
     /// Requests denied, weighted.
@@ -385,6 +389,10 @@ impl Fleet<'_> {
                         // Demand above the limit: pools run dry by design.
                     } else if before.allowance > 0 {
                         self.out.waited_dry_allowance += w;
+                    } else if before.spent <= 1 {
+                        // Its lease went to the one request the pool had
+                        // seen, and no second was claimed (`PLENTY`).
+                        self.out.waited_after_one += w;
                     } else {
                         self.out.waited_warm_under += w;
                     }

@@ -199,6 +199,14 @@ pub struct Claim {
     pub wants_notices: bool,
 }
 
+/// A key whose service had at least this share of its limit left unleased
+/// at the pool's last grant has tokens to spare: a pool whose only request
+/// spent its lease still claims the next one at once (a new key's second
+/// request does not wait). Below it, tokens a cold pair would strand cost
+/// other Envoys: under excess demand spread thin, at most a tenth of the
+/// limit goes to such second leases.
+pub const PLENTY: (u64, u64) = (9, 10);
+
 /// The longest a claim that no request waits for is held back to share a
 /// call with others (see [`Claim::send_by`]): a small fraction of any
 /// lease's life, and far below any claim's time to live.
@@ -448,13 +456,15 @@ impl LeasePool {
         }
         let rate = self.refresh.rate(state.spent.saturating_add(unmet), state.rate_since, now);
         let first = unmet == 0 && state.spent <= cost && state.without_lease.unreported == 0;
-        if first && self.usable(state, now) == 0 && !self.windows_left(state) {
+        let plenty = state.unleased.saturating_mul(PLENTY.1) >= state.limit.saturating_mul(PLENTY.0);
+        if first && !plenty && self.usable(state, now) == 0 && !self.windows_left(state) {
             // The request that spent the pool's last token is the only one
             // its rate observation has seen (a cold pair's, whose lease it
-            // waited for): no evidence of another soon. A lease now would
-            // likely expire unspent, taken from the limit all the same (at
-            // fleet scale a quarter to a third of a limit under excess
-            // demand went so); the next request claims, if one comes.
+            // waited for), and the key's tokens are no longer plentiful: a
+            // lease now would likely expire unspent, taken from what other
+            // Envoys could use (at fleet scale a quarter to a third of a
+            // limit under excess demand went so). The next request claims,
+            // if one comes.
             return None;
         }
         let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
@@ -1170,10 +1180,11 @@ mod tests {
     }
 
     /// A cold pair's request that waited for a lease of one token spends
-    /// it and claims no second lease: one request is no evidence of
-    /// another (a lease claimed then would usually expire unspent, taken
-    /// from the limit all the same). A second request claims, and one of a
-    /// pool that has seen more claims at once.
+    /// it and claims no second lease while the key's tokens are not
+    /// plentiful: one request is no evidence of another (a lease claimed
+    /// then would usually expire unspent, taken from the limit all the
+    /// same). A second request claims, and one of a pool that has seen
+    /// more, or of a key with tokens to spare, claims at once.
     #[test]
     fn the_only_request_a_pool_has_seen_claims_no_second_lease() {
         let p = pool();
@@ -1185,6 +1196,11 @@ mod tests {
         let (spend, next, _) = p.spend(state, T0 + MS.times(500), 1);
         assert_eq!(spend, Spend::Empty);
         assert!(next.is_some(), "the next request claims");
+        // A key with tokens to spare: the second lease is claimed at once.
+        let (_, claim, fresh) = p.spend(p.fresh(T0), T0, 1);
+        let plenty = GrantedLease { unleased: 950, ..grant(1, 1) };
+        let (_, fresh) = p.apply(fresh, T0 + MS, sent(claim.unwrap().started), &plenty);
+        assert!(p.spend(fresh, T0 + MS.times(2), 1).1.is_some(), "plentiful: claimed");
         let seen_more = PoolState { spent: 3, rate_since: T0 - SECOND, ..state };
         let (spend, prefetch, _) = p.spend(PoolState { tokens: 1, ..seen_more }, T0 + MS.times(2), 1);
         assert!(matches!(spend, Spend::Taken(_)));
