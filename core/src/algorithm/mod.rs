@@ -275,12 +275,23 @@ pub trait Algorithm: fmt::Debug + Send + Sync + 'static {
         None
     }
 
+    /// The slot allowances count in at `now` (see `crate::lease::allowance`):
+    /// units reserved in each slot of a term are counted at the slot's
+    /// start, and an allowance's holder spends them within it. By default
+    /// the counting window of an algorithm whose counts all end with it (a
+    /// fixed window); `None` (no allowances) for the others, unless they say.
+    fn allowance_slot(&self, state: &Self::State, now: Nanos) -> Option<CountingWindow> {
+        self.counting_window(state, now).filter(|w| w.renews)
+    }
+
     /// The state with `units` counted as taken at `at`, whatever the limit
     /// says: units granted earlier that count there all the same (units a
     /// lease ahead took for a window before it started, counted once it
     /// has, even if a reload has lowered the limit since; see
-    /// [`crate::lease::booking`]). Only algorithms with a counting window are
-    /// asked; the default decides, so it counts nothing the limit refuses.
+    /// [`crate::lease::booking`]; an allowance's units in a later slot, see
+    /// [`Algorithm::allowance_slot`]). Only algorithms with a counting window
+    /// or allowance slots are asked; the default decides, so it counts
+    /// nothing the limit refuses.
     fn count(&self, state: Self::State, at: Nanos, units: u64) -> Self::State {
         self.decide(state, at, units).1
     }
@@ -339,6 +350,8 @@ pub trait Policy: fmt::Debug + Send + Sync {
     /// See [`Algorithm::counting_window`]; a fresh bucket's for bytes that
     /// do not decode.
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
+    /// See [`Algorithm::allowance_slot`].
+    fn allowance_slot(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow>;
     /// See [`Algorithm::count`]; bytes that do not decode are a fresh bucket.
     fn count(&self, slot: &mut [u8], at: Nanos, units: u64);
     /// See [`Algorithm::batchable`].
@@ -403,6 +416,11 @@ impl<A: Algorithm> Policy for A {
     fn counting_window(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow> {
         let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
         Algorithm::counting_window(self, &state, now)
+    }
+
+    fn allowance_slot(&self, slot: &[u8], now: Nanos) -> Option<CountingWindow> {
+        let state = self.decode(slot).unwrap_or_else(|| self.fresh(now));
+        Algorithm::allowance_slot(self, &state, now)
     }
 
     fn count(&self, slot: &mut [u8], at: Nanos, units: u64) {

@@ -1,7 +1,9 @@
 //! Token bucket: holds up to `capacity` tokens and earns `limit` tokens per
 //! `period`, continuously. A request of cost `c` takes `c` tokens or is denied.
 
-use super::{div_ceil_u128, nanos_u128, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use super::{
+    div_ceil_u128, nanos_u128, Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release,
+};
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
@@ -165,6 +167,30 @@ impl Algorithm for TokenBucket {
 
     fn batchable(&self) -> bool {
         true
+    }
+
+    /// Slots of one period, numbered from the epoch: an allowance holds a
+    /// share of the refill (its units in each slot, counted at the slot's
+    /// start). Its holder spends a slot's units within that slot, so over
+    /// any span the fleet admits at most the burst plus the refill over the
+    /// span, plus the units the allowances hold in the slot in progress
+    /// when the span starts (at most 3/4 of `limit`; see the README).
+    fn allowance_slot(&self, _state: &TokenState, now: Nanos) -> Option<CountingWindow> {
+        let index = now.get() / self.period.get();
+        Some(CountingWindow { index, end: self.period.times(index.saturating_add(1)), renews: false })
+    }
+
+    /// Takes `units` whatever the bucket holds: what it lacks becomes a
+    /// debt, paid off by the refill before it earns again (its
+    /// `credited_until` moves on by the time the missing tokens take).
+    fn count(&self, state: TokenState, at: Nanos, units: u64) -> TokenState {
+        let state = self.refill(state, at);
+        match state.tokens.checked_sub(units) {
+            Some(tokens) => TokenState { tokens, ..state },
+            None => {
+                TokenState { tokens: 0, credited_until: state.credited_until + self.time_to_earn(units - state.tokens) }
+            }
+        }
     }
 }
 

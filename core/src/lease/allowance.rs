@@ -56,8 +56,30 @@ pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
     units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
 }
 
-pub(crate) fn share_of(limit: u64) -> u64 {
+/// [`RESERVED_SHARE`] of `limit`: the most a fixed window's allowances
+/// reserve in one window together.
+pub fn share_of(limit: u64) -> u64 {
     u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1)).unwrap_or(u64::MAX)
+}
+
+/// The most a token bucket's allowances hold in one slot (one period)
+/// together: half of the least of its burst (`capacity`) and what it earns
+/// in a lease lifetime (`earned`, at most a period's `limit`). The bucket
+/// counts each slot's units at the slot's start, owing what it lacks, and
+/// its holders spend them within the slot; so over any span `T` the fleet
+/// admits at most `burst + rate × (T + lease lifetime)`, the bound of a
+/// token bucket's leases (README, "Global mode"): the bucket's own bound,
+/// plus the units of the slot in progress when the span starts and the
+/// debt at its end, each at most this.
+pub fn bucket_reservable(capacity: u64, earned: u64) -> u64 {
+    capacity.min(earned) / 2
+}
+
+/// Whether an allowance of `units` a slot fits a token bucket of which
+/// `used` is taken now, under `reservable` (see [`bucket_reservable`]): at
+/// most half of it, and the bucket at least half full.
+pub fn bucket_far_below(units: u64, used: u64, capacity: u64, reservable: u64) -> bool {
+    units.saturating_mul(2) <= reservable && used.saturating_mul(2) <= capacity
 }
 
 /// How a key's fixed windows group into terms (see the module docs).
@@ -162,33 +184,41 @@ impl Reservations {
         }
     }
 
-    /// The reservations as of `now`, after counting the reservation of the
-    /// window that counts now into `state` if it is not counted yet. Call it
-    /// before anything else on a bucket read from storage; algorithms whose
-    /// window does not renew keep no reservations.
+    /// The reservations as of `now`, after counting into `state` the
+    /// reservation of every slot that has started since the last one
+    /// counted, at its start (a fixed window keeps only the last: its
+    /// counts end with each window; a token bucket owes them all, and has
+    /// earned back what it could since). Call it before anything else on a
+    /// bucket read from storage; algorithms without allowance slots keep no
+    /// reservations.
     pub fn settle(self, policy: &dyn Policy, terms: &Terms, state: &mut [u8], now: Nanos) -> Self {
-        let Some(window) = policy.counting_window(state, now).filter(|w| w.renews) else {
+        let (Some(slot), Some(length)) = (policy.allowance_slot(state, now), policy.quota().window) else {
             return Reservations::default();
         };
-        let mut after = self.rolled(terms.of(window.index));
-        if window.index > after.settled {
-            let units = after.reserved(terms, window.index);
+        // Reservations cover this term and the next: slots before the last
+        // two terms hold none.
+        let first = self.settled.saturating_add(1).max(slot.index.saturating_sub(terms.windows().saturating_mul(2)));
+        for index in first..=slot.index {
+            let units = self.reserved(terms, index);
             if units > 0 {
                 // Even over a limit a reload has lowered since: these units
-                // were granted and will be spent.
-                policy.count(state, now, units);
+                // were granted, and spent or to be spent in their slot.
+                let starts = slot.end - length.times(slot.index - index + 1);
+                policy.count(state, starts, units);
             }
-            after.settled = window.index;
         }
+        let mut after = self.rolled(terms.of(slot.index));
+        after.settled = after.settled.max(slot.index);
         after
     }
 
     /// The most units per window a new allowance over windows `first` to
-    /// `last` may reserve under `limit` (see [`RESERVED_SHARE`]), with the
-    /// reservations settled as of now.
-    pub fn room(&self, terms: &Terms, first: u64, last: u64, limit: u64) -> u64 {
-        let share = share_of(limit);
-        (terms.of(first)..=terms.of(last)).map(|term| share.saturating_sub(self.of_term(term))).min().unwrap_or(0)
+    /// `last` may reserve when allowances may hold `reservable` in each
+    /// window together ([`share_of`] the limit for a fixed window,
+    /// [`bucket_reservable`] for a token bucket), with the reservations
+    /// settled as of now.
+    pub fn room(&self, terms: &Terms, first: u64, last: u64, reservable: u64) -> u64 {
+        (terms.of(first)..=terms.of(last)).map(|term| reservable.saturating_sub(self.of_term(term))).min().unwrap_or(0)
     }
 
     fn of_term(&self, term: u64) -> u64 {
@@ -338,7 +368,7 @@ mod tests {
         held.reserve(&terms, index, index, term_end + 30, 4);
         held.reserve(&terms, index, term_end + 1, term_end + 30, 2);
         assert_eq!((held.current, held.next), (4, 6));
-        assert_eq!(held.room(&terms, index, term_end + 30, 10), 1, "3/4 of 10 is 7; the next term holds 6");
+        assert_eq!(held.room(&terms, index, term_end + 30, share_of(10)), 1, "3/4 of 10 is 7; the next term holds 6");
         held.release(&terms, index, term_end + 30, 4);
         assert_eq!((held.current, held.next), (0, 2));
         // Released in the last window of the term: only the next term had it.

@@ -6,7 +6,9 @@
 //! disagree. Times are the core's nanoseconds since the Unix epoch.
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
-use floodgate_core::lease::allowance::{allowance_target, far_below, Reservations, Terms, DEFAULT_TERM};
+use floodgate_core::lease::allowance::{
+    allowance_target, bucket_far_below, bucket_reservable, far_below, share_of, Reservations, Terms, DEFAULT_TERM,
+};
 use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
@@ -312,7 +314,7 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
     let policy = limit.policy();
     let capacity = policy.capacity();
     if per_window {
-        if let Some(leased) = lease_allowance(limit, key, &bucket, now, rate, window) {
+        if let Some(leased) = lease_allowance(limit, key, &bucket, now, (rate, window), ttl) {
             return leased;
         }
     }
@@ -346,13 +348,15 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
 }
 
 /// An allowance (see `floodgate_core::lease::allowance`): tokens in each
-/// window of a fixed window from the window that counts now (or the next
-/// one, when `window` names it) to the end of the key's term, sized to the
-/// caller's `rate` by `allowance_target`. Granted only when the key is far
-/// below its limit (`far_below`: a small share of the limit, and the window
-/// that counts now not near it), it fits in every one of those windows with
-/// what the others reserved there staying within `RESERVED_SHARE` of the
-/// limit, and in its first window with what is counted (or booked ahead)
+/// window of a fixed window (each one-period slot of a token bucket) from
+/// the one that counts now (or the next one, when `window` names it) to the
+/// end of the key's term, sized to the caller's `rate` by
+/// `allowance_target`. Granted only when the key is far below its limit
+/// (`far_below`: a small share of the limit, and the window that counts now
+/// not near it; a token bucket's `bucket_far_below`), it fits in every one
+/// of those windows with what the others reserved there staying within
+/// `RESERVED_SHARE` of the limit (a token bucket's `bucket_reservable`),
+/// and in its first window with what is counted (or booked ahead)
 /// there, and in the next window, when it covers it, with what leases
 /// ahead booked there; `None` otherwise: the caller gets a lease of one
 /// window, which follows demand more closely. A window as long as a term
@@ -362,11 +366,11 @@ fn lease_allowance(
     key: &str,
     bucket: &Stored,
     now: Nanos,
-    rate: Option<f64>,
-    window: Option<u64>,
+    (rate, window): (Option<f64>, Option<u64>),
+    ttl: Nanos,
 ) -> Option<Leased> {
     let policy = limit.policy();
-    let counted = policy.counting_window(&bucket.state, now).filter(|w| w.renews)?;
+    let counted = policy.allowance_slot(&bucket.state, now)?;
     let period = window_len(limit);
     let (terms, mut held) =
         bucket.allowances.unwrap_or((Terms::new(period, DEFAULT_TERM, key), Reservations::default()));
@@ -380,7 +384,15 @@ fn lease_allowance(
     let units = allowance_target(rate, period, policy.capacity());
     let used = policy.capacity().saturating_sub(bucket.decide_copy(limit, now).remaining);
     let used = if ahead { used } else { used.saturating_add(units) };
-    if !far_below(units, used, limit.limit()) || units > held.room(&terms, first, last, limit.limit()) {
+    let (far, reservable) = if counted.renews {
+        (far_below(units, used, limit.limit()), share_of(limit.limit()))
+    } else {
+        // A token bucket: see `bucket_reservable`.
+        let earned = u128::from(limit.limit()) * u128::from(ttl.min(period).get()) / u128::from(period.get().max(1));
+        let reservable = bucket_reservable(policy.capacity(), u64::try_from(earned).unwrap_or(u64::MAX));
+        (bucket_far_below(units, used, policy.capacity(), reservable), reservable)
+    };
+    if !far || units > held.room(&terms, first, last, reservable) {
         return None;
     }
     let mut bucket = bucket.clone();
@@ -647,7 +659,7 @@ fn give_back_allowance(record: &LeaseRecord, mut bucket: Stored, now: Nanos, tok
     let limit = &record.limit;
     let policy = limit.policy();
     let last = record.window.saturating_add(record.windows - 1);
-    let Some(counted) = policy.counting_window(&bucket.state, now).filter(|c| c.index <= last) else {
+    let Some(counted) = policy.allowance_slot(&bucket.state, now).filter(|c| c.index <= last) else {
         return (0, None);
     };
     let before = bucket.decide_copy(limit, now).remaining;
@@ -862,8 +874,86 @@ mod tests {
         assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
         let sliding = limit("sliding_window", 100, SECOND, "{}");
         assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+        let leaky = limit("leaky_bucket", 100, SECOND, "{}");
+        assert_eq!(lease(&leaky, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+        // A token bucket holds allowances of one-second slots, within half
+        // of what it earns in a lease lifetime: 50 of 100 a second.
         let bucket = limit("token_bucket", 100, SECOND, "{}");
-        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+        let leased = lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND);
+        assert!(leased.windows > 1, "{leased:?}");
+        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND.times(10)).granted, 4);
+        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(20.0), None, true), SECOND).windows, 0, "30 > 25");
+    }
+
+    /// Token bucket allowances: a slot's units are counted at its start
+    /// (owed when the bucket lacks them) and spent within it, at its start
+    /// or at its very end, by holders that ask at random; checks take what
+    /// is left, now and then, and all they can in storms. Over every span `T` the fleet admits at most `burst + rate
+    /// × (T + lease lifetime)`, the bound of a token bucket's leases.
+    #[test]
+    fn a_token_buckets_allowances_keep_the_fleet_within_its_lease_bound() {
+        let bucket = limit("token_bucket", 40, SECOND, "{}");
+        let key = "fg:{edge}:tb:[[\"user\",\"x\"]]";
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut random = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut stored: Option<Vec<u8>> = None;
+        let mut admitted: Vec<(Nanos, u64)> = Vec::new();
+        let mut now = NOW;
+        let end = NOW + SECOND.times(90);
+        let mut allowances = 0;
+        while now < end {
+            now = now + Nanos::from_nanos((random(60) + 1) * 1_000_000);
+            // Ten calm seconds (allowances are granted), then five of checks
+            // that take all they can.
+            let storm = (now - NOW).get() / SECOND.get() % 15 >= 10;
+            if !storm && random(3) == 0 {
+                let slot = now.get() / SECOND.get();
+                let named = (random(3) == 0).then_some(slot + 1);
+                let rate = Some((random(30) + 1) as f64 / 10.0);
+                let leased = lease(&bucket, key, stored.as_deref(), now, ask(10, rate, named, true), SECOND);
+                stored = Some(leased.next.bytes.clone());
+                if leased.windows == 0 {
+                    // A lease of a lifetime: spent at once (its bound is the lease's).
+                    admitted.push((now, leased.granted));
+                    continue;
+                }
+                allowances += 1;
+                let at_end = random(2) == 0;
+                for s in leased.window..leased.window + leased.windows {
+                    let (starts, ends) = (SECOND.times(s), SECOND.times(s + 1));
+                    let at = if at_end { ends - Nanos::from_nanos(1) } else { starts.max(now) };
+                    admitted.push((at, leased.granted));
+                }
+            } else if storm || random(4) == 0 {
+                let cost = random(4) + 1;
+                let (d, next) = check(&bucket, stored.as_deref(), now, cost);
+                if d.allowed() {
+                    admitted.push((now, cost));
+                    stored = Some(next.bytes);
+                }
+            }
+        }
+        assert!(allowances >= 8, "allowances were granted: {allowances}");
+        admitted.retain(|(at, _)| *at < end);
+        admitted.sort();
+        // Every span from one admission to another: burst + rate × (T + 1 s).
+        let (burst, rate, lifetime) = (40u128, 40u128, SECOND.get() as u128);
+        let mut most = 0u128;
+        for (i, &(from, _)) in admitted.iter().enumerate() {
+            let mut sum = 0u128;
+            for &(to, units) in &admitted[i..] {
+                sum += u128::from(units);
+                let bound = burst * SECOND.get() as u128 + rate * ((to - from).get() as u128 + lifetime);
+                assert!(sum * SECOND.get() as u128 <= bound, "{sum} admitted from {from} to {to}");
+                most = most.max(sum * SECOND.get() as u128 * 100 / bound);
+            }
+        }
+        assert!(most >= 80, "the bound was approached: {most} %");
     }
 
     #[test]
