@@ -7,7 +7,7 @@
 //! as a *shaper* ([`super::Shaper`]): a request whose backlog overflows the
 //! tolerance by at most `max_delay` is admitted after that overflow.
 
-use super::{Admission, Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
+use super::{Admission, Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
 use crate::error::ConfigError;
 use crate::time::Nanos;
 
@@ -150,6 +150,23 @@ impl Algorithm for Gcra {
 
     fn batchable(&self) -> bool {
         true
+    }
+
+    /// A meter's slots, as a token bucket's (see `TokenBucket`'s): an
+    /// allowance holds a share of its rate, slot by slot. A shaper (one
+    /// that delays) holds none.
+    fn allowance_slot(&self, _tat: &Nanos, now: Nanos) -> Option<CountingWindow> {
+        if self.max_delay > Nanos::ZERO {
+            return None;
+        }
+        let index = now.get() / self.period.get();
+        Some(CountingWindow { index, end: self.period.times(index.saturating_add(1)), renews: false })
+    }
+
+    /// Takes `units` whatever the backlog: the TAT moves on by their span,
+    /// past the tolerance if need be (a backlog the rate drains first).
+    fn count(&self, tat: Nanos, at: Nanos, units: u64) -> Nanos {
+        tat.max(at) + self.span_of(units)
     }
 }
 

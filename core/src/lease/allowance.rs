@@ -62,7 +62,7 @@ pub fn share_of(limit: u64) -> u64 {
     u64::try_from(u128::from(limit) * u128::from(RESERVED_SHARE.0) / u128::from(RESERVED_SHARE.1)).unwrap_or(u64::MAX)
 }
 
-/// The most a token bucket's allowances hold in one slot (one period)
+/// The most a token or leaky bucket's allowances hold in one slot (one period)
 /// together: half of the least of its burst (`capacity`) and what it earns
 /// in a lease lifetime (`earned`, at most a period's `limit`). The bucket
 /// counts each slot's units at the slot's start, owing what it lacks, and

@@ -874,25 +874,32 @@ mod tests {
         assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
         let sliding = limit("sliding_window", 100, SECOND, "{}");
         assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
-        let leaky = limit("leaky_bucket", 100, SECOND, "{}");
-        assert_eq!(lease(&leaky, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
-        // A token bucket holds allowances of one-second slots, within half
-        // of what it earns in a lease lifetime: 50 of 100 a second.
-        let bucket = limit("token_bucket", 100, SECOND, "{}");
-        let leased = lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND);
-        assert!(leased.windows > 1, "{leased:?}");
-        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND.times(10)).granted, 4);
-        assert_eq!(lease(&bucket, key, None, NOW, ask(10, Some(20.0), None, true), SECOND).windows, 0, "30 > 25");
+        // Token and leaky buckets hold allowances of one-second slots,
+        // within half of what they earn in a lease lifetime: 50 of 100 a
+        // second.
+        for algorithm in ["token_bucket", "leaky_bucket"] {
+            let bucket = limit(algorithm, 100, SECOND, r#"{"burst": 100}"#);
+            let leased = lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND);
+            assert!(leased.windows > 1, "{algorithm}: {leased:?}");
+            let far = ask(10, Some(20.0), None, true);
+            assert_eq!(lease(&bucket, key, None, NOW, far, SECOND).windows, 0, "{algorithm}: 30 > 25");
+        }
     }
 
-    /// Token bucket allowances: a slot's units are counted at its start
+    /// Token and leaky bucket allowances: a slot's units are counted at its start
     /// (owed when the bucket lacks them) and spent within it, at its start
     /// or at its very end, by holders that ask at random; checks take what
     /// is left, now and then, and all they can in storms. Over every span `T` the fleet admits at most `burst + rate
     /// × (T + lease lifetime)`, the bound of a token bucket's leases.
     #[test]
-    fn a_token_buckets_allowances_keep_the_fleet_within_its_lease_bound() {
-        let bucket = limit("token_bucket", 40, SECOND, "{}");
+    fn a_buckets_allowances_keep_the_fleet_within_its_lease_bound() {
+        for algorithm in ["token_bucket", "leaky_bucket"] {
+            the_fleet_stays_within_the_lease_bound(algorithm);
+        }
+    }
+
+    fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
+        let bucket = limit(algorithm, 40, SECOND, r#"{"burst": 40}"#);
         let key = "fg:{edge}:tb:[[\"user\",\"x\"]]";
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut random = move |n: u64| {
@@ -938,7 +945,7 @@ mod tests {
                 }
             }
         }
-        assert!(allowances >= 8, "allowances were granted: {allowances}");
+        assert!(allowances >= 8, "{algorithm}: allowances were granted: {allowances}");
         admitted.retain(|(at, _)| *at < end);
         admitted.sort();
         // Every span from one admission to another: burst + rate × (T + 1 s).
@@ -949,11 +956,11 @@ mod tests {
             for &(to, units) in &admitted[i..] {
                 sum += u128::from(units);
                 let bound = burst * SECOND.get() as u128 + rate * ((to - from).get() as u128 + lifetime);
-                assert!(sum * SECOND.get() as u128 <= bound, "{sum} admitted from {from} to {to}");
+                assert!(sum * SECOND.get() as u128 <= bound, "{algorithm}: {sum} admitted from {from} to {to}");
                 most = most.max(sum * SECOND.get() as u128 * 100 / bound);
             }
         }
-        assert!(most >= 80, "the bound was approached: {most} %");
+        assert!(most >= 80, "{algorithm}: the bound was approached: {most} %");
     }
 
     #[test]
