@@ -1,4 +1,5 @@
-//! Allowances: one lease of a fixed window's tokens for many windows.
+//! Allowances: one lease of a fixed window's tokens for many windows (or
+//! of a token or leaky bucket's, for many one-period slots).
 //!
 //! A lease of one window ends with that window, so under per-second windows
 //! every (key, proxy) pair would need a lease a second. An *allowance* is
@@ -23,8 +24,16 @@
 //! [`RESERVED_SHARE`] of the limit in any window; a key whose demand comes
 //! nearer gets leases of one window, which follow demand window by window
 //! (long lifetimes while a key is far below its limit, short ones as the
-//! fleet nears it). Only algorithms whose window renews (a fixed window)
-//! take allowances: a sliding window's counts weigh on the windows after.
+//! fleet nears it). Algorithms whose window renews (a fixed window) take
+//! allowances by window: a sliding window's counts weigh on the windows
+//! after, and it takes none.
+//!
+//! **Buckets.** A token or leaky bucket names slots of one period
+//! (`Algorithm::allowance_slot`); an allowance of it is a share of its rate:
+//! its units in each slot are counted at the slot's start (owed when the
+//! bucket lacks them) and spent within the slot. Their reservations are
+//! bounded by [`bucket_reservable`], which keeps the fleet within the bound
+//! of the bucket's leases.
 
 use crate::algorithm::Policy;
 use crate::hash::SipHasher;

@@ -6,7 +6,8 @@
 //! * [`sizing`] (re-exported here): how many tokens a lease of one window
 //!   (or one lifetime) gets: the caller's pace, never more than half of
 //!   what remains, the tail of a window paced over its time.
-//! * [`allowance`]: leases that cover many windows of a fixed window, an
+//! * [`allowance`]: leases that cover many windows of a fixed window (or
+//!   slots of a token or leaky bucket), an
 //!   allowance per window, booked in each of those windows' budgets, so a
 //!   key far below its limit costs one lease per term, not one per window.
 //! * [`booking`]: units of the next window taken before it starts (leases
