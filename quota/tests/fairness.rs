@@ -148,3 +148,73 @@ async fn redis_a_call_of_200_leases_is_one_round_trip() {
 async fn redis_cluster_a_call_of_200_leases_is_one_round_trip() {
     a_call_of_200_leases_is_one_round_trip(Backend::RedisCluster).await;
 }
+
+/// Checks of `key` as HTTP/1.1 requests, `count` of them back to back (a
+/// pipelining client sends them before reading any answer).
+fn pipelined_checks(key: &str, count: usize) -> Vec<u8> {
+    let body = json!({"domain": "hot", "descriptors": [[["k", key]]], "hits": 1}).to_string();
+    let request = format!(
+        "POST /v1/check HTTP/1.1\r\nhost: quota\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    request.repeat(count).into_bytes()
+}
+
+/// Reads one HTTP/1.1 response with a `content-length` body; returns its body.
+async fn read_response(stream: &mut tokio::net::TcpStream, buffered: &mut Vec<u8>) -> serde_json::Value {
+    use tokio::io::AsyncReadExt;
+    loop {
+        if let Some(end) = buffered.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffered[..end]).to_ascii_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|line| line.strip_prefix("content-length:"))
+                .map(|n| n.trim().parse().unwrap())
+                .expect("a content-length");
+            if buffered.len() >= end + 4 + length {
+                assert!(head.starts_with("http/1.1 200"), "{head}");
+                let body: Vec<u8> = buffered.drain(..end + 4 + length).skip(end + 4).collect();
+                return serde_json::from_slice(&body).unwrap();
+            }
+        }
+        let mut chunk = [0u8; 16_384];
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed");
+        buffered.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A client pipelining calls on one connection gets one call served per
+/// turn of the service's event loop, like every other connection: another
+/// connection's call, sent after the pipelined ones, is decided after at
+/// most two of them, not after as many as the first connection's task
+/// could work through in one go (hyper serves up to 16 steps of a
+/// connection per poll, and a connection that is always ready kept the
+/// other connections' readiness unread for 61 polls: a pipelined flood of
+/// the hot key held the fairness probe's calls for milliseconds each). On
+/// one worker thread, as the benchmark runs the service; counted from the
+/// shared bucket's `remaining`, so nothing depends on timing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_pipelining_calls_gets_one_call_per_turn() {
+    use tokio::io::AsyncWriteExt;
+    // Few enough to fit the sockets' buffers: every call below is sent
+    // before the service reads any.
+    const PIPELINED: usize = 100;
+    let f = Fixture::new(Backend::Memory, LIMITS).await;
+    let address = f.base.trim_start_matches("http://").to_string();
+    let mut greedy = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let mut other = tokio::net::TcpStream::connect(&address).await.unwrap();
+    greedy.write_all(&pipelined_checks("hot", PIPELINED)).await.unwrap();
+    other.write_all(&pipelined_checks("hot", 1)).await.unwrap();
+    let answer = read_response(&mut other, &mut Vec::new()).await;
+    let remaining = answer["results"][0]["remaining"].as_u64().unwrap();
+    // The limit, less the other connection's check, less the pipelined
+    // checks decided before it.
+    let before = 1_000_000_000 - 1 - remaining;
+    eprintln!("{before} of {PIPELINED} pipelined calls decided before the other connection's");
+    let mut buffered = Vec::new();
+    for _ in 0..PIPELINED {
+        read_response(&mut greedy, &mut buffered).await;
+    }
+    assert!(before <= 2, "{before} pipelined calls were decided before the other connection's");
+}
