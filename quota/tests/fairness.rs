@@ -218,3 +218,30 @@ async fn a_connection_pipelining_calls_gets_one_call_per_turn() {
     }
     assert!(before <= 2, "{before} pipelined calls were decided before the other connection's");
 }
+
+/// Calls made in one turn of the event loop, each on its own task (as the
+/// connections' calls are), share one script: 20 checks of distinct keys
+/// cost one round trip to Redis, not one each.
+#[tokio::test(flavor = "current_thread")]
+async fn redis_calls_made_in_one_turn_share_one_script() {
+    use floodgate_core::time::SECOND;
+    use floodgate_quota::config::Limit;
+    use floodgate_quota::store::BucketCheck;
+    let f = Fixture::new(Backend::Redis, LIMITS).await;
+    let limit = Limit::new("fixed_window", 1_000_000, SECOND.times(3_600), "{}").unwrap();
+    let (t0, r0) = round_trips(&f).unwrap();
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let (store, limit) = (f.service.store().clone(), limit.clone());
+            tokio::spawn(async move {
+                let item = BucketCheck { key: format!("fg:{{hot}}:fw:together{i}"), limit, cost: 1, shadow: false };
+                store.check(&[item]).await
+            })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.unwrap().unwrap().committed);
+    }
+    let (t1, r1) = round_trips(&f).unwrap();
+    assert_eq!((t1 - t0, r1 - r0), (20, 1), "20 transactions in one round trip");
+}

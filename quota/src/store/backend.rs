@@ -90,13 +90,75 @@ pub struct BackendRegistration {
     pub open: Open,
 }
 
-/// Where a backend hands back each batch it ran: the batch's callers learn
-/// its outcome and its lanes are released; the batches that can start then
-/// run as one round once the backend flushes (see [`Finisher::flush`]), or
-/// when its round ends.
-pub struct Finisher {
+/// The batches ready to run, gathered into rounds. A store whose rounds
+/// wait for I/O runs on its own task the batches made ready within one turn
+/// of the event loop, by every call of that turn, as one round (on Redis:
+/// one script per slot, not one per call; a flood of checks on distinct
+/// keys from 32 connections cost a script each). The first batch made ready
+/// schedules the round's task, which lets the other tasks ready in this
+/// turn run first ([`tokio::task::yield_now`] is deferred past the next
+/// look for I/O), then takes every batch made ready meanwhile. A store
+/// whose rounds end at once (the memory store's) runs them on the caller's
+/// task instead.
+pub struct Rounds {
     backend: Arc<dyn Backend>,
     lanes: Arc<Lanes>,
+    /// Made ready since the scheduled round took its batches; not empty
+    /// only while a round's task is scheduled to take them.
+    pending: Mutex<Vec<Batch>>,
+}
+
+impl std::fmt::Debug for Rounds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Rounds").finish_non_exhaustive()
+    }
+}
+
+impl Rounds {
+    /// The rounds of `backend`'s batches, ordered by `lanes`.
+    pub fn new(backend: Arc<dyn Backend>, lanes: Arc<Lanes>) -> Arc<Self> {
+        Arc::new(Rounds { backend, lanes, pending: Mutex::new(Vec::new()) })
+    }
+
+    /// Runs `ready`: on this task for a store whose rounds end at once (with
+    /// whatever they make ready), else in the next round (see [`Rounds`]).
+    pub async fn start(self: &Arc<Self>, ready: Vec<Batch>) {
+        if ready.is_empty() {
+            return;
+        }
+        if self.backend.inline() {
+            drive(Arc::clone(self), ready).await;
+        } else {
+            self.gather(ready);
+        }
+    }
+
+    /// Adds `ready` to the next round, scheduling its task if none is.
+    fn gather(self: &Arc<Self>, ready: Vec<Batch>) {
+        let schedule = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let schedule = pending.is_empty();
+            pending.extend(ready);
+            schedule
+        };
+        if schedule {
+            // A task of its own: a caller that leaves cannot strand the others.
+            let rounds = Arc::clone(self);
+            tokio::spawn(async move {
+                tokio::task::yield_now().await;
+                let round = std::mem::take(&mut *rounds.pending.lock().unwrap_or_else(|p| p.into_inner()));
+                drive(rounds, round).await;
+            });
+        }
+    }
+}
+
+/// Where a backend hands back each batch it ran: the batch's callers learn
+/// its outcome and its lanes are released; the batches that can start then
+/// join the next round once the backend flushes (see [`Finisher::flush`]),
+/// or run when its round ends.
+pub struct Finisher {
+    rounds: Arc<Rounds>,
     later: Mutex<Vec<Batch>>,
 }
 
@@ -110,23 +172,23 @@ impl Finisher {
     /// Ends `batch` with `outcome`.
     pub fn finish(&self, batch: Batch, outcome: &Result<(), StoreFailure>) {
         let lanes = batch.finish(outcome);
-        let ready = self.lanes.release(&lanes);
+        let ready = self.rounds.lanes.release(&lanes);
         if !ready.is_empty() {
             self.later.lock().unwrap_or_else(|p| p.into_inner()).extend(ready);
         }
     }
 
-    /// Starts what the batches ended so far let start, as one round on a
-    /// task of its own, without waiting for the rest of this round (a
-    /// backend calls it after each answer that ended batches; an inline
-    /// store's rounds end at once, and start the next themselves).
+    /// Starts what the batches ended so far let start, in the next round,
+    /// without waiting for the rest of this one (a backend calls it after
+    /// each answer that ended batches; an inline store's rounds end at once,
+    /// and start the next themselves).
     pub fn flush(&self) {
-        if self.backend.inline() {
+        if self.rounds.backend.inline() {
             return;
         }
         let ready = self.take_later();
         if !ready.is_empty() {
-            tokio::spawn(drive(Arc::clone(&self.backend), Arc::clone(&self.lanes), ready));
+            self.rounds.gather(ready);
         }
     }
 
@@ -135,9 +197,11 @@ impl Finisher {
     }
 }
 
-/// Runs `ready` and, for an inline store, whatever becomes ready meanwhile.
-pub async fn drive(backend: Arc<dyn Backend>, lanes: Arc<Lanes>, ready: Vec<Batch>) {
-    let done = Arc::new(Finisher { backend: Arc::clone(&backend), lanes, later: Mutex::new(Vec::new()) });
+/// Runs `ready` as one round and then whatever it made ready and did not
+/// hand on (an inline store's rounds: everything they make ready).
+async fn drive(rounds: Arc<Rounds>, ready: Vec<Batch>) {
+    let backend = Arc::clone(&rounds.backend);
+    let done = Arc::new(Finisher { rounds, later: Mutex::new(Vec::new()) });
     let mut round = ready;
     while !round.is_empty() {
         Arc::clone(&backend).run(round, Arc::clone(&done)).await;

@@ -16,7 +16,7 @@ mod lanes;
 mod memory;
 mod redis;
 
-pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
+pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions};
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
 pub use self::memory::LocalStore;
@@ -281,17 +281,21 @@ impl StoreSpec {
     }
 }
 
-/// The configured store: a backend, and the lanes ordering its transactions.
+/// The configured store: a backend, the lanes ordering its transactions,
+/// and the rounds gathering the batches ready to run.
 #[derive(Debug, Clone)]
 pub struct QuotaStore {
     backend: Arc<dyn Backend>,
     lanes: Arc<lanes::Lanes>,
+    rounds: Arc<Rounds>,
 }
 
 impl QuotaStore {
     /// The store of `backend`.
     pub fn new(backend: Arc<dyn Backend>) -> Self {
-        QuotaStore { backend, lanes: Arc::new(lanes::Lanes::default()) }
+        let lanes = Arc::new(lanes::Lanes::default());
+        let rounds = Rounds::new(Arc::clone(&backend), Arc::clone(&lanes));
+        QuotaStore { backend, lanes, rounds }
     }
 
     /// The backend.
@@ -354,16 +358,7 @@ impl QuotaStore {
             jobs.push(job);
             waits.push((outcome, answer));
         }
-        let ready = self.lanes.submit(jobs);
-        if !ready.is_empty() {
-            let (backend, lanes) = (Arc::clone(&self.backend), Arc::clone(&self.lanes));
-            if self.backend.inline() {
-                backend::drive(backend, lanes, ready).await;
-            } else {
-                // A task of its own: a caller that leaves cannot strand the others.
-                tokio::spawn(backend::drive(backend, lanes, ready));
-            }
-        }
+        self.rounds.start(self.lanes.submit(jobs)).await;
         let mut answers = Vec::with_capacity(waits.len());
         for (outcome, answer) in waits {
             let answered = lanes::answer(outcome, &answer);
