@@ -80,8 +80,8 @@ pub const REGISTRATION: BackendRegistration = BackendRegistration {
 /// never take it for a stale one to reset.
 pub const LOCAL_CLOCK_BOUND: Nanos = Nanos::from_millis(250);
 
-/// Where the resend flag is among the script's arguments (0-based).
-const RESEND_ARG: usize = 5;
+/// The compare-and-swap script.
+const CAS: &str = include_str!("cas.lua");
 
 /// Most reads and writes one transaction makes before giving up on a key
 /// that keeps changing (each lost race means another writer won).
@@ -335,9 +335,10 @@ pub struct RedisStore {
     /// them, and the callers in between get the same error.
     last_failure: SyncMutex<Option<(Instant, StoreFailure)>>,
     cas: Script,
-    /// Versions are `seed-counter`: unique to this process and write, so a
-    /// key deleted and written again never matches a stale read.
-    seed: u64,
+    /// Versions are `seed-counter` (in hexadecimal): unique to this process
+    /// and write, so a key deleted and written again never matches a stale
+    /// read. The seed also names this instance in the script's marks.
+    seed_hex: String,
     writes: AtomicU64,
     known: KnownKeys,
     clocks: Clocks,
@@ -410,8 +411,8 @@ impl RedisStore {
             connection: RwLock::new(None),
             connecting: Mutex::new(()),
             last_failure: SyncMutex::new(None),
-            cas: Script::new(include_str!("cas.lua")),
-            seed: RandomState::new().hash_one(Instant::now()),
+            cas: Script::new(CAS),
+            seed_hex: format!("{:x}", RandomState::new().hash_one(Instant::now())),
             writes: AtomicU64::new(0),
             known: KnownKeys::new(),
             clocks: Clocks::default(),
@@ -654,80 +655,85 @@ impl RedisStore {
         }
     }
 
-    /// The script's keys and arguments for the decisions of `open` (each
-    /// batch one group) at `now` (a batch without writes, and no time: a
-    /// read), and each batch's new versions. A batch that keeps losing asks
-    /// for its turn (see `cas.lua`). With `mark`, the script marks the keys
-    /// it writes, so that a resend knows.
+    /// The script's call (`EVALSHA`, its keys and arguments) for the
+    /// decisions of `open` (each batch one group) at `now` (a batch without
+    /// writes, and no time: a read), and each batch's new versions. A batch
+    /// that keeps losing asks for its turn (see `cas.lua`). With `mark`, the
+    /// script marks the keys it writes, so that a resend knows. Written
+    /// straight into the command's buffer: an argument is not an
+    /// allocation of its own (a round of many calls has thousands).
     fn invocation(&self, open: &mut [Open], now: Option<Nanos>, mark: bool) -> Invocation {
         let writing = |o: &Open| o.writes.as_ref().is_some_and(|w| w.iter().any(Option::is_some));
         let keys_total: usize = open.iter().map(|o| o.batch.keys.len()).sum();
-        let mut keys: Vec<String> = Vec::with_capacity(keys_total);
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(7 + 2 * open.len() + 5 * keys_total);
+        let bytes: usize = open.iter().flat_map(|o| &o.batch.keys).map(|k| k.len() + 64).sum();
+        let mut command = Cmd::with_capacity(3 + 7 + 2 * open.len() + 6 * keys_total, 128 + 2 * bytes);
+        command.arg("EVALSHA").arg(self.cas.get_hash()).arg(keys_total);
+        for key in open.iter().flat_map(|o| &o.batch.keys) {
+            command.arg(key.as_str());
+        }
         let any_writes = open.iter().any(|o| o.writes.is_some());
         let (time, tolerance) = match (&self.options.clock, self.options.clock_bound) {
             (None, _) => (now.filter(|_| any_writes), CLOCK_TOLERANCE_US),
             (Some(_), Some(bound)) => (now.filter(|_| any_writes), bound.get() / 1_000),
             (Some(_), None) => (None, 0),
         };
-        args.push(time.map_or_else(Vec::new, |now| (now.get() / 1_000).to_string().into_bytes()));
-        args.push(tolerance.to_string().into_bytes());
-        args.push(format!("{:x}", self.seed).into_bytes());
-        args.push(TURN_US.to_string().into_bytes());
-        args.push(open.len().to_string().into_bytes());
-        args.push(Vec::new()); // set to '1' on a resend, see `send`
-        args.push(if mark { b"1".to_vec() } else { b"0".to_vec() });
+        match time {
+            Some(now) => command.arg(now.get() / 1_000),
+            None => command.arg(b"".as_slice()),
+        };
+        command.arg(tolerance).arg(self.seed_hex.as_str()).arg(TURN_US).arg(open.len());
+        // ARGV[6]: set to '1' on a resend, see `Invocation::resent`.
+        let resend_at = command.args_iter().len();
+        command.arg(b"".as_slice());
+        command.arg(if mark { b"1".as_slice() } else { b"0".as_slice() });
         for o in open.iter() {
-            args.push(o.batch.keys.len().to_string().into_bytes());
-            args.push(if writing(o) && o.lost >= CLAIM_AFTER { b"1".to_vec() } else { Vec::new() });
+            command.arg(o.batch.keys.len());
+            command.arg(if writing(o) && o.lost >= CLAIM_AFTER { b"1".as_slice() } else { b"".as_slice() });
         }
         for o in open.iter_mut() {
             o.versions = Vec::with_capacity(o.known.len());
-            for (at, (key, known)) in o.batch.keys.iter().zip(&o.known).enumerate() {
-                keys.push(key.clone());
-                let seen = match o.writes {
-                    Some(_) => known.version.clone().unwrap_or_default(),
-                    None => NO_VERSION.to_vec(),
+            for (at, known) in o.known.iter().enumerate() {
+                match o.writes {
+                    Some(_) => command.arg(known.version.as_deref().unwrap_or_default()),
+                    None => command.arg(NO_VERSION),
                 };
-                args.push(seen);
                 match o.writes.as_ref().and_then(|w| w.get(at)).and_then(Option::as_ref) {
                     Some(next) => {
                         let n = self.writes.fetch_add(1, Ordering::Relaxed);
-                        let version = format!("{:x}-{n:x}", self.seed).into_bytes();
+                        let version = format!("{}-{n:x}", self.seed_hex).into_bytes();
                         let ttl_ms =
                             (next.idle_at - now.unwrap_or(Nanos::ZERO)).ceil_millis().saturating_add(TTL_SLACK_MS);
                         let (tag, value) = next.bytes.split_first().map_or((UNTAGGED, &[][..]), |(t, v)| (*t, v));
-                        args.push(version.clone());
-                        args.push(value.to_vec());
-                        args.push(ttl_ms.to_string().into_bytes());
-                        args.push(tag.to_string().into_bytes());
+                        command.arg(version.as_slice()).arg(value).arg(ttl_ms).arg(u64::from(tag));
                         o.versions.push(Some(version));
                     }
                     None => {
-                        args.extend([Vec::new(), Vec::new(), b"0".to_vec(), b"0".to_vec()]);
+                        command.arg(b"".as_slice()).arg(b"".as_slice()).arg(0u64).arg(0u64);
                         o.versions.push(None);
                     }
                 }
             }
         }
-        Invocation { keys, args }
+        Invocation { command, resend_at }
     }
 
     /// Runs the script (`EVALSHA`, loading it when Redis does not have it);
     /// `resend` says it was sent before.
     async fn send(&self, conn: &mut Connection, invocation: &Invocation, resend: bool) -> redis::RedisResult<Value> {
-        let mut call = self.cas.prepare_invoke();
-        for key in &invocation.keys {
-            call.key(key);
-        }
-        for (at, arg) in invocation.args.iter().enumerate() {
-            if at == RESEND_ARG && resend {
-                call.arg(b"1".as_slice());
-            } else {
-                call.arg(arg.as_slice());
+        let resent;
+        let command = if resend {
+            resent = invocation.resent();
+            &resent
+        } else {
+            &invocation.command
+        };
+        match command.query_async(conn).await {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                redis::cmd("SCRIPT").arg("LOAD").arg(CAS).exec_async(conn).await?;
+                command.query_async(conn).await
             }
+            result => result,
         }
-        call.invoke_async(conn).await
     }
 
     /// Sends `PING` (on a new connection once, if Redis dropped the old one).
@@ -805,10 +811,26 @@ struct Open {
     versions: Vec<Option<Vec<u8>>>,
 }
 
-/// The script's keys and arguments.
+/// The script's call, and where its resend flag (`ARGV[6]`) is among the
+/// command's arguments.
 struct Invocation {
-    keys: Vec<String>,
-    args: Vec<Vec<u8>>,
+    command: Cmd,
+    resend_at: usize,
+}
+
+impl Invocation {
+    /// The same call, saying it was sent before.
+    fn resent(&self) -> Cmd {
+        let mut command = Cmd::with_capacity(self.command.args_iter().len(), 0);
+        for (at, arg) in self.command.args_iter().enumerate() {
+            match arg {
+                _ if at == self.resend_at => command.arg(b"1".as_slice()),
+                redis::Arg::Simple(bytes) => command.arg(bytes),
+                redis::Arg::Cursor => command.cursor_arg(0),
+            };
+        }
+        command
+    }
 }
 
 fn values_of(known: &[Known]) -> Vec<Option<Vec<u8>>> {
