@@ -76,6 +76,26 @@ fn admissions_logged_to(path: &Path) -> String {
     )
 }
 
+/// Three Envoys running `plugin` against the service on `port`, each
+/// logging its admissions to a file of its own named by `label`: the logs,
+/// the Envoys and their ports.
+fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<PathBuf>, Vec<Envoy>, Vec<u16>) {
+    let logs: Vec<PathBuf> = (0..3)
+        .map(|i| std::env::temp_dir().join(format!("floodgate-{label}-{}-{i}.log", std::process::id())))
+        .collect();
+    let envoys: Vec<Envoy> = logs
+        .iter()
+        .map(|log| {
+            let _ = std::fs::remove_file(log);
+            let mut setup = Setup::new(plugin).with_cluster("floodgate-quota", &[port]);
+            setup.hcm_extra = admissions_logged_to(log);
+            Envoy::start(&setup)
+        })
+        .collect();
+    let ports = envoys.iter().map(|e| e.port).collect();
+    (logs, envoys, ports)
+}
+
 /// `(instant ns, user)` of every admission in the logs.
 fn admissions(paths: &[PathBuf]) -> Vec<(u64, String)> {
     let mut out = Vec::new();
@@ -165,6 +185,32 @@ fn paced(ports: &[u16], run_for: Duration, user: fn(u64) -> String) -> Seen {
     handles.into_iter().map(|h| h.join().unwrap()).fold(Seen::default(), Seen::add)
 }
 
+/// One load of `secs` over `ports`, never paused (a pause lets the pools'
+/// allowances lapse, and their next rate observation spans it), and what
+/// the fleet counted after its first 5 s, the warm-up in which every (user,
+/// Envoy) pair's first request waits for its first lease (the counters are
+/// read then as they stand, without waiting for them to settle): requests,
+/// those that waited and the callouts, printed under `label`. Returns what
+/// the load saw and the requests after the warm-up.
+fn steady_load(label: &str, envoys: &[Envoy], ports: &[u16], secs: u64, user: fn(u64) -> String) -> (Seen, u64) {
+    let load = {
+        let ports = ports.to_vec();
+        thread::spawn(move || paced(&ports, Duration::from_secs(secs), user))
+    };
+    thread::sleep(Duration::from_secs(5));
+    let counters = ["global.refill_waits", "global.callouts_sent", "allowed", "limited"];
+    let warm: Vec<u64> = counters.iter().map(|name| total_now(envoys, name)).collect();
+    let seen = load.join().unwrap();
+    let steady: Vec<u64> = counters.iter().zip(&warm).map(|(name, warm)| total(envoys, name) - warm).collect();
+    let (waited, calls, requests) = (steady[0], steady[1], steady[2] + steady[3]);
+    eprintln!(
+        "{label}: {seen:?}; after the first 5 s, {requests} requests: {waited} waited ({:.3} %), {calls} callouts ({:.4} a request)",
+        100.0 * waited as f64 / requests as f64,
+        calls as f64 / requests as f64
+    );
+    (seen, requests)
+}
+
 fn many_users(random: u64) -> String {
     format!("user-{}", random % USERS as u64)
 }
@@ -191,40 +237,9 @@ fn second_of(t: SystemTime) -> u64 {
 /// requests that waited and the callouts per request are printed.
 fn long_tail(store: &str, restart: bool) {
     let mut service = QuotaServer::start(LIMITS, store);
-    let logs: Vec<PathBuf> = (0..3)
-        .map(|i| std::env::temp_dir().join(format!("floodgate-long-tail-{}-{store:.5}-{i}.log", std::process::id())))
-        .collect();
-    let envoys: Vec<Envoy> = logs
-        .iter()
-        .map(|log| {
-            let _ = std::fs::remove_file(log);
-            let mut setup = Setup::new(PLUGIN).with_cluster("floodgate-quota", &[service.port]);
-            setup.hcm_extra = admissions_logged_to(log);
-            Envoy::start(&setup)
-        })
-        .collect();
-    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    let (logs, envoys, ports) = logged_envoys(&format!("long-tail-{store:.5}"), PLUGIN, service.port);
 
-    // One load, never paused (a pause lets the pools' allowances lapse, and
-    // their next rate observation spans it): the first 5 s are the warm-up,
-    // in which every (user, Envoy) pair's first request waits for its first
-    // lease; the counters are read then as they stand, without waiting for
-    // them to settle.
-    let load = {
-        let ports = ports.clone();
-        thread::spawn(move || paced(&ports, Duration::from_secs(40), many_users))
-    };
-    thread::sleep(Duration::from_secs(5));
-    let counters = ["global.refill_waits", "global.callouts_sent", "allowed", "limited"];
-    let warm: Vec<u64> = counters.iter().map(|name| total_now(&envoys, name)).collect();
-    let seen = load.join().unwrap();
-    let steady: Vec<u64> = counters.iter().zip(&warm).map(|(name, warm)| total(&envoys, name) - warm).collect();
-    let (waited, calls, requests) = (steady[0], steady[1], steady[2] + steady[3]);
-    eprintln!(
-        "{store}: {seen:?}; after the first 5 s, {requests} requests: {waited} waited ({:.3} %), {calls} callouts ({:.4} a request)",
-        100.0 * waited as f64 / requests as f64,
-        calls as f64 / requests as f64
-    );
+    let (seen, requests) = steady_load(store, &envoys, &ports, 40, many_users);
     assert_eq!((seen.limited, seen.other), (0, 0), "{store}: far below every limit: {seen:?}");
     assert!(requests > 25 * 800, "{store}: the load ran at its pace: {seen:?}");
     if restart {
@@ -275,18 +290,8 @@ fn the_long_tail_holds_every_limit_redis_and_a_restart() {
 #[test]
 fn demand_moved_to_one_envoy_gets_the_share_within_a_few_seconds() {
     let service = QuotaServer::start(LIMITS, "memory");
-    let logs: Vec<PathBuf> =
-        (0..3).map(|i| std::env::temp_dir().join(format!("floodgate-moved-{}-{i}.log", std::process::id()))).collect();
-    let envoys: Vec<Envoy> = logs
-        .iter()
-        .map(|log| {
-            let _ = std::fs::remove_file(log);
-            let mut setup = Setup::new(PLUGIN_SECOND).with_cluster("floodgate-quota", &[service.port]);
-            setup.hcm_extra = admissions_logged_to(log);
-            Envoy::start(&setup)
-        })
-        .collect();
-    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    // Held to the end: an Envoy stops when dropped.
+    let (logs, _envoys, ports) = logged_envoys("moved", PLUGIN_SECOND, service.port);
     let hot = |_: u64| "hot".to_string();
     // 6 threads at 150 a second: 900 a second of one user, far above 40.
     paced(&ports, Duration::from_secs(4), hot);
@@ -318,19 +323,7 @@ fn demand_moved_to_one_envoy_gets_the_share_within_a_few_seconds() {
 #[test]
 fn an_overshoot_budget_admits_thin_keys_at_once_within_its_bound() {
     let service = QuotaServer::start(LIMITS, "memory");
-    let logs: Vec<PathBuf> = (0..3)
-        .map(|i| std::env::temp_dir().join(format!("floodgate-overshoot-{}-{i}.log", std::process::id())))
-        .collect();
-    let envoys: Vec<Envoy> = logs
-        .iter()
-        .map(|log| {
-            let _ = std::fs::remove_file(log);
-            let mut setup = Setup::new(PLUGIN_OVERSHOOT).with_cluster("floodgate-quota", &[service.port]);
-            setup.hcm_extra = admissions_logged_to(log);
-            Envoy::start(&setup)
-        })
-        .collect();
-    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    let (logs, envoys, ports) = logged_envoys("overshoot", PLUGIN_OVERSHOOT, service.port);
     let seen = paced(&ports, Duration::from_secs(10), |random| format!("user-{}", random % 450));
     let (overshoot, waited) = (total(&envoys, "rule.thin.overshoot"), total(&envoys, "global.refill_waits"));
     eprintln!("overshoot: {seen:?}; {overshoot} admitted without a lease, {waited} waited for a lease");
@@ -356,37 +349,12 @@ fn an_overshoot_budget_admits_thin_keys_at_once_within_its_bound() {
 #[test]
 fn the_long_tail_under_a_token_bucket_holds_its_bound() {
     let service = QuotaServer::start(LIMITS, "memory");
-    let logs: Vec<PathBuf> =
-        (0..3).map(|i| std::env::temp_dir().join(format!("floodgate-bucket-{}-{i}.log", std::process::id()))).collect();
-    let envoys: Vec<Envoy> = logs
-        .iter()
-        .map(|log| {
-            let _ = std::fs::remove_file(log);
-            let mut setup = Setup::new(PLUGIN_BUCKET).with_cluster("floodgate-quota", &[service.port]);
-            setup.hcm_extra = admissions_logged_to(log);
-            Envoy::start(&setup)
-        })
-        .collect();
-    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    let (logs, envoys, ports) = logged_envoys("bucket", PLUGIN_BUCKET, service.port);
     // One request in six is the hot user's: about 150 a second.
     let user = |random: u64| if random % 6 == 0 { "hot".to_string() } else { many_users(random / 6) };
     let started = Instant::now();
-    let load = {
-        let ports = ports.clone();
-        thread::spawn(move || paced(&ports, Duration::from_secs(20), user))
-    };
-    thread::sleep(Duration::from_secs(5));
-    let counters = ["global.refill_waits", "global.callouts_sent", "allowed", "limited"];
-    let warm: Vec<u64> = counters.iter().map(|name| total_now(&envoys, name)).collect();
-    let seen = load.join().unwrap();
+    let (seen, _) = steady_load("bucket", &envoys, &ports, 20, user);
     let secs = started.elapsed().as_secs_f64();
-    let steady: Vec<u64> = counters.iter().zip(&warm).map(|(name, warm)| total(&envoys, name) - warm).collect();
-    let (waited, calls, requests) = (steady[0], steady[1], steady[2] + steady[3]);
-    eprintln!(
-        "bucket: {seen:?} in {secs:.1} s; after the first 5 s, {requests} requests: {waited} waited ({:.3} %), {calls} callouts ({:.4} a request)",
-        100.0 * waited as f64 / requests as f64,
-        calls as f64 / requests as f64
-    );
     thread::sleep(Duration::from_millis(500)); // the access logs' flush
     let admitted = admissions(&logs);
     let hot = admitted.iter().filter(|(_, user)| user == "hot").count() as f64;

@@ -235,15 +235,19 @@ mod tests {
         assert_eq!(tally.rules[&(0, "allowed")], 3);
     }
 
+    /// `GLOBAL` with an overshoot budget of `limit` a second.
+    fn overshooting(limit: u64) -> String {
+        let budget = format!(r#""scope": "global", "overshoot": {{"limit": {limit}, "period": "1s"}},"#);
+        GLOBAL.replace(r#""scope": "global","#, &budget)
+    }
+
     /// A rule with an overshoot budget admits a key this Envoy holds no
     /// lease for at once, and its refresh reports what it so admitted; a
     /// rule without one (the default) makes the request wait.
     #[test]
     fn a_rule_with_an_overshoot_budget_admits_a_cold_key_at_once_and_reports_it() {
         let store = MemoryStore::default();
-        let config =
-            GLOBAL.replace(r#""scope": "global","#, r#""scope": "global", "overshoot": {"limit": 1, "period": "1s"},"#);
-        let limiter = build(&config, &store);
+        let limiter = build(&overshooting(1), &store);
         let mut tally = Tally::default();
         let alice = &[("x-api-key", "alice")];
         let (verdict, _) = limiter.check(&store, T0, &mut request(&limiter, alice), &mut tally);
@@ -265,10 +269,8 @@ mod tests {
     #[test]
     fn a_near_limit_notice_holds_every_worker_strict_for_that_key() {
         let store = MemoryStore::default();
-        let config =
-            GLOBAL.replace(r#""scope": "global","#, r#""scope": "global", "overshoot": {"limit": 5, "period": "1s"},"#);
-        let limiter = build(&config, &store);
-        let other = build(&config, &store);
+        let limiter = build(&overshooting(5), &store);
+        let other = build(&overshooting(5), &store);
         let mut tally = Tally::default();
         let key = |name: &str| notice_key(&[("api_key".into(), name.into())]);
         limiter.heard_near(&store, T0, &[(key("alice"), SECOND), (key("bob"), SECOND)]);

@@ -901,13 +901,8 @@ mod tests {
     fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
         let bucket = limit(algorithm, 40, SECOND, r#"{"burst": 40}"#);
         let key = "fg:{edge}:tb:[[\"user\",\"x\"]]";
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
-        let mut random = move |n: u64| {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed % n
-        };
+        let mut rng = floodgate_core::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
+        let mut random = move |n: u64| rng.below(n);
         let mut stored: Option<Vec<u8>> = None;
         let mut admitted: Vec<(Nanos, u64)> = Vec::new();
         let mut now = NOW;
