@@ -191,8 +191,9 @@ fn paced(ports: &[u16], run_for: Duration, user: fn(u64) -> String) -> Seen {
 /// Envoy) pair's first request waits for its first lease (the counters are
 /// read then as they stand, without waiting for them to settle): requests,
 /// those that waited and the callouts, printed under `label`. Returns what
-/// the load saw and the requests after the warm-up.
-fn steady_load(label: &str, envoys: &[Envoy], ports: &[u16], secs: u64, user: fn(u64) -> String) -> (Seen, u64) {
+/// the load saw, how long it ran (s) and the requests after the warm-up.
+fn steady_load(label: &str, envoys: &[Envoy], ports: &[u16], secs: u64, user: fn(u64) -> String) -> (Seen, f64, u64) {
+    let started = Instant::now();
     let load = {
         let ports = ports.to_vec();
         thread::spawn(move || paced(&ports, Duration::from_secs(secs), user))
@@ -201,6 +202,7 @@ fn steady_load(label: &str, envoys: &[Envoy], ports: &[u16], secs: u64, user: fn
     let counters = ["global.refill_waits", "global.callouts_sent", "allowed", "limited"];
     let warm: Vec<u64> = counters.iter().map(|name| total_now(envoys, name)).collect();
     let seen = load.join().unwrap();
+    let ran = started.elapsed().as_secs_f64();
     let steady: Vec<u64> = counters.iter().zip(&warm).map(|(name, warm)| total(envoys, name) - warm).collect();
     let (waited, calls, requests) = (steady[0], steady[1], steady[2] + steady[3]);
     eprintln!(
@@ -208,7 +210,7 @@ fn steady_load(label: &str, envoys: &[Envoy], ports: &[u16], secs: u64, user: fn
         100.0 * waited as f64 / requests as f64,
         calls as f64 / requests as f64
     );
-    (seen, requests)
+    (seen, ran, requests)
 }
 
 fn many_users(random: u64) -> String {
@@ -239,7 +241,7 @@ fn long_tail(store: &str, restart: bool) {
     let mut service = QuotaServer::start(LIMITS, store);
     let (logs, envoys, ports) = logged_envoys(&format!("long-tail-{store:.5}"), PLUGIN, service.port);
 
-    let (seen, requests) = steady_load(store, &envoys, &ports, 40, many_users);
+    let (seen, _, requests) = steady_load(store, &envoys, &ports, 40, many_users);
     assert_eq!((seen.limited, seen.other), (0, 0), "{store}: far below every limit: {seen:?}");
     assert!(requests > 25 * 800, "{store}: the load ran at its pace: {seen:?}");
     if restart {
@@ -352,9 +354,7 @@ fn the_long_tail_under_a_token_bucket_holds_its_bound() {
     let (logs, envoys, ports) = logged_envoys("bucket", PLUGIN_BUCKET, service.port);
     // One request in six is the hot user's: about 150 a second.
     let user = |random: u64| if random % 6 == 0 { "hot".to_string() } else { many_users(random / 6) };
-    let started = Instant::now();
-    let (seen, _) = steady_load("bucket", &envoys, &ports, 20, user);
-    let secs = started.elapsed().as_secs_f64();
+    let (seen, secs, _) = steady_load("bucket", &envoys, &ports, 20, user);
     thread::sleep(Duration::from_millis(500)); // the access logs' flush
     let admitted = admissions(&logs);
     let hot = admitted.iter().filter(|(_, user)| user == "hot").count() as f64;
