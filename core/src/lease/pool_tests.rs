@@ -1,0 +1,749 @@
+//! The tests of `pool.rs` (a child module of it, in a file of its own so
+//! that the module's code reads without them).
+
+use super::*;
+use crate::time::SECOND;
+#[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+use wasm_bindgen_test::wasm_bindgen_test as test;
+
+const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+const MS: Nanos = Nanos::from_nanos(1_000_000);
+
+/// A claim made at `at` whose call left at once.
+fn sent(at: Nanos) -> (Nanos, Nanos) {
+    (at, at)
+}
+
+fn pool() -> LeasePool {
+    LeasePool {
+        refresh: RefreshPolicy { lead: MS.times(300), horizon: SECOND },
+        claim_ttl: MS.times(600),
+        overshoot: None,
+    }
+}
+
+fn grant(lease: u64, granted: u64) -> GrantedLease {
+    GrantedLease {
+        lease,
+        granted,
+        valid: SECOND,
+        starts: Nanos::ZERO,
+        index: 0,
+        windows: 0,
+        limit: 1000,
+        window: SECOND.times(60),
+        unleased: 500,
+        reset: SECOND.times(30),
+        near_limit: false,
+        report_only: false,
+    }
+}
+
+/// A pool holding a fresh lease of `tokens`, applied at `T0`.
+fn leased(tokens: u64) -> PoolState {
+    let p = pool();
+    let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
+    let (applied, state) = p.apply(claimed, T0, sent(claim.unwrap().started), &grant(1, tokens));
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    state
+}
+
+/// The per-second window starting at `T0`, as the service numbers it.
+const K: u64 = T0.get() / SECOND.get();
+
+/// A grant of window `index` (a per-second fixed window) made at `at`:
+/// valid until that window ends, and for a window after `at`'s, starting
+/// with it.
+fn windowed_grant(lease: u64, granted: u64, index: u64, at: Nanos) -> GrantedLease {
+    let (start, end) = (SECOND.times(index), SECOND.times(index + 1));
+    let grant = grant(lease, granted);
+    GrantedLease { valid: end - at, starts: start - at, index, window: SECOND, reset: end - at, ..grant }
+}
+
+/// A pool that spent 100/s over the last second and holds a lease of
+/// `tokens` of window `K`, claimed and answered at `at`.
+fn windowed(tokens: u64, at: Nanos) -> PoolState {
+    let p = pool();
+    let claimed = PoolState { spent: 100, rate_since: at - SECOND, refresh_until: at + MS, ..p.fresh(at) };
+    let (_, state) = p.apply(claimed, at, sent(at), &windowed_grant(1, tokens, K, at));
+    state
+}
+
+/// Spends `windowed(100, T0)` at 100/s until it claims a refresh: the
+/// claim and the state then.
+fn until_claimed() -> (Claim, PoolState) {
+    let p = pool();
+    let mut state = windowed(100, T0);
+    let mut now = T0;
+    loop {
+        now = now + MS.times(10);
+        let (spend, claim, after) = p.spend(state, now, 1);
+        assert!(matches!(spend, Spend::Taken(_)), "at {now}");
+        state = after;
+        if let Some(claim) = claim {
+            return (claim, state);
+        }
+    }
+}
+
+#[test]
+fn a_lease_that_ends_with_its_window_asks_for_the_next_one_before_the_end() {
+    let (claim, _) = until_claimed();
+    let now = claim.started;
+    // The callout timeout before the window ends (300 ms, within the
+    // last half of the lease's life).
+    assert_eq!(now, T0 + MS.times(700));
+    assert_eq!(claim.window, Some(K + 1), "the next window, by the index the service gave");
+    // A whole horizon at the observed rate: none of what is held now counts then.
+    assert_eq!(claim.wanted, 100);
+    // Needed in 300 ms: it may wait to share a call with others.
+    assert_eq!(claim.send_by, now + MAX_BATCH_DELAY);
+}
+
+#[test]
+fn the_ahead_claim_comes_early_enough_for_the_observed_refresh_latency() {
+    let p = pool();
+    // Refreshes have been taking 400 ms: the last quarter (250 ms) is too late.
+    let state = PoolState { latency: MS.times(400), ..windowed(100, T0) };
+    let (_, early, _) = p.spend(state, T0 + MS.times(199), 1);
+    assert_eq!(early, None);
+    let (_, claim, _) = p.spend(state, T0 + MS.times(200), 1);
+    assert_eq!(claim.unwrap().window, Some(K + 1), "800 ms ahead: twice the latency");
+}
+
+#[test]
+fn at_the_boundary_the_pool_switches_to_the_next_windows_lease_without_waiting() {
+    let p = pool();
+    let (claim, claimed) = until_claimed();
+    let at = claim.started;
+    // The service grants 100 of the next window, 5 ms later.
+    let answered = at + MS.times(5);
+    let grant = windowed_grant(2, 100, K + 1, at + MS.times(2));
+    let (applied, mut state) = p.apply(claimed, answered, sent(claim.started), &grant);
+    assert_eq!(applied, Applied::Replaced(Leftover::default()), "what is left of this window is kept");
+    assert_eq!((state.held_lease, state.held_tokens, state.held_until), (1, 30, T0 + SECOND));
+    // It counts from the window's start as the answer saw it: the 3 ms
+    // it took after the service decided are not the next window's.
+    assert_eq!((state.lease, state.tokens, state.starts_at), (2, 100, T0 + SECOND + MS.times(3)));
+    // Before the boundary only this window's tokens count; the next
+    // window's never do, even once these run out.
+    assert_eq!(p.usable(&state, T0 + SECOND - Nanos::from_nanos(1)), 30);
+    let (mut now, mut taken) = (answered, 0);
+    while now < T0 + SECOND {
+        let (spend, claim, after) = p.spend(state, now, 1);
+        assert_eq!(claim, None, "no refresh while the next window's lease waits");
+        taken += u64::from(matches!(spend, Spend::Taken(_)));
+        state = after;
+        now = now + MS.times(10);
+    }
+    assert_eq!((taken, state.tokens), (30, 100), "30 of this window's, none of the next's");
+    // At the boundary: the next window's tokens, as soon as they surely count.
+    let (spend, claim, _) = p.spend(state, T0 + SECOND, 1);
+    assert_eq!((spend, claim), (Spend::Empty, None), "no refresh for those 3 ms: the request waits");
+    let (spend, claim, after) = p.spend(state, T0 + SECOND + MS.times(3), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!((claim, after.tokens, after.held_tokens), (None, 99, 0));
+    assert_eq!(p.usable(&after, T0 + SECOND + MS.times(3)), 99, "the old window's leftovers count no longer");
+    // And the next window's tokens end with it.
+    assert_eq!(p.usable(&after, T0 + SECOND.times(2)), 0);
+}
+
+#[test]
+fn a_lease_counts_from_the_answer_plus_its_start_until_its_call_plus_its_validity() {
+    let p = pool();
+    let (_, claim, claimed) = p.spend(p.fresh(T0), T0 + MS.times(900), 1);
+    let claim = claim.unwrap();
+    // The call left 10 ms after the claim, the service decided 30 ms
+    // later, and the answer took 60 ms more.
+    let (left, decided) = (claim.started + MS.times(10), T0 + MS.times(940));
+    let grant = windowed_grant(1, 10, K + 1, decided);
+    let (_, state) = p.apply(claimed, decided + MS.times(60), (claim.started, left), &grant);
+    // The service meant [T0 + 1 s, T0 + 2 s): the pool's view lies inside it.
+    assert_eq!(state.starts_at, T0 + SECOND + MS.times(60));
+    assert_eq!(state.expires_at, T0 + SECOND.times(2) - MS.times(30));
+    assert_eq!(state.latency, MS.times(90), "what the call took, not the claim");
+}
+
+#[test]
+fn a_pool_denied_for_the_rest_of_its_window_asks_ahead_and_is_served_at_the_boundary() {
+    let p = pool();
+    let at = T0 + MS.times(300);
+    let (_, claim, claimed) = p.spend(PoolState { spent: 100, rate_since: at - SECOND, ..p.fresh(at) }, at, 1);
+    // The window is used up: nothing, until it ends.
+    let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
+    let (spend, claim, _) = p.spend(state, T0 + MS.times(650), 1);
+    assert!(matches!(spend, Spend::Denied(_)));
+    assert_eq!(claim, None, "denied, and not yet near the end");
+    // The callout timeout before the window ends.
+    let near = T0 + MS.times(700);
+    let (spend, claim, claimed) = p.spend(state, near, 1);
+    let Spend::Denied(denied) = spend else { panic!("{spend:?}") };
+    assert_eq!(denied.retry_after(), MS.times(300));
+    assert_eq!(claim.unwrap().window, Some(K + 1));
+    // The answer arrives 1 ms after the service decided: the lease
+    // counts from 1 ms after the window's start.
+    let (_, state) = p.apply(claimed, near + MS, sent(near), &windowed_grant(2, 50, K + 1, near));
+    assert!(
+        matches!(p.spend(state, T0 + SECOND - Nanos::from_nanos(1), 1).0, Spend::Denied(_)),
+        "still this window's denial"
+    );
+    // Past the denied window's end a request waits that moment, not denied.
+    assert_eq!(p.spend(state, T0 + SECOND, 1).0, Spend::Empty);
+    assert!(matches!(p.spend(state, T0 + SECOND + MS, 1).0, Spend::Taken(_)), "served at once");
+}
+
+#[test]
+fn held_tokens_that_run_dry_well_before_the_next_window_are_bridged_with_this_windows() {
+    let p = pool();
+    let (claim, claimed) = until_claimed();
+    let ahead = windowed_grant(2, 100, K + 1, claim.started);
+    let (_, state) = p.apply(claimed, claim.started, sent(claim.started), &ahead);
+    // A burst spends the held tokens 200 ms before the next window: a
+    // refresh of this window is due, not of the next.
+    let (spend, claim, claimed) = p.spend(PoolState { held_tokens: 0, ..state }, T0 + MS.times(800), 1);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.unwrap();
+    assert_eq!((claim.window, claim.send_by), (None, claim.started), "nothing held: sent at once");
+    let now = T0 + MS.times(805);
+    let (applied, after) = p.apply(claimed, now, sent(claim.started), &windowed_grant(3, 40, K, claim.started));
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    assert_eq!((after.held_lease, after.held_tokens, after.held_until), (3, 40, T0 + SECOND));
+    assert_eq!((after.lease, after.tokens, after.starts_at), (2, 100, T0 + SECOND), "the lease ahead stays");
+    assert_eq!(p.usable(&after, now), 40);
+    // Just before the next window starts, an empty pool waits for it instead.
+    let (spend, claim, _) = p.spend(PoolState { held_tokens: 0, ..after }, T0 + SECOND - MS.times(5), 1);
+    assert_eq!((spend, claim), (Spend::Empty, None));
+}
+
+#[test]
+fn a_lease_ahead_given_back_before_its_start_goes_back_whole() {
+    let p = pool();
+    let at = T0 + MS.times(800);
+    let (_, claim, claimed) = p.spend(windowed(100, T0), at, 1);
+    let (applied, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(2, 70, K + 1, at));
+    // 101 spent in 1.8 s: 12 spent in the 200 ms left; twice that and 3
+    // more kept, the other 72 returned.
+    assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0), (1, 72)], expired: 0 }));
+    assert_eq!(p.unspent(&state, at), [(1, 27), (2, 70)], "a configuration going away returns both");
+    assert!(!p.is_idle(state, T0 + SECOND - Nanos::from_nanos(1)), "tokens ahead are not nothing");
+    // An undo of a unit taken before the next window started goes back
+    // to the held tokens it came from, never to the lease ahead.
+    let (_, _, spent) = p.spend(state, at + MS, 1);
+    let back = p.release(spent, at + MS, Grant { cost: 1, at: at + MS }, Release::Undo).unwrap();
+    assert_eq!((back.held_tokens, back.tokens), (27, 70));
+    assert_eq!(p.release(spent, T0 + SECOND, Grant { cost: 1, at: at + MS }, Release::Undo), None);
+}
+
+#[test]
+fn an_empty_pool_claims_one_refresh_and_a_second_worker_waits() {
+    let p = pool();
+    let (spend, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.unwrap();
+    assert_eq!(claim.started, T0);
+    assert_eq!(claim.send_by, T0, "a request waits for it: sent at once");
+    assert_eq!(state.refresh_until, T0 + MS.times(600));
+    // Another worker, 1 ms later, sees the claim: it waits, no second callout.
+    let (spend, second, _) = p.spend(state, T0 + MS, 1);
+    assert_eq!((spend, second), (Spend::Empty, None));
+}
+
+/// A cold pair's request that waited for a lease of one token spends
+/// it and claims no second lease while the key's tokens are not
+/// plentiful: one request is no evidence of another (a lease claimed
+/// then would usually expire unspent, taken from the limit all the
+/// same). A second request claims, and one of a pool that has seen
+/// more, or of a key with tokens to spare, claims at once.
+#[test]
+fn the_only_request_a_pool_has_seen_claims_no_second_lease() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &grant(1, 1));
+    let (spend, again, state) = p.spend(state, T0 + MS.times(2), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!(again, None, "no evidence of another request");
+    let (spend, next, _) = p.spend(state, T0 + MS.times(500), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(next.is_some(), "the next request claims");
+    // A key with tokens to spare: the second lease is claimed at once.
+    let (_, claim, fresh) = p.spend(p.fresh(T0), T0, 1);
+    let plenty = GrantedLease { unleased: 950, ..grant(1, 1) };
+    let (_, fresh) = p.apply(fresh, T0 + MS, sent(claim.unwrap().started), &plenty);
+    assert!(p.spend(fresh, T0 + MS.times(2), 1).1.is_some(), "plentiful: claimed");
+    let seen_more = PoolState { spent: 3, rate_since: T0 - SECOND, ..state };
+    let (spend, prefetch, _) = p.spend(PoolState { tokens: 1, ..seen_more }, T0 + MS.times(2), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert!(prefetch.is_some(), "a pool that has seen more refreshes before it runs dry");
+}
+
+#[test]
+fn steady_traffic_spends_locally_and_refreshes_early() {
+    let p = pool();
+    let mut state = leased(100);
+    let mut claims = 0;
+    let mut taken = 0;
+    // 100/s for 900 ms: one request every 10 ms.
+    for i in 0..90 {
+        let (spend, claim, after) = p.spend(state, T0 + MS.times(10 * i), 1);
+        taken += u64::from(matches!(spend, Spend::Taken(_)));
+        claims += u64::from(claim.is_some());
+        state = after;
+    }
+    assert_eq!(taken, 90, "never waited");
+    assert_eq!(claims, 1, "one early refresh, while tokens remained");
+    assert!(state.tokens > 0);
+}
+
+#[test]
+fn a_claim_that_is_never_answered_is_taken_over_after_its_ttl() {
+    let p = pool();
+    let (_, first, state) = p.spend(p.fresh(T0), T0, 1);
+    assert!(first.is_some());
+    let (_, early, _) = p.spend(state, T0 + MS.times(599), 1);
+    assert_eq!(early, None);
+    let (_, late, taken_over) = p.spend(state, T0 + MS.times(600), 1);
+    assert_eq!(late.unwrap().started, T0 + MS.times(600));
+    // The first refresher's answer then arrives: the newer claim's lease is
+    // not yet in place, so it applies; the second answer is then stale.
+    let (applied, state) = p.apply(taken_over, T0 + MS.times(700), sent(T0), &grant(1, 50));
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    let (applied, after) = p.apply(state, T0 + MS.times(800), sent(T0 + MS.times(600)), &grant(2, 70));
+    assert_eq!(applied, Applied::Stale, "a newer lease is in place: return all 70");
+    assert_eq!(after, state);
+}
+
+#[test]
+fn a_new_lease_keeps_what_the_rate_spends_of_the_old_one_and_hands_back_the_rest() {
+    let p = pool();
+    // 60 spent in the 800 ms since the first lease: 60/s observed.
+    let state = PoolState { tokens: 40, spent: 60, ..leased(100) };
+    // In the lease's last quarter: due although 39 tokens remain.
+    let (_, claim, claimed) = p.spend(state, T0 + MS.times(800), 1);
+    let claim = claim.unwrap();
+    assert_eq!(claim.wanted, 22, "61/s for a second, less the 39 held");
+    assert_eq!(claim.send_by, claim.started + MAX_BATCH_DELAY, "39 held: time to share a call");
+    let (applied, after) = p.apply(claimed, T0 + MS.times(820), sent(claim.started), &grant(2, 80));
+    // 61/s spends 11 in the 180 ms the old lease still counts: those
+    // stay, held; 28 go back to the service.
+    let back = Leftover { returns: [(0, 0), (1, 28)], expired: 0 };
+    assert_eq!(applied, Applied::Replaced(back));
+    assert_eq!((after.lease, after.tokens, after.refresh_until), (2, 80, Nanos::ZERO));
+    assert_eq!((after.held_lease, after.held_tokens, after.held_until), (1, 11, T0 + SECOND));
+    // The same answer again (a replay) changes nothing and returns nothing.
+    assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
+    assert_eq!(p.apply(after, T0 + MS.times(830), sent(claim.started), &grant(2, 80)).0, Applied::Duplicate);
+    // So does a replay of the held lease's: its tokens are in use, not to be returned.
+    assert_eq!(p.apply(after, T0 + MS.times(830), sent(T0), &grant(1, 100)).0, Applied::Duplicate);
+}
+
+#[test]
+fn held_tokens_are_spent_first_and_only_until_their_lease_expires() {
+    let p = pool();
+    let state = PoolState { held_lease: 1, held_tokens: 2, held_until: T0 + MS.times(100), ..leased(50) };
+    assert_eq!(p.usable(&state, T0 + MS), 52);
+    let (spend, _, after) = p.spend(state, T0 + MS, 3);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!((after.held_tokens, after.tokens), (0, 49), "both held first, then one of the lease's");
+    let (_, _, after) = p.spend(state, T0 + MS.times(100), 1);
+    assert_eq!((after.held_tokens, after.tokens), (2, 49), "held tokens past their lease's expiry do not count");
+    assert_eq!(p.usable(&state, T0 + MS.times(100)), 50);
+}
+
+#[test]
+fn a_refresh_that_comes_early_costs_no_return_at_a_steady_rate() {
+    // 100/s, one request every 10 ms, for 5 s: every lease is replaced
+    // while it still holds tokens, none of them goes back, and no
+    // request finds the pool empty.
+    let p = pool();
+    let mut state = PoolState { spent: 100, rate_since: T0 - SECOND, ..leased(100) };
+    let (mut returned, mut expired, mut waited, mut claims) = (0, 0, 0, 0);
+    let mut pending: Option<Claim> = None;
+    for i in 1..500 {
+        let now = T0 + MS.times(10 * i);
+        if let Some(claim) = pending.take() {
+            // The answer comes 5 ms after the claim: what the service grants.
+            let (applied, after) = p.apply(state, now - MS.times(5), sent(claim.started), &grant(i, claim.wanted));
+            let Applied::Replaced(left) = applied else { panic!("{applied:?}") };
+            returned += left.returns.iter().map(|(_, t)| t).sum::<u64>();
+            expired += left.expired;
+            state = after;
+        }
+        let (spend, claim, after) = p.spend(state, now, 1);
+        waited += u64::from(!matches!(spend, Spend::Taken(_)));
+        claims += u64::from(claim.is_some());
+        pending = claim;
+        state = after;
+    }
+    assert_eq!((returned, waited), (0, 0));
+    // The held share is rounded up: a lease may leave one token to expire.
+    assert!(expired <= claims, "{expired} expired in {claims} leases");
+    assert!(claims <= 7, "about one lease a second: {claims}");
+}
+
+#[test]
+fn a_revived_pool_observes_its_rate_afresh() {
+    let p = pool();
+    // Spent 1000 over its first 10 s, then idle for a minute.
+    let state = PoolState { spent: 1_000, rate_since: T0 - SECOND.times(10), ..leased(100) };
+    let later = T0 + SECOND.times(60);
+    let (spend, claim, after) = p.spend(state, later, 1);
+    assert_eq!(spend, Spend::Empty);
+    assert_eq!((after.spent, after.rate_since), (0, later));
+    assert_eq!(claim.unwrap().rate, 1.0, "the waiting request itself, over a second; not 1000 over 70 s");
+}
+
+#[test]
+fn tokens_of_an_expired_lease_are_lost_not_returned() {
+    let p = pool();
+    let state = PoolState { held_lease: 7, held_tokens: 3, held_until: T0 + MS, ..leased(100) };
+    let later = T0 + SECOND; // the lease was valid for 1 s
+    assert_eq!(p.usable(&state, later), 0);
+    let (spend, claim, claimed) = p.spend(state, later, 1);
+    assert_eq!(spend, Spend::Empty);
+    let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
+    assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0); 2], expired: 103 }));
+    assert_eq!((after.held_lease, after.held_tokens), (0, 0));
+}
+
+#[test]
+fn a_grant_of_zero_denies_locally_until_the_reset_without_asking_again() {
+    let p = pool();
+    let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
+    let none = GrantedLease { reset: SECOND.times(2), ..grant(1, 0) };
+    let (_, state) = p.apply(claimed, T0 + MS, sent(claim.unwrap().started), &none);
+    let (spend, again, _) = p.spend(state, T0 + SECOND, 1);
+    let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
+    assert_eq!(decision.retry_after(), SECOND + MS);
+    assert_eq!(again, None, "no callout until the reset");
+    let (spend, again, _) = p.spend(state, T0 + MS + SECOND.times(2), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(again.is_some(), "at the reset it asks again");
+}
+
+#[test]
+fn a_failed_refresh_frees_the_claim_only_if_it_is_still_ours() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let claim = claim.unwrap();
+    let freed = p.abandon(state, &claim).unwrap();
+    assert_eq!(freed.refresh_until, Nanos::ZERO);
+    assert!(p.spend(freed, T0 + MS, 1).1.is_some(), "the next request claims again");
+    let other = Claim { started: T0 + MS, ..claim };
+    assert_eq!(p.abandon(state, &other), None, "another worker's claim is left alone");
+}
+
+#[test]
+fn undo_returns_tokens_only_to_the_lease_they_came_from() {
+    let p = pool();
+    let state = leased(10);
+    let (_, _, spent) = p.spend(state, T0 + MS, 3);
+    let undo = |s, at| p.release(s, T0 + MS, Grant { cost: 3, at }, Release::Undo);
+    assert_eq!(undo(spent, T0 + MS).unwrap().tokens, 10);
+    assert_eq!(undo(spent, T0 - MS), None, "taken from an older lease");
+    assert_eq!(p.release(spent, T0 + MS, Grant { cost: 3, at: T0 + MS }, Release::Done), None);
+}
+
+#[test]
+fn undo_with_held_tokens_goes_to_whichever_could_have_given_them_and_expires_first() {
+    let p = pool();
+    let held = PoolState { held_lease: 1, held_tokens: 0, held_until: T0 + MS.times(100), ..leased(10) };
+    let undo = |s, at, now| p.release(s, now, Grant { cost: 2, at }, Release::Undo);
+    // Taken while held tokens counted: maybe theirs, back to them.
+    let back = undo(held, T0 + MS, T0 + MS.times(2)).unwrap();
+    assert_eq!((back.held_tokens, back.tokens), (2, 10));
+    // Too late for the held lease: they may have been its, so they are dropped.
+    assert_eq!(undo(held, T0 + MS, T0 + MS.times(100)), None);
+    // Taken after the held tokens stopped counting: the current lease's.
+    let back = undo(held, T0 + MS.times(100), T0 + MS.times(101)).unwrap();
+    assert_eq!((back.held_tokens, back.tokens), (0, 12));
+}
+
+#[test]
+fn idle_means_nothing_to_lose_and_state_round_trips() {
+    let p = pool();
+    let state = leased(10);
+    assert!(!p.is_idle(state, T0));
+    assert!(p.is_idle(state, T0 + SECOND));
+    let mut bytes = [0u8; STATE_LEN];
+    p.encode(&state, &mut bytes);
+    assert_eq!(p.decode(&bytes), Some(state));
+    assert_eq!(p.decode(&bytes[..STATE_LEN - 1]), None);
+}
+
+/// An allowance of `per_window` tokens in 30 per-second windows from
+/// window `K` (the one counting at `T0`), granted by a call sent at `T0`
+/// and answered 2 ms later.
+fn allowance(per_window: u64) -> (LeasePool, PoolState) {
+    let p = pool();
+    let claimed = PoolState { spent: 3, rate_since: T0 - SECOND, refresh_until: T0 + MS, ..p.fresh(T0) };
+    let grant = GrantedLease { windows: 30, ..windowed_grant(1, per_window, K, T0) };
+    let grant = GrantedLease { valid: SECOND.times(30), ..grant };
+    let (applied, state) = p.apply(claimed, T0 + MS.times(2), (T0, T0), &grant);
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    (p, state)
+}
+
+#[test]
+fn an_allowance_refills_every_window_of_its_span_without_asking() {
+    let (p, mut state) = allowance(3);
+    for window in 0..30u64 {
+        let start = T0 + SECOND.times(window);
+        // Its tokens count from the window's latest possible start (2 ms
+        // of latency, 1 ms of rounding) to its end.
+        let from = if window == 0 { T0 + MS.times(2) } else { start + MS.times(3) };
+        if window > 0 {
+            let (spend, claim, _) = p.spend(state, from - Nanos::from_nanos(1), 1);
+            assert_eq!(spend, Spend::Empty, "window {window}: not before it surely started");
+            assert_eq!(claim, None, "a gap of a few ms waits for the window, it does not ask");
+        }
+        // Three a window, as its rate says (3 a second).
+        for i in 0..3 {
+            let (spend, claim, after) = p.spend(state, from + MS.times(50 + 350 * i), 1);
+            assert!(matches!(spend, Spend::Taken(_)), "window {window}, request {i}: {spend:?}");
+            if window < 15 {
+                assert_eq!(claim, None, "window {window}: nothing to ask for yet");
+            }
+            state = PoolState { refresh_until: Nanos::ZERO, ..after };
+        }
+        let (spend, _, _) = p.spend(state, from + MS.times(800), 1);
+        assert!(!matches!(spend, Spend::Taken(_)), "window {window}: 3 a window");
+    }
+    // After its last window: nothing.
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(30) + MS.times(5), 1);
+    assert!(!matches!(spend, Spend::Taken(_)));
+}
+
+#[test]
+fn between_two_windows_a_request_takes_a_token_of_each() {
+    let (p, state) = allowance(3);
+    // One spent in window 4; the moment after its earliest end, before
+    // window 5 surely started (3 ms: the call's 2 ms and the rounding).
+    let (_, _, state) = p.spend(state, T0 + SECOND.times(4) + MS.times(500), 1);
+    let between = T0 + SECOND.times(5) + MS;
+    let (spend, claim, after) = p.spend(state, between, 1);
+    assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+    assert_eq!(claim, None);
+    assert_eq!((after.held_tokens, after.tokens), (1, 2), "one of window 4's two left, one of window 5's three");
+    let (_, _, after) = p.spend(after, between, 1);
+    let (spend, _, _) = p.spend(after, between, 1);
+    assert_eq!(spend, Spend::Empty, "window 4 has none left for the moment");
+    // Once window 5 surely started: its own, what the moment left of it.
+    let (spend, _, after) = p.spend(after, T0 + SECOND.times(5) + MS.times(3), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!(after.tokens, 0);
+}
+
+#[test]
+fn an_allowance_is_renewed_from_its_last_half_by_a_call_in_its_last_window() {
+    let (p, state) = allowance(3);
+    let (_, early, _) = p.spend(state, T0 + SECOND.times(14), 1);
+    assert_eq!(early, None);
+    let now = T0 + SECOND.times(15) + MS.times(3);
+    let (spend, claim, after) = p.spend(state, now, 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    let claim = claim.unwrap();
+    assert_eq!(claim.window, Some(K + 30), "the window after its last");
+    let last_starts = T0 + SECOND.times(29) + MS.times(3);
+    assert_eq!(claim.not_before, last_starts, "its answer must come in the last window");
+    let half_left = (T0 + SECOND.times(30) - last_starts).halved();
+    assert_eq!(claim.send_by, last_starts + half_left, "within a round, half the window left");
+    assert_eq!(after.renewal_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
+    // A window that runs dry meanwhile still gets a lease of its own.
+    let (spend, top_up, _) = p.spend(after, now + MS, 3);
+    assert_eq!(spend, Spend::Empty);
+    assert_eq!(top_up.map(|c| c.window), Some(None), "a lease of this window beside the renewal");
+    // Answered in the last window with the next term's allowance, ahead:
+    // the last window's tokens are held until its end, then the new one counts.
+    let at = claim.send_by;
+    let state = after;
+    let ahead = GrantedLease {
+        windows: 30,
+        valid: T0 + SECOND.times(60) - at,
+        starts: T0 + SECOND.times(30) - at,
+        index: K + 30,
+        ..windowed_grant(2, 4, K + 30, at)
+    };
+    let (applied, renewed) = p.apply(state, at + MS.times(2), (claim.started, at), &ahead);
+    assert!(matches!(applied, Applied::Replaced(_)), "{applied:?}");
+    assert_eq!((renewed.lease, renewed.allowance, renewed.final_index), (2, 4, K + 59));
+    assert!(renewed.held_tokens > 0, "the last window's tokens are kept for its rest");
+    let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(30) + MS.times(5), 4);
+    assert!(matches!(spend, Spend::Taken(_)), "the next term's first window: {spend:?}");
+    let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(45) + MS.times(5), 4);
+    assert!(matches!(spend, Spend::Taken(_)), "and its later windows");
+}
+
+#[test]
+fn a_window_that_runs_dry_gets_a_lease_of_its_own_and_the_allowance_goes_on() {
+    let (p, state) = allowance(2);
+    let now = T0 + SECOND.times(3) + MS.times(100);
+    // Spent at once, with most of the window and its requests to come:
+    // more of this window is asked for before a request waits.
+    let (spend, claim, state) = p.spend(state, now, 2);
+    assert!(matches!(spend, Spend::Taken(_)));
+    let claim = claim.unwrap();
+    assert_eq!((claim.window, claim.not_before, claim.send_by), (None, now, now));
+    let (spend, again, _) = p.spend(state, now + MS, 1);
+    assert_eq!((spend, again), (Spend::Empty, None), "asked once");
+    let top_up = GrantedLease { valid: SECOND - MS.times(105), index: K + 3, ..windowed_grant(3, 5, K + 3, now) };
+    let top_up = GrantedLease { starts: Nanos::ZERO, ..top_up };
+    let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(3)), &top_up);
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    assert_eq!((state.lease, state.held_lease, state.held_tokens), (1, 3, 5), "held beside the allowance");
+    let (spend, _, state) = p.spend(state, now + MS.times(5), 5);
+    assert!(matches!(spend, Spend::Taken(_)));
+    // The next window: the allowance's 2 again, from its start as the
+    // allowance's own call placed it (the top-up's latency, 1 ms, is not
+    // the allowance's 2 ms); the top-up ended with its window.
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3) - Nanos::from_nanos(1), 1);
+    assert_eq!(spend, Spend::Empty, "not before the window surely started");
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(3), 2);
+    assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+}
+
+#[test]
+fn a_window_the_service_has_nothing_more_for_denies_here_until_it_ends() {
+    let (p, state) = allowance(2);
+    let now = T0 + SECOND.times(3) + MS.times(100);
+    let (_, claim, state) = p.spend(state, now, 2);
+    let claim = claim.unwrap();
+    let nothing =
+        GrantedLease { granted: 0, valid: SECOND - MS.times(105), reset: SECOND - MS.times(105), ..grant(3, 0) };
+    let (_, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(2)), &nothing);
+    let (spend, again, _) = p.spend(state, now + MS.times(5), 1);
+    assert!(matches!(spend, Spend::Denied(_)), "{spend:?}");
+    assert_eq!(again, None, "without asking again");
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(4) + MS.times(4), 1);
+    assert!(matches!(spend, Spend::Taken(_)), "the next window's allowance: {spend:?}");
+}
+
+#[test]
+fn an_allowance_given_back_returns_this_windows_tokens_and_spends_no_later_window() {
+    let (p, state) = allowance(3);
+    let now = T0 + SECOND.times(7) + MS.times(10);
+    let (_, _, state) = p.spend(state, now, 1);
+    let (unspent, emptied) = p.take_unspent(state, now);
+    assert_eq!(unspent, [(0, 0), (1, 2)]);
+    let (_, _, spent) = p.spend(state, now, 2);
+    assert_eq!(p.take_unspent(spent, now).0, [(0, 0), (1, 0)], "its later windows are freed all the same");
+    let (spend, _, _) = p.spend(emptied, T0 + SECOND.times(8) + MS.times(10), 1);
+    assert!(!matches!(spend, Spend::Taken(_)));
+    assert!(p.is_idle(emptied, now));
+    // Kept while any of its windows is to come.
+    assert_eq!(p.idle_at(state, now), T0 + SECOND.times(30));
+}
+
+#[test]
+fn a_renewal_answered_too_early_goes_back_and_the_allowance_goes_on() {
+    let (p, state) = allowance(3);
+    let at = T0 + SECOND.times(16);
+    let ahead =
+        GrantedLease { windows: 30, starts: SECOND.times(14), index: K + 30, ..windowed_grant(2, 4, K + 30, at) };
+    let (applied, after) = p.apply(state, at, (at, at), &ahead);
+    assert_eq!(applied, Applied::Stale);
+    assert_eq!((after.lease, after.allowance), (1, 3));
+}
+
+/// A pool of a rule that may admit 2 units a second without a lease.
+fn overshooting() -> LeasePool {
+    LeasePool { overshoot: Some(Overshoot { limit: 2, period: SECOND }), ..pool() }
+}
+
+#[test]
+fn a_cold_pool_with_a_budget_admits_at_once_and_reports_with_its_claim() {
+    let p = overshooting();
+    let (spend, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    assert!(matches!(spend, Spend::Unleased(_)), "{spend:?}");
+    let claim = claim.expect("the pool still asks for a lease");
+    assert_eq!(claim.reported, 1, "what it admitted goes with the claim");
+    assert_eq!(claim.send_by, T0 + MAX_BATCH_DELAY, "nobody waits for it: it may share a call");
+    // A second request before the answer: from the budget, no second claim.
+    let (spend, again, state) = p.spend(state, T0 + MS, 1);
+    assert!(matches!(spend, Spend::Unleased(_)));
+    assert_eq!(again, None);
+    // The budget is spent: the third waits, as under strict.
+    let (spend, _, state) = p.spend(state, T0 + MS.times(2), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert_eq!(state.without_lease.unreported, 1, "reported with the next claim");
+    // A strict pool never admits without a lease.
+    assert_eq!(pool().spend(pool().fresh(T0), T0, 1).0, Spend::Empty);
+}
+
+/// A pool whose pace the budget covers only reports: a lease of a pair
+/// that sees its key so seldom would expire unspent, taken from the
+/// limit all the same. Its answer grants nothing and denies nothing.
+#[test]
+fn a_pool_its_budget_covers_only_reports_and_its_answer_denies_nothing() {
+    let p = overshooting();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let claim = claim.unwrap();
+    assert_eq!((claim.wanted, claim.reported, claim.per_window, claim.wants_notices), (0, 1, false, true));
+    let answer = GrantedLease { granted: 0, report_only: true, ..grant(1, 0) };
+    let (applied, state) = p.apply(state, T0 + MS, sent(T0), &answer);
+    assert_eq!(applied, Applied::Reported);
+    assert_eq!((state.lease, state.denied_until, state.refresh_until), (0, Nanos::ZERO, Nanos::ZERO));
+    let (spend, _, _) = p.spend(state, T0 + MS.times(2), 1);
+    assert!(matches!(spend, Spend::Unleased(_)), "the budget's second unit: {spend:?}");
+    // A pool busier than its budget leases as usual.
+    let busy = PoolState { spent: 50, rate_since: T0 - SECOND, ..p.fresh(T0) };
+    let (spend, claim, _) = p.spend(busy, T0, 1);
+    assert!(matches!(spend, Spend::Unleased(_)));
+    assert!(claim.unwrap().wanted > 1);
+}
+
+#[test]
+fn a_pool_that_holds_a_lease_spends_only_its_tokens() {
+    let p = overshooting();
+    let state = PoolState { without_lease: Unleased::default(), ..leased(1) };
+    let (spend, _, state) = p.spend(state, T0 + MS, 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    // Its tokens spent, its lease still counting: strict, it waits.
+    let (spend, _, _) = p.spend(state, T0 + MS.times(2), 1);
+    assert_eq!(spend, Spend::Empty);
+    // Once the lease is over, the budget admits again.
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(11), 1);
+    assert!(matches!(spend, Spend::Unleased(_)), "{spend:?}");
+}
+
+#[test]
+fn a_key_near_its_limit_holds_the_pool_strict_past_its_lease() {
+    let p = overshooting();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let claim = claim.unwrap();
+    let near = GrantedLease { near_limit: true, valid: SECOND, window: SECOND, reset: MS.times(400), ..grant(1, 1) };
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.started), &near);
+    assert_eq!(state.without_lease.strict_until, T0 + MS + MS.times(400) + SECOND);
+    let after_lease = T0 + SECOND + MS.times(100);
+    let (spend, _, _) = p.spend(state, after_lease, 1);
+    assert_eq!(spend, Spend::Empty, "strict until the window after the answer's ends");
+    let (spend, _, _) = p.spend(state, T0 + SECOND.times(2), 1);
+    assert!(matches!(spend, Spend::Unleased(_)));
+}
+
+#[test]
+fn a_report_whose_call_failed_goes_with_the_next_claim() {
+    let p = overshooting();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let claim = claim.unwrap();
+    let state = p.abandon(state, &claim).unwrap();
+    assert_eq!(state.without_lease.unreported, 1);
+    let (_, next, _) = p.spend(state, T0 + MS, 1);
+    assert_eq!(next.map(|c| c.reported), Some(2), "the first and this one");
+}
+
+#[test]
+fn a_pool_whose_budget_is_in_use_is_not_idle() {
+    let p = overshooting();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let state = p.abandon(state, &claim.unwrap()).unwrap();
+    let state = PoolState { without_lease: Unleased { unreported: 0, ..state.without_lease }, ..state };
+    assert!(!p.is_idle(state, T0 + MS), "forgotten, its period's budget would start afresh");
+    assert_eq!(p.idle_at(state, T0 + MS), T0 + SECOND);
+    assert!(p.is_idle(state, T0 + SECOND));
+    let bytes = {
+        let mut out = vec![0; STATE_LEN];
+        p.encode(&state, &mut out);
+        out
+    };
+    assert_eq!(p.decode(&bytes), Some(state), "the budget's use is stored with the pool");
+}
