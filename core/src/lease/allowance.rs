@@ -35,6 +35,7 @@
 //! bounded by [`bucket_reservable`], which keeps the fleet within the bound
 //! of the bucket's leases.
 
+use super::refresh::RATE_FLOOR;
 use crate::algorithm::Policy;
 use crate::hash::SipHasher;
 use crate::time::{Nanos, SECOND};
@@ -63,6 +64,45 @@ pub const ALLOWANCE_SHARE_DIVISOR: u64 = 4;
 /// window within [`RESERVED_SHARE`] of it.
 pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
     units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
+}
+
+/// The part of a window, as a divisor of its length, that must have passed
+/// before an allowance may start in it ([`paced_use`] judges the key by
+/// it): a window's first moments say nothing of its key's demand, and an
+/// allowance holds its units in every window of a term. A window of a
+/// large limit says enough sooner: see [`PACE_SEEN_UNITS`].
+pub const PACE_SEEN_DIVISOR: u64 = 4;
+
+/// Or the time in which a pace of the whole limit counts this many units
+/// (whose low end, `(√16 − 1)² = 9`, is well above nothing).
+pub const PACE_SEEN_UNITS: u64 = 16;
+
+/// Whether `elapsed` of a fixed window of `limit` per `period` tells its
+/// key's pace well enough to judge an allowance by it (see
+/// [`PACE_SEEN_DIVISOR`], [`PACE_SEEN_UNITS`]).
+pub fn pace_seen(elapsed: Nanos, limit: u64, period: Nanos) -> bool {
+    let quarter = u128::from(elapsed.get()) * u128::from(PACE_SEEN_DIVISOR) >= u128::from(period.get());
+    let units = u128::from(elapsed.get()) * u128::from(limit) >= u128::from(PACE_SEEN_UNITS) * u128::from(period.get());
+    quarter || units
+}
+
+/// What a fixed window of length `period` will have used by its end at the
+/// pace seen over its first `elapsed`: the `reserved` units it was counted
+/// at its start (the allowances' reservations, spent by their holders over
+/// it) and the rest of its count, `used - reserved` (leases of one window,
+/// checks, allowances granted in it: every one a sign of demand),
+/// projected to the whole window. The rest is taken at the low end of what
+/// steady random arrivals would give (`(√n − 1)²` for a count of `n`), so
+/// a few requests early in a window are not a flood. A key whose
+/// fleet-wide demand is near or over its limit paces near or over it long
+/// before its count is, so it gets no allowance that would strand
+/// reservations.
+pub fn paced_use(used: u64, reserved: u64, elapsed: Nanos, period: Nanos) -> u64 {
+    let rest = used.saturating_sub(reserved);
+    let low = ((rest as f64).sqrt() - 1.0).max(0.0).powi(2);
+    // `as` saturates: an absurd pace is just "a lot".
+    let projected = (low * period.get() as f64 / elapsed.get().max(1) as f64) as u64;
+    reserved.min(used).saturating_add(projected).max(used)
 }
 
 /// [`RESERVED_SHARE`] of `limit`: the most a fixed window's allowances
@@ -166,6 +206,10 @@ pub struct Reservations {
     /// The last window whose count includes its reservation (or that an
     /// allowance was counted in directly, when granted in it).
     pub settled: u64,
+    /// What window `settled` was counted at its start: the reservations it
+    /// began with (not what allowances granted in it since counted; see
+    /// [`paced_use`]).
+    pub at_start: u64,
 }
 
 impl Reservations {
@@ -207,8 +251,10 @@ impl Reservations {
         // Reservations cover this term and the next: slots before the last
         // two terms hold none.
         let first = self.settled.saturating_add(1).max(slot.index.saturating_sub(terms.windows().saturating_mul(2)));
+        let mut at_start = if first > slot.index { self.at_start } else { 0 };
         for index in first..=slot.index {
             let units = self.reserved(terms, index);
+            at_start = units;
             if units > 0 {
                 // Even over a limit a reload has lowered since: these units
                 // were granted, and spent or to be spent in their slot.
@@ -218,7 +264,18 @@ impl Reservations {
         }
         let mut after = self.rolled(terms.of(slot.index));
         after.settled = after.settled.max(slot.index);
+        after.at_start = at_start;
         after
+    }
+
+    /// What window `window` was counted at its start (see
+    /// [`Reservations::at_start`]).
+    pub fn counted_at_start(&self, window: u64) -> u64 {
+        if self.settled == window {
+            self.at_start
+        } else {
+            0
+        }
     }
 
     /// The most units per window a new allowance over windows `first` to
@@ -289,9 +346,26 @@ impl Reservations {
 /// random arrivals a window needs more one time in a few hundred or fewer,
 /// and then asks for a lease of that window), at least 1 and at most
 /// `capacity`.
+///
+/// A rate is observed over about [`RATE_FLOOR`]: over a window longer than
+/// that, `λ` is an extrapolation of a few requests, and the pools that ask
+/// are the ones that just saw a few close together (a per-minute key's
+/// pool that saw two requests in its first second would reserve 143 units
+/// a minute for a demand of 20). So the mean leans, for the part of the
+/// window beyond what was observed, on the low end of what the count seen
+/// could come from (`(√n − 1)²` for `n` requests): an allowance too small
+/// asks again (its holder takes leases of one window), one too large
+/// strands its units in every window of its term.
 pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
+    let window_secs = window.get() as f64 / SECOND.get() as f64;
     let mean = match rate {
-        Some(rate) if rate.is_finite() && rate > 0.0 => rate * window.get() as f64 / SECOND.get() as f64,
+        Some(rate) if rate.is_finite() && rate > 0.0 => {
+            let observed = (RATE_FLOOR.get() as f64 / SECOND.get() as f64).min(window_secs);
+            let seen = rate * observed;
+            let low = (seen.sqrt() - 1.0).max(0.0).powi(2) / observed;
+            let share = if window_secs > 0.0 { observed / window_secs } else { 1.0 };
+            (share * rate + (1.0 - share) * low) * window_secs
+        }
         _ => 0.0,
     };
     // `as` saturates, so an absurd rate is just "a lot".
@@ -386,7 +460,7 @@ mod tests {
         held.release(&terms, term_end, term_end + 30, 2);
         assert!(held.is_empty());
         // An allowance that ended frees nothing.
-        let mut held = Reservations { term: terms.of(index), current: 5, next: 0, settled: index };
+        let mut held = Reservations { term: terms.of(index), current: 5, next: 0, settled: index, at_start: 5 };
         held.release(&terms, index, index, 5);
         assert_eq!(held.current, 5);
     }
@@ -401,6 +475,17 @@ mod tests {
     }
 
     #[test]
+    fn a_windows_pace_is_seen_after_a_quarter_of_it_or_sixteen_units_of_its_limit() {
+        let minute = SECOND.times(60);
+        assert!(!pace_seen(SECOND.times(14), 40, minute));
+        assert!(pace_seen(SECOND.times(15), 40, minute), "a quarter");
+        assert!(!pace_seen(Nanos::from_millis(1_500), 600, minute));
+        assert!(pace_seen(Nanos::from_millis(1_600), 600, minute), "16 of 600 a minute");
+        assert!(pace_seen(Nanos::from_nanos(1_000), 1_000_000_000, minute));
+        assert!(!pace_seen(Nanos::ZERO, u64::MAX, minute));
+    }
+
+    #[test]
     fn the_target_covers_the_ups_and_downs_of_a_thin_key() {
         assert_eq!(allowance_target(Some(1.0), SECOND, 100), 4);
         assert_eq!(allowance_target(Some(0.3), SECOND, 100), 3);
@@ -408,6 +493,12 @@ mod tests {
         assert_eq!(allowance_target(None, SECOND, 100), 1);
         assert_eq!(allowance_target(Some(f64::INFINITY), SECOND, 100), 1);
         assert_eq!(allowance_target(Some(1e30), SECOND, 100), 100);
+        // A minute's mean from a second's observation: two requests seen
+        // are about 12 a minute at their low end, not 120.
+        let minute = SECOND.times(60);
+        assert_eq!(allowance_target(Some(2.0), minute, 1_000), 21);
+        // A steady 100 a second is a steady 100 a second.
+        assert!(allowance_target(Some(100.0), minute, 100_000) >= 4_900);
     }
 
     #[test]
@@ -415,7 +506,7 @@ mod tests {
         let sliding = policy("sliding_window", 10, r#"{"period": "1s"}"#);
         let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
         let mut state = fresh(sliding.as_ref(), T0);
-        let held = Reservations { term: 1, current: 3, next: 3, settled: 0 };
+        let held = Reservations { term: 1, current: 3, next: 3, settled: 0, at_start: 0 };
         assert!(held.settle(sliding.as_ref(), &terms, &mut state, T0).is_empty());
     }
 }

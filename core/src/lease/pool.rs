@@ -233,7 +233,8 @@ pub struct Leftover {
     /// (`lease` 0: nothing; `tokens` 0 only for an allowance, whose later
     /// windows the return frees).
     pub returns: [(u64, u64); 2],
-    /// Tokens of leases that had expired: lost, not returnable.
+    /// Tokens of leases that had expired and whose window had ended too:
+    /// lost, not returnable.
     pub expired: u64,
 }
 
@@ -357,6 +358,17 @@ impl LeasePool {
         } else {
             0
         }
+    }
+
+    /// Whether the pool's requests come often enough that a lease lifetime
+    /// sees at least one even at the low end of what its count seen so far
+    /// could come from (`(√n − 1)²` for `n` requests, over at least
+    /// [`RATE_FLOOR`]): not one request a second or so, whose observed
+    /// rate is mostly chance.
+    fn busy(&self, state: &PoolState, now: Nanos) -> bool {
+        let span = (now - state.rate_since).max(self.refresh.horizon.min(RATE_FLOOR)).max(Nanos::from_nanos(1));
+        let low = ((state.spent as f64).sqrt() - 1.0).max(0.0).powi(2);
+        low * self.refresh.horizon.get() as f64 >= span.get() as f64
     }
 
     /// Whether the current lease is one ahead, waiting for its window to start.
@@ -546,7 +558,11 @@ impl LeasePool {
         // A lease that ends with its window, and whose tokens last until
         // then (or that got nothing in it): what is needed next is the next
         // window's.
-        let lasts = usable as f64 >= per_second(state.expires_at - now) || denied;
+        // Denied (the key's window is spent), only a pool sure to spend
+        // it soon asks for the next window's tokens ahead: a thin pair's
+        // lease ahead would hold tokens of that window, which the key's
+        // demand elsewhere needs, likely past its lifetime unspent.
+        let lasts = usable as f64 >= per_second(state.expires_at - now) || (denied && self.busy(state, now));
         let ahead = state.window_index != 0
             && state.lease != 0
             && now < state.expires_at
@@ -732,7 +748,11 @@ impl LeasePool {
             if windows_left {
                 leftover.returns[1] = (state.lease, state.tokens - kept);
             } else {
-                hand_back(1, state.lease, state.tokens - kept, until);
+                // Expired, its tokens still count in their window until it
+                // ends: given back then too, the window has them again (a
+                // per-minute window's leases of a second would otherwise
+                // take from it whatever they did not spend).
+                hand_back(1, state.lease, state.tokens - kept, until.max(state.reset_at));
             }
             if kept > 0 {
                 held = (state.lease, kept, until);

@@ -193,6 +193,24 @@ fn a_pool_denied_for_the_rest_of_its_window_asks_ahead_and_is_served_at_the_boun
 }
 
 #[test]
+fn a_thin_pool_denied_for_the_rest_of_its_window_does_not_ask_ahead() {
+    let p = pool();
+    // Its one request, the one that asked: a second's rate of 1, mostly chance.
+    let at = T0 + MS.times(300);
+    let (_, claim, claimed) = p.spend(p.fresh(at), at, 1);
+    let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
+    // Where a busy pool asks for the next window's tokens (see above), it
+    // does not: a lease ahead would hold them, likely past its lifetime
+    // unspent, from the key's demand elsewhere. Its next request in the
+    // next window asks then.
+    let near = T0 + MS.times(700);
+    let (spend, claim, _) = p.spend(state, near, 1);
+    assert!(matches!(spend, Spend::Denied(_)));
+    assert_eq!(claim, None);
+    assert_eq!(p.spend(state, T0 + SECOND + MS, 1).1.map(|c| c.window), Some(None), "asked in the next window");
+}
+
+#[test]
 fn held_tokens_that_run_dry_well_before_the_next_window_are_bridged_with_this_windows() {
     let p = pool();
     let (claim, claimed) = until_claimed();
@@ -393,16 +411,24 @@ fn a_revived_pool_observes_its_rate_afresh() {
 }
 
 #[test]
-fn tokens_of_an_expired_lease_are_lost_not_returned() {
+fn an_expired_leases_tokens_go_back_while_its_window_counts_and_are_lost_after() {
     let p = pool();
+    // A lease of 1 s in a window that ends 30 s after it was granted.
     let state = PoolState { held_lease: 7, held_tokens: 3, held_until: T0 + MS, ..leased(100) };
-    let later = T0 + SECOND; // the lease was valid for 1 s
-    assert_eq!(p.usable(&state, later), 0);
-    let (spend, claim, claimed) = p.spend(state, later, 1);
-    assert_eq!(spend, Spend::Empty);
-    let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
-    assert_eq!(applied, Applied::Replaced(Leftover { returns: [(0, 0); 2], expired: 103 }));
-    assert_eq!((after.held_lease, after.held_tokens), (0, 0));
+    for (later, returns, expired) in [
+        // Expired, its window still counting: the service takes its 100
+        // off the window (the held 3 expired with their own lease).
+        (T0 + SECOND, [(0, 0), (1, 100)], 3),
+        // Its window over: nothing left to give them back to.
+        (T0 + SECOND.times(31), [(0, 0); 2], 103),
+    ] {
+        assert_eq!(p.usable(&state, later), 0);
+        let (spend, claim, claimed) = p.spend(state, later, 1);
+        assert_eq!(spend, Spend::Empty);
+        let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
+        assert_eq!(applied, Applied::Replaced(Leftover { returns, expired }), "at {later:?}");
+        assert_eq!((after.held_lease, after.held_tokens), (0, 0));
+    }
 }
 
 #[test]

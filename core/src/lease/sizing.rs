@@ -74,6 +74,19 @@ pub fn grant_cap(remaining: u64, capacity: u64, horizon: Nanos, ttl: Nanos, pace
     half.min(paced)
 }
 
+/// How long after `now` [`grant_cap`] gives a lease at least one token
+/// again, when it gives none now although `remaining` tokens are left: the
+/// pace schedule, `paced_until`, must come within a lease lifetime `ttl`
+/// of the time by one token's share of the `horizon` (and at the latest
+/// when it has caught up with time). A caller refused by the pace is told
+/// to come back then, not at the end of the window: the tail is still to
+/// be handed out.
+pub fn paced_retry(remaining: u64, horizon: Nanos, ttl: Nanos, paced_until: Nanos, now: Nanos) -> Nanos {
+    let one_token = Nanos::from_nanos(horizon.get() / remaining.max(1));
+    let next = (paced_until - ttl + one_token).min(paced_until);
+    next - now
+}
+
 /// The most a lease ahead may take of the next window, before it starts,
 /// when `remaining` of `capacity` are left there: never more than half, as
 /// any lease, and nothing below the low-water mark: a window's tail is
@@ -190,6 +203,38 @@ mod tests {
         assert_eq!(cap(1, 1_000, 30 * S, S, T + 1, T), 0);
         // With 1 s to go, pacing allows all of it, halving still applies.
         assert_eq!(cap(90, 1_000, S, S, 0, T), 45);
+    }
+
+    #[test]
+    fn a_caller_refused_by_the_pace_learns_when_it_gives_again() {
+        // 87 left over 29 s, the schedule 1 s ahead of now: nothing now.
+        let (paced, now) = (T + S, T);
+        assert_eq!(cap(87, 1_000, 29 * S, S, paced, now), 0);
+        let retry = paced_retry(
+            87,
+            Nanos::from_nanos(29 * S),
+            Nanos::from_nanos(S),
+            Nanos::from_nanos(paced),
+            Nanos::from_nanos(now),
+        );
+        let at = now + retry.get();
+        assert!(retry < Nanos::from_nanos(S), "{retry:?}");
+        // Then (the horizon shrunk by the wait) the pace gives one; a twentieth
+        // of the wait earlier, not yet (the horizon's shrinking brings the
+        // token a little sooner than the retry says: never later).
+        assert_eq!(cap(87, 1_000, 29 * S - retry.get(), S, paced, at), 1);
+        let early = retry.get() / 20;
+        assert_eq!(cap(87, 1_000, 29 * S - retry.get() + early, S, paced, at - early), 0);
+        // A schedule far ahead: at the latest once it has caught up with time.
+        let far = T + 10 * S;
+        let retry = paced_retry(
+            1,
+            Nanos::from_nanos(60 * S),
+            Nanos::from_nanos(S),
+            Nanos::from_nanos(far),
+            Nanos::from_nanos(T),
+        );
+        assert_eq!(retry, Nanos::from_nanos(10 * S));
     }
 
     #[test]

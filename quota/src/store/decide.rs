@@ -7,11 +7,12 @@
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
 use floodgate_core::lease::allowance::{
-    allowance_target, bucket_far_below, bucket_reservable, far_below, share_of, Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of, Reservations,
+    Terms, DEFAULT_TERM,
 };
 use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::overshoot::near_limit;
-use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
+use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_retry, paced_until};
 use floodgate_core::time::Nanos;
 
 use crate::config::Limit;
@@ -54,7 +55,10 @@ struct Stored {
 
 /// Bytes of a booking, and of the allowances' terms and reservations, after the pace.
 const BOOKING_LEN: usize = 16;
-const ALLOWANCES_LEN: usize = 48;
+const ALLOWANCES_LEN: usize = 56;
+/// The allowances' bytes as written before they kept what their window was
+/// counted at its start (read as all of its reservations).
+const ALLOWANCES_LEN_BEFORE_PACE: usize = 48;
 
 fn word(bytes: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
@@ -72,26 +76,29 @@ impl Stored {
         let found = stored.and_then(|bytes| {
             let (&first, rest) = bytes.split_first()?;
             let extra = rest.len().checked_sub(len + 8)?;
-            let (has_booking, has_allowances) = match extra {
-                0 => (false, false),
-                BOOKING_LEN => (true, false),
-                ALLOWANCES_LEN => (false, true),
-                _ if extra == BOOKING_LEN + ALLOWANCES_LEN => (true, true),
-                _ => return None,
+            let (has_booking, allowances_len) = match extra {
+                0 => (false, 0),
+                BOOKING_LEN => (true, 0),
+                ALLOWANCES_LEN | ALLOWANCES_LEN_BEFORE_PACE => (false, extra),
+                _ => match extra.checked_sub(BOOKING_LEN) {
+                    Some(n @ (ALLOWANCES_LEN | ALLOWANCES_LEN_BEFORE_PACE)) => (true, n),
+                    _ => return None,
+                },
             };
             let booking = match has_booking {
                 true => Some(Booking { starts: Nanos::from_nanos(word(rest, len + 8)?), units: word(rest, len + 16)? }),
                 false => None,
             };
-            let allowances = match has_allowances {
-                true => {
+            let allowances = match allowances_len {
+                0 => None,
+                _ => {
                     let at = len + 8 + if has_booking { BOOKING_LEN } else { 0 };
                     let terms = Terms::from_parts(word(rest, at)?, word(rest, at + 8)?);
                     let (term, current) = (word(rest, at + 16)?, word(rest, at + 24)?);
                     let (next, settled) = (word(rest, at + 32)?, word(rest, at + 40)?);
-                    Some((terms, Reservations { term, current, next, settled }))
+                    let at_start = if allowances_len == ALLOWANCES_LEN { word(rest, at + 48)? } else { current };
+                    Some((terms, Reservations { term, current, next, settled, at_start }))
                 }
-                false => None,
             };
             let paced_until = Nanos::from_nanos(word(rest, len)?);
             readable(first).then(|| Stored { state: rest[..len].to_vec(), paced_until, booking, allowances })
@@ -153,7 +160,9 @@ impl Stored {
             bytes.extend_from_slice(&booking.units.to_le_bytes());
         }
         if let Some((terms, held)) = self.allowances.filter(|(_, held)| !held.is_empty()) {
-            for word in [terms.windows(), terms.phase(), held.term, held.current, held.next, held.settled] {
+            for word in
+                [terms.windows(), terms.phase(), held.term, held.current, held.next, held.settled, held.at_start]
+            {
                 bytes.extend_from_slice(&word.to_le_bytes());
             }
             // Reserved units count until the last window they are reserved in ends.
@@ -338,7 +347,11 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
     let target = lease_target(wanted, rate, valid, capacity);
     let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
     let granted = target.min(cap);
-    let d = bucket.decide(limit, now, granted);
+    let mut d = bucket.decide(limit, now, granted);
+    if granted == 0 && target > 0 && remaining > 0 && d.allowed() {
+        // Refused by the pace, not by the limit: back when it gives again.
+        d.reset = d.reset.min(paced_retry(remaining, horizon, ttl, bucket.paced_until, now));
+    }
     // A denied grant (an algorithm that admits fewer than `remaining` at
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
@@ -382,15 +395,26 @@ fn lease_allowance(
         last = first + 1;
     }
     let units = allowance_target(rate, period, policy.capacity());
-    let used = policy.capacity().saturating_sub(bucket.decide_copy(limit, now).remaining);
-    let used = if ahead { used } else { used.saturating_add(units) };
+    let counted_now = policy.capacity().saturating_sub(bucket.decide_copy(limit, now).remaining);
+    let own = if ahead { 0 } else { units };
     let (far, reservable) = if counted.renews {
-        (far_below(units, used, limit.limit()), share_of(limit.limit()))
+        // Judged by the pace of the window that counts now, not its count
+        // alone (see `paced_use`).
+        let elapsed = now - (counted.end - period);
+        let at_start = held.counted_at_start(counted.index);
+        let paced = paced_use(counted_now, at_start, elapsed, period);
+        // Early in a window its pace says little: enough only for a key
+        // whose allowances it began with, and whose windows have not come
+        // near their limit of late (the pace is kept only in a window's
+        // last tenth: `paced_until`).
+        let quiet = at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
+        let seen = quiet || pace_seen(elapsed, limit.limit(), period);
+        (seen && far_below(units, paced.saturating_add(own), limit.limit()), share_of(limit.limit()))
     } else {
         // A token bucket: see `bucket_reservable`.
         let earned = u128::from(limit.limit()) * u128::from(ttl.min(period).get()) / u128::from(period.get().max(1));
         let reservable = bucket_reservable(policy.capacity(), u64::try_from(earned).unwrap_or(u64::MAX));
-        (bucket_far_below(units, used, policy.capacity(), reservable), reservable)
+        (bucket_far_below(units, counted_now.saturating_add(own), policy.capacity(), reservable), reservable)
     };
     if !far || units > held.room(&terms, first, last, reservable) {
         return None;

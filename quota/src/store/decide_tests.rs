@@ -11,6 +11,10 @@ fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) ->
     LeaseAsk { wanted, rate, window, per_window, reported: 0 }
 }
 
+fn ms(n: u64) -> Nanos {
+    Nanos::from_millis(n)
+}
+
 fn limit(algorithm: &str, limit: u64, period: Nanos, fields: &str) -> Limit {
     Limit::new(algorithm, limit, period, fields).unwrap()
 }
@@ -143,13 +147,17 @@ fn reported_units_count_first_and_the_answer_says_when_the_key_is_near() {
 fn an_allowance_covers_its_windows_to_its_terms_end_and_renews_ahead() {
     let window = limit("fixed_window", 100, SECOND, "{}");
     let key = "fg:{edge}:fw:[[\"user\",\"alice\"]]";
-    let leased = lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND);
+    // Nothing is known of the key at its window's start: no allowance yet.
+    assert_eq!(lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND).windows, 0);
+    // A quarter of the window on, at its pace, one.
+    let now = NOW + ms(250);
+    let leased = lease(&window, key, None, now, ask(10, Some(2.0), None, true), SECOND);
     let index = NOW.get() / SECOND.get();
     assert_eq!(leased.window, index);
     assert!(leased.windows >= 15 && leased.windows <= 45, "{} windows", leased.windows);
     assert_eq!(leased.granted, 6, "2 a second and room for their ups and downs");
-    assert_eq!(leased.starts_at, NOW);
-    assert_eq!(leased.valid, SECOND.times(leased.windows));
+    assert_eq!(leased.starts_at, now);
+    assert_eq!(leased.valid, SECOND.times(leased.windows) - ms(250));
     let last = index + leased.windows - 1;
     // Every window of it starts with the allowance counted; the one after it does not.
     for w in [index + 1, last] {
@@ -175,8 +183,9 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     let key = "k";
     let mut stored: Option<Vec<u8>> = None;
     let mut allowances = 0;
+    let late = NOW + ms(900);
     for _ in 0..10 {
-        let leased = lease(&window, key, stored.as_deref(), NOW, ask(10, Some(1.0), None, true), SECOND);
+        let leased = lease(&window, key, stored.as_deref(), late, ask(10, Some(1.0), None, true), SECOND);
         if leased.windows > 0 {
             allowances += 1;
         } else {
@@ -185,12 +194,23 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
         stored = Some(leased.next.bytes);
     }
     assert_eq!(allowances, 7, "4 each, and 3/4 of 40 is 30");
+    // The same asks early in the window: each allowance granted in it is
+    // demand, and at that pace the window heads for its limit sooner.
+    let early = NOW + ms(300);
+    let mut stored: Option<Vec<u8>> = None;
+    let mut allowances = 0;
+    for _ in 0..10 {
+        let leased = lease(&window, key, stored.as_deref(), early, ask(10, Some(1.0), None, true), SECOND);
+        allowances += usize::from(leased.windows > 0);
+        stored = Some(leased.next.bytes);
+    }
+    assert_eq!(allowances, 4, "16 in 0.3 s paces 30 a second at the least");
     // A holder's share stays small: 5 a second wants 11 a window, more
     // than a quarter of 40.
     assert_eq!(lease(&window, "other", None, NOW, ask(10, Some(5.0), None, true), SECOND).windows, 0);
     // A window already near its limit takes no new allowance.
-    let (_, busy) = check(&window, None, NOW, 27);
-    assert_eq!(lease(&window, "k", Some(&busy.bytes), NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+    let (_, busy) = check(&window, None, late, 27);
+    assert_eq!(lease(&window, "k", Some(&busy.bytes), late, ask(10, Some(1.0), None, true), SECOND).windows, 0);
     let sliding = limit("sliding_window", 100, SECOND, "{}");
     assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
     // Token and leaky buckets hold allowances of one-second slots,
@@ -202,6 +222,70 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
         assert!(leased.windows > 1, "{algorithm}: {leased:?}");
         let far = ask(10, Some(20.0), None, true);
         assert_eq!(lease(&bucket, key, None, NOW, far, SECOND).windows, 0, "{algorithm}: 30 > 25");
+    }
+}
+
+/// A lease the pace refuses (the window's last tenth is handed out evenly
+/// over its time) is told when the pace gives again, not the window's end:
+/// the caller, denied until then, asks again in time for the tail.
+#[test]
+fn a_lease_refused_by_the_pace_is_told_when_it_gives_again() {
+    let window = limit("fixed_window", 1_000, SECOND.times(60), "{}");
+    let now = NOW + SECOND.times(10);
+    let (_, drained) = check(&window, None, now, 950);
+    let first = lease(&window, "k", Some(&drained.bytes), now, ask(10, Some(5.0), None, false), SECOND);
+    assert!(first.granted > 0);
+    let refused = lease(&window, "k", Some(&first.next.bytes), now, ask(10, Some(5.0), None, false), SECOND);
+    assert_eq!(refused.granted, 0);
+    assert!(refused.decision.remaining > 0);
+    assert!(refused.decision.reset <= SECOND, "within a lease lifetime, not in 50 s: {:?}", refused.decision.reset);
+    let again = now + refused.decision.reset;
+    assert!(lease(&window, "k", Some(&refused.next.bytes), again, ask(10, Some(5.0), None, false), SECOND).granted > 0);
+}
+
+/// Early in a window (its first quarter) an allowance goes only to a key
+/// that began the window with allowances and whose windows have not come
+/// near their limit of late; later in it, by its pace.
+#[test]
+fn early_in_a_window_only_a_key_known_quiet_gets_an_allowance() {
+    let window = limit("fixed_window", 100, SECOND, "{}");
+    let key = "k";
+    let first = lease(&window, key, None, NOW + ms(500), ask(10, Some(2.0), None, true), SECOND);
+    assert!(first.windows > 1);
+    // The next window began with that allowance's units: quiet.
+    let early = NOW + SECOND + ms(10);
+    let second = lease(&window, key, Some(&first.next.bytes), early, ask(10, Some(2.0), None, true), SECOND);
+    assert!(second.windows > 1, "{second:?}");
+    // A window driven into its last tenth (its tail paced) ...
+    let mut stored = second.next.bytes.clone();
+    let busy = NOW + SECOND + ms(600);
+    for _ in 0..40 {
+        stored = lease(&window, key, Some(&stored), busy, ask(100, Some(1_000.0), None, false), SECOND).next.bytes;
+    }
+    assert!(peek(&window, Some(&stored), busy).remaining * 10 < 100, "in its tail");
+    // ... and the next one, early: not quiet, whatever it began with.
+    let after = NOW + SECOND.times(2) + ms(10);
+    let third = lease(&window, key, Some(&stored), after, ask(10, Some(2.0), None, true), SECOND);
+    assert_eq!(third.windows, 0, "{third:?}");
+    // A quarter of the way in, its pace decides: calm, one.
+    let later = NOW + SECOND.times(2) + ms(300);
+    assert!(lease(&window, key, Some(&third.next.bytes), later, ask(10, Some(2.0), None, true), SECOND).windows > 1);
+}
+
+/// A bucket whose allowances were written before they kept what their
+/// window was counted at its start (48 bytes, not 56) is read, not taken
+/// for a fresh one: that count is taken to be all of its reservations.
+#[test]
+fn allowances_written_before_the_pace_are_still_read() {
+    let window = limit("fixed_window", 100, SECOND, "{}");
+    let now = NOW + ms(500);
+    let leased = lease(&window, "k", None, now, ask(10, Some(2.0), None, true), SECOND);
+    assert!(leased.windows > 1);
+    let mut old = leased.next.bytes.clone();
+    old.truncate(old.len() - 8);
+    for at in [now, NOW + SECOND.times(2)] {
+        assert_eq!(peek(&window, Some(&old), at), peek(&window, Some(&leased.next.bytes), at), "at {at:?}");
+        assert_eq!(peek(&window, Some(&old), at).remaining, 94);
     }
 }
 
@@ -281,8 +365,9 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
 fn a_returned_allowance_gives_back_this_windows_rest_and_frees_the_windows_after() {
     let window = limit("fixed_window", 100, SECOND, "{}");
     let key = "k";
-    let leased = lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND);
-    let record = record_of(key, &window, &leased, NOW);
+    let now = NOW + ms(250);
+    let leased = lease(&window, key, None, now, ask(10, Some(2.0), None, true), SECOND);
+    let record = record_of(key, &window, &leased, now);
     let later = NOW + SECOND.times(3);
     let (back, next) = give_back(&record, Some(&leased.next.bytes), later, 4);
     let next = next.unwrap();
@@ -291,15 +376,15 @@ fn a_returned_allowance_gives_back_this_windows_rest_and_frees_the_windows_after
     assert_eq!(peek(&window, Some(&next.bytes), later + SECOND).remaining, 100, "nothing reserved after");
     // An allowance ahead, returned before it starts: all of it.
     let index = NOW.get() / SECOND.get();
-    let ahead = lease(&window, key, None, NOW, ask(10, Some(2.0), Some(index + 1), true), SECOND);
+    let ahead = lease(&window, key, None, now, ask(10, Some(2.0), Some(index + 1), true), SECOND);
     assert_eq!(ahead.starts_at, NOW + SECOND);
-    let record = record_of(key, &window, &ahead, NOW);
-    let (back, next) = give_back(&record, Some(&ahead.next.bytes), NOW, 6);
+    let record = record_of(key, &window, &ahead, now);
+    let (back, next) = give_back(&record, Some(&ahead.next.bytes), now, 6);
     assert_eq!(back, 6);
     assert_eq!(peek(&window, Some(&next.unwrap().bytes), NOW + SECOND).remaining, 100);
     // After its last window: nothing.
-    let end = NOW + leased.valid;
-    assert_eq!(give_back(&record_of(key, &window, &leased, NOW), Some(&leased.next.bytes), end, 6).0, 0);
+    let end = now + leased.valid;
+    assert_eq!(give_back(&record_of(key, &window, &leased, now), Some(&leased.next.bytes), end, 6).0, 0);
 }
 
 #[test]
@@ -349,10 +434,13 @@ fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() 
     for _ in 0..20_000 {
         now = now + Nanos::from_nanos(random(40) * 1_000_000);
         let index = now.get() / SECOND.get();
+        // Seven calm seconds in ten (thin callers, few checks: the key far
+        // below its limit takes allowances), then three busy ones.
+        let calm = (now - NOW).get() / SECOND.get() % 10 < 7;
         match random(10) {
             0..=2 => {
                 let named = (random(2) == 0).then_some(index + 1);
-                let rate = Some(random(30) as f64);
+                let rate = Some(if calm { random(4) + 1 } else { random(30) } as f64);
                 let leased =
                     lease(&window, key, stored.as_deref(), now, ask(random(20) + 1, rate, named, true), SECOND);
                 stored = Some(leased.next.bytes.clone());
@@ -367,7 +455,7 @@ fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() 
                 }
                 held.push(Held { record: record_of(key, &window, &leased, now), spent: Default::default() });
             }
-            3..=5 => {
+            event @ 3..=5 if !calm || event == 3 => {
                 let (d, next) = check(&window, stored.as_deref(), now, 1);
                 if d.allowed() {
                     *usable.entry(index).or_default() += 1;
