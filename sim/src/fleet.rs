@@ -149,15 +149,19 @@ pub struct FleetOutcome {
     /// spanning it or within 1 s of it, within 5, 10, 20 s, later.
     pub over_after_by: [u64; 5],
     /// Keys limited below their demand, per shape (per-second, per-minute,
-    /// bucket): admitted and limit over the measured windows, weighted.
+    /// bucket): admitted, and what each window's arrivals could use of the
+    /// limit, over the measured windows, weighted.
     pub excess_by_shape: [(f64, f64); 3],
     /// Largest admitted ÷ limit of a token bucket's one-second window (before the restart).
     pub bucket_peak: f64,
     /// Keys limited below their demand: admitted and limit over the
     /// measured windows, weighted.
     pub excess_admitted: f64,
-    /// See [`FleetOutcome::excess_admitted`].
+    /// See [`FleetOutcome::excess_admitted`]: the limits, and what of them
+    /// each window's arrivals could use (`min(arrivals, limit)`).
     pub excess_limit: f64,
+    /// See [`FleetOutcome::excess_limit`].
+    pub excess_usable: f64,
     /// Per simulated key: rate, shape, requests and leases asked for (measured).
     pub per_key: Vec<(f64, Shape, u64, u64)>,
     /// Requests admitted without a lease (an overshoot budget), weighted.
@@ -274,6 +278,8 @@ struct Fleet<'a> {
     next_id: u64,
     /// Per key: admitted units per window (a fixed window's, a bucket's second).
     admitted: Vec<HashMap<u64, u64>>,
+    /// Per key: requests that arrived per window (its demand there).
+    arrived: Vec<HashMap<u64, u64>>,
     /// Per Envoy: the near-limit notices it heard.
     near: Vec<NearSet>,
     /// Per key and window: the Envoys that admitted it without a lease.
@@ -337,6 +343,9 @@ impl Fleet<'_> {
         let next = now + self.rng.gap(k.rate);
         if next < end {
             self.at(next, Event::Request(key));
+        }
+        if let Some(windows) = self.arrived.get_mut(key as usize) {
+            *windows.entry(now.get() / k.shape.period().get()).or_default() += 1;
         }
         let envoy = self.rng.below(u64::from(self.config.envoys)) as u32;
         let worker = envoy * WORKERS + self.rng.below(u64::from(WORKERS)) as u32;
@@ -756,26 +765,24 @@ impl Fleet<'_> {
                 if key.shape == Shape::Bucket && !after {
                     out.bucket_peak = out.bucket_peak.max(units as f64 / key.limit as f64);
                 }
-                if key.over && starts >= self.from && ends <= self.until {
-                    out.excess_admitted += units as f64 * key.weight;
-                    out.excess_limit += key.limit as f64 * key.weight;
-                    if let Some(slot) = out.excess_by_shape.get_mut(key.shape as usize) {
-                        slot.0 += units as f64 * key.weight;
-                        slot.1 += key.limit as f64 * key.weight;
-                    }
-                }
             }
-            // Windows in which an over-limit key admitted nothing count too.
+            // Utilisation under excess: every measured window of a key
+            // whose demand is above its limit by design, against what that
+            // window's arrivals could use of the limit (a thin key's
+            // arrivals fall below its limit in some windows by chance).
             if key.over {
-                let measured = (self.until - self.from).get() / period.get();
-                let seen = windows
-                    .keys()
-                    .filter(|&&w| period.times(w) >= self.from && period.times(w + 1) <= self.until)
-                    .count() as u64;
-                let unused = (measured.saturating_sub(seen) * key.limit) as f64 * key.weight;
-                out.excess_limit += unused;
-                if let Some(slot) = out.excess_by_shape.get_mut(key.shape as usize) {
-                    slot.1 += unused;
+                let arrived = self.arrived.get(index);
+                for window in self.from.get() / period.get()..self.until.get() / period.get() {
+                    let units = windows.get(&window).copied().unwrap_or(0) as f64 * key.weight;
+                    let demand = arrived.and_then(|a| a.get(&window)).copied().unwrap_or(0);
+                    let usable = demand.min(key.limit) as f64 * key.weight;
+                    let limit = key.limit as f64 * key.weight;
+                    out.excess_admitted += units;
+                    out.excess_usable += usable;
+                    out.excess_limit += limit;
+                    if let Some(slot) = out.excess_by_shape.get_mut(key.shape as usize) {
+                        *slot = (slot.0 + units, slot.1 + usable);
+                    }
                 }
             }
         }
@@ -835,6 +842,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         calls: HashMap::new(),
         next_id: 1,
         admitted: vec![HashMap::new(); config.keys.len()],
+        arrived: vec![HashMap::new(); config.keys.len()],
         unleased_by: vec![HashMap::new(); config.keys.len()],
         near: vec![NearSet::default(); config.envoys as usize],
         counts: vec![(0, 0); config.keys.len()],

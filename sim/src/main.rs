@@ -181,8 +181,9 @@ fn main() -> Result<(), String> {
     }
     let _ = writeln!(
         md,
-        "\nUtilisation of limits under excess demand by shape, and windows over the limit after the restart by how \
-         long after it they started (a window spanning it: 0 s):\n\n| Envoys | keys | per-second windows | per-minute windows | token buckets | over, ≤1 s | ≤5 s | ≤10 s | ≤20 s | later |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "\nUtilisation under excess demand by shape (admitted ÷ what each window's arrivals could use of its \
+         limit, `min(arrivals, limit)`), and windows over the limit after the restart by how long after it they \
+         started (a window spanning it: 0 s):\n\n| Envoys | keys | per-second windows | per-minute windows | token buckets | over, ≤1 s | ≤5 s | ≤10 s | ≤20 s | later |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for o in &outcomes {
         let pct = |x: (f64, f64)| if x.1 > 0.0 { format!("{:.1} %", 100.0 * report::share(x)) } else { "–".into() };

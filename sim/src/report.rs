@@ -104,8 +104,12 @@ pub const HEADER: &str = "| Envoys | keys (simulated) | calls/s | leases/s | lea
 pub fn row(o: &FleetOutcome) -> String {
     let c = calls(o);
     let leases = leases(o);
-    let util = if o.excess_limit > 0.0 {
-        format!("{:.1} %", 100.0 * o.excess_admitted / o.excess_limit)
+    let util = if o.excess_usable > 0.0 {
+        format!(
+            "{:.1} % ({:.1} % of the limit)",
+            100.0 * o.excess_admitted / o.excess_usable,
+            100.0 * o.excess_admitted / o.excess_limit.max(1e-9)
+        )
     } else {
         "–".into()
     };
@@ -133,7 +137,7 @@ pub fn row(o: &FleetOutcome) -> String {
 }
 
 /// The CSV header.
-pub const CSV_HEADER: &str = "name,envoys,keys,simulated_keys,exact,calls_per_s,lease_calls_per_s,return_calls_per_s,sim_calls_per_s,model_calls_per_s,leases_per_s,leases_per_call,body_bytes_per_s,requests_per_s,waited_share,waited_cold_share,waited_out_share,denied_share,wait_p50_ms,wait_p99_ms,windows_checked,over_before_restart,over_after_restart,bucket_peak_ratio,excess_utilisation,state_bytes_mean,state_bytes_peak,state_record_bytes_mean,returned_tokens_per_s,expired_tokens_per_s,util_per_second,util_per_minute,util_bucket,over_after_1s,over_after_5s,over_after_10s,over_after_20s,over_after_later,waited_warm_share,waited_dry_allowance_share";
+pub const CSV_HEADER: &str = "name,envoys,keys,simulated_keys,exact,calls_per_s,lease_calls_per_s,return_calls_per_s,sim_calls_per_s,model_calls_per_s,leases_per_s,leases_per_call,body_bytes_per_s,requests_per_s,waited_share,waited_cold_share,waited_out_share,denied_share,wait_p50_ms,wait_p99_ms,windows_checked,over_before_restart,over_after_restart,bucket_peak_ratio,excess_utilisation,state_bytes_mean,state_bytes_peak,state_record_bytes_mean,returned_tokens_per_s,expired_tokens_per_s,util_per_second,util_per_minute,util_bucket,over_after_1s,over_after_5s,over_after_10s,over_after_20s,over_after_later,waited_warm_share,waited_dry_allowance_share,excess_of_limit";
 
 /// Admitted ÷ limit (0 when nothing was limited).
 pub fn share((admitted, limit): (f64, f64)) -> f64 {
@@ -148,9 +152,9 @@ pub fn share((admitted, limit): (f64, f64)) -> f64 {
 pub fn csv(o: &FleetOutcome) -> String {
     let c = calls(o);
     let n = o.requests.max(1e-9);
-    let util = if o.excess_limit > 0.0 { o.excess_admitted / o.excess_limit } else { 0.0 };
+    let util = share((o.excess_admitted, o.excess_usable));
     format!(
-        "{},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.2},{:.0},{:.1},{:.5},{:.5},{:.5},{:.5},{:.2},{:.2},{},{},{},{:.3},{:.4},{:.0},{:.0},{:.0},{:.1},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{},{:.5},{:.5}",
+        "{},{},{},{},{},{:.1},{:.1},{:.1},{:.1},{:.1},{:.1},{:.2},{:.0},{:.1},{:.5},{:.5},{:.5},{:.5},{:.2},{:.2},{},{},{},{:.3},{:.4},{:.0},{:.0},{:.0},{:.1},{:.1},{:.4},{:.4},{:.4},{},{},{},{},{},{:.5},{:.5},{:.4}",
         o.name,
         o.envoys,
         o.total_keys,
@@ -191,6 +195,7 @@ pub fn csv(o: &FleetOutcome) -> String {
         o.over_after_by[4],
         o.waited_warm_under / n,
         o.waited_dry_allowance / n,
+        share((o.excess_admitted, o.excess_limit)),
     )
 }
 
