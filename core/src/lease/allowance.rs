@@ -66,6 +66,13 @@ pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
     units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
 }
 
+/// The low end of the mean that a count of `n` steady random arrivals could
+/// come from, `(√n − 1)²` (about two standard deviations below `n`; 0 for
+/// one arrival or none): what a short observation vouches for.
+pub fn low_count(n: f64) -> f64 {
+    (n.max(0.0).sqrt() - 1.0).max(0.0).powi(2)
+}
+
 /// The part of a window, as a divisor of its length, that must have passed
 /// before an allowance may start in it ([`paced_use`] judges the key by
 /// it): a window's first moments say nothing of its key's demand, and an
@@ -92,14 +99,13 @@ pub fn pace_seen(elapsed: Nanos, limit: u64, period: Nanos) -> bool {
 /// it) and the rest of its count, `used - reserved` (leases of one window,
 /// checks, allowances granted in it: every one a sign of demand),
 /// projected to the whole window. The rest is taken at the low end of what
-/// steady random arrivals would give (`(√n − 1)²` for a count of `n`), so
+/// steady random arrivals would give ([`low_count`]), so
 /// a few requests early in a window are not a flood. A key whose
 /// fleet-wide demand is near or over its limit paces near or over it long
 /// before its count is, so it gets no allowance that would strand
 /// reservations.
 pub fn paced_use(used: u64, reserved: u64, elapsed: Nanos, period: Nanos) -> u64 {
-    let rest = used.saturating_sub(reserved);
-    let low = ((rest as f64).sqrt() - 1.0).max(0.0).powi(2);
+    let low = low_count(used.saturating_sub(reserved) as f64);
     // `as` saturates: an absurd pace is just "a lot".
     let projected = (low * period.get() as f64 / elapsed.get().max(1) as f64) as u64;
     reserved.min(used).saturating_add(projected).max(used)
@@ -353,7 +359,7 @@ impl Reservations {
 /// pool that saw two requests in its first second would reserve 143 units
 /// a minute for a demand of 20). So the mean leans, for the part of the
 /// window beyond what was observed, on the low end of what the count seen
-/// could come from (`(√n − 1)²` for `n` requests): an allowance too small
+/// could come from ([`low_count`]): an allowance too small
 /// asks again (its holder takes leases of one window), one too large
 /// strands its units in every window of its term.
 pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
@@ -361,8 +367,7 @@ pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 
     let mean = match rate {
         Some(rate) if rate.is_finite() && rate > 0.0 => {
             let observed = (RATE_FLOOR.get() as f64 / SECOND.get() as f64).min(window_secs);
-            let seen = rate * observed;
-            let low = (seen.sqrt() - 1.0).max(0.0).powi(2) / observed;
+            let low = low_count(rate * observed) / observed;
             let share = if window_secs > 0.0 { observed / window_secs } else { 1.0 };
             (share * rate + (1.0 - share) * low) * window_secs
         }

@@ -49,6 +49,7 @@
 //! makes carries what was so admitted to the service ([`Claim::reported`]),
 //! and a grant that says the key is near its limit holds the pool strict.
 
+use super::allowance::low_count;
 use super::overshoot::{Overshoot, Unleased};
 use super::refresh::{RefreshPolicy, RATE_FLOOR, THIN_REQUESTS};
 use crate::algorithm::{get_u64, put_u64, Algorithm, Decision, Grant, Quota, Release};
@@ -362,13 +363,12 @@ impl LeasePool {
 
     /// Whether the pool's requests come often enough that a lease lifetime
     /// sees at least one even at the low end of what its count seen so far
-    /// could come from (`(√n − 1)²` for `n` requests, over at least
+    /// could come from ([`low_count`], over at least
     /// [`RATE_FLOOR`]): not one request a second or so, whose observed
     /// rate is mostly chance.
     fn busy(&self, state: &PoolState, now: Nanos) -> bool {
         let span = (now - state.rate_since).max(self.refresh.horizon.min(RATE_FLOOR)).max(Nanos::from_nanos(1));
-        let low = ((state.spent as f64).sqrt() - 1.0).max(0.0).powi(2);
-        low * self.refresh.horizon.get() as f64 >= span.get() as f64
+        low_count(state.spent as f64) * self.refresh.horizon.get() as f64 >= span.get() as f64
     }
 
     /// Whether the current lease is one ahead, waiting for its window to start.
