@@ -36,7 +36,7 @@ const HEAD: u64 = 1_000;
 const PER_STRATUM: u64 = 150;
 
 /// Virtual time: warm-up, measured span, then the span with the restart.
-const WARMUP: Nanos = Nanos::from_secs(10);
+const WARMUP: Nanos = Nanos::from_secs(70);
 const MEASURE: Nanos = Nanos::from_secs(60);
 const AFTER: Nanos = Nanos::from_secs(35);
 const RESTART_AT: Nanos = Nanos::from_nanos(2_500_000_000);

@@ -35,7 +35,6 @@
 //! bounded by [`bucket_reservable`], which keeps the fleet within the bound
 //! of the bucket's leases.
 
-use super::refresh::RATE_FLOOR;
 use crate::algorithm::Policy;
 use crate::hash::SipHasher;
 use crate::time::{Nanos, SECOND};
@@ -352,25 +351,9 @@ impl Reservations {
 /// random arrivals a window needs more one time in a few hundred or fewer,
 /// and then asks for a lease of that window), at least 1 and at most
 /// `capacity`.
-///
-/// A rate is observed over about [`RATE_FLOOR`]: over a window longer than
-/// that, `λ` is an extrapolation of a few requests, and the pools that ask
-/// are the ones that just saw a few close together (a per-minute key's
-/// pool that saw two requests in its first second would reserve 143 units
-/// a minute for a demand of 20). So the mean leans, for the part of the
-/// window beyond what was observed, on the low end of what the count seen
-/// could come from ([`low_count`]): an allowance too small
-/// asks again (its holder takes leases of one window), one too large
-/// strands its units in every window of its term.
 pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
-    let window_secs = window.get() as f64 / SECOND.get() as f64;
     let mean = match rate {
-        Some(rate) if rate.is_finite() && rate > 0.0 => {
-            let observed = (RATE_FLOOR.get() as f64 / SECOND.get() as f64).min(window_secs);
-            let low = low_count(rate * observed) / observed;
-            let share = if window_secs > 0.0 { observed / window_secs } else { 1.0 };
-            (share * rate + (1.0 - share) * low) * window_secs
-        }
+        Some(rate) if rate.is_finite() && rate > 0.0 => rate * window.get() as f64 / SECOND.get() as f64,
         _ => 0.0,
     };
     // `as` saturates, so an absurd rate is just "a lot".
@@ -498,12 +481,6 @@ mod tests {
         assert_eq!(allowance_target(None, SECOND, 100), 1);
         assert_eq!(allowance_target(Some(f64::INFINITY), SECOND, 100), 1);
         assert_eq!(allowance_target(Some(1e30), SECOND, 100), 100);
-        // A minute's mean from a second's observation: two requests seen
-        // are about 12 a minute at their low end, not 120.
-        let minute = SECOND.times(60);
-        assert_eq!(allowance_target(Some(2.0), minute, 1_000), 21);
-        // A steady 100 a second is a steady 100 a second.
-        assert!(allowance_target(Some(100.0), minute, 100_000) >= 4_900);
     }
 
     #[test]

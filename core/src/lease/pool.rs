@@ -716,6 +716,11 @@ impl LeasePool {
     /// Returns what is handed back and the held `(lease, tokens, until)`.
     fn keep(&self, state: &PoolState, now: Nanos, ahead: bool) -> (Leftover, (u64, u64, Nanos)) {
         let mut leftover = Leftover::default();
+        // Expired tokens still count in their window until it ends: given
+        // back then too, the window has them again (a per-minute window's
+        // leases of a second would otherwise take from it whatever they did
+        // not spend).
+        let returnable_until = |until: Nanos| until.max(state.reset_at);
         let mut hand_back = |slot: usize, lease: u64, tokens: u64, until: Nanos| {
             if tokens == 0 {
                 return;
@@ -727,7 +732,7 @@ impl LeasePool {
             }
         };
         if state.held_lease != 0 && state.held_lease != state.lease {
-            hand_back(0, state.held_lease, state.held_tokens, state.held_until);
+            hand_back(0, state.held_lease, state.held_tokens, returnable_until(state.held_until));
         }
         let mut held = (0, 0, Nanos::ZERO);
         // An allowance replaced before its last window is given back even
@@ -748,11 +753,7 @@ impl LeasePool {
             if windows_left {
                 leftover.returns[1] = (state.lease, state.tokens - kept);
             } else {
-                // Expired, its tokens still count in their window until it
-                // ends: given back then too, the window has them again (a
-                // per-minute window's leases of a second would otherwise
-                // take from it whatever they did not spend).
-                hand_back(1, state.lease, state.tokens - kept, until.max(state.reset_at));
+                hand_back(1, state.lease, state.tokens - kept, returnable_until(until));
             }
             if kept > 0 {
                 held = (state.lease, kept, until);

@@ -368,10 +368,12 @@ fn held_tokens_are_spent_first_and_only_until_their_lease_expires() {
 }
 
 #[test]
-fn a_refresh_that_comes_early_costs_no_return_at_a_steady_rate() {
+fn a_refresh_that_comes_early_gives_back_no_more_than_its_rounding_at_a_steady_rate() {
     // 100/s, one request every 10 ms, for 5 s: every lease is replaced
-    // while it still holds tokens, none of them goes back, and no
-    // request finds the pool empty.
+    // while it still holds tokens, none of them goes back then, and no
+    // request finds the pool empty. (The held share is rounded up: a lease
+    // may leave one token unspent, given back once it has expired, as its
+    // per-minute window still counts.)
     let p = pool();
     let mut state = PoolState { spent: 100, rate_since: T0 - SECOND, ..leased(100) };
     let (mut returned, mut expired, mut waited, mut claims) = (0, 0, 0, 0);
@@ -392,9 +394,8 @@ fn a_refresh_that_comes_early_costs_no_return_at_a_steady_rate() {
         pending = claim;
         state = after;
     }
-    assert_eq!((returned, waited), (0, 0));
-    // The held share is rounded up: a lease may leave one token to expire.
-    assert!(expired <= claims, "{expired} expired in {claims} leases");
+    assert_eq!(waited, 0);
+    assert!(returned + expired <= claims, "{returned} returned and {expired} expired in {claims} leases");
     assert!(claims <= 7, "about one lease a second: {claims}");
 }
 
@@ -413,12 +414,13 @@ fn a_revived_pool_observes_its_rate_afresh() {
 #[test]
 fn an_expired_leases_tokens_go_back_while_its_window_counts_and_are_lost_after() {
     let p = pool();
-    // A lease of 1 s in a window that ends 30 s after it was granted.
+    // A lease of 1 s in a window that ends 30 s after it was granted, and 3
+    // held from the lease before it.
     let state = PoolState { held_lease: 7, held_tokens: 3, held_until: T0 + MS, ..leased(100) };
     for (later, returns, expired) in [
-        // Expired, its window still counting: the service takes its 100
-        // off the window (the held 3 expired with their own lease).
-        (T0 + SECOND, [(0, 0), (1, 100)], 3),
+        // Expired, their window still counting: they go back (the service
+        // takes them off its count).
+        (T0 + SECOND, [(7, 3), (1, 100)], 0),
         // Its window over: nothing left to give them back to.
         (T0 + SECOND.times(31), [(0, 0); 2], 103),
     ] {
