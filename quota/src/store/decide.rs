@@ -7,13 +7,14 @@
 
 use floodgate_core::algorithm::{Decision, Grant, Release};
 use floodgate_core::lease::allowance::{
-    allowance_target, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of, Reservations,
-    Terms, DEFAULT_TERM,
+    allowance_target, bucket_far_below, bucket_reservable, far_below, low_count, pace_seen, paced_use, share_of,
+    Reservations, Terms, DEFAULT_TERM,
 };
 use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::overshoot::near_limit;
+use floodgate_core::lease::refresh::RATE_FLOOR;
 use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_retry, paced_until};
-use floodgate_core::time::Nanos;
+use floodgate_core::time::{Nanos, SECOND};
 
 use crate::config::Limit;
 use crate::store::Caller;
@@ -344,6 +345,20 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
         }
         None => (period, 0, ttl),
     };
+    // A key heading past three quarters of its limit at its window's pace
+    // (`heading`), in a window that outlasts its leases (a per-minute
+    // window's leases of a second): what a lease does not spend stays
+    // counted there until its holder claims again, out of other callers'
+    // reach. Such a lease aims at the low end of what the caller's rate, a
+    // second's observation, vouches for (the callers that ask are the ones
+    // that just saw requests); one that needs more asks again sooner.
+    let rate = match heading(limit, &bucket, now, capacity - remaining) && window_len(limit) > ttl.times(2) {
+        true => rate.map(|rate| {
+            let observed = RATE_FLOOR.get() as f64 / SECOND.get() as f64;
+            low_count(rate * observed) / observed
+        }),
+        false => rate,
+    };
     let target = lease_target(wanted, rate, valid, capacity);
     let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
     let granted = target.min(cap);
@@ -358,6 +373,23 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
     bucket.paced_until = paced_until(granted, remaining, capacity, horizon, bucket.paced_until, now);
     let next = bucket.into_next(limit, now);
     Leased { granted, decision: d, window, windows: 0, starts_at: now, valid, near_limit: false, next }
+}
+
+/// Whether the fixed window that counts now, `used` of its limit so far, is
+/// on its way past [`share_of`] its limit at its pace (`paced_use`), once
+/// enough of it has passed to tell (`pace_seen`); before that, and for
+/// other algorithms, whether it is near its limit now.
+fn heading(limit: &Limit, bucket: &Stored, now: Nanos, used: u64) -> bool {
+    let policy = limit.policy();
+    let period = window_len(limit);
+    let counted = policy.counting_window(&bucket.state, now).filter(|counted| counted.renews);
+    match counted.map(|counted| (counted.index, now - (counted.end - period))) {
+        Some((index, elapsed)) if pace_seen(elapsed, limit.limit(), period) => {
+            let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(index));
+            paced_use(used, at_start, elapsed, period) > share_of(limit.limit())
+        }
+        _ => near_limit(policy.capacity().saturating_sub(used), policy.capacity()),
+    }
 }
 
 /// An allowance (see `floodgate_core::lease::allowance`): tokens in each

@@ -243,6 +243,27 @@ fn a_lease_refused_by_the_pace_is_told_when_it_gives_again() {
     assert!(lease(&window, "k", Some(&refused.next.bytes), again, ask(10, Some(5.0), None, false), SECOND).granted > 0);
 }
 
+/// A key heading for its limit at its window's pace: a lease of a window
+/// that outlasts it (a per-minute window's lease of a second) aims at the
+/// low end of the caller's second of observation, since what it does not
+/// spend stays counted there. Far from its limit, or in a window no longer
+/// than two lease lifetimes, a lease aims at the rate itself.
+#[test]
+fn heading_for_its_limit_a_lease_in_a_window_that_outlasts_it_aims_at_the_low_end_of_the_rate() {
+    let minute = limit("fixed_window", 100_000, SECOND.times(60), "{}");
+    let short = limit("fixed_window", 100_000, SECOND.times(2), "{}");
+    let now = NOW + ms(500);
+    for (window, near_rates) in [(&minute, [1, 81]), (&short, [2, 100])] {
+        let (_, near) = check(window, None, now, 80_000);
+        let granted = |stored: Option<&[u8]>, rate: f64| {
+            lease(window, "k", stored, now, ask(1_000, Some(rate), None, false), SECOND).granted
+        };
+        assert_eq!(granted(None, 100.0), 100, "far from the limit: the rate");
+        // Two requests seen vouch for (√2 − 1)² ≈ 0.17 a second; a hundred for (10 − 1)².
+        assert_eq!([granted(Some(&near.bytes), 2.0), granted(Some(&near.bytes), 100.0)], near_rates);
+    }
+}
+
 /// Early in a window (its first quarter) an allowance goes only to a key
 /// that began the window with allowances and whose windows have not come
 /// near their limit of late; later in it, by its pace.
