@@ -30,7 +30,8 @@
 # e.g. ONLY='leases, |fairness' ROUNDS=1 DURATION=2s for a quick look); BIN
 # (a built binary to measure instead of building this tree's); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
 # that binary (labelled COMPARE_LABEL: check, lease, leases of 10 and 200 a
-# call, the fairness probe), to compare designs in the same run.
+# call, the fairness probe) and its memory check and /healthz rows, to
+# compare designs in the same run.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -157,6 +158,8 @@ if [ -n "$COMPARE_BIN" ]; then
   compare_port=$port
   start_service "$COMPARE_BIN" --store "redis://127.0.0.1:$leases_redis_port/"
   compare_leases_port=$port
+  start_service "$COMPARE_BIN" --store memory
+  compare_memory_port=$port
 fi
 # FULL_BUCKETS live buckets (a day-long window) twice: a store full with
 # them, and one with room for as many again, the reference of the full one.
@@ -266,6 +269,8 @@ rows=(
   "fairness_rows redis $redis_service_port"
 )
 if [ -n "$compare_port" ]; then
+  rows+=("wrk_row 'memory ($COMPARE_LABEL) check' check $compare_memory_port $CONNECTIONS")
+  rows+=("wrk_row 'memory ($COMPARE_LABEL) healthz (HTTP, no store)' healthz $compare_memory_port $CONNECTIONS")
   rows+=("wrk_row 'redis ($COMPARE_LABEL) check' check $compare_port $CONNECTIONS")
   rows+=("wrk_row 'redis ($COMPARE_LABEL) lease' lease $compare_port $CONNECTIONS")
   rows+=("leases_row 'redis ($COMPARE_LABEL) leases, 10 per call' $compare_leases_port 10")

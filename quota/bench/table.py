@@ -71,6 +71,11 @@ print(f"{'RLS gRPC / /v1/check, same key and load generator (rate)':58} {value:1
 value = ratio("memory RLS gRPC, one key (h2load)", "memory check, one key (h2load)", 2)
 print(f"{'RLS gRPC / /v1/check (p99)':58} {value:10.2f}  (measured)")
 for label in labels:
+    if label.startswith("memory (") and label.endswith(" check"):
+        value = ratio(label, "memory check", 0)
+        print(f"{label + ' / memory check (rate)':58} {value:10.2f}  (comparison)")
+        value = ratio(label, label[: -len("check")] + "healthz (HTTP, no store)", 0)
+        print(f"{label + ' / its GET /healthz (rate)':58} {value:10.2f}  (comparison)")
     if label.startswith("redis (") and label.endswith(" check"):
         value = ratio(label, "redis check", 0)
         print(f"{label + ' / redis check (rate)':58} {value:10.2f}  (comparison)")
