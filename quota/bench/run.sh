@@ -20,10 +20,18 @@
 # checks of [other, hot], calls of two leases and returns of the hot key's
 # leases (4 connections), alone and while 24 connections flood the hot key.
 #
+# The HTTP reference row: GET /healthz on the memory service, with the
+# check row's connections and pinning: the service's own HTTP path (accept,
+# parse, route, answer) with no body and no store work, so that memory
+# checks per core read as a share of what this machine serves at all.
+#
 # Tunables: ROUNDS (5), DURATION (5s), CONNECTIONS (32), FULL_BUCKETS
 # (1000000), ONLY (a regular expression: only the rows whose label matches,
-# e.g. ONLY='leases, |fairness' ROUNDS=1 DURATION=2s for a quick look); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
-# that binary (labelled COMPARE_LABEL), to compare designs in the same run.
+# e.g. ONLY='leases, |fairness' ROUNDS=1 DURATION=2s for a quick look); BIN
+# (a built binary to measure instead of building this tree's); COMPARE_BIN=path/to/another/floodgate-quota adds Redis rows of
+# that binary (labelled COMPARE_LABEL: check, lease, leases of 10 and 200 a
+# call, the fairness probe) and its memory check and /healthz rows, to
+# compare designs in the same run.
 set -euo pipefail
 
 ROUNDS=${ROUNDS:-5}
@@ -57,8 +65,13 @@ wait_port() {
   echo "nothing listens on port $1" >&2; return 1
 }
 
-(cd "$root" && cargo build --release -p floodgate-quota --bin floodgate-quota >&2)
-bin="$target/release/floodgate-quota"
+# BIN=path/to/floodgate-quota measures that build instead (no cargo build).
+if [ -n "${BIN:-}" ]; then
+  bin=$BIN
+else
+  (cd "$root" && cargo build --release -p floodgate-quota --bin floodgate-quota >&2)
+  bin="$target/release/floodgate-quota"
+fi
 
 pids=()
 scratch=$(mktemp -d)
@@ -102,7 +115,8 @@ start_service() {
   local binary=$1
   shift
   local peers=()
-  [ "$binary" = "$bin" ] && peers=(--max-connections-per-peer 0)
+  # (A compare binary of a release before the flag goes without it.)
+  [[ $("$binary" --help 2>/dev/null) == *--max-connections-per-peer* ]] && peers=(--max-connections-per-peer 0)
   (RUST_LOG=warn TOKIO_WORKER_THREADS=1 pin 0 "$binary" --config "$here/bench.yaml" --listen "127.0.0.1:$port" \
     "${peers[@]}" "$@") &
   pids+=($!)
@@ -142,6 +156,10 @@ compare_port=""
 if [ -n "$COMPARE_BIN" ]; then
   start_service "$COMPARE_BIN" --store "redis://127.0.0.1:$redis_port/"
   compare_port=$port
+  start_service "$COMPARE_BIN" --store "redis://127.0.0.1:$leases_redis_port/"
+  compare_leases_port=$port
+  start_service "$COMPARE_BIN" --store memory
+  compare_memory_port=$port
 fi
 # FULL_BUCKETS live buckets (a day-long window) twice: a store full with
 # them, and one with room for as many again, the reference of the full one.
@@ -231,6 +249,7 @@ rls_ok() { curl -s "http://127.0.0.1:$memory_port/metrics" | awk -F' ' '/^floodg
 
 rows=(
   "wrk_row 'memory check' check $memory_port $CONNECTIONS"
+  "wrk_row 'memory healthz (HTTP, no store)' healthz $memory_port $CONNECTIONS"
   "wrk_row 'redis check' check $redis_service_port $CONNECTIONS"
   "wrk_row 'redis-cluster check' check $cluster_port $CONNECTIONS"
   "wrk_row 'memory lease' lease $memory_port $CONNECTIONS"
@@ -250,8 +269,13 @@ rows=(
   "fairness_rows redis $redis_service_port"
 )
 if [ -n "$compare_port" ]; then
+  rows+=("wrk_row 'memory ($COMPARE_LABEL) check' check $compare_memory_port $CONNECTIONS")
+  rows+=("wrk_row 'memory ($COMPARE_LABEL) healthz (HTTP, no store)' healthz $compare_memory_port $CONNECTIONS")
   rows+=("wrk_row 'redis ($COMPARE_LABEL) check' check $compare_port $CONNECTIONS")
   rows+=("wrk_row 'redis ($COMPARE_LABEL) lease' lease $compare_port $CONNECTIONS")
+  rows+=("leases_row 'redis ($COMPARE_LABEL) leases, 10 per call' $compare_leases_port 10")
+  rows+=("leases_row 'redis ($COMPARE_LABEL) leases, 200 per call' $compare_leases_port 200")
+  rows+=("fairness_rows 'redis ($COMPARE_LABEL)' $compare_port")
 fi
 if [ -n "$ONLY" ]; then
   kept=()

@@ -54,6 +54,12 @@ print()
 print(f"{'target (issue 16)':58} {'measured':>10}  verdict")
 memory = medians("memory check", 0)
 print(f"{'memory checks/s on one service core >= 100,000':58} {memory:10.0f}  {verdict(memory >= 100_000)}")
+if any("memory healthz (HTTP, no store)" in rnd for rnd in rounds.values()):
+    # The service's HTTP path with no store work: what the core serves at all.
+    value = medians("memory healthz (HTTP, no store)", 0)
+    print(f"{'  beside it: GET /healthz/s, same connections and core':58} {value:10.0f}  (reference)")
+    value = ratio("memory check", "memory healthz (HTTP, no store)", 0)
+    print(f"{'  memory checks / GET /healthz (HTTP path share)':58} {value:10.2f}  (measured)")
 for store in ("redis", "redis-cluster"):
     for call, floor in (("check", 0.6), ("lease", 0.5)):
         value = ratio(f"{store} {call}", f"memory {call}", 0)
@@ -65,22 +71,36 @@ print(f"{'RLS gRPC / /v1/check, same key and load generator (rate)':58} {value:1
 value = ratio("memory RLS gRPC, one key (h2load)", "memory check, one key (h2load)", 2)
 print(f"{'RLS gRPC / /v1/check (p99)':58} {value:10.2f}  (measured)")
 for label in labels:
+    if label.startswith("memory (") and label.endswith(" check"):
+        value = ratio(label, "memory check", 0)
+        print(f"{label + ' / memory check (rate)':58} {value:10.2f}  (comparison)")
+        value = ratio(label, label[: -len("check")] + "healthz (HTTP, no store)", 0)
+        print(f"{label + ' / its GET /healthz (rate)':58} {value:10.2f}  (comparison)")
     if label.startswith("redis (") and label.endswith(" check"):
         value = ratio(label, "redis check", 0)
         print(f"{label + ' / redis check (rate)':58} {value:10.2f}  (comparison)")
+        value = ratio(label, "memory check", 0)
+        print(f"{label + ' / memory check (rate)':58} {value:10.2f}  (comparison)")
     if label.startswith("redis (") and label.endswith(" lease"):
         value = ratio(label, "redis lease", 0)
         print(f"{label + ' / redis lease (rate)':58} {value:10.2f}  (comparison)")
+        value = ratio(label, "memory lease", 0)
+        print(f"{label + ' / memory lease (rate)':58} {value:10.2f}  (comparison)")
 
 print()
 print(f"{'issue 22: leases per second (one service core)':58} {'measured':>10}")
-for store in ("memory", "redis"):
+compared = [label[: -len(" leases, 10 per call")] for label in labels
+            if label.startswith("redis (") and label.endswith(" leases, 10 per call")]
+for store in ("memory", "redis", *compared):
     for per_call in (1, 10, 200):
         label = f"{store} leases, {per_call} per call"
-        print(f"{label:58} {medians(label, 0):10.0f}  (measured)")
+        if any(label in rnd for rnd in rounds.values()):
+            print(f"{label:58} {medians(label, 0):10.0f}  (measured)")
 print()
 print(f"{'issue 22: hot-key fairness (probe p99 flooded / alone <= 3, 0 failures)':58} {'measured':>10}  verdict")
-for store in ("memory", "redis"):
+compared = [label[: -len(" fairness probe, alone")] for label in labels
+            if label.startswith("redis (") and label.endswith(" fairness probe, alone")]
+for store in ("memory", "redis", *compared):
     alone, flooded = f"{store} fairness probe, alone", f"{store} fairness probe, hot key flooded"
     value = ratio(flooded, alone, 2)
     failures = sum(rnd[flooded][3] + rnd[alone][3] for rnd in rounds.values() if flooded in rnd and alone in rnd)
