@@ -7,8 +7,12 @@
 #
 # Pinning: every service runs with one tokio worker thread
 # (TOKIO_WORKER_THREADS=1) under `taskset -c 0`, the load generators (wrk,
-# h2load) under `taskset -c 1`; the Redis processes are not pinned and share
-# both cores. So the figures are per service core.
+# h2load) under `taskset -c 1`, and the Redis processes with them on CPU 1:
+# the service's core is the service's. Unpinned, Redis woke on the core of
+# the service that wrote to it about half the time and took a third of it
+# (redis check 36,800-38,200/s in those runs, 47,200-52,300/s pinned, in
+# alternating runs of 2026-11-26 05:43; docs/benchmarks.md). So the figures
+# are per service core; a Redis row's CPU 1 carries wrk and Redis both.
 #
 # Rounds: every row runs once per round, in an order rotated each round, so
 # that rows compared with each other ran within a minute or two; the table
@@ -83,7 +87,7 @@ cleanup() {
 trap cleanup EXIT
 
 redis_port=$(free_port)
-redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+pin 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 pids+=($!)
 wait_port "$redis_port"
 
@@ -93,7 +97,7 @@ wait_port "$redis_port"
 cluster_nodes=()
 for n in 1 2 3; do
   port=$(free_port)
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$scratch" \
+  pin 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$scratch" \
     --cluster-enabled yes --cluster-port "$(free_port)" --cluster-config-file "$scratch/nodes-$n.conf" >/dev/null &
   pids+=($!)
   wait_port "$port"
@@ -145,7 +149,7 @@ redis_service_port=$port
 # time) stalled the check and lease rows of the next round (redis check
 # p99 2 ms in the first round, 22-28 ms in the others).
 leases_redis_port=$(free_port)
-redis-server --port "$leases_redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
+pin 1 redis-server --port "$leases_redis_port" --bind 127.0.0.1 --save "" --appendonly no >/dev/null &
 pids+=($!)
 wait_port "$leases_redis_port"
 start_service "$bin" --store "redis://127.0.0.1:$leases_redis_port/"
@@ -303,7 +307,7 @@ rls_after=$(rls_ok)
 
 echo
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "$ROUNDS rounds, $DURATION per row, $CONNECTIONS connections; each service on CPU 0 (1 worker thread), wrk/h2load on CPU 1; Redis unpinned"
+echo "$ROUNDS rounds, $DURATION per row, $CONNECTIONS connections; each service on CPU 0 (1 worker thread), wrk/h2load and Redis on CPU 1"
 echo "gRPC calls answered OK during the RLS rows: $((${rls_after%.*} - ${rls_before%.*})) (every one a decision)"
 echo
 python3 "$here/table.py" "$scratch/rows"
