@@ -5,7 +5,7 @@
 //! store between a read and a compare-and-swap write), so they cannot
 //! disagree. Times are the core's nanoseconds since the Unix epoch.
 
-use floodgate_core::algorithm::{Decision, Grant, Release};
+use floodgate_core::algorithm::{CountingWindow, Decision, Grant, Release};
 use floodgate_core::lease::allowance::{
     allowance_target, bucket_far_below, bucket_reservable, far_below, low_count, pace_seen, paced_use, share_of,
     Reservations, Terms, DEFAULT_TERM,
@@ -383,12 +383,26 @@ fn heading(limit: &Limit, bucket: &Stored, now: Nanos, used: u64) -> bool {
     let policy = limit.policy();
     let period = window_len(limit);
     let counted = policy.counting_window(&bucket.state, now).filter(|counted| counted.renews);
-    match counted.map(|counted| (counted.index, now - (counted.end - period))) {
-        Some((index, elapsed)) if pace_seen(elapsed, limit.limit(), period) => {
-            let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(index));
-            paced_use(used, at_start, elapsed, period) > share_of(limit.limit())
-        }
+    match counted.map(|counted| WindowPace::of(bucket, counted, period, used, now)) {
+        Some(pace) if pace_seen(pace.elapsed, limit.limit(), period) => pace.paced > share_of(limit.limit()),
         _ => near_limit(policy.capacity().saturating_sub(used), policy.capacity()),
+    }
+}
+
+/// How a fixed window that counts now is going: how long it has run, what
+/// the key's allowances reserved in it when it began, and its count (`used`
+/// so far) projected to its end by `paced_use`.
+struct WindowPace {
+    elapsed: Nanos,
+    at_start: u64,
+    paced: u64,
+}
+
+impl WindowPace {
+    fn of(bucket: &Stored, counted: CountingWindow, period: Nanos, used: u64, now: Nanos) -> Self {
+        let elapsed = now - (counted.end - period);
+        let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(counted.index));
+        WindowPace { elapsed, at_start, paced: paced_use(used, at_start, elapsed, period) }
     }
 }
 
@@ -432,16 +446,14 @@ fn lease_allowance(
     let (far, reservable) = if counted.renews {
         // Judged by the pace of the window that counts now, not its count
         // alone (see `paced_use`).
-        let elapsed = now - (counted.end - period);
-        let at_start = held.counted_at_start(counted.index);
-        let paced = paced_use(counted_now, at_start, elapsed, period);
+        let pace = WindowPace::of(bucket, counted, period, counted_now, now);
         // Early in a window its pace says little: enough only for a key
         // whose allowances it began with, and whose windows have not come
         // near their limit of late (the pace is kept only in a window's
         // last tenth: `paced_until`).
-        let quiet = at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
-        let seen = quiet || pace_seen(elapsed, limit.limit(), period);
-        (seen && far_below(units, paced.saturating_add(own), limit.limit()), share_of(limit.limit()))
+        let quiet = pace.at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
+        let seen = quiet || pace_seen(pace.elapsed, limit.limit(), period);
+        (seen && far_below(units, pace.paced.saturating_add(own), limit.limit()), share_of(limit.limit()))
     } else {
         // A token bucket: see `bucket_reservable`.
         let earned = u128::from(limit.limit()) * u128::from(ttl.min(period).get()) / u128::from(period.get().max(1));
