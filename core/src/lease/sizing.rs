@@ -13,11 +13,23 @@
 //! * [`ahead_cap`]: the same for a lease ahead, of the next window before it
 //!   starts: half of what that window has left, and nothing of its tail.
 
+use super::allowance::low_count;
+use super::refresh::RATE_FLOOR;
 use crate::time::{Nanos, SECOND};
 
 /// Below `remaining * LOW_WATER_DIVISOR < capacity` (10 % left) grants are
 /// paced over the time left, not just halved.
 pub const LOW_WATER_DIVISOR: u64 = 10;
+
+/// The low end of what a caller's reported `rate` (tokens per second)
+/// vouches for: it is observed over about [`RATE_FLOOR`], and the callers
+/// that ask are the ones that just saw requests, so the count it stands for
+/// is read at its low end ([`low_count`]). Used to size the leases of a key
+/// heading for its limit in a window that outlasts them.
+pub fn low_rate(rate: f64) -> f64 {
+    let observed = RATE_FLOOR.get() as f64 / SECOND.get() as f64;
+    low_count(rate * observed) / observed
+}
 
 /// Tokens a lease aims for: enough for the caller's observed `rate` (tokens
 /// per second) over the time `usable` the lease may be used (its lifetime, or
@@ -126,6 +138,16 @@ mod tests {
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     const S: u64 = SECOND.get();
+
+    #[test]
+    fn a_reported_rate_is_read_at_its_low_end() {
+        // A second's 9 requests vouch for 4 a second; one or none for none.
+        assert_eq!(low_rate(9.0), 4.0);
+        assert_eq!(low_rate(1.0), 0.0);
+        assert_eq!(low_rate(0.0), 0.0);
+        // A steady 10,000 a second is still about 10,000.
+        assert!(low_rate(10_000.0) > 9_800.0);
+    }
 
     // The cases read in plain nanoseconds.
     fn target(wanted: u64, rate: Option<f64>, usable: u64, capacity: u64) -> u64 {

@@ -7,14 +7,13 @@
 
 use floodgate_core::algorithm::{CountingWindow, Decision, Grant, Release};
 use floodgate_core::lease::allowance::{
-    allowance_target, bucket_far_below, bucket_reservable, far_below, low_count, pace_seen, paced_use, share_of,
-    Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of, Reservations,
+    Terms, DEFAULT_TERM,
 };
 use floodgate_core::lease::booking::{self, Booking};
 use floodgate_core::lease::overshoot::near_limit;
-use floodgate_core::lease::refresh::RATE_FLOOR;
-use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_retry, paced_until};
-use floodgate_core::time::{Nanos, SECOND};
+use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, low_rate, paced_retry, paced_until};
+use floodgate_core::time::Nanos;
 
 use crate::config::Limit;
 use crate::store::Caller;
@@ -352,13 +351,8 @@ fn lease_counted(limit: &Limit, key: &str, mut bucket: Stored, now: Nanos, ask: 
     // reach. Such a lease aims at the low end of what the caller's rate, a
     // second's observation, vouches for (the callers that ask are the ones
     // that just saw requests); one that needs more asks again sooner.
-    let rate = match heading(limit, &bucket, now, capacity - remaining) && window_len(limit) > ttl.times(2) {
-        true => rate.map(|rate| {
-            let observed = RATE_FLOOR.get() as f64 / SECOND.get() as f64;
-            low_count(rate * observed) / observed
-        }),
-        false => rate,
-    };
+    let heads = heading(limit, &bucket, now, capacity.saturating_sub(remaining)) && window_len(limit) > ttl.times(2);
+    let rate = if heads { rate.map(low_rate) } else { rate };
     let target = lease_target(wanted, rate, valid, capacity);
     let cap = grant_cap(remaining, capacity, horizon, ttl, bucket.paced_until, now);
     let granted = target.min(cap);
