@@ -250,7 +250,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     fn table(max_keys: u32) -> Table {
         Table::new(Arc::new(TokenBucket::new(2, SECOND.times(60), 2)), 1, max_keys)

@@ -1,7 +1,7 @@
 //! Time as the limiter sees it: nanoseconds on one epoch shared by every worker.
 
 use std::fmt;
-use std::ops::{Add, Sub};
+use std::ops::{Add, AddAssign, Div, Rem, Sub, SubAssign};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -27,6 +27,10 @@ impl Nanos {
     pub const fn from_nanos(n: u64) -> Nanos {
         Nanos(n)
     }
+
+    /// One nanosecond: the shortest span that is not none (a divisor that
+    /// must not be zero is at least this).
+    pub const ONE: Nanos = Nanos(1);
 
     /// True for [`Nanos::NEVER`].
     pub const fn is_never(self) -> bool {
@@ -56,6 +60,45 @@ impl Nanos {
     /// `self - earlier`, or `None` when `earlier` is later (a clock step back).
     pub fn checked_sub(self, earlier: Nanos) -> Option<Nanos> {
         self.0.checked_sub(earlier.0).map(Nanos::from_nanos)
+    }
+
+    /// This span `parts` times over, rounded up (a zero divisor counts as one).
+    pub const fn div_ceil(self, parts: u64) -> Nanos {
+        Nanos(self.0.div_ceil(if parts == 0 { 1 } else { parts }))
+    }
+
+    /// The start of the period of length `period` (counted from the epoch)
+    /// that this instant falls in.
+    pub const fn floor_to(self, period: Nanos) -> Nanos {
+        Nanos(self.0 - self.0 % if period.0 == 0 { 1 } else { period.0 })
+    }
+
+    /// How many events a steady `rate` per second makes in this span
+    /// (`rate × nanoseconds ÷ 10⁹`, in that order).
+    pub fn events_at(self, rate: f64) -> f64 {
+        rate * self.0 as f64 / SECOND.0 as f64
+    }
+
+    /// The rate per second of `count` events over this span
+    /// (`count × 10⁹ ÷ nanoseconds`, in that order).
+    pub fn per_second(self, count: f64) -> f64 {
+        count * SECOND.0 as f64 / self.0 as f64
+    }
+
+    /// This span in seconds.
+    pub fn as_secs_f64(self) -> f64 {
+        self.0 as f64 / SECOND.0 as f64
+    }
+
+    /// This span in milliseconds.
+    pub fn as_millis_f64(self) -> f64 {
+        self.0 as f64 / 1e6
+    }
+
+    /// `seconds` as a span: `as` saturates, so a negative or NaN count is
+    /// none and an absurd one is "never".
+    pub fn from_secs_f64(seconds: f64) -> Nanos {
+        Nanos((seconds * SECOND.0 as f64) as u64)
     }
 
     /// Half of this span, rounded down.
@@ -98,6 +141,44 @@ impl Sub for Nanos {
     /// Saturating at zero: the time left until an instant already past is none.
     fn sub(self, other: Nanos) -> Nanos {
         Nanos(self.0.saturating_sub(other.0))
+    }
+}
+
+impl AddAssign for Nanos {
+    /// Saturating, as [`Add`].
+    fn add_assign(&mut self, other: Nanos) {
+        *self = *self + other;
+    }
+}
+
+impl SubAssign for Nanos {
+    /// Saturating at zero, as [`Sub`].
+    fn sub_assign(&mut self, other: Nanos) {
+        *self = *self - other;
+    }
+}
+
+impl Div<u64> for Nanos {
+    type Output = Nanos;
+    /// This span in `parts` equal parts, rounded down (a zero divisor counts as one).
+    fn div(self, parts: u64) -> Nanos {
+        Nanos(self.0 / parts.max(1))
+    }
+}
+
+impl Div for Nanos {
+    type Output = u64;
+    /// How many whole spans of `other` fit in this one (a zero span counts as one nanosecond).
+    fn div(self, other: Nanos) -> u64 {
+        self.0 / other.0.max(1)
+    }
+}
+
+impl Rem for Nanos {
+    type Output = Nanos;
+    /// What is left of this span after whole spans of `other` (a zero span counts as one nanosecond).
+    fn rem(self, other: Nanos) -> Nanos {
+        Nanos(self.0 % other.0.max(1))
     }
 }
 
@@ -255,6 +336,32 @@ mod tests {
         assert_eq!(SECOND - Nanos::NEVER, Nanos::ZERO);
         assert_eq!(SECOND.checked_sub(SECOND + Nanos(1)), None);
         assert_eq!(Nanos::NEVER.times(2), Nanos::NEVER);
+    }
+
+    #[test]
+    fn division_and_remainder_never_divide_by_zero() {
+        assert_eq!(SECOND / 4, Nanos::from_millis(250));
+        assert_eq!(SECOND / 0, SECOND);
+        assert_eq!(SECOND.times(7) / SECOND, 7);
+        assert_eq!(SECOND / Nanos::ZERO, SECOND.get());
+        assert_eq!(Nanos(10).div_ceil(3), Nanos(4));
+        assert_eq!(Nanos(10) % Nanos(4), Nanos(2));
+        assert_eq!(Nanos(10) % Nanos::ZERO, Nanos::ZERO);
+        assert_eq!(Nanos(10_500).floor_to(Nanos(1_000)), Nanos(10_000));
+        let mut t = SECOND;
+        t += SECOND;
+        t -= Nanos::NEVER;
+        assert_eq!(t, Nanos::ZERO);
+    }
+
+    #[test]
+    fn spans_convert_to_and_from_seconds_and_count_events() {
+        assert_eq!(Nanos::from_millis(1500).as_secs_f64(), 1.5);
+        assert_eq!(Nanos::from_secs_f64(0.25), Nanos::from_millis(250));
+        assert_eq!(Nanos::from_secs_f64(-1.0), Nanos::ZERO);
+        assert_eq!(Nanos::from_secs_f64(f64::NAN), Nanos::ZERO);
+        assert_eq!(Nanos::from_secs_f64(1e30), Nanos::NEVER);
+        assert_eq!(Nanos::from_millis(500).events_at(10.0), 5.0);
     }
 
     #[test]

@@ -79,7 +79,7 @@ impl Bucket {
         let mut bucket = Bucket::new(policy);
         let mut now = T0;
         for (gap, step) in steps {
-            now = now + Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
+            now += Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
             bucket.step(now, step);
         }
         (bucket, now)
@@ -164,7 +164,7 @@ proptest! {
         let mut bucket = Bucket::new(policy.clone());
         let mut now = T0;
         for (gap, step) in steps {
-            now = now + gap;
+            now += gap;
             if let Step::Check(cost) = step {
                 let mut settled = bucket.state.clone();
                 let pending = booking::settle(policy.as_ref(), &mut settled, bucket.booking, now);
@@ -204,7 +204,7 @@ proptest! {
             booking::decide(policy.as_ref(), &mut state, pending, t, cost)
         };
         for (gap, step) in steps {
-            now = now + Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
+            now += Nanos::from_nanos(gap.get() % (period.get() / 3).max(1));
             bucket.step(now, step);
             let decision = probe(&bucket, now);
             if decision.allowed() {

@@ -69,7 +69,7 @@ fn settle(policy: &dyn Policy, arrivals: &[(Nanos, u64)]) -> (Vec<u8>, Nanos) {
     let mut now = T0;
     policy.write_fresh(&mut slot, now);
     for &(gap, cost) in arrivals {
-        now = now + gap;
+        now += gap;
         policy.decide(&mut slot, now, cost);
     }
     (slot, now)
@@ -83,7 +83,7 @@ fn run(policy: &dyn Policy, arrivals: &[(Nanos, u64)]) -> Vec<(Nanos, u64, Decis
     arrivals
         .iter()
         .map(|&(gap, cost)| {
-            now = now + gap;
+            now += gap;
             (now, cost, policy.decide(&mut slot, now, cost))
         })
         .collect()
@@ -116,7 +116,7 @@ proptest! {
         let mut now = T0;
         policy.write_fresh(&mut slot, now);
         for (gap, c) in arrivals {
-            now = now + gap;
+            now += gap;
             policy.decide(&mut slot, now, c);
             let mut probe = slot.clone();
             let decision = policy.decide(&mut probe, now, cost);
@@ -161,7 +161,7 @@ proptest! {
         let mut now = T0;
         policy.write_fresh(&mut slot, now);
         for (gap, c) in arrivals {
-            now = now + gap;
+            now += gap;
             policy.decide(&mut slot, now, c);
             let idle_at = policy.idle_at(&slot, now);
             prop_assert!(idle_at >= now, "{}", registration.name);
@@ -186,7 +186,7 @@ proptest! {
         let mut model: HashMap<u64, Vec<u8>> = HashMap::new();
         let mut now = T0;
         for (key, gap, cost) in ops {
-            now = now + Nanos::from_nanos(gap);
+            now += Nanos::from_nanos(gap);
             let fingerprint = 0x9e37_79b9_7f4a_7c15 ^ key;
             let cost = cost.min(policy.capacity());
             let (outcome, write) = match table.decide(group.clone(), fingerprint, now, cost) {
@@ -242,7 +242,7 @@ proptest! {
         // Every take: (when, units still counted, undone or returned).
         let mut takes: Vec<(Nanos, u64, bool)> = Vec::new();
         for (op, gap, cost, pick, part) in ops {
-            now = now + Nanos::from_nanos(gap);
+            now += Nanos::from_nanos(gap);
             let open: Vec<usize> = (0..takes.len()).filter(|i| !takes[*i].2).collect();
             if op == 0 && !open.is_empty() {
                 // An undo of the whole take, or the return of an unused part
@@ -417,7 +417,7 @@ proptest! {
                         out[pick % count].2 = true;
                     }
                 }
-                Op::Wait(ms) => now = now + Nanos::from_millis(ms),
+                Op::Wait(ms) => now += Nanos::from_millis(ms),
             }
             let surely_held = sum(&out, &|at| now < at + slot_ttl);
             prop_assert!(surely_held <= limit, "{surely_held} slots younger than slot_ttl, limit {limit}");
@@ -459,7 +459,7 @@ proptest! {
         let mut admitted = Vec::new();
         let mut since_last = Nanos::ZERO;
         for ((gap, _), (_, cost, decision)) in costs.iter().zip(run(&warm, &costs)) {
-            since_last = since_last + *gap;
+            since_last += *gap;
             if decision.allowed() {
                 admitted.push((since_last, cost));
                 since_last = Nanos::ZERO;
@@ -539,7 +539,7 @@ proptest! {
         let mut now = T0;
         policy.write_fresh(&mut slot, now);
         for (gap, c) in arrivals {
-            now = now + gap;
+            now += gap;
             policy.decide(&mut slot, now, c);
             let decision = policy.decide(&mut slot.clone(), now, cost);
             if !decision.allowed() {

@@ -23,7 +23,7 @@ use crate::service::SimulatedService;
 
 /// When the measured minute starts: a whole minute since the epoch, so that
 /// it is exactly one per-minute window.
-const MEASURE_FROM: Nanos = Nanos::from_nanos(1_700_000_040 * SECOND.get());
+const MEASURE_FROM: Nanos = Nanos::from_secs(1_700_000_040);
 
 /// The service's lease lifetime (`--lease-ttl`'s default).
 pub const LEASE_TTL: Nanos = SECOND;
@@ -231,17 +231,6 @@ impl Worker {
     }
 }
 
-/// When a pool's current lease ends: its window's end, or for an
-/// allowance with windows to come, its last window's (as the pool's own
-/// `lease_end`, which is private).
-fn lease_end(state: &PoolState) -> Nanos {
-    let windows_left = state.allowance > 0 && state.window_index < state.final_index && state.slice > Nanos::ZERO;
-    match windows_left {
-        true => state.expires_at + state.slice.times(state.final_index - state.window_index),
-        false => state.expires_at,
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Waiter {
     envoy: u32,
@@ -311,7 +300,7 @@ impl Fleet<'_> {
 
     fn admit(&mut self, key: u32, now: Nanos) {
         let Some(k) = self.config.keys.get(key as usize) else { return };
-        let window = now.get() / k.shape.period().get();
+        let window = now / k.shape.period();
         if let Some(windows) = self.admitted.get_mut(key as usize) {
             *windows.entry(window).or_default() += 1;
         }
@@ -328,7 +317,7 @@ impl Fleet<'_> {
     fn admit_unleased(&mut self, envoy: u32, key: u32, now: Nanos) {
         self.admit(key, now);
         let Some(k) = self.config.keys.get(key as usize) else { return };
-        let window = now.get() / k.shape.period().get();
+        let window = now / k.shape.period();
         if let Some(windows) = self.unleased_by.get_mut(key as usize) {
             let envoys = windows.entry(window).or_default();
             if !envoys.contains(&envoy) {
@@ -345,7 +334,7 @@ impl Fleet<'_> {
             self.at(next, Event::Request(key));
         }
         if let Some(windows) = self.arrived.get_mut(key as usize) {
-            *windows.entry(now.get() / k.shape.period().get()).or_default() += 1;
+            *windows.entry(now / k.shape.period()).or_default() += 1;
         }
         let envoy = self.rng.below(u64::from(self.config.envoys)) as u32;
         let worker = envoy * WORKERS + self.rng.below(u64::from(WORKERS)) as u32;
@@ -386,7 +375,7 @@ impl Fleet<'_> {
                 }
             }
             Spend::Empty => {
-                let cold = before.lease == 0 || (now >= lease_end(&before) && now >= before.held_until);
+                let cold = before.lease.id == 0 || (now >= before.lease_end() && now >= before.held.until);
                 if measuring {
                     self.out.waited += w;
                     if under {
@@ -396,9 +385,9 @@ impl Fleet<'_> {
                         self.out.waited_cold += w;
                     } else if self.config.keys.get(key as usize).is_some_and(|k| k.over) {
                         // Demand above the limit: pools run dry by design.
-                    } else if before.allowance > 0 {
+                    } else if before.allowance.per_window > 0 {
                         self.out.waited_dry_allowance += w;
-                    } else if before.spent <= 1 {
+                    } else if before.rate.spent <= 1 {
                         // Its lease went to the one request the pool had
                         // seen, and no second was claimed (`PLENTY`).
                         self.out.waited_after_one += w;
@@ -414,9 +403,9 @@ impl Fleet<'_> {
                     entry.waiters.push(id);
                 }
                 self.at(deadline, Event::Retry(id));
-                if after.starts_at > now && after.starts_at < deadline {
+                if after.lease.starts_at > now && after.lease.starts_at < deadline {
                     // A lease ahead in place: it counts from its start.
-                    self.at(after.starts_at, Event::Retry(id));
+                    self.at(after.lease.starts_at, Event::Retry(id));
                 }
             }
         }
@@ -435,7 +424,7 @@ impl Fleet<'_> {
                 self.out.urgent += w;
             } else {
                 self.out.held += w;
-                self.out.hold_secs += w * (claim.send_by - now).get() as f64 / 1e9;
+                self.out.hold_secs += (claim.send_by - now).events_at(w);
             }
             if let Some(c) = self.counts.get_mut(key as usize) {
                 c.1 += 1;
@@ -667,7 +656,7 @@ impl Fleet<'_> {
                 entry.waiters.retain(|w| *w != id);
             }
             if measuring {
-                self.out.wait_ms.push((now - waiter.since).get() as f64 / 1e6);
+                self.out.wait_ms.push((now - waiter.since).as_millis_f64());
             }
         }
         if let Some(claim) = claim {
@@ -733,7 +722,7 @@ impl Fleet<'_> {
             // up to a lease lifetime later: a second may see its burst
             // plus its refill over the second and the lifetime.
             let bound = match key.shape {
-                Shape::Bucket => key.limit + key.limit * (SECOND + LEASE_TTL).get() / SECOND.get(),
+                Shape::Bucket => key.limit + key.limit * ((SECOND + LEASE_TTL) / SECOND),
                 Shape::PerSecond | Shape::PerMinute => key.limit,
             };
             let Some(windows) = self.admitted.get(index) else { continue };
@@ -750,7 +739,7 @@ impl Fleet<'_> {
                 if units > bound {
                     if let Some(restart) = self.restart.filter(|_| after) {
                         // By when the window started (one spanning the restart: 0).
-                        let since = (starts - restart).get() as f64 / 1e9;
+                        let since = (starts - restart).as_secs_f64();
                         let slot = [1.0, 5.0, 10.0, 20.0, f64::MAX].iter().position(|s| since <= *s).unwrap_or(4);
                         if let Some(n) = out.over_after_by.get_mut(slot) {
                             *n += 1;
@@ -772,7 +761,7 @@ impl Fleet<'_> {
             // arrivals fall below its limit in some windows by chance).
             if key.over {
                 let arrived = self.arrived.get(index);
-                for window in self.from.get() / period.get()..self.until.get() / period.get() {
+                for window in self.from / period..self.until / period {
                     let units = windows.get(&window).copied().unwrap_or(0) as f64 * key.weight;
                     let demand = arrived.and_then(|a| a.get(&window)).copied().unwrap_or(0);
                     let usable = demand.min(key.limit) as f64 * key.weight;
@@ -823,7 +812,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         total_keys: config.total_keys,
         simulated_keys: config.keys.len(),
         exact,
-        secs: config.measure.get() as f64 / 1e9,
+        secs: config.measure.as_secs_f64(),
         lease_call_bytes: (empty_lease.0 + empty_lease.1) as f64,
         return_call_bytes: (empty_return.0 + empty_return.1) as f64,
         ..FleetOutcome::default()

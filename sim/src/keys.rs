@@ -108,7 +108,7 @@ pub fn zipf(total: u64, head: u64, per_stratum: u64, seed: u64) -> Result<Vec<Ke
                 2 => Shape::PerMinute,
                 _ => Shape::Bucket,
             };
-            let per_period = rate * shape.period().get() as f64 / SECOND.get() as f64;
+            let per_period = shape.period().events_at(rate);
             // A tenth of the keys with demand for two or more units a
             // period get a limit of 30–70 % of it; the rest 1.5–4 times it.
             let over = (h >> 8) % 10 == 0 && per_period >= 2.0;

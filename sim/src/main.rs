@@ -169,10 +169,10 @@ fn main() -> Result<(), String> {
          are scaled by those weights. Calls/s is the batching model's for the whole fleet (the simulated calls, which \
          only the sampled keys share, in brackets) except at 10³ keys, where every key is simulated and the count is \
          the simulation's own. Bytes: JSON bodies both ways, no HTTP headers. Allowances: {}.\n",
-        WARMUP.get() / SECOND.get(),
-        MEASURE.get() / SECOND.get(),
-        AFTER.get() / SECOND.get(),
-        RESTART_AT.get() as f64 / 1e9,
+        WARMUP / SECOND,
+        MEASURE / SECOND,
+        AFTER / SECOND,
+        RESTART_AT.as_secs_f64(),
         if allowances { "granted to the leases that ask (as the filter does)" } else { "OFF (FLEET_SIM_ALLOWANCES=0)" },
     );
     let _ = writeln!(md, "{}", report::HEADER);
@@ -213,11 +213,8 @@ fn main() -> Result<(), String> {
             report::modelled(o).total()
         );
     }
-    let _ = writeln!(
-        md,
-        "\nCallouts per request, thin pairs (L = lease lifetime {} s):\n",
-        fleet::LEASE_TTL.get() as f64 / 1e9
-    );
+    let _ =
+        writeln!(md, "\nCallouts per request, thin pairs (L = lease lifetime {} s):\n", fleet::LEASE_TTL.as_secs_f64());
     let _ = writeln!(md, "{}", report::thin_pairs(&outcomes, &[0.1, 1.0, 10.0, 100.0], &FLEETS));
     let _ = writeln!(
         md,
@@ -237,7 +234,7 @@ fn main() -> Result<(), String> {
         md,
         "E2E COMPARISON (3 Envoys x 300 keys, per-second windows of 40, keys at 3 req/s, {} s): callouts per request {:.3} \
          ({} leases / {:.0} requests; {} lease calls, {:.3} per request), share waited {:.4} (of which at a cold pair, no live lease: {:.4}), share denied {:.4} (waited out {:.4}), windows over the limit {}\n",
-        MEASURE.get() / SECOND.get(),
+        MEASURE / SECOND,
         e2e.sim_leases as f64 / n,
         e2e.sim_leases,
         e2e.requests,
@@ -316,7 +313,7 @@ mod tests {
                 let shape = shapes[i % 3];
                 let rate = [0.5, 2.0, 8.0, 20.0, 40.0, 3.0][i % 6];
                 let over = i % 6 == 4;
-                let per_period = rate * shape.period().get() as f64 / 1e9;
+                let per_period = shape.period().events_at(rate);
                 let limit = if over { per_period / 2.0 } else { per_period * 3.0 + 5.0 };
                 Key::new(i, rate, 1.0, shape, limit.ceil() as u64, over).unwrap()
             })

@@ -44,7 +44,7 @@ pub fn modelled(o: &FleetOutcome) -> Calls {
     let per = |x: f64| x / workers / o.secs;
     let (u, h, r) = (per(o.urgent), per(o.held), per(o.return_items));
     let hold_h = if o.held > 0.0 { o.hold_secs / o.held } else { 0.0 };
-    let hold_r = crate::fleet::RETURN_HOLD.get() as f64 / 1e9;
+    let hold_r = crate::fleet::RETURN_HOLD.as_secs_f64();
     let g = h + r;
     if u + g <= 0.0 {
         return Calls { lease: 0.0, returns: 0.0 };
@@ -228,7 +228,7 @@ pub fn overshoot_row(o: &FleetOutcome, worst: u64) -> String {
 /// the one its empty pool claims at once after it.
 pub fn thin_pairs(outcomes: &[FleetOutcome], rates: &[f64], fleets: &[u32]) -> String {
     let mut out = String::new();
-    let ttl = LEASE_TTL.get() as f64 / 1e9;
+    let ttl = LEASE_TTL.as_secs_f64();
     let _ = write!(out, "| rate r (req/s, keys within ×√10) |");
     for n in fleets {
         let _ = write!(out, " N = {n}: measured (m = r·L/N; 2/(1+m)) |");

@@ -22,14 +22,14 @@
 
 use super::{Algorithm, Decision, FromParams, Grant, Params, Quota, Release};
 use crate::error::ConfigError;
-use crate::time::{Nanos, SECOND};
+use crate::time::Nanos;
 
 /// Epochs in the ring: three cover `slot_ttl`, the fourth is the one being
 /// filled. More epochs would reclaim closer to `slot_ttl` at 4 bytes each.
 pub const EPOCHS: usize = 4;
 
 /// `slot_ttl` when none is configured.
-pub const DEFAULT_SLOT_TTL: Nanos = Nanos::from_nanos(300 * SECOND.get());
+pub const DEFAULT_SLOT_TTL: Nanos = Nanos::from_secs(300);
 
 /// Concurrency parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +51,8 @@ pub struct SlotState {
 impl Concurrency {
     /// At most `limit` slots in flight, each reclaimed after about `slot_ttl`.
     pub fn new(limit: u64, slot_ttl: Nanos) -> Self {
-        let slot_ttl = Nanos::from_nanos(slot_ttl.get().max(1));
-        let epoch = Nanos::from_nanos(slot_ttl.get().div_ceil(EPOCHS as u64 - 1));
+        let slot_ttl = slot_ttl.max(Nanos::ONE);
+        let epoch = slot_ttl.div_ceil(EPOCHS as u64 - 1);
         Self { limit: limit.max(1), slot_ttl, epoch }
     }
 
@@ -63,7 +63,7 @@ impl Concurrency {
     }
 
     fn epoch_of(&self, instant: Nanos) -> u64 {
-        instant.get() / self.epoch.get()
+        instant / self.epoch
     }
 
     /// When the slots taken in epoch `index` are reclaimed.
@@ -262,12 +262,12 @@ impl FromParams for Concurrency {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::SECOND;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
     /// A multiple of every epoch used below, so epochs start at T0.
-    const T0: Nanos =
-        Nanos::from_nanos(1_700_000_000 * SECOND.get() - 1_700_000_000 * SECOND.get() % (30 * SECOND.get()));
+    const T0: Nanos = Nanos::from_secs(1_700_000_000).floor_to(Nanos::from_secs(30));
 
     fn take(limiter: &Concurrency, state: SlotState, now: Nanos, cost: u64) -> (bool, SlotState) {
         let (decision, after) = limiter.decide(state, now, cost);

@@ -25,12 +25,12 @@ pub struct WindowState {
 impl FixedWindow {
     /// At most `limit` units per `period`.
     pub fn new(limit: u64, period: Nanos) -> Self {
-        Self { limit: limit.max(1), period: Nanos::from_nanos(period.get().max(1)) }
+        Self { limit: limit.max(1), period: period.max(Nanos::ONE) }
     }
 
     /// The index of the window holding `instant`.
     pub fn window_of(&self, instant: Nanos) -> u64 {
-        instant.get() / self.period.get()
+        instant / self.period
     }
 
     /// The state that counts at `now`: the stored one while its window is
@@ -133,7 +133,7 @@ impl Algorithm for FixedWindow {
     /// An interval of up to one period overlaps two windows (a burst at the
     /// end of one and the start of the next); each further period adds one.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        self.limit.saturating_mul((span.get() / self.period.get()).saturating_add(2))
+        self.limit.saturating_mul((span / self.period).saturating_add(2))
     }
 
     fn batchable(&self) -> bool {
@@ -169,7 +169,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get()); // a multiple of 10 s
+    const T0: Nanos = Nanos::from_secs(1_700_000_000); // a multiple of 10 s
 
     fn take(window: &FixedWindow, state: WindowState, now: Nanos, cost: u64) -> WindowState {
         window.decide(state, now, cost).1

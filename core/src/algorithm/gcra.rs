@@ -30,8 +30,8 @@ impl Gcra {
     /// only ever admit less than the configured rate, never more.
     pub fn new(limit: u64, period: Nanos, burst: u64) -> Self {
         let limit = limit.max(1);
-        let period = Nanos::from_nanos(period.get().max(1));
-        let interval = Nanos::from_nanos(period.get().div_ceil(limit));
+        let period = period.max(Nanos::ONE);
+        let interval = period.div_ceil(limit);
         let burst = burst.max(1);
         Self { limit, period, interval, tolerance: interval.times(burst), burst, max_delay: Nanos::ZERO }
     }
@@ -48,7 +48,7 @@ impl Gcra {
 
     /// Units that fit in `slack`.
     fn units_in(&self, slack: Nanos) -> u64 {
-        slack.get() / self.interval.get()
+        slack / self.interval
     }
 
     /// Remaining units and reset, given the TAT after the decision.
@@ -159,7 +159,7 @@ impl Algorithm for Gcra {
         if self.max_delay > Nanos::ZERO {
             return None;
         }
-        let index = now.get() / self.period.get();
+        let index = now / self.period;
         Some(CountingWindow { index, end: self.period.times(index.saturating_add(1)), renews: false })
     }
 
@@ -188,7 +188,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     fn take_all(meter: &Gcra, tat: Nanos, now: Nanos) -> Nanos {
         let (remaining, _) = meter.report(tat, now);

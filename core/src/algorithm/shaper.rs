@@ -99,7 +99,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     #[test]
     fn delays_above_the_rate_then_denies_beyond_max_delay() {

@@ -89,7 +89,7 @@ impl SlidingLog {
     /// At most `limit` (clamped to 1..=[`MAX_LOG_LIMIT`]) units in any
     /// `period`.
     pub fn new(limit: u64, period: Nanos) -> Self {
-        let period = Nanos::from_nanos(period.get().max(1));
+        let period = period.max(Nanos::ONE);
         let limit = usize::try_from(limit).unwrap_or(MAX_LOG_LIMIT).clamp(1, MAX_LOG_LIMIT);
         let bits = 64 - (period.get() - 1).leading_zeros() as usize;
         Self { limit, period, width: bits.div_ceil(8).max(1) }
@@ -259,7 +259,7 @@ impl Algorithm for SlidingLog {
 
     /// `limit` per started period of the span.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        (self.limit as u64).saturating_mul(span.get() / self.period.get() + 1)
+        (self.limit as u64).saturating_mul(span / self.period + 1)
     }
 }
 
@@ -288,7 +288,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     fn take(log: &SlidingLog, state: LogState, now: Nanos, cost: u64) -> LogState {
         let (decision, after) = log.decide(state, now, cost);

@@ -87,26 +87,20 @@ pub struct SlidingState {
 impl SlidingWindow {
     /// The weighted estimate: at most about `limit` units per `period`.
     pub fn weighted(limit: u64, period: Nanos) -> Self {
-        let period = Nanos::from_nanos(period.get().max(1));
+        let period = period.max(Nanos::ONE);
         Self { limit: limit.max(1), period, slots: 2, span: period, weighted: true }
     }
 
     /// `sub_windows` counters (clamped to 2..=60) of `period / sub_windows`
     /// each (rounded up).
     pub fn with_sub_windows(limit: u64, period: Nanos, sub_windows: u64) -> Self {
-        let period = Nanos::from_nanos(period.get().max(1));
+        let period = period.max(Nanos::ONE);
         let slots = sub_windows.clamp(2, MAX_SUB_WINDOWS as u64);
-        Self {
-            limit: limit.max(1),
-            period,
-            slots,
-            span: Nanos::from_nanos(period.get().div_ceil(slots)),
-            weighted: false,
-        }
+        Self { limit: limit.max(1), period, slots, span: period.div_ceil(slots), weighted: false }
     }
 
     fn index_of(&self, instant: Nanos) -> u64 {
-        instant.get() / self.span.get()
+        instant / self.span
     }
 
     fn start_of(&self, index: u64) -> u128 {
@@ -390,7 +384,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get()); // a multiple of 10 s
+    const T0: Nanos = Nanos::from_secs(1_700_000_000); // a multiple of 10 s
 
     fn admitted(window: &SlidingWindow, state: &mut SlidingState, now: Nanos, cost: u64, tries: u64) -> u64 {
         (0..tries)
@@ -461,7 +455,7 @@ mod tests {
         // Half a period later (4.999999999 s into the next window) half the
         // previous window still weighs: 4 fit; the interval [end, later] is
         // 5 s long.
-        let later = end + Nanos::from_nanos(period.get() / 2);
+        let later = end + period.halved();
         assert_eq!(admitted(&window, &mut state, later, 1, 20), 4);
         assert_eq!(window.admitted_bound(later - end), 14);
         assert_eq!(window.admitted_bound(period), 2 * limit - 1);
@@ -579,14 +573,10 @@ mod tests {
         let counted = weighted.counting_window(&weighted.fresh(at), at);
         assert_eq!(
             counted,
-            Some(CountingWindow {
-                index: at.get() / SECOND.times(10).get(),
-                end: T0 + SECOND.times(10),
-                renews: false
-            })
+            Some(CountingWindow { index: at / SECOND.times(10), end: T0 + SECOND.times(10), renews: false })
         );
         let sub = SlidingWindow::with_sub_windows(10, SECOND.times(10), 5);
         let counted = sub.counting_window(&sub.fresh(at), at);
-        assert_eq!(counted.map(|w| (w.index, w.end)), Some((at.get() / SECOND.times(2).get(), T0 + SECOND.times(6))));
+        assert_eq!(counted.map(|w| (w.index, w.end)), Some((at / SECOND.times(2), T0 + SECOND.times(6))));
     }
 }

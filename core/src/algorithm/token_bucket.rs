@@ -31,7 +31,7 @@ pub struct TokenState {
 impl TokenBucket {
     /// A bucket earning `limit` tokens per `period` and holding at most `capacity`.
     pub fn new(limit: u64, period: Nanos, capacity: u64) -> Self {
-        Self { limit: limit.max(1), period: Nanos::from_nanos(period.get().max(1)), capacity: capacity.max(1) }
+        Self { limit: limit.max(1), period: period.max(Nanos::ONE), capacity: capacity.max(1) }
     }
 
     /// The state at `now`: earned tokens credited, capped at the capacity.
@@ -176,7 +176,7 @@ impl Algorithm for TokenBucket {
     /// span, plus the units the allowances hold in the slot in progress
     /// when the span starts (at most 3/4 of `limit`; see the README).
     fn allowance_slot(&self, _state: &TokenState, now: Nanos) -> Option<CountingWindow> {
-        let index = now.get() / self.period.get();
+        let index = now / self.period;
         Some(CountingWindow { index, end: self.period.times(index.saturating_add(1)), renews: false })
     }
 
@@ -212,7 +212,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     fn take_all(bucket: &TokenBucket, state: TokenState, now: Nanos) -> TokenState {
         let tokens = bucket.refill(state, now).tokens;

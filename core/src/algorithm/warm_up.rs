@@ -64,8 +64,8 @@ impl WarmUp {
     /// `limit / cold_factor` over `warmup`.
     pub fn new(limit: u64, period: Nanos, burst: u64, warmup: Nanos, cold_factor: u64) -> Self {
         let limit = limit.max(1);
-        let period = Nanos::from_nanos(period.get().max(1));
-        let interval = Nanos::from_nanos(period.get().div_ceil(limit));
+        let period = period.max(Nanos::ONE);
+        let interval = period.div_ceil(limit);
         let burst = burst.max(1);
         Self {
             limit,
@@ -73,7 +73,7 @@ impl WarmUp {
             interval,
             tolerance: interval.times(burst),
             burst,
-            warmup: Nanos::from_nanos(warmup.get().max(1)),
+            warmup: warmup.max(Nanos::ONE),
             cold_factor: cold_factor.max(1),
         }
     }
@@ -115,7 +115,7 @@ impl WarmUp {
         let Some(room) = (self.tolerance - self.interval).checked_sub(backlog) else {
             return (0, backlog - (self.tolerance - self.interval));
         };
-        let remaining = (room.get() / interval.get()).saturating_add(1);
+        let remaining = (room / interval).saturating_add(1);
         let reset = if backlog == Nanos::ZERO {
             Nanos::ZERO
         } else {
@@ -226,7 +226,7 @@ impl Algorithm for WarmUp {
     /// after the start) and the last leaves it at most `tolerance` past the
     /// end, so `units × T ≤ span + burst × T`.
     fn admitted_bound(&self, span: Nanos) -> u64 {
-        self.burst.saturating_add(span.get() / self.interval.get())
+        self.burst.saturating_add(span / self.interval)
     }
 
     fn batchable(&self) -> bool {
@@ -256,7 +256,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     /// One per second once warm, 10 at once, one per 3 s when cold, warm after a minute.
     fn bucket() -> WarmUp {

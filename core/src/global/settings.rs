@@ -17,9 +17,11 @@ use crate::table::Table;
 use crate::time::{parse_duration, Nanos, SECOND};
 
 /// Stored groups of lease pools carry this tag (never a registered
-/// algorithm's); it changes with the pool's state layout (202: what the overshoot budget admitted; 201: a lease's
-/// start and window), so a layout of another release is never misread.
-pub const POOL_TAG: u8 = 202;
+/// algorithm's); it changes with the pool's state layout (203: the state's
+/// parts each in a run of words of their own; 202: what the overshoot
+/// budget admitted; 201: a lease's start and window), so a layout of
+/// another release is never misread: its pools start afresh.
+pub const POOL_TAG: u8 = 203;
 
 /// The top-level `global` section as written.
 #[derive(Deserialize, Debug)]
@@ -79,8 +81,8 @@ fn span(field: &str, text: Option<String>, default: Nanos, max: Nanos) -> Result
 }
 
 fn describe(span: Nanos) -> String {
-    if span.get() % SECOND.get() == 0 {
-        format!("{}s", span.get() / SECOND.get())
+    if span % SECOND == Nanos::ZERO {
+        format!("{}s", span / SECOND)
     } else {
         format!("{}ms", span.floor_millis())
     }

@@ -37,7 +37,7 @@
 
 use crate::algorithm::Policy;
 use crate::hash::SipHasher;
-use crate::time::{Nanos, SECOND};
+use crate::time::Nanos;
 
 /// How long an allowance's term lasts: long enough that a key far below its
 /// limit costs a lease every half minute, short enough that an allowance
@@ -147,7 +147,7 @@ impl Terms {
     /// The terms of the key whose bucket is `key`, for windows of `window`
     /// and terms of about `term` (at least one window).
     pub fn new(window: Nanos, term: Nanos, key: &str) -> Self {
-        let windows = (term.get() / window.get().max(1)).max(1);
+        let windows = (term / window).max(1);
         // A fixed key: every instance of the service must find the same phase.
         let mut hasher = SipHasher::new(0x616c_6c6f_7761_6e63, 0x6520_7465_726d_7321);
         hasher.write(key.as_bytes());
@@ -353,7 +353,7 @@ impl Reservations {
 /// `capacity`.
 pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
     let mean = match rate {
-        Some(rate) if rate.is_finite() && rate > 0.0 => rate * window.get() as f64 / SECOND.get() as f64,
+        Some(rate) if rate.is_finite() && rate > 0.0 => window.events_at(rate),
         _ => 0.0,
     };
     // `as` saturates, so an absurd rate is just "a lot".
@@ -365,10 +365,11 @@ pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 
 mod tests {
     use super::super::testing::{fresh, policy};
     use super::*;
+    use crate::time::SECOND;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
     #[test]
     fn terms_group_windows_from_a_phase_of_the_keys_own() {
@@ -404,7 +405,7 @@ mod tests {
         let window = policy("fixed_window", 10, r#"{"period": "1s"}"#);
         let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
         let now = T0;
-        let index = T0.get() / SECOND.get();
+        let index = T0 / SECOND;
         let mut state = fresh(window.as_ref(), now);
         let mut held = Reservations::default().settle(window.as_ref(), &terms, &mut state, now);
         let (first, last) = terms.span(index);
@@ -432,7 +433,7 @@ mod tests {
     #[test]
     fn a_release_frees_the_windows_after_now_and_no_others() {
         let terms = Terms::new(SECOND, DEFAULT_TERM, "k");
-        let index = T0.get() / SECOND.get();
+        let index = T0 / SECOND;
         let term_end = terms.last(terms.of(index));
         let mut held = Reservations::default();
         // One allowance through the next term, one ahead of it only.

@@ -201,7 +201,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
     const MS: Nanos = Nanos::from_nanos(1_000_000);
 
     #[test]
@@ -211,7 +211,7 @@ mod tests {
         let mut state = fresh(window.as_ref(), now);
         assert!(window.decide(&mut state, now, 9).allowed());
         let ahead = ahead(window.as_ref(), &state, None, now).unwrap();
-        assert_eq!((ahead.starts, ahead.window.index, ahead.room), (T0 + SECOND, T0.get() / SECOND.get() + 1, 10));
+        assert_eq!((ahead.starts, ahead.window.index, ahead.room), (T0 + SECOND, T0 / SECOND + 1, 10));
         let booking = book(window.as_ref(), &state, None, &ahead, 10);
         assert_eq!(booking, Some(Booking { starts: T0 + SECOND, units: 10 }));
         assert_eq!(book(window.as_ref(), &state, booking, &ahead, 1), None, "the next window is full");

@@ -70,7 +70,7 @@ impl Overshoot {
         if now < budget.strict_until || self.period == Nanos::ZERO {
             return None;
         }
-        let period_start = Nanos::from_nanos(now.get() - now.get() % self.period.get());
+        let period_start = now.floor_to(self.period);
         let used = if budget.period_start == period_start { budget.used } else { 0 };
         let used = used.checked_add(cost).filter(|&used| used <= self.limit)?;
         Some(Unleased { period_start, used, unreported: budget.unreported.saturating_add(cost), ..budget })
@@ -79,7 +79,7 @@ impl Overshoot {
     /// Whether the budget alone covers a pool spending `rate` units a
     /// second: then its claims only report (see `LeasePool::spend`).
     pub fn covers(&self, rate: f64) -> bool {
-        rate * self.period.get() as f64 / 1e9 <= self.limit as f64
+        self.period.events_at(rate) <= self.limit as f64
     }
 
     /// Whether forgetting `budget` at `now` would let the Envoy admit more
@@ -200,7 +200,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
     const BUDGET: Overshoot = Overshoot { limit: 2, period: SECOND };
 
     #[test]

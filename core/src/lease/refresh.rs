@@ -33,6 +33,31 @@ pub const RATE_FLOOR: Nanos = SECOND;
 /// only one time in twenty).
 pub const THIN_REQUESTS: f64 = 3.0;
 
+/// A pool's observed consumption: tokens spent since an instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateSeen {
+    /// Tokens spent since `since`.
+    pub spent: u64,
+    /// Start of the observation.
+    pub since: Nanos,
+}
+
+/// A lease's life: from when its tokens count until they expire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Life {
+    /// When its tokens start counting.
+    pub from: Nanos,
+    /// When they expire.
+    pub until: Nanos,
+}
+
+impl Life {
+    /// `1 / part` of its length.
+    fn share(&self, part: u64) -> Nanos {
+        (self.until - self.from) / part
+    }
+}
+
 /// When and how much to refresh.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RefreshPolicy {
@@ -43,13 +68,12 @@ pub struct RefreshPolicy {
 }
 
 impl RefreshPolicy {
-    /// Observed consumption in tokens per second: `spent` tokens since
-    /// `since`, averaged over at least [`RATE_FLOOR`] (or the horizon, if
-    /// shorter), so that a few requests just after a refresh do not look
-    /// like a flood.
-    pub fn rate(&self, spent: u64, since: Nanos, now: Nanos) -> f64 {
-        let window = (now - since).max(self.horizon.min(RATE_FLOOR)).max(Nanos::from_nanos(1));
-        spent as f64 * SECOND.get() as f64 / window.get() as f64
+    /// Observed consumption in tokens per second: what `seen` spent,
+    /// averaged over at least [`RATE_FLOOR`] (or the horizon, if shorter),
+    /// so that a few requests just after a refresh do not look like a flood.
+    pub fn rate(&self, seen: RateSeen, now: Nanos) -> f64 {
+        let window = (now - seen.since).max(self.horizon.min(RATE_FLOOR)).max(Nanos::ONE);
+        window.per_second(seen.spent as f64)
     }
 
     /// How long a refresh should be allowed to take: twice what refreshes
@@ -62,26 +86,25 @@ impl RefreshPolicy {
     pub fn few_requests(rate: f64) -> Nanos {
         let few_requests = if rate > 0.0 { THIN_REQUESTS / rate } else { 0.0 };
         // `as` saturates: a rate near zero makes it "forever" (callers cap it).
-        Nanos::from_nanos((few_requests * SECOND.get() as f64) as u64)
+        Nanos::from_secs_f64(few_requests)
     }
 
     /// Whether a pool should be refreshed at `now`: it holds `usable`
-    /// tokens, its lease is valid from `leased_at` to `expires_at`, it is
-    /// spent at `rate`, and refreshes have been taking `latency`.
-    pub fn due(&self, usable: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        let quarter = Nanos::from_nanos((expires_at - leased_at).get() / 4);
-        let lead = self.turnaround(latency).max(Self::few_requests(rate).min(quarter));
-        let runs_dry_soon = usable as f64 <= rate * lead.get() as f64 / SECOND.get() as f64;
-        usable == 0 || runs_dry_soon || self.expires_soon(leased_at, expires_at, rate, latency, now)
+    /// tokens of a lease of `life`, it is spent at `rate`, and refreshes
+    /// have been taking `latency`.
+    pub fn due(&self, usable: u64, life: Life, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        let lead = self.turnaround(latency).max(Self::few_requests(rate).min(life.share(4)));
+        let runs_dry_soon = usable as f64 <= lead.events_at(rate);
+        usable == 0 || runs_dry_soon || self.expires_soon(life, rate, latency, now)
     }
 
-    /// Whether a lease valid from `leased_at` to `expires_at` is close
-    /// enough to its end at `now` to refresh it: within the last callout
-    /// timeout or a thin key's few requests' time (whichever is longer, but
-    /// not before the last quarter of its life), and never later than a
-    /// refresh's [`RefreshPolicy::turnaround`] before it.
-    pub fn expires_soon(&self, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        self.within(4, leased_at, expires_at, rate, latency, now)
+    /// Whether a lease of `life` is close enough to its end at `now` to
+    /// refresh it: within the last callout timeout or a thin key's few
+    /// requests' time (whichever is longer, but not before the last quarter
+    /// of its life), and never later than a refresh's
+    /// [`RefreshPolicy::turnaround`] before it.
+    pub fn expires_soon(&self, life: Life, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        self.within(4, life, rate, latency, now)
     }
 
     /// Whether a lease that ends with its window is close enough to its end
@@ -90,29 +113,28 @@ impl RefreshPolicy {
     /// few, and one must come in that span to ask; asking early costs
     /// nothing (one ask per window either way, and the tokens held meanwhile
     /// are this window's, spent first).
-    pub fn next_due(&self, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        self.within(2, leased_at, expires_at, rate, latency, now)
+    pub fn next_due(&self, life: Life, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        self.within(2, life, rate, latency, now)
     }
 
-    /// Whether `now` is within the margin before `expires_at`, at most
-    /// `1 / part` of the lease's life (see [`RefreshPolicy::expires_soon`]).
-    fn within(&self, part: u64, leased_at: Nanos, expires_at: Nanos, rate: f64, latency: Nanos, now: Nanos) -> bool {
-        let share = Nanos::from_nanos((expires_at - leased_at).get() / part);
-        let margin = share.min(self.lead.max(Self::few_requests(rate)));
-        expires_at - now <= margin.max(self.turnaround(latency))
+    /// Whether `now` is within the margin before the end of `life`, at most
+    /// `1 / part` of it (see [`RefreshPolicy::expires_soon`]).
+    fn within(&self, part: u64, life: Life, rate: f64, latency: Nanos, now: Nanos) -> bool {
+        let margin = life.share(part).min(self.lead.max(Self::few_requests(rate)));
+        life.until - now <= margin.max(self.turnaround(latency))
     }
 
     /// The rate observation to keep after a refresh at `now`: what was spent
-    /// since `since`, scaled down to the last horizon once the observation
+    /// since it began, scaled down to the last horizon once the observation
     /// is older than two horizons, so the rate follows traffic without
     /// starting from nothing at every lease.
-    pub fn carry(&self, spent: u64, since: Nanos, now: Nanos) -> (u64, Nanos) {
-        let age = now - since;
+    pub fn carry(&self, seen: RateSeen, now: Nanos) -> RateSeen {
+        let age = now - seen.since;
         if age <= self.horizon.times(2) {
-            return (spent, since);
+            return seen;
         }
-        let kept = u128::from(spent) * u128::from(self.horizon.get()) / u128::from(age.get().max(1));
-        (u64::try_from(kept).unwrap_or(u64::MAX), now - self.horizon)
+        let kept = u128::from(seen.spent) * u128::from(self.horizon.get()) / u128::from(age.get().max(1));
+        RateSeen { spent: u64::try_from(kept).unwrap_or(u64::MAX), since: now - self.horizon }
     }
 
     /// The rate observation of a pool that had nothing usable since
@@ -120,11 +142,11 @@ impl RefreshPolicy {
     /// without tokens, an observation begun before the pause is mostly the
     /// pause, and would make the asks of revived traffic tiny; it starts
     /// afresh instead.
-    pub fn revive(&self, spent: u64, since: Nanos, idle_since: Nanos, now: Nanos) -> (u64, Nanos) {
-        if since < idle_since && now - idle_since >= self.horizon {
-            (0, now)
+    pub fn revive(&self, seen: RateSeen, idle_since: Nanos, now: Nanos) -> RateSeen {
+        if seen.since < idle_since && now - idle_since >= self.horizon {
+            RateSeen { spent: 0, since: now }
         } else {
-            (spent, since)
+            seen
         }
     }
 
@@ -133,7 +155,7 @@ impl RefreshPolicy {
     /// would leave the held tokens to expire unspent, stranded in this
     /// Envoy until then.)
     pub fn wanted(&self, rate: f64, usable: u64) -> u64 {
-        let ask = (rate * self.horizon.get() as f64 / SECOND.get() as f64).ceil();
+        let ask = self.horizon.events_at(rate).ceil();
         // `as` saturates, and NaN becomes 0: both end in the clamp.
         (ask as u64).saturating_sub(usable).clamp(1, MAX_WANTED)
     }
@@ -145,7 +167,15 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_000_000);
+
+    fn seen(spent: u64, since: Nanos) -> RateSeen {
+        RateSeen { spent, since }
+    }
+
+    fn life(from: Nanos, until: Nanos) -> Life {
+        Life { from, until }
+    }
 
     fn policy() -> RefreshPolicy {
         RefreshPolicy { lead: Nanos::from_millis(300), horizon: SECOND }
@@ -159,19 +189,19 @@ mod tests {
     #[test]
     fn the_rate_is_averaged_over_at_least_a_horizon() {
         let p = policy();
-        assert_eq!(p.rate(100, T0, T0 + SECOND.times(2)), 50.0);
-        assert_eq!(p.rate(5, T0, T0 + Nanos::from_millis(1)), 5.0, "5 in 1 ms is not 5000/s");
-        assert_eq!(p.rate(0, T0, T0), 0.0);
+        assert_eq!(p.rate(seen(100, T0), T0 + SECOND.times(2)), 50.0);
+        assert_eq!(p.rate(seen(5, T0), T0 + Nanos::from_millis(1)), 5.0, "5 in 1 ms is not 5000/s");
+        assert_eq!(p.rate(seen(0, T0), T0), 0.0);
     }
 
     #[test]
     fn a_young_pool_under_a_long_horizon_averages_over_a_second_not_the_horizon() {
         let p = long();
-        assert_eq!(p.rate(5, T0, T0 + Nanos::from_millis(500)), 5.0, "not 0.5/s for 10 s");
-        assert_eq!(p.rate(30, T0, T0 + SECOND.times(3)), 10.0);
-        assert_eq!(p.rate(100, T0, T0 + SECOND.times(20)), 5.0);
+        assert_eq!(p.rate(seen(5, T0), T0 + Nanos::from_millis(500)), 5.0, "not 0.5/s for 10 s");
+        assert_eq!(p.rate(seen(30, T0), T0 + SECOND.times(3)), 10.0);
+        assert_eq!(p.rate(seen(100, T0), T0 + SECOND.times(20)), 5.0);
         // Its first ask is a horizon at the floor's rate: 10 for a 10 s lease, not 2.
-        assert_eq!(p.wanted(p.rate(1, T0, T0), 0), 10);
+        assert_eq!(p.wanted(p.rate(seen(1, T0), T0), 0), 10);
     }
 
     #[test]
@@ -179,10 +209,18 @@ mod tests {
         let p = long();
         let idle_since = T0 + SECOND.times(5);
         let s = |n| SECOND.times(n);
-        assert_eq!(p.revive(50, T0, idle_since, idle_since + s(10)), (0, idle_since + s(10)));
-        assert_eq!(p.revive(50, T0, idle_since, idle_since + s(9)), (50, T0), "a pause shorter than the horizon");
+        assert_eq!(p.revive(seen(50, T0), idle_since, idle_since + s(10)), seen(0, idle_since + s(10)));
+        assert_eq!(
+            p.revive(seen(50, T0), idle_since, idle_since + s(9)),
+            seen(50, T0),
+            "a pause shorter than the horizon"
+        );
         let since = idle_since + s(10);
-        assert_eq!(p.revive(3, since, idle_since, since + s(1)), (3, since), "observed since the pause already");
+        assert_eq!(
+            p.revive(seen(3, since), idle_since, since + s(1)),
+            seen(3, since),
+            "observed since the pause already"
+        );
     }
 
     #[test]
@@ -191,18 +229,18 @@ mod tests {
         let (start, far) = (T0 - SECOND, T0 + SECOND.times(60));
         let ms = Nanos::from_millis;
         // 100/s with refreshes taking 100 ms: below 20 tokens it is due.
-        assert!(!p.due(21, start, far, 100.0, ms(100), T0));
-        assert!(p.due(20, start, far, 100.0, ms(100), T0));
+        assert!(!p.due(21, life(start, far), 100.0, ms(100), T0));
+        assert!(p.due(20, life(start, far), 100.0, ms(100), T0));
         // Fast refreshes count as 5 ms: 1000/s is due at 10 tokens.
-        assert!(!p.due(11, start, far, 1000.0, ms(1), T0));
-        assert!(p.due(10, start, far, 1000.0, ms(1), T0));
-        assert!(p.due(0, start, far, 0.0, ms(1), T0), "an empty pool is always due");
+        assert!(!p.due(11, life(start, far), 1000.0, ms(1), T0));
+        assert!(p.due(10, life(start, far), 1000.0, ms(1), T0));
+        assert!(p.due(0, life(start, far), 0.0, ms(1), T0), "an empty pool is always due");
         // A 1 s lease is due in its last quarter (shorter than the 300 ms timeout).
-        assert!(!p.due(1_000, T0, T0 + SECOND, 1.0, ms(1), T0 + ms(749)));
-        assert!(p.due(1_000, T0, T0 + SECOND, 1.0, ms(1), T0 + ms(750)));
+        assert!(!p.due(1_000, life(T0, T0 + SECOND), 1.0, ms(1), T0 + ms(749)));
+        assert!(p.due(1_000, life(T0, T0 + SECOND), 1.0, ms(1), T0 + ms(750)));
         // A 60 s lease is due in the last callout timeout.
-        assert!(!p.due(1_000, T0, T0 + SECOND.times(60), 1000.0, ms(1), T0 + SECOND.times(60) - ms(301)));
-        assert!(p.due(1_000, T0, T0 + SECOND.times(60), 1000.0, ms(1), T0 + SECOND.times(60) - ms(300)));
+        assert!(!p.due(1_000, life(T0, T0 + SECOND.times(60)), 1000.0, ms(1), T0 + SECOND.times(60) - ms(301)));
+        assert!(p.due(1_000, life(T0, T0 + SECOND.times(60)), 1000.0, ms(1), T0 + SECOND.times(60) - ms(300)));
     }
 
     #[test]
@@ -212,13 +250,13 @@ mod tests {
         let end = T0 + SECOND.times(10);
         // 3 requests a second on a 10 s lease: due with three tokens left
         // (not only at a fraction of one), and in the last second.
-        assert!(!p.due(4, T0, end, 3.0, ms(5), T0 + SECOND));
-        assert!(p.due(3, T0, end, 3.0, ms(5), T0 + SECOND));
-        assert!(!p.due(100, T0, end, 3.0, ms(5), end - ms(1_001)));
-        assert!(p.due(100, T0, end, 3.0, ms(5), end - SECOND));
+        assert!(!p.due(4, life(T0, end), 3.0, ms(5), T0 + SECOND));
+        assert!(p.due(3, life(T0, end), 3.0, ms(5), T0 + SECOND));
+        assert!(!p.due(100, life(T0, end), 3.0, ms(5), end - ms(1_001)));
+        assert!(p.due(100, life(T0, end), 3.0, ms(5), end - SECOND));
         // Never earlier than the lease's last quarter: 0.1/s is not due with 3 left for 30 s.
-        assert!(!p.due(3, T0, end, 0.1, ms(5), T0 + SECOND));
-        assert!(p.due(100, T0, end, 0.1, ms(5), end - ms(2_500)));
+        assert!(!p.due(3, life(T0, end), 0.1, ms(5), T0 + SECOND));
+        assert!(p.due(100, life(T0, end), 0.1, ms(5), end - ms(2_500)));
     }
 
     #[test]
@@ -227,24 +265,27 @@ mod tests {
         let (start, end) = (T0, T0 + SECOND);
         let ms = Nanos::from_millis;
         // A busy key: the callout timeout before the end (not the quarter).
-        assert!(!p.next_due(start, end, 1000.0, ms(1), end - ms(301)));
-        assert!(p.next_due(start, end, 1000.0, ms(1), end - ms(300)));
-        assert!(!p.expires_soon(start, end, 1000.0, ms(1), end - ms(300)), "a refresh waits for the last quarter");
+        assert!(!p.next_due(life(start, end), 1000.0, ms(1), end - ms(301)));
+        assert!(p.next_due(life(start, end), 1000.0, ms(1), end - ms(300)));
+        assert!(
+            !p.expires_soon(life(start, end), 1000.0, ms(1), end - ms(300)),
+            "a refresh waits for the last quarter"
+        );
         // A thin key: its few requests' time, up to half the lease's life.
-        assert!(p.next_due(start, end, 5.0, ms(1), end - ms(500)));
-        assert!(!p.next_due(start, end, 5.0, ms(1), end - ms(501)));
+        assert!(p.next_due(life(start, end), 5.0, ms(1), end - ms(500)));
+        assert!(!p.next_due(life(start, end), 5.0, ms(1), end - ms(501)));
         // Refreshes that take 400 ms: 800 ms ahead, whatever the share.
-        assert!(p.next_due(start, end, 1000.0, ms(400), end - ms(800)));
-        assert!(p.expires_soon(start, end, 1000.0, ms(400), end - ms(800)));
+        assert!(p.next_due(life(start, end), 1000.0, ms(400), end - ms(800)));
+        assert!(p.expires_soon(life(start, end), 1000.0, ms(400), end - ms(800)));
     }
 
     #[test]
     fn the_rate_observation_carries_over_refreshes() {
         let p = policy();
-        assert_eq!(p.carry(150, T0, T0 + SECOND), (150, T0), "young: kept whole");
+        assert_eq!(p.carry(seen(150, T0), T0 + SECOND), seen(150, T0), "young: kept whole");
         // 300 over 3 s: the last second's share, 100, from a second ago.
-        assert_eq!(p.carry(300, T0, T0 + SECOND.times(3)), (100, T0 + SECOND.times(2)));
-        assert_eq!(p.rate(100, T0 + SECOND.times(2), T0 + SECOND.times(3)), 100.0);
+        assert_eq!(p.carry(seen(300, T0), T0 + SECOND.times(3)), seen(100, T0 + SECOND.times(2)));
+        assert_eq!(p.rate(seen(100, T0 + SECOND.times(2)), T0 + SECOND.times(3)), 100.0);
     }
 
     #[test]

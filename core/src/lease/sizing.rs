@@ -15,7 +15,7 @@
 
 use super::allowance::low_count;
 use super::refresh::RATE_FLOOR;
-use crate::time::{Nanos, SECOND};
+use crate::time::Nanos;
 
 /// Below `remaining * LOW_WATER_DIVISOR < capacity` (10 % left) grants are
 /// paced over the time left, not just halved.
@@ -27,7 +27,7 @@ pub const LOW_WATER_DIVISOR: u64 = 10;
 /// is read at its low end ([`low_count`]). Used to size the leases of a key
 /// heading for its limit in a window that outlasts them.
 pub fn low_rate(rate: f64) -> f64 {
-    let observed = RATE_FLOOR.get() as f64 / SECOND.get() as f64;
+    let observed = RATE_FLOOR.as_secs_f64();
     low_count(rate * observed) / observed
 }
 
@@ -44,7 +44,7 @@ pub fn lease_target(wanted: u64, rate: Option<f64>, usable: Nanos, capacity: u64
     let aim = match rate {
         Some(rate) if rate.is_finite() && rate > 0.0 => {
             // f64 -> u64 `as` saturates, so an absurd rate is just "a lot".
-            (rate * usable.get() as f64 / SECOND.get() as f64).ceil() as u64
+            usable.events_at(rate).ceil() as u64
         }
         _ => capacity / 100,
     };
@@ -94,7 +94,7 @@ pub fn grant_cap(remaining: u64, capacity: u64, horizon: Nanos, ttl: Nanos, pace
 /// to come back then, not at the end of the window: the tail is still to
 /// be handed out.
 pub fn paced_retry(remaining: u64, horizon: Nanos, ttl: Nanos, paced_until: Nanos, now: Nanos) -> Nanos {
-    let one_token = Nanos::from_nanos(horizon.get() / remaining.max(1));
+    let one_token = horizon / remaining;
     let next = (paced_until - ttl + one_token).min(paced_until);
     next - now
 }
@@ -134,6 +134,7 @@ pub fn paced_until(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::SECOND;
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 

@@ -226,7 +226,7 @@ mod tests {
         let limiter = build(&json, &store);
         let mut tally = Tally::default();
         // T0 is 20 s into its minute and 1h windows are aligned to the hour.
-        let window_end = Nanos::from_nanos((T0.get() / (3600 * SECOND.get()) + 1) * 3600 * SECOND.get());
+        let window_end = T0.floor_to(Nanos::from_secs(3600)) + Nanos::from_secs(3600);
         let just_before = window_end - Nanos::from_nanos(1);
         assert!(admitted(&limiter, &store, just_before, &[("x-api-key", "a")], &mut tally));
         let reserve =

@@ -14,11 +14,8 @@ use super::{CompiledRule, Limiter};
 /// Backoff between probes of a failing quota service: the first after 100 ms,
 /// doubling to at most 2 s, so global mode is back within about 2 s of the
 /// service's return.
-const PROBE_BACKOFF: Backoff = Backoff {
-    first: Nanos::from_nanos(100_000_000),
-    max: Nanos::from_nanos(2 * SECOND.get()),
-    probe_ttl: Nanos::from_nanos(SECOND.get()),
-};
+const PROBE_BACKOFF: Backoff =
+    Backoff { first: Nanos::from_nanos(100_000_000), max: Nanos::from_secs(2), probe_ttl: SECOND };
 
 impl<H> Limiter<H> {
     /// Records the outcome of a callout for global rule `rule` in its shared

@@ -4,7 +4,7 @@
 //! answer is abandoned, and unspent tokens are taken back out when the
 //! configuration goes away. The pool's arithmetic is [`crate::lease::pool`].
 
-use crate::algorithm::{Algorithm, Quota};
+use crate::algorithm::Algorithm;
 use crate::descriptor::{protocol_descriptor, DescriptorEntry, Request};
 use crate::global::calls::Refresh;
 use crate::hash::SipHasher;
@@ -41,7 +41,7 @@ impl<H> Pass<'_, H> {
                     let (spend, claim, after) = pool.spend(state, now, cost);
                     let changed = after != state;
                     pool.encode(&after, slot);
-                    let quota = (after.limit > 0).then_some(Quota { limit: after.limit, window: Some(after.window) });
+                    let quota = after.quote.quota();
                     ((spend, claim, quota), changed)
                 })
             });
@@ -333,7 +333,7 @@ mod tests {
         // replace the lease while it still holds some.
         let mut now = T0;
         let second = loop {
-            now = now + Nanos::from_millis(100);
+            now += Nanos::from_millis(100);
             let (verdict, _) = limiter.check(&store, now, &mut request(&limiter, &alice), &mut tally);
             assert!(verdict.allowed());
             if let Some(refresh) = verdict.refreshes.first() {

@@ -13,7 +13,7 @@ pub(super) use crate::time::{Nanos, SECOND};
 pub(super) use super::{CanWait, RequestEvent};
 use super::{CompiledRule, Counters, Limiter, RuleEvent, StoreEvent};
 
-pub(super) const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+pub(super) const T0: Nanos = Nanos::from_secs(1_700_000_000);
 
 /// One rule of 3 per hour per `x-api-key`.
 pub(super) const PER_KEY: &str = r#"{"rules": [{"name": "per-key", "limit": 3, "period": "1h",

@@ -132,11 +132,11 @@ fn own_fields(registration: &Registration, fields: &str) -> Result<Map<String, V
 /// `period` as the core's duration text, in whole milliseconds (the unit
 /// the limits file's periods and the wire's both count in).
 fn period_in_millis(period: Nanos) -> Result<String, String> {
-    let millis = Nanos::from_millis(1).get();
-    if period == Nanos::ZERO || period.get() % millis != 0 {
+    let millis = Nanos::from_millis(1);
+    if period == Nanos::ZERO || period % millis != Nanos::ZERO {
         return Err(format!("the period must be a positive whole number of milliseconds, not {period}"));
     }
-    Ok(format!("{}ms", period.get() / millis))
+    Ok(format!("{}ms", period / millis))
 }
 
 /// A core error on `field` (under [`RULE`]) named as the limits file names

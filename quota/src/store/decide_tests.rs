@@ -5,7 +5,7 @@ use super::*;
 use floodgate_core::algorithm::ALGORITHMS;
 use floodgate_core::time::SECOND;
 
-const NOW: Nanos = Nanos::from_nanos(1_700_002_800 * SECOND.get());
+const NOW: Nanos = Nanos::from_secs(1_700_002_800);
 
 fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) -> LeaseAsk {
     LeaseAsk { wanted, rate, window, per_window, reported: 0 }
@@ -152,7 +152,7 @@ fn an_allowance_covers_its_windows_to_its_terms_end_and_renews_ahead() {
     // A quarter of the window on, at its pace, one.
     let now = NOW + ms(250);
     let leased = lease(&window, key, None, now, ask(10, Some(2.0), None, true), SECOND);
-    let index = NOW.get() / SECOND.get();
+    let index = NOW / SECOND;
     assert_eq!(leased.window, index);
     assert!(leased.windows >= 15 && leased.windows <= 45, "{} windows", leased.windows);
     assert_eq!(leased.granted, 6, "2 a second and room for their ups and downs");
@@ -333,12 +333,12 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
     let end = NOW + SECOND.times(90);
     let mut allowances = 0;
     while now < end {
-        now = now + Nanos::from_nanos((random(60) + 1) * 1_000_000);
+        now += Nanos::from_nanos((random(60) + 1) * 1_000_000);
         // Ten calm seconds (allowances are granted), then five of checks
         // that take all they can.
-        let storm = (now - NOW).get() / SECOND.get() % 15 >= 10;
+        let storm = (now - NOW) / SECOND % 15 >= 10;
         if !storm && random(3) == 0 {
-            let slot = now.get() / SECOND.get();
+            let slot = now / SECOND;
             let named = (random(3) == 0).then_some(slot + 1);
             let rate = Some((random(30) + 1) as f64 / 10.0);
             let leased = lease(&bucket, key, stored.as_deref(), now, ask(10, rate, named, true), SECOND);
@@ -396,7 +396,7 @@ fn a_returned_allowance_gives_back_this_windows_rest_and_frees_the_windows_after
     assert_eq!(peek(&window, Some(&next.bytes), later).remaining, 98, "6 counted, 4 back");
     assert_eq!(peek(&window, Some(&next.bytes), later + SECOND).remaining, 100, "nothing reserved after");
     // An allowance ahead, returned before it starts: all of it.
-    let index = NOW.get() / SECOND.get();
+    let index = NOW / SECOND;
     let ahead = lease(&window, key, None, now, ask(10, Some(2.0), Some(index + 1), true), SECOND);
     assert_eq!(ahead.starts_at, NOW + SECOND);
     let record = record_of(key, &window, &ahead, now);
@@ -413,7 +413,7 @@ fn an_allowance_fits_the_next_window_beside_what_leases_ahead_booked_there() {
     let window = limit("fixed_window", 80, SECOND, "{}");
     let key = "k";
     let late = NOW + Nanos::from_nanos(900_000_000);
-    let next = NOW.get() / SECOND.get() + 1;
+    let next = NOW / SECOND + 1;
     // Leases ahead book most of the next window.
     let mut stored: Option<Vec<u8>> = None;
     let mut booked = 0;
@@ -453,11 +453,11 @@ fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() 
     let mut now = NOW;
     let mut allowances = 0;
     for _ in 0..20_000 {
-        now = now + Nanos::from_nanos(random(40) * 1_000_000);
-        let index = now.get() / SECOND.get();
+        now += Nanos::from_nanos(random(40) * 1_000_000);
+        let index = now / SECOND;
         // Seven calm seconds in ten (thin callers, few checks: the key far
         // below its limit takes allowances), then three busy ones.
-        let calm = (now - NOW).get() / SECOND.get() % 10 < 7;
+        let calm = (now - NOW) / SECOND % 10 < 7;
         match random(10) {
             0..=2 => {
                 let named = (random(2) == 0).then_some(index + 1);

@@ -467,7 +467,7 @@ mod tests {
     use crate::store::{BucketCheck, BucketLease, QuotaStore};
     use floodgate_core::time::{FakeClock, SECOND};
 
-    const T0: Nanos = Nanos::from_nanos(1_700_002_800 * SECOND.get());
+    const T0: Nanos = Nanos::from_secs(1_700_002_800);
 
     fn window(limit: u64) -> Limit {
         Limit::new("fixed_window", limit, SECOND, "{}").unwrap()
@@ -509,7 +509,7 @@ mod tests {
         let store = store(&clock, 100);
         assert!(store.check(&[item("a", 2)]).await.unwrap().committed);
         // The wall clock steps back into the previous window.
-        clock.set(T0 + Nanos::from_nanos(SECOND.get() / 2));
+        clock.set(T0 + SECOND.halved());
         assert!(!store.check(&[item("a", 1)]).await.unwrap().committed);
     }
 
@@ -538,9 +538,9 @@ mod tests {
         let bucket = Limit::new("token_bucket", 1, SECOND, r#"{"burst":2}"#).unwrap();
         let take = |cost| [BucketCheck { key: "t".into(), limit: bucket.clone(), cost, shadow: false }];
         store.check(&take(1)).await.unwrap(); // idle in 1 s
-        clock.advance(Nanos::from_nanos(SECOND.get() / 2));
+        clock.advance(SECOND.halved());
         store.check(&take(1)).await.unwrap(); // empty: now idle at T0 + 2 s
-        clock.advance(Nanos::from_nanos(SECOND.get() / 2));
+        clock.advance(SECOND.halved());
         assert_eq!(memory(&store).sweep(), 0, "busier than queued: kept");
         assert_eq!(store.check(&take(0)).await.unwrap().decisions[0].remaining, 1);
         clock.advance(SECOND.times(2));

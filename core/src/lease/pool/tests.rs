@@ -6,8 +6,14 @@ use crate::time::SECOND;
 #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
 use wasm_bindgen_test::wasm_bindgen_test as test;
 
-const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+const T0: Nanos = Nanos::from_secs(1_700_000_000);
 const MS: Nanos = Nanos::from_nanos(1_000_000);
+
+/// `state` after `change`.
+fn with(mut state: PoolState, change: impl FnOnce(&mut PoolState)) -> PoolState {
+    change(&mut state);
+    state
+}
 
 /// A claim made at `at` whose call left at once.
 fn sent(at: Nanos) -> (Nanos, Nanos) {
@@ -49,7 +55,7 @@ fn leased(tokens: u64) -> PoolState {
 }
 
 /// The per-second window starting at `T0`, as the service numbers it.
-const K: u64 = T0.get() / SECOND.get();
+const K: u64 = 1_700_000_000;
 
 /// A grant of window `index` (a per-second fixed window) made at `at`:
 /// valid until that window ends, and for a window after `at`'s, starting
@@ -64,7 +70,11 @@ fn windowed_grant(lease: u64, granted: u64, index: u64, at: Nanos) -> GrantedLea
 /// `tokens` of window `K`, claimed and answered at `at`.
 fn windowed(tokens: u64, at: Nanos) -> PoolState {
     let p = pool();
-    let claimed = PoolState { spent: 100, rate_since: at - SECOND, refresh_until: at + MS, ..p.fresh(at) };
+    let claimed = with(p.fresh(at), |s| {
+        s.rate.spent = 100;
+        s.rate.since = at - SECOND;
+        s.claims.refresh_until = at + MS;
+    });
     let (_, state) = p.apply(claimed, at, sent(at), &windowed_grant(1, tokens, K, at));
     state
 }
@@ -76,7 +86,7 @@ fn until_claimed() -> (Claim, PoolState) {
     let mut state = windowed(100, T0);
     let mut now = T0;
     loop {
-        now = now + MS.times(10);
+        now += MS.times(10);
         let (spend, claim, after) = p.spend(state, now, 1);
         assert!(matches!(spend, Spend::Taken(_)), "at {now}");
         state = after;
@@ -104,7 +114,7 @@ fn a_lease_that_ends_with_its_window_asks_for_the_next_one_before_the_end() {
 fn the_ahead_claim_comes_early_enough_for_the_observed_refresh_latency() {
     let p = pool();
     // Refreshes have been taking 400 ms: the last quarter (250 ms) is too late.
-    let state = PoolState { latency: MS.times(400), ..windowed(100, T0) };
+    let state = with(windowed(100, T0), |s| s.claims.latency = MS.times(400));
     let (_, early, _) = p.spend(state, T0 + MS.times(199), 1);
     assert_eq!(early, None);
     let (_, claim, _) = p.spend(state, T0 + MS.times(200), 1);
@@ -121,10 +131,10 @@ fn at_the_boundary_the_pool_switches_to_the_next_windows_lease_without_waiting()
     let grant = windowed_grant(2, 100, K + 1, at + MS.times(2));
     let (applied, mut state) = p.apply(claimed, answered, sent(claim.started), &grant);
     assert_eq!(applied, Applied::Replaced(Leftover::default()), "what is left of this window is kept");
-    assert_eq!((state.held_lease, state.held_tokens, state.held_until), (1, 30, T0 + SECOND));
+    assert_eq!((state.held.lease, state.held.tokens, state.held.until), (1, 30, T0 + SECOND));
     // It counts from the window's start as the answer saw it: the 3 ms
     // it took after the service decided are not the next window's.
-    assert_eq!((state.lease, state.tokens, state.starts_at), (2, 100, T0 + SECOND + MS.times(3)));
+    assert_eq!((state.lease.id, state.lease.tokens, state.lease.starts_at), (2, 100, T0 + SECOND + MS.times(3)));
     // Before the boundary only this window's tokens count; the next
     // window's never do, even once these run out.
     assert_eq!(p.usable(&state, T0 + SECOND - Nanos::from_nanos(1)), 30);
@@ -134,15 +144,15 @@ fn at_the_boundary_the_pool_switches_to_the_next_windows_lease_without_waiting()
         assert_eq!(claim, None, "no refresh while the next window's lease waits");
         taken += u64::from(matches!(spend, Spend::Taken(_)));
         state = after;
-        now = now + MS.times(10);
+        now += MS.times(10);
     }
-    assert_eq!((taken, state.tokens), (30, 100), "30 of this window's, none of the next's");
+    assert_eq!((taken, state.lease.tokens), (30, 100), "30 of this window's, none of the next's");
     // At the boundary: the next window's tokens, as soon as they surely count.
     let (spend, claim, _) = p.spend(state, T0 + SECOND, 1);
     assert_eq!((spend, claim), (Spend::Empty, None), "no refresh for those 3 ms: the request waits");
     let (spend, claim, after) = p.spend(state, T0 + SECOND + MS.times(3), 1);
     assert!(matches!(spend, Spend::Taken(_)));
-    assert_eq!((claim, after.tokens, after.held_tokens), (None, 99, 0));
+    assert_eq!((claim, after.lease.tokens, after.held.tokens), (None, 99, 0));
     assert_eq!(p.usable(&after, T0 + SECOND + MS.times(3)), 99, "the old window's leftovers count no longer");
     // And the next window's tokens end with it.
     assert_eq!(p.usable(&after, T0 + SECOND.times(2)), 0);
@@ -159,16 +169,23 @@ fn a_lease_counts_from_the_answer_plus_its_start_until_its_call_plus_its_validit
     let grant = windowed_grant(1, 10, K + 1, decided);
     let (_, state) = p.apply(claimed, decided + MS.times(60), (claim.started, left), &grant);
     // The service meant [T0 + 1 s, T0 + 2 s): the pool's view lies inside it.
-    assert_eq!(state.starts_at, T0 + SECOND + MS.times(60));
-    assert_eq!(state.expires_at, T0 + SECOND.times(2) - MS.times(30));
-    assert_eq!(state.latency, MS.times(90), "what the call took, not the claim");
+    assert_eq!(state.lease.starts_at, T0 + SECOND + MS.times(60));
+    assert_eq!(state.lease.expires_at, T0 + SECOND.times(2) - MS.times(30));
+    assert_eq!(state.claims.latency, MS.times(90), "what the call took, not the claim");
 }
 
 #[test]
 fn a_pool_denied_for_the_rest_of_its_window_asks_ahead_and_is_served_at_the_boundary() {
     let p = pool();
     let at = T0 + MS.times(300);
-    let (_, claim, claimed) = p.spend(PoolState { spent: 100, rate_since: at - SECOND, ..p.fresh(at) }, at, 1);
+    let (_, claim, claimed) = p.spend(
+        with(p.fresh(at), |s| {
+            s.rate.spent = 100;
+            s.rate.since = at - SECOND;
+        }),
+        at,
+        1,
+    );
     // The window is used up: nothing, until it ends.
     let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
     let (spend, claim, _) = p.spend(state, T0 + MS.times(650), 1);
@@ -218,18 +235,22 @@ fn held_tokens_that_run_dry_well_before_the_next_window_are_bridged_with_this_wi
     let (_, state) = p.apply(claimed, claim.started, sent(claim.started), &ahead);
     // A burst spends the held tokens 200 ms before the next window: a
     // refresh of this window is due, not of the next.
-    let (spend, claim, claimed) = p.spend(PoolState { held_tokens: 0, ..state }, T0 + MS.times(800), 1);
+    let (spend, claim, claimed) = p.spend(with(state, |s| s.held.tokens = 0), T0 + MS.times(800), 1);
     assert_eq!(spend, Spend::Empty);
     let claim = claim.unwrap();
     assert_eq!((claim.window, claim.send_by), (None, claim.started), "nothing held: sent at once");
     let now = T0 + MS.times(805);
     let (applied, after) = p.apply(claimed, now, sent(claim.started), &windowed_grant(3, 40, K, claim.started));
     assert_eq!(applied, Applied::Replaced(Leftover::default()));
-    assert_eq!((after.held_lease, after.held_tokens, after.held_until), (3, 40, T0 + SECOND));
-    assert_eq!((after.lease, after.tokens, after.starts_at), (2, 100, T0 + SECOND), "the lease ahead stays");
+    assert_eq!((after.held.lease, after.held.tokens, after.held.until), (3, 40, T0 + SECOND));
+    assert_eq!(
+        (after.lease.id, after.lease.tokens, after.lease.starts_at),
+        (2, 100, T0 + SECOND),
+        "the lease ahead stays"
+    );
     assert_eq!(p.usable(&after, now), 40);
     // Just before the next window starts, an empty pool waits for it instead.
-    let (spend, claim, _) = p.spend(PoolState { held_tokens: 0, ..after }, T0 + SECOND - MS.times(5), 1);
+    let (spend, claim, _) = p.spend(with(after, |s| s.held.tokens = 0), T0 + SECOND - MS.times(5), 1);
     assert_eq!((spend, claim), (Spend::Empty, None));
 }
 
@@ -248,7 +269,7 @@ fn a_lease_ahead_given_back_before_its_start_goes_back_whole() {
     // to the held tokens it came from, never to the lease ahead.
     let (_, _, spent) = p.spend(state, at + MS, 1);
     let back = p.release(spent, at + MS, Grant { cost: 1, at: at + MS }, Release::Undo).unwrap();
-    assert_eq!((back.held_tokens, back.tokens), (27, 70));
+    assert_eq!((back.held.tokens, back.lease.tokens), (27, 70));
     assert_eq!(p.release(spent, T0 + SECOND, Grant { cost: 1, at: at + MS }, Release::Undo), None);
 }
 
@@ -260,7 +281,7 @@ fn an_empty_pool_claims_one_refresh_and_a_second_worker_waits() {
     let claim = claim.unwrap();
     assert_eq!(claim.started, T0);
     assert_eq!(claim.send_by, T0, "a request waits for it: sent at once");
-    assert_eq!(state.refresh_until, T0 + MS.times(600));
+    assert_eq!(state.claims.refresh_until, T0 + MS.times(600));
     // Another worker, 1 ms later, sees the claim: it waits, no second callout.
     let (spend, second, _) = p.spend(state, T0 + MS, 1);
     assert_eq!((spend, second), (Spend::Empty, None));
@@ -288,8 +309,11 @@ fn the_only_request_a_pool_has_seen_claims_no_second_lease() {
     let plenty = GrantedLease { unleased: 950, ..grant(1, 1) };
     let (_, fresh) = p.apply(fresh, T0 + MS, sent(claim.unwrap().started), &plenty);
     assert!(p.spend(fresh, T0 + MS.times(2), 1).1.is_some(), "plentiful: claimed");
-    let seen_more = PoolState { spent: 3, rate_since: T0 - SECOND, ..state };
-    let (spend, prefetch, _) = p.spend(PoolState { tokens: 1, ..seen_more }, T0 + MS.times(2), 1);
+    let seen_more = with(state, |s| {
+        s.rate.spent = 3;
+        s.rate.since = T0 - SECOND;
+    });
+    let (spend, prefetch, _) = p.spend(with(seen_more, |s| s.lease.tokens = 1), T0 + MS.times(2), 1);
     assert!(matches!(spend, Spend::Taken(_)));
     assert!(prefetch.is_some(), "a pool that has seen more refreshes before it runs dry");
 }
@@ -309,7 +333,7 @@ fn steady_traffic_spends_locally_and_refreshes_early() {
     }
     assert_eq!(taken, 90, "never waited");
     assert_eq!(claims, 1, "one early refresh, while tokens remained");
-    assert!(state.tokens > 0);
+    assert!(state.lease.tokens > 0);
 }
 
 #[test]
@@ -334,7 +358,10 @@ fn a_claim_that_is_never_answered_is_taken_over_after_its_ttl() {
 fn a_new_lease_keeps_what_the_rate_spends_of_the_old_one_and_hands_back_the_rest() {
     let p = pool();
     // 60 spent in the 800 ms since the first lease: 60/s observed.
-    let state = PoolState { tokens: 40, spent: 60, ..leased(100) };
+    let state = with(leased(100), |s| {
+        s.lease.tokens = 40;
+        s.rate.spent = 60;
+    });
     // In the lease's last quarter: due although 39 tokens remain.
     let (_, claim, claimed) = p.spend(state, T0 + MS.times(800), 1);
     let claim = claim.unwrap();
@@ -345,10 +372,10 @@ fn a_new_lease_keeps_what_the_rate_spends_of_the_old_one_and_hands_back_the_rest
     // stay, held; 28 go back to the service.
     let back = Leftover { returns: [(0, 0), (1, 28)], expired: 0 };
     assert_eq!(applied, Applied::Replaced(back));
-    assert_eq!((after.lease, after.tokens, after.refresh_until), (2, 80, Nanos::ZERO));
-    assert_eq!((after.held_lease, after.held_tokens, after.held_until), (1, 11, T0 + SECOND));
+    assert_eq!((after.lease.id, after.lease.tokens, after.claims.refresh_until), (2, 80, Nanos::ZERO));
+    assert_eq!((after.held.lease, after.held.tokens, after.held.until), (1, 11, T0 + SECOND));
     // The same answer again (a replay) changes nothing and returns nothing.
-    assert_eq!(after.latency, MS.times(20), "what the refresh took, for the next one's timing");
+    assert_eq!(after.claims.latency, MS.times(20), "what the refresh took, for the next one's timing");
     assert_eq!(p.apply(after, T0 + MS.times(830), sent(claim.started), &grant(2, 80)).0, Applied::Duplicate);
     // So does a replay of the held lease's: its tokens are in use, not to be returned.
     assert_eq!(p.apply(after, T0 + MS.times(830), sent(T0), &grant(1, 100)).0, Applied::Duplicate);
@@ -357,13 +384,17 @@ fn a_new_lease_keeps_what_the_rate_spends_of_the_old_one_and_hands_back_the_rest
 #[test]
 fn held_tokens_are_spent_first_and_only_until_their_lease_expires() {
     let p = pool();
-    let state = PoolState { held_lease: 1, held_tokens: 2, held_until: T0 + MS.times(100), ..leased(50) };
+    let state = with(leased(50), |s| {
+        s.held.lease = 1;
+        s.held.tokens = 2;
+        s.held.until = T0 + MS.times(100);
+    });
     assert_eq!(p.usable(&state, T0 + MS), 52);
     let (spend, _, after) = p.spend(state, T0 + MS, 3);
     assert!(matches!(spend, Spend::Taken(_)));
-    assert_eq!((after.held_tokens, after.tokens), (0, 49), "both held first, then one of the lease's");
+    assert_eq!((after.held.tokens, after.lease.tokens), (0, 49), "both held first, then one of the lease's");
     let (_, _, after) = p.spend(state, T0 + MS.times(100), 1);
-    assert_eq!((after.held_tokens, after.tokens), (2, 49), "held tokens past their lease's expiry do not count");
+    assert_eq!((after.held.tokens, after.lease.tokens), (2, 49), "held tokens past their lease's expiry do not count");
     assert_eq!(p.usable(&state, T0 + MS.times(100)), 50);
 }
 
@@ -375,7 +406,10 @@ fn a_refresh_that_comes_early_gives_back_no_more_than_its_rounding_at_a_steady_r
     // may leave one token unspent, given back once it has expired, as its
     // per-minute window still counts.)
     let p = pool();
-    let mut state = PoolState { spent: 100, rate_since: T0 - SECOND, ..leased(100) };
+    let mut state = with(leased(100), |s| {
+        s.rate.spent = 100;
+        s.rate.since = T0 - SECOND;
+    });
     let (mut returned, mut expired, mut waited, mut claims) = (0, 0, 0, 0);
     let mut pending: Option<Claim> = None;
     for i in 1..500 {
@@ -403,11 +437,14 @@ fn a_refresh_that_comes_early_gives_back_no_more_than_its_rounding_at_a_steady_r
 fn a_revived_pool_observes_its_rate_afresh() {
     let p = pool();
     // Spent 1000 over its first 10 s, then idle for a minute.
-    let state = PoolState { spent: 1_000, rate_since: T0 - SECOND.times(10), ..leased(100) };
+    let state = with(leased(100), |s| {
+        s.rate.spent = 1_000;
+        s.rate.since = T0 - SECOND.times(10);
+    });
     let later = T0 + SECOND.times(60);
     let (spend, claim, after) = p.spend(state, later, 1);
     assert_eq!(spend, Spend::Empty);
-    assert_eq!((after.spent, after.rate_since), (0, later));
+    assert_eq!((after.rate.spent, after.rate.since), (0, later));
     assert_eq!(claim.unwrap().rate, 1.0, "the waiting request itself, over a second; not 1000 over 70 s");
 }
 
@@ -416,7 +453,11 @@ fn an_expired_leases_tokens_go_back_while_its_window_counts_and_are_lost_after()
     let p = pool();
     // A lease of 1 s in a window that ends 30 s after it was granted, and 3
     // held from the lease before it.
-    let state = PoolState { held_lease: 7, held_tokens: 3, held_until: T0 + MS, ..leased(100) };
+    let state = with(leased(100), |s| {
+        s.held.lease = 7;
+        s.held.tokens = 3;
+        s.held.until = T0 + MS;
+    });
     for (later, returns, expired) in [
         // Expired, their window still counting: they go back (the service
         // takes them off its count).
@@ -429,7 +470,7 @@ fn an_expired_leases_tokens_go_back_while_its_window_counts_and_are_lost_after()
         assert_eq!(spend, Spend::Empty);
         let (applied, after) = p.apply(claimed, later, sent(claim.unwrap().started), &grant(2, 10));
         assert_eq!(applied, Applied::Replaced(Leftover { returns, expired }), "at {later:?}");
-        assert_eq!((after.held_lease, after.held_tokens), (0, 0));
+        assert_eq!((after.held.lease, after.held.tokens), (0, 0));
     }
 }
 
@@ -454,7 +495,7 @@ fn a_failed_refresh_frees_the_claim_only_if_it_is_still_ours() {
     let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
     let claim = claim.unwrap();
     let freed = p.abandon(state, &claim).unwrap();
-    assert_eq!(freed.refresh_until, Nanos::ZERO);
+    assert_eq!(freed.claims.refresh_until, Nanos::ZERO);
     assert!(p.spend(freed, T0 + MS, 1).1.is_some(), "the next request claims again");
     let other = Claim { started: T0 + MS, ..claim };
     assert_eq!(p.abandon(state, &other), None, "another worker's claim is left alone");
@@ -466,7 +507,7 @@ fn undo_returns_tokens_only_to_the_lease_they_came_from() {
     let state = leased(10);
     let (_, _, spent) = p.spend(state, T0 + MS, 3);
     let undo = |s, at| p.release(s, T0 + MS, Grant { cost: 3, at }, Release::Undo);
-    assert_eq!(undo(spent, T0 + MS).unwrap().tokens, 10);
+    assert_eq!(undo(spent, T0 + MS).unwrap().lease.tokens, 10);
     assert_eq!(undo(spent, T0 - MS), None, "taken from an older lease");
     assert_eq!(p.release(spent, T0 + MS, Grant { cost: 3, at: T0 + MS }, Release::Done), None);
 }
@@ -474,16 +515,20 @@ fn undo_returns_tokens_only_to_the_lease_they_came_from() {
 #[test]
 fn undo_with_held_tokens_goes_to_whichever_could_have_given_them_and_expires_first() {
     let p = pool();
-    let held = PoolState { held_lease: 1, held_tokens: 0, held_until: T0 + MS.times(100), ..leased(10) };
+    let held = with(leased(10), |s| {
+        s.held.lease = 1;
+        s.held.tokens = 0;
+        s.held.until = T0 + MS.times(100);
+    });
     let undo = |s, at, now| p.release(s, now, Grant { cost: 2, at }, Release::Undo);
     // Taken while held tokens counted: maybe theirs, back to them.
     let back = undo(held, T0 + MS, T0 + MS.times(2)).unwrap();
-    assert_eq!((back.held_tokens, back.tokens), (2, 10));
+    assert_eq!((back.held.tokens, back.lease.tokens), (2, 10));
     // Too late for the held lease: they may have been its, so they are dropped.
     assert_eq!(undo(held, T0 + MS, T0 + MS.times(100)), None);
     // Taken after the held tokens stopped counting: the current lease's.
     let back = undo(held, T0 + MS.times(100), T0 + MS.times(101)).unwrap();
-    assert_eq!((back.held_tokens, back.tokens), (0, 12));
+    assert_eq!((back.held.tokens, back.lease.tokens), (0, 12));
 }
 
 #[test]
@@ -503,7 +548,11 @@ fn idle_means_nothing_to_lose_and_state_round_trips() {
 /// and answered 2 ms later.
 fn allowance(per_window: u64) -> (LeasePool, PoolState) {
     let p = pool();
-    let claimed = PoolState { spent: 3, rate_since: T0 - SECOND, refresh_until: T0 + MS, ..p.fresh(T0) };
+    let claimed = with(p.fresh(T0), |s| {
+        s.rate.spent = 3;
+        s.rate.since = T0 - SECOND;
+        s.claims.refresh_until = T0 + MS;
+    });
     let grant = GrantedLease { windows: 30, ..windowed_grant(1, per_window, K, T0) };
     let grant = GrantedLease { valid: SECOND.times(30), ..grant };
     let (applied, state) = p.apply(claimed, T0 + MS.times(2), (T0, T0), &grant);
@@ -531,7 +580,7 @@ fn an_allowance_refills_every_window_of_its_span_without_asking() {
             if window < 15 {
                 assert_eq!(claim, None, "window {window}: nothing to ask for yet");
             }
-            state = PoolState { refresh_until: Nanos::ZERO, ..after };
+            state = with(after, |s| s.claims.refresh_until = Nanos::ZERO);
         }
         let (spend, _, _) = p.spend(state, from + MS.times(800), 1);
         assert!(!matches!(spend, Spend::Taken(_)), "window {window}: 3 a window");
@@ -551,14 +600,14 @@ fn between_two_windows_a_request_takes_a_token_of_each() {
     let (spend, claim, after) = p.spend(state, between, 1);
     assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
     assert_eq!(claim, None);
-    assert_eq!((after.held_tokens, after.tokens), (1, 2), "one of window 4's two left, one of window 5's three");
+    assert_eq!((after.held.tokens, after.lease.tokens), (1, 2), "one of window 4's two left, one of window 5's three");
     let (_, _, after) = p.spend(after, between, 1);
     let (spend, _, _) = p.spend(after, between, 1);
     assert_eq!(spend, Spend::Empty, "window 4 has none left for the moment");
     // Once window 5 surely started: its own, what the moment left of it.
     let (spend, _, after) = p.spend(after, T0 + SECOND.times(5) + MS.times(3), 1);
     assert!(matches!(spend, Spend::Taken(_)));
-    assert_eq!(after.tokens, 0);
+    assert_eq!(after.lease.tokens, 0);
 }
 
 #[test]
@@ -575,7 +624,7 @@ fn an_allowance_is_renewed_from_its_last_half_by_a_call_in_its_last_window() {
     assert_eq!(claim.not_before, last_starts, "its answer must come in the last window");
     let half_left = (T0 + SECOND.times(30) - last_starts).halved();
     assert_eq!(claim.send_by, last_starts + half_left, "within a round, half the window left");
-    assert_eq!(after.renewal_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
+    assert_eq!(after.claims.renewal_until, claim.send_by + p.claim_ttl, "no other worker claims it meanwhile");
     // A window that runs dry meanwhile still gets a lease of its own.
     let (spend, top_up, _) = p.spend(after, now + MS, 3);
     assert_eq!(spend, Spend::Empty);
@@ -593,8 +642,8 @@ fn an_allowance_is_renewed_from_its_last_half_by_a_call_in_its_last_window() {
     };
     let (applied, renewed) = p.apply(state, at + MS.times(2), (claim.started, at), &ahead);
     assert!(matches!(applied, Applied::Replaced(_)), "{applied:?}");
-    assert_eq!((renewed.lease, renewed.allowance, renewed.final_index), (2, 4, K + 59));
-    assert!(renewed.held_tokens > 0, "the last window's tokens are kept for its rest");
+    assert_eq!((renewed.lease.id, renewed.allowance.per_window, renewed.allowance.final_index), (2, 4, K + 59));
+    assert!(renewed.held.tokens > 0, "the last window's tokens are kept for its rest");
     let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(30) + MS.times(5), 4);
     assert!(matches!(spend, Spend::Taken(_)), "the next term's first window: {spend:?}");
     let (spend, _, _) = p.spend(renewed, T0 + SECOND.times(45) + MS.times(5), 4);
@@ -617,7 +666,7 @@ fn a_window_that_runs_dry_gets_a_lease_of_its_own_and_the_allowance_goes_on() {
     let top_up = GrantedLease { starts: Nanos::ZERO, ..top_up };
     let (applied, state) = p.apply(state, now + MS.times(4), (claim.started, now + MS.times(3)), &top_up);
     assert_eq!(applied, Applied::Replaced(Leftover::default()));
-    assert_eq!((state.lease, state.held_lease, state.held_tokens), (1, 3, 5), "held beside the allowance");
+    assert_eq!((state.lease.id, state.held.lease, state.held.tokens), (1, 3, 5), "held beside the allowance");
     let (spend, _, state) = p.spend(state, now + MS.times(5), 5);
     assert!(matches!(spend, Spend::Taken(_)));
     // The next window: the allowance's 2 again, from its start as the
@@ -669,7 +718,7 @@ fn a_renewal_answered_too_early_goes_back_and_the_allowance_goes_on() {
         GrantedLease { windows: 30, starts: SECOND.times(14), index: K + 30, ..windowed_grant(2, 4, K + 30, at) };
     let (applied, after) = p.apply(state, at, (at, at), &ahead);
     assert_eq!(applied, Applied::Stale);
-    assert_eq!((after.lease, after.allowance), (1, 3));
+    assert_eq!((after.lease.id, after.allowance.per_window), (1, 3));
 }
 
 /// A pool of a rule that may admit 2 units a second without a lease.
@@ -709,11 +758,14 @@ fn a_pool_its_budget_covers_only_reports_and_its_answer_denies_nothing() {
     let answer = GrantedLease { granted: 0, report_only: true, ..grant(1, 0) };
     let (applied, state) = p.apply(state, T0 + MS, sent(T0), &answer);
     assert_eq!(applied, Applied::Reported);
-    assert_eq!((state.lease, state.denied_until, state.refresh_until), (0, Nanos::ZERO, Nanos::ZERO));
+    assert_eq!((state.lease.id, state.quote.denied_until, state.claims.refresh_until), (0, Nanos::ZERO, Nanos::ZERO));
     let (spend, _, _) = p.spend(state, T0 + MS.times(2), 1);
     assert!(matches!(spend, Spend::Unleased(_)), "the budget's second unit: {spend:?}");
     // A pool busier than its budget leases as usual.
-    let busy = PoolState { spent: 50, rate_since: T0 - SECOND, ..p.fresh(T0) };
+    let busy = with(p.fresh(T0), |s| {
+        s.rate.spent = 50;
+        s.rate.since = T0 - SECOND;
+    });
     let (spend, claim, _) = p.spend(busy, T0, 1);
     assert!(matches!(spend, Spend::Unleased(_)));
     assert!(claim.unwrap().wanted > 1);
@@ -722,7 +774,7 @@ fn a_pool_its_budget_covers_only_reports_and_its_answer_denies_nothing() {
 #[test]
 fn a_pool_that_holds_a_lease_spends_only_its_tokens() {
     let p = overshooting();
-    let state = PoolState { without_lease: Unleased::default(), ..leased(1) };
+    let state = with(leased(1), |s| s.without_lease = Unleased::default());
     let (spend, _, state) = p.spend(state, T0 + MS, 1);
     assert!(matches!(spend, Spend::Taken(_)));
     // Its tokens spent, its lease still counting: strict, it waits.
@@ -764,7 +816,7 @@ fn a_pool_whose_budget_is_in_use_is_not_idle() {
     let p = overshooting();
     let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
     let state = p.abandon(state, &claim.unwrap()).unwrap();
-    let state = PoolState { without_lease: Unleased { unreported: 0, ..state.without_lease }, ..state };
+    let state = with(state, |s| s.without_lease.unreported = 0);
     assert!(!p.is_idle(state, T0 + MS), "forgotten, its period's budget would start afresh");
     assert_eq!(p.idle_at(state, T0 + MS), T0 + SECOND);
     assert!(p.is_idle(state, T0 + SECOND));

@@ -1,0 +1,198 @@
+//! When a pool asks the service for more, for which window, how much, and
+//! by when its call must leave: the claim a request makes in the same
+//! compare-and-swap as its spend (single flight across workers).
+
+use super::state::PoolState;
+use super::LeasePool;
+use crate::lease::allowance::low_count;
+use crate::lease::refresh::{Life, RateSeen, RefreshPolicy, RATE_FLOOR};
+use crate::time::Nanos;
+
+/// A claimed refresh: the worker that made it asks the service.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Claim {
+    /// When the claim was made: the answer applies only if no lease newer
+    /// than this is in place.
+    pub started: Nanos,
+    /// Tokens to ask for.
+    pub wanted: u64,
+    /// The observed rate, tokens per second, to report.
+    pub rate: f64,
+    /// The window asked for: the next one, ahead of its start; `None` for
+    /// the window that counts now.
+    pub window: Option<u64>,
+    /// The latest instant its call should leave, for the answer to come
+    /// before the pool needs it (at twice the latency refreshes have been
+    /// taking): `started` when a request waits for it, at most
+    /// [`MAX_BATCH_DELAY`] later otherwise. Until then a host may hold it
+    /// back, to send it with others in one call.
+    pub send_by: Nanos,
+    /// The earliest instant its call may leave: `started`, or for an
+    /// allowance's renewal, the start of the allowance's last window (its
+    /// answer, a lease ahead of the next window, must come in that one).
+    pub not_before: Nanos,
+    /// Whether to ask for an allowance: once the pool's rate has been
+    /// observed for a whole [`RATE_FLOOR`], or its last lease is that old
+    /// (a thin key's observation starts afresh after a pause), or it holds
+    /// one, to renew: so that a hot key's first requests, which look thin,
+    /// do not take allowances it would hold for a term wherever its demand
+    /// goes.
+    pub per_window: bool,
+    /// Units the pool admitted without a lease since its last report, for
+    /// the service to count (taken out of the pool with the claim).
+    pub reported: u64,
+    /// The pool's rule admits keys without a lease (an overshoot budget):
+    /// its call asks for the service's near-limit notices.
+    pub wants_notices: bool,
+}
+
+/// A key whose service had at least this share of its limit left unleased
+/// at the pool's last grant has tokens to spare: a pool whose only request
+/// spent its lease still claims the next one at once (a new key's second
+/// request does not wait). Below it, tokens a cold pair would strand cost
+/// other Envoys: under excess demand spread thin, at most a tenth of the
+/// limit goes to such second leases.
+pub const PLENTY: (u64, u64) = (9, 10);
+
+/// The longest a claim that no request waits for is held back to share a
+/// call with others (see [`Claim::send_by`]): a small fraction of any
+/// lease's life, and far below any claim's time to live.
+pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
+
+/// The longest an allowance's renewal is held back from the start of the
+/// allowance's last window, to share a call with other pools' renewals (one
+/// call per worker per round): at most half of that window.
+pub const RENEWAL_ROUND: Nanos = Nanos::from_secs(1);
+
+impl LeasePool {
+    /// Whether the pool's requests come often enough that a lease lifetime
+    /// sees at least one even at the low end of what its count seen so far
+    /// could come from ([`low_count`], over at least
+    /// [`RATE_FLOOR`]): not one request a second or so, whose observed
+    /// rate is mostly chance.
+    fn busy(&self, state: &PoolState, now: Nanos) -> bool {
+        let span = (now - state.rate.since).max(self.refresh.horizon.min(RATE_FLOOR)).max(Nanos::ONE);
+        low_count(state.rate.spent as f64) * self.refresh.horizon.get() as f64 >= span.get() as f64
+    }
+
+    /// Claims a refresh into `state` if one is due at `now` and none is in
+    /// flight (or the one in flight outlived its claim); `unmet` units of
+    /// this request found no tokens.
+    pub(super) fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
+        let renewing = state.windows_left() && now >= state.claims.renewal_until;
+        if now < state.claims.refresh_until && !renewing {
+            return None;
+        }
+        let seen = state.rate;
+        let rate = self.refresh.rate(RateSeen { spent: seen.spent.saturating_add(unmet), ..seen }, now);
+        let first = unmet == 0 && seen.spent <= cost && state.without_lease.unreported == 0;
+        let quote = &state.quote;
+        let plenty = quote.unleased.saturating_mul(PLENTY.1) >= quote.limit.saturating_mul(PLENTY.0);
+        if first && !plenty && state.usable(now) == 0 && !state.windows_left() {
+            // The request that spent the pool's last token is the only one
+            // its rate observation has seen (a cold pair's, whose lease it
+            // waited for), and the key's tokens are no longer plentiful: a
+            // lease now would likely expire unspent, taken from what other
+            // Envoys could use (at fleet scale a quarter to a third of a
+            // limit under excess demand went so). The next request claims,
+            // if one comes.
+            return None;
+        }
+        let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
+        let renewal = window.is_some() && state.windows_left();
+        if !renewal && now < state.claims.refresh_until {
+            return None;
+        }
+        if window.is_some() && now < state.claims.renewal_until {
+            // The allowance's renewal is on its way: in its last window the
+            // lease in place no longer tells, so no second ask ahead.
+            return None;
+        }
+        // What the pool holds now is spent first, unless the ask is for the
+        // next window, where none of it counts.
+        let usable = if window.is_some() { 0 } else { state.usable(now) };
+        let latest = needed_at - self.refresh.turnaround(state.claims.latency);
+        let (not_before, send_by) = match renewal {
+            // An allowance's renewal leaves in its last window, within a round.
+            true => {
+                let last_starts = state.lease_end() - state.allowance.slice + state.allowance.lag;
+                let send_by = (last_starts + RENEWAL_ROUND).min(last_starts + (needed_at - last_starts).halved());
+                (last_starts.max(now), send_by.max(last_starts).max(now))
+            }
+            false => (now, latest.clamp(now, now + MAX_BATCH_DELAY)),
+        };
+        // Taken over only once its call, held back until `send_by`, has had
+        // its time.
+        match renewal {
+            true => state.claims.renewal_until = send_by + self.claim_ttl,
+            false => state.claims.refresh_until = now + self.claim_ttl,
+        }
+        let wanted = self.refresh.wanted(rate, usable).max(cost);
+        let lease = &state.lease;
+        let known = now - seen.since >= RATE_FLOOR || (lease.id != 0 && now - lease.leased_at >= RATE_FLOOR);
+        let per_window = state.allowance.per_window > 0 || known;
+        let wants_notices = self.overshoot.is_some();
+        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window, reported: 0, wants_notices })
+    }
+
+    /// Whether a refresh is due at `now` at `rate`, for which window
+    /// (`None` for the one that counts now, `Some(w)` for the next one, `w`,
+    /// ahead of its start), and when the pool will need its answer: when
+    /// what it holds runs out at that rate, or its lease ends.
+    fn due(&self, state: &PoolState, now: Nanos, rate: f64, short: bool) -> Option<(Option<u64>, Nanos)> {
+        let per_second = |span: Nanos| span.events_at(rate);
+        // `as` saturates: no rate means the tokens never run out.
+        let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos::from_secs_f64(tokens as f64 / rate) };
+        let (lease, latency) = (&state.lease, state.claims.latency);
+        let denied = now < state.quote.denied_until;
+        if lease.pending(now) {
+            // The next window's lease is in place: only a gap before its
+            // start may need tokens of this window, when the held ones run
+            // dry longer than a refresh takes before it. Asked for while a
+            // refresh or a few requests' time is still held, as any refresh.
+            let turnaround = self.refresh.turnaround(latency);
+            let held = state.held.usable(now);
+            let dry = held as f64 <= per_second(turnaround.max(RefreshPolicy::few_requests(rate)));
+            let dry_at = runs_out(held);
+            return (dry && !denied && lease.starts_at - dry_at > turnaround).then_some((None, dry_at));
+        }
+        let start = lease.leased_at.max(lease.starts_at);
+        let usable = state.usable(now);
+        if state.windows_left() {
+            // An allowance: the next term's from its last half on. A lease
+            // of this window when a request found it short, or when its
+            // tokens run out within a refresh's time while more requests
+            // are expected before it ends; not when it ends within a
+            // refresh's time (the next window's tokens come sooner).
+            let end = state.lease_end();
+            let renewal_due = now - lease.leased_at >= (end - lease.leased_at).halved();
+            if renewal_due && now >= state.claims.renewal_until {
+                return Some((Some(state.allowance.final_index.saturating_add(1)), end));
+            }
+            let turnaround = self.refresh.turnaround(latency);
+            let expected = per_second(lease.expires_at - now);
+            let runs_dry = usable as f64 + 1.0 <= expected && usable as f64 <= per_second(turnaround);
+            let ends_soon = lease.expires_at - now <= turnaround;
+            return ((short || runs_dry) && !denied && !ends_soon).then_some((None, runs_out(usable)));
+        }
+        // A lease that ends with its window, and whose tokens last until
+        // then (or that got nothing in it): what is needed next is the next
+        // window's.
+        // Denied (the key's window is spent), only a pool sure to spend
+        // it soon asks for the next window's tokens ahead: a thin pair's
+        // lease ahead would hold tokens of that window, which the key's
+        // demand elsewhere needs, likely past its lifetime unspent.
+        let lasts = usable as f64 >= per_second(lease.expires_at - now) || (denied && self.busy(state, now));
+        let life = Life { from: start, until: lease.expires_at };
+        let ahead = lease.window_index != 0
+            && lease.id != 0
+            && now < lease.expires_at
+            && lasts
+            && self.refresh.next_due(life, rate, latency, now);
+        if ahead {
+            return Some((Some(lease.window_index.saturating_add(1)), lease.expires_at));
+        }
+        let due = !denied && self.refresh.due(usable, life, rate, latency, now);
+        due.then_some((None, runs_out(usable).min(lease.expires_at)))
+    }
+}
