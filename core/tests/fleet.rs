@@ -3,10 +3,9 @@
 //! network delays: no window ever lets more through fleet-wide than its
 //! limit; under excess demand the fleet uses nearly all of every window;
 //! below the limit, pools switch from one window's lease to the next
-//! without waiting. The service model decides as the quota service does
-//! (`quota/src/store/decide.rs`), from the core's own pieces: the fixed
-//! window, lease sizing (`floodgate_core::lease`) and bookings of the next
-//! window (`floodgate_core::lease::booking`); answers cross the wire in whole
+//! without waiting. The service decides with the quota service's own lease
+//! rules (`floodgate_core::lease::grant`, allowances included) on its
+//! bucket as a store keeps it; answers cross the wire in whole
 //! milliseconds, rounded as the protocol rounds them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -14,119 +13,95 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::sync::Arc;
 
-use floodgate_core::algorithm::{Algorithm, Grant, Params, Policy, Registration, Release};
-use floodgate_core::lease::booking::{self, Booking};
+use floodgate_core::algorithm::{Algorithm, Params, Policy, Registration};
+use floodgate_core::lease::bucket::{KeyLimit, ServiceBucket};
+use floodgate_core::lease::grant::{give_back, grant, Ask, Granted};
 use floodgate_core::lease::pool::{Applied, Claim, GrantedLease, LeasePool, PoolState, Spend};
 use floodgate_core::lease::refresh::RefreshPolicy;
-use floodgate_core::lease::{ahead_cap, grant_cap, lease_target, paced_until};
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Nanos, SECOND};
 use proptest::prelude::*;
 
-const T0: Nanos = Nanos::from_nanos(1_700_000_000 * SECOND.get());
+const T0: Nanos = Nanos::from_secs(1_700_000_000);
 const MS: Nanos = Nanos::from_nanos(1_000_000);
 const TTL: Nanos = SECOND;
 
-/// A lease the service granted: what a return may give back, and where.
-struct Record {
-    granted: u64,
-    granted_at: Nanos,
-    returned: bool,
-}
-
-/// The quota service's decisions on one bucket of `limit` per second.
+/// The quota service's decisions on one bucket of `limit` per second: the
+/// core's own lease rules (`floodgate_core::lease::grant`), which the
+/// service runs, on its bucket, with the lease records the service keeps.
 struct Service {
     policy: Arc<dyn Policy>,
-    state: Vec<u8>,
-    paced_until: Nanos,
-    booking: Option<Booking>,
-    records: HashMap<u64, Record>,
+    bucket: ServiceBucket,
+    records: HashMap<u64, (Granted, bool)>,
 }
 
 impl Service {
     fn new(limit: u64) -> Self {
         let fields = serde_json::from_str(r#"{"period": "1s"}"#).unwrap();
         let policy = Registration::find("fixed_window").unwrap().build(Params::new("rule", limit, fields)).unwrap();
-        let mut state = vec![0; policy.state_len()];
-        policy.write_fresh(&mut state, T0);
-        Service { policy, state, paced_until: Nanos::ZERO, booking: None, records: HashMap::new() }
+        let bucket = ServiceBucket::load(&key_limit(policy.as_ref(), limit), None, T0);
+        Service { policy, bucket, records: HashMap::new() }
     }
 
-    fn settle(&mut self, now: Nanos) {
-        self.booking = booking::settle(self.policy.as_ref(), &mut self.state, self.booking, now);
+    fn limit(&self) -> KeyLimit<'_> {
+        key_limit(self.policy.as_ref(), self.policy.capacity())
+    }
+
+    /// The bucket as a store would read it back at `now`.
+    fn load(&self, now: Nanos) -> ServiceBucket {
+        let limit = self.limit();
+        ServiceBucket::load(&limit, Some(&self.bucket.encode(&limit, now).0), now)
     }
 
     /// `POST /v1/lease` of one lease: the answer as the filter reads it.
     fn lease(&mut self, now: Nanos, id: u64, claim: &Claim) -> GrantedLease {
-        self.settle(now);
-        let policy = self.policy.as_ref();
-        let capacity = policy.capacity();
-        let (granted, starts_at, valid, index, remaining, reset) =
-            match booking::ahead(policy, &self.state, self.booking, now) {
-                Some(ahead) if claim.window == Some(ahead.window.index) && ahead.starts - now <= TTL => {
-                    let usable = TTL.min(ahead.window.end - ahead.starts);
-                    let target = lease_target(claim.wanted, Some(claim.rate), usable, capacity);
-                    let mut granted = target.min(ahead_cap(ahead.room, capacity));
-                    match booking::book(policy, &self.state, self.booking, &ahead, granted) {
-                        Some(after) if granted > 0 => self.booking = Some(after),
-                        _ => granted = 0,
-                    }
-                    let room = ahead.room - granted;
-                    (
-                        granted,
-                        ahead.starts,
-                        (ahead.starts - now) + usable,
-                        ahead.window.index,
-                        room,
-                        ahead.window.end - now,
-                    )
-                }
-                _ => {
-                    let window = policy.counting_window(&self.state, now).unwrap();
-                    let remaining = booking::decide(policy, &mut self.state.clone(), self.booking, now, 0).remaining;
-                    let left = window.end - now;
-                    let valid = TTL.min(left);
-                    let target = lease_target(claim.wanted, Some(claim.rate), valid, capacity);
-                    let cap = grant_cap(remaining, capacity, left, TTL, self.paced_until, now);
-                    let d = booking::decide(policy, &mut self.state, self.booking, now, target.min(cap));
-                    let granted = if d.allowed() { target.min(cap) } else { 0 };
-                    self.paced_until = paced_until(granted, remaining, capacity, left, self.paced_until, now);
-                    (granted, now, valid, window.index, d.remaining, d.reset)
-                }
-            };
-        if granted > 0 {
-            self.records.insert(id, Record { granted, granted_at: starts_at, returned: false });
+        let ask = Ask {
+            wanted: claim.wanted,
+            rate: Some(claim.rate),
+            window: claim.window,
+            per_window: claim.per_window,
+            reported: claim.reported,
+        };
+        let got = grant(&self.limit(), "k", self.load(now), ask, now, TTL);
+        if got.granted > 0 {
+            let granted =
+                Granted { granted: got.granted, granted_at: got.starts_at, window: got.window, windows: got.windows };
+            self.records.insert(id, (granted, false));
+        }
+        if got.granted > 0 || claim.reported > 0 {
+            self.bucket = got.bucket;
         }
         // On the wire: whole milliseconds, `valid` rounded down, the rest up.
         GrantedLease {
             lease: id,
-            granted,
-            valid: Nanos::from_millis(valid.floor_millis()),
-            starts: Nanos::from_millis((starts_at - now).ceil_millis()),
-            index,
-            windows: 0,
-            limit: capacity,
+            granted: got.granted,
+            valid: Nanos::from_millis(got.valid.floor_millis()),
+            starts: Nanos::from_millis((got.starts_at - now).ceil_millis()),
+            index: got.window,
+            windows: got.windows,
+            limit: self.policy.capacity(),
             window: SECOND,
-            unleased: remaining,
-            reset: Nanos::from_millis(reset.ceil_millis()),
-            near_limit: false,
+            unleased: got.decision.remaining,
+            reset: Nanos::from_millis(got.decision.reset.ceil_millis()),
+            near_limit: got.near_limit,
             report_only: false,
         }
     }
 
     /// `POST /v1/return` of one lease's unspent tokens.
     fn give_back(&mut self, now: Nanos, id: u64, tokens: u64) {
-        self.settle(now);
-        let Some(record) = self.records.get_mut(&id).filter(|r| !r.returned) else { return };
-        record.returned = true;
-        let cost = tokens.min(record.granted);
-        if now < record.granted_at {
-            self.booking = booking::unbook(self.booking, record.granted_at, cost).0;
-        } else {
-            let grant = Grant { cost, at: record.granted_at };
-            self.policy.release(&mut self.state, now, grant, Release::Undo);
+        let Some((granted, returned)) = self.records.get_mut(&id).filter(|(_, returned)| !returned) else { return };
+        *returned = true;
+        let granted = *granted;
+        let (_, after) = give_back(&self.limit(), self.load(now), &granted, now, tokens);
+        if let Some(after) = after {
+            self.bucket = after;
         }
     }
+}
+
+fn key_limit(policy: &dyn Policy, limit: u64) -> KeyLimit<'_> {
+    KeyLimit { policy, tag: 1, limit, period: SECOND }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

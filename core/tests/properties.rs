@@ -222,7 +222,7 @@ proptest! {
         }
     }
 
-    /// Issue 16, finding 1: units given back later (a lease's return, of
+    /// Units given back later (a lease's return, of
     /// all it was granted or of an unused part; a delayed request whose
     /// client left) never let an interval admit more than the stated bound,
     /// counting only the units not given back (those are never used: a

@@ -8,12 +8,12 @@
 
 use std::collections::HashMap;
 
-use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::time::Nanos;
-use floodgate_protocol::{Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport, ReturnRequest, ReturnResponse};
+use floodgate_protocol::{LeaseRequest, LeaseResponse, ReturnRequest, ReturnResponse};
 use floodgate_quota::notices::NoticeBoard;
-use floodgate_quota::store::decide::{self, LeaseAsk, LeaseRecord};
-use floodgate_quota::store::{lease_key, Next, LEASE_RECORD_MARGIN};
+use floodgate_quota::service::notice_until;
+use floodgate_quota::store::decide::{self, LeaseRecord};
+use floodgate_quota::store::{lease_key, lease_on, BucketLease, Next};
 
 use crate::keys::{Key, DOMAIN};
 
@@ -102,63 +102,29 @@ impl SimulatedService {
             let index = key_of(&want.descriptor).ok_or("a lease of an unknown descriptor")?;
             let key = keys.get(index).ok_or("a lease of an unknown key")?;
             let record_key = lease_key(DOMAIN, &want.id);
-            let (granted, outcome) = match LeaseRecord::live(self.get(&record_key, now), now) {
-                // A retry of a recorded lease is answered from its record
-                // (the simulation never retries; kept for fidelity).
-                Some(done) => {
-                    let d = decide::peek(&key.rule, self.get(&key.bucket, now), now);
-                    let (granted, valid) =
-                        if done.returned { (0, Nanos::ZERO) } else { (done.granted, done.valid_until - now) };
-                    let near = near_limit(d.remaining, key.rule.policy().capacity());
-                    (granted, (d, done.window, done.windows, valid, done.granted_at - now, true, near))
-                }
-                None => {
-                    let ask = LeaseAsk {
-                        wanted: want.wanted,
-                        rate: want.rate,
-                        window: want.window,
-                        per_window: want.per_window && self.allowances,
-                        reported: want.reported,
-                    };
-                    let leased = decide::lease(&key.rule, &key.bucket, self.get(&key.bucket, now), now, ask, self.ttl);
-                    if leased.granted > 0 || want.reported > 0 {
-                        let bucket = key.bucket.clone();
-                        self.put(&bucket, leased.next.clone(), index);
-                    }
-                    if leased.granted > 0 {
-                        let done = LeaseRecord::of(&key.bucket, &key.rule, &leased, now, LEASE_RECORD_MARGIN);
-                        self.put(&record_key, done.to_next(None), index);
-                    }
-                    let starts = leased.starts_at - now;
-                    let near = leased.near_limit;
-                    (
-                        leased.granted,
-                        (leased.decision, leased.window, leased.windows, leased.valid, starts, false, near),
-                    )
-                }
+            let item = BucketLease {
+                key: key.bucket.clone(),
+                limit: key.rule.clone(),
+                wanted: want.wanted,
+                rate: want.rate,
+                window: want.window,
+                per_window: want.per_window && self.allowances,
+                reported: want.reported,
+                record: record_key.clone(),
+                caller: None,
             };
-            let (decision, window, windows, valid, starts, replayed, near_limit) = outcome;
-            if near_limit && want.reported > 0 {
-                // As the service posts it: until the window after this one has ended.
-                self.notices.post(DOMAIN, &want.descriptor, now + decision.reset + key.rule.period());
+            let values = [&key.bucket, &record_key].map(|at| self.get(at, now).map(<[u8]>::to_vec));
+            let (outcome, writes) = lease_on(&item, &values, now, self.ttl);
+            let outcome = outcome.ok_or("a lease id recorded for another key")?;
+            for (at, next) in [&key.bucket, &record_key].into_iter().zip(writes) {
+                if let Some(next) = next {
+                    self.put(at, next, index);
+                }
             }
-            leases.push(LeaseGrant {
-                code: Code::Ok,
-                granted,
-                valid_ms: valid.floor_millis(),
-                starts_ms: starts.ceil_millis(),
-                report: LimitReport {
-                    limit: Some(key.rule.limit()),
-                    window_ms: Some(key.rule.period().ceil_millis()),
-                    remaining: Some(decision.remaining),
-                    reset_ms: Some(decision.reset.ceil_millis()),
-                },
-                window: Some(window),
-                windows,
-                shadow: false,
-                replayed,
-                near_limit,
-            });
+            if let Some(until) = notice_until(&outcome, want.reported, &key.rule, now) {
+                self.notices.post(DOMAIN, &want.descriptor, until);
+            }
+            leases.push(outcome.to_wire(&key.rule, false));
         }
         let near = if request.notices { self.notices.current(DOMAIN, now) } else { Vec::new() };
         serde_json::to_vec(&LeaseResponse { leases, near }).map_err(|e| e.to_string())

@@ -277,7 +277,7 @@ mod tests {
 
     #[test]
     fn an_undo_later_gives_back_only_the_span_not_drained() {
-        // Issue 16, finding 1: one per second, burst 10. 5 taken at T0; 5.5 s
+        // A lease returned late: one per second, burst 10. 5 taken at T0; 5.5 s
         // later the backlog has drained and 10 are taken: the 5 are gone.
         let meter = Gcra::new(60, SECOND.times(60), 10);
         let (_, leased) = meter.decide(meter.fresh(T0), T0, 5);

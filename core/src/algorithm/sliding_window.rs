@@ -21,40 +21,13 @@
 //! bytes `8 + 4 · (i mod slots)` hold its count as a little-endian u32
 //! (`limit ≤ 10⁹` fits). 16 bytes weighted, 16 to 248 with sub-windows.
 //!
-//! # Bounds (the proofs behind [`Algorithm::admitted_bound`])
+//! # Bounds ([`Algorithm::admitted_bound`])
 //!
-//! Times are whole nanoseconds; an *interval of length `D`* is the closed
-//! `[s, s + D]`, as the property tests count it.
-//!
-//! **Weighted: at most `L + ⌊L · (D − 1) / P⌋` for `D ≥ 1` (`L` for
-//! `D = 0`), tight for `D ≤ P`: up to `2L − 1` within one period.**
-//! Every window's count is at most `L` (each admission checked it). Let the
-//! interval cross `m` window boundaries, start at offset `f` into window
-//! `k − m` and end at offset `g` into window `k` (`0 ≤ f, g < P`), so
-//! `mP + g = D + f`. If `m = 0` it lies in one window: at most `L`. Otherwise
-//! take the last admission in window `k` inside the interval, at offset
-//! `e ≤ g`: its check held with everything window `k` admitted by then (at
-//! least the `b` units of window `k` in the interval) and the final count `a`
-//! of window `k − 1`, so `b ≤ L − ⌈a(P − e)/P⌉ ≤ L − ⌈a(P − g)/P⌉`, and
-//! window `k − 1` adds at most `a`: the two together admit at most
-//! `L + a − ⌈a(P − g)/P⌉ = L + ⌊a·g/P⌋ ≤ L + ⌊L·g/P⌋`. The other `m − 1`
-//! windows add at most `L` each, so the interval admits at most
-//! `mL + ⌊L·g/P⌋ = ⌊L(mP + g)/P⌋ = ⌊L(D + f)/P⌋ ≤ ⌊L(D + P − 1)/P⌋`, which is
-//! the bound. For `D ≤ P` it is reached: `L` in the last nanosecond of a
-//! window after an empty one (`f = P − 1`), then a burst at offset
-//! `g = D − 1` of the next window, which admits `⌊L·g/P⌋`.
-//!
-//! **Sub-windows: at most `L · ⌈(⌈D / S⌉ + 1) / N⌉`, tight.** The interval
-//! touches at most `T = ⌈D/S⌉ + 1` consecutive counters. Any `N`
-//! consecutive counters admit at most `L` together: at the last admission in
-//! them, in counter `j`, they all lie in `(j − N, j]`, which the check summed
-//! with the new units. Cutting the `T` counters into `⌈T/N⌉` runs of at most
-//! `N` gives the bound. So any interval of length up to `(N − 1) · S` (at
-//! least `P · (N − 1) / N`) admits at most `L`, and one of a whole period at
-//! most `2L`: `L` in the last nanosecond of a counter and `L` again `N − 1`
-//! counters later, a period minus a sub-window apart (starting the interval
-//! in the last nanosecond of a counter with a burst, and bursting every `N`
-//! counters after, reaches the bound for every `D`).
+//! Over any closed interval of `D` nanoseconds (`L` the limit, `P` the
+//! period): weighted, at most `L + ⌊L · (D − 1) / P⌋` (`L` for `D = 0`),
+//! tight for `D ≤ P`, so up to `2L − 1` within one period; with `N`
+//! sub-windows of `S`, at most `L · ⌈(⌈D / S⌉ + 1) / N⌉`, tight. The proofs
+//! are in `docs/bounds.md`; the property tests check both.
 
 use super::{nanos_u128, Algorithm, CountingWindow, Decision, FromParams, Grant, Params, Quota, Release};
 use crate::error::ConfigError;

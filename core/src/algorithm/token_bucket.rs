@@ -296,7 +296,7 @@ mod tests {
 
     #[test]
     fn an_undo_later_puts_back_only_what_was_not_earned_again() {
-        // Issue 16, finding 1: 60 per minute, burst 10. 5 taken at T0; 5.5 s
+        // A lease returned late: 60 per minute, burst 10. 5 taken at T0; 5.5 s
         // later the bucket is full again and 10 are taken: the 5 were earned
         // back meanwhile (lost at the brim), so their undo puts back none.
         let bucket = TokenBucket::new(60, SECOND.times(60), 10);

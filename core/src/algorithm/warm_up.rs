@@ -290,7 +290,8 @@ mod tests {
 
     #[test]
     fn an_undo_later_takes_back_only_what_is_ahead_at_todays_interval() {
-        // Issue 16, finding 1: warm after 5 s, one per second when warm.
+        // A lease returned after the bucket warmed: warm after 5 s, one
+        // per second when warm.
         let bucket = WarmUp::new(60, SECOND.times(60), 10, SECOND.times(5), 3);
         let (taken, state) = bucket.decide(bucket.fresh(T0), T0, 5);
         assert!(taken.allowed());

@@ -4,12 +4,12 @@
 //!
 //! * [`lease_target`] (before the store is asked): what a caller should get
 //!   if quota were plentiful, from the rate it reports.
-//! * [`grant_cap`] and [`paced_until`] (inside the store's atomic step): the
-//!   most the store may hand out given what remains, so that no caller takes
-//!   more than half of it, and below the low-water mark the rest is handed
-//!   out no faster than evenly over the time left, across all callers. The
-//!   pace is kept per bucket as one instant, "paced until": how far the even
-//!   schedule of what remains has been handed out.
+//! * [`Pace`] (inside the store's atomic step): the most the store may hand
+//!   out given what remains, so that no caller takes more than half of it,
+//!   and below the low-water mark the rest is handed out no faster than
+//!   evenly over the time left, across all callers. The pace is kept per
+//!   bucket as one instant, "paced until": how far the even schedule of
+//!   what remains has been handed out.
 //! * [`ahead_cap`]: the same for a lease ahead, of the next window before it
 //!   starts: half of what that window has left, and nothing of its tail.
 
@@ -55,80 +55,91 @@ fn low_water(remaining: u64, capacity: u64) -> bool {
     remaining.saturating_mul(LOW_WATER_DIVISOR) < capacity
 }
 
-/// The most a single lease may take at `now` when `remaining` tokens are
-/// left out of `capacity`, `horizon` is the time over which what remains
-/// must last (the rest of a fixed window; a token bucket's period), leases
-/// live `ttl`, and the bucket's pace schedule has been handed out up to
-/// `paced_until` (see [`paced_until`]).
-///
-/// * Never more than half of what remains (rounded up, so the last token can
-///   still be leased).
-/// * Below 10 % of the capacity, what remains is spread evenly over the
-///   horizon: a lease may take the share of the schedule that keeps it at
-///   most one lease lifetime ahead of now (at least 1 once the schedule has
-///   caught up with now, 0 while it is ahead). However often and fast
-///   callers come, the tail of a window follows time.
-///
-/// Exact integer arithmetic over the whole `u64` range (products in `u128`).
-pub fn grant_cap(remaining: u64, capacity: u64, horizon: Nanos, ttl: Nanos, paced_until: Nanos, now: Nanos) -> u64 {
-    if remaining == 0 {
-        return 0;
-    }
-    let half = remaining.div_ceil(2);
-    if !low_water(remaining, capacity) {
-        return half;
-    }
-    let start = paced_until.max(now);
-    let room = (now + ttl) - start;
-    let paced = u128::from(room.get()) * u128::from(remaining) / u128::from(horizon.get().max(1));
-    let paced = u64::try_from(paced).unwrap_or(u64::MAX);
-    let paced = if start == now { paced.max(1) } else { paced };
-    half.min(paced)
+/// A bucket's pace, as a lease sees it at the instant it is decided: what
+/// remains of the bucket's `capacity`, over the `horizon` in which it must
+/// last (the rest of a fixed window; a token bucket's period), for leases
+/// that live `ttl`, and how far the even schedule of what remains has been
+/// handed out (`paced_until`, kept per bucket as one instant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pace {
+    /// Tokens left.
+    pub remaining: u64,
+    /// The bucket's capacity.
+    pub capacity: u64,
+    /// The time over which what remains must last.
+    pub horizon: Nanos,
+    /// How long leases live.
+    pub ttl: Nanos,
+    /// How far the even schedule has been handed out.
+    pub paced_until: Nanos,
 }
 
-/// How long after `now` [`grant_cap`] gives a lease at least one token
-/// again, when it gives none now although `remaining` tokens are left: the
-/// pace schedule, `paced_until`, must come within a lease lifetime `ttl`
-/// of the time by one token's share of the `horizon` (and at the latest
-/// when it has caught up with time). A caller refused by the pace is told
-/// to come back then, not at the end of the window: the tail is still to
-/// be handed out.
-pub fn paced_retry(remaining: u64, horizon: Nanos, ttl: Nanos, paced_until: Nanos, now: Nanos) -> Nanos {
-    let one_token = horizon / remaining;
-    let next = (paced_until - ttl + one_token).min(paced_until);
-    next - now
+impl Pace {
+    /// The most a single lease may take at `now`.
+    ///
+    /// * Never more than half of what remains (rounded up, so the last
+    ///   token can still be leased).
+    /// * Below 10 % of the capacity, what remains is spread evenly over the
+    ///   horizon: a lease may take the share of the schedule that keeps it
+    ///   at most one lease lifetime ahead of now (at least 1 once the
+    ///   schedule has caught up with now, 0 while it is ahead). However
+    ///   often and fast callers come, the tail of a window follows time.
+    ///
+    /// Exact integer arithmetic over the whole `u64` range (products in `u128`).
+    pub fn cap(&self, now: Nanos) -> u64 {
+        let Pace { remaining, capacity, horizon, ttl, paced_until } = *self;
+        if remaining == 0 {
+            return 0;
+        }
+        let half = remaining.div_ceil(2);
+        if !low_water(remaining, capacity) {
+            return half;
+        }
+        let start = paced_until.max(now);
+        let room = (now + ttl) - start;
+        let paced = u128::from(room.get()) * u128::from(remaining) / u128::from(horizon.get().max(1));
+        let paced = u64::try_from(paced).unwrap_or(u64::MAX);
+        let paced = if start == now { paced.max(1) } else { paced };
+        half.min(paced)
+    }
+
+    /// How long after `now` [`Pace::cap`] gives a lease at least one token
+    /// again, when it gives none now although tokens remain: the schedule
+    /// must come within a lease lifetime of the time by one token's share
+    /// of the horizon (and at the latest when it has caught up with time).
+    /// A caller refused by the pace is told to come back then, not at the
+    /// end of the window: the tail is still to be handed out.
+    pub fn retry(&self, now: Nanos) -> Nanos {
+        let one_token = self.horizon / self.remaining;
+        let next = (self.paced_until - self.ttl + one_token).min(self.paced_until);
+        next - now
+    }
+
+    /// The bucket's "paced until" after `granted` tokens were leased at
+    /// `now`: below the low-water mark the schedule advances by the time
+    /// those tokens stand for at the even pace (`granted × horizon /
+    /// remaining`, rounded up); above it nothing is paced and it stays as
+    /// it was.
+    pub fn after(&self, granted: u64, now: Nanos) -> Nanos {
+        let Pace { remaining, capacity, horizon, paced_until, .. } = *self;
+        if granted == 0 || remaining == 0 || !low_water(remaining, capacity) {
+            return paced_until;
+        }
+        let span = (u128::from(granted) * u128::from(horizon.get())).div_ceil(u128::from(remaining));
+        paced_until.max(now) + Nanos::from_nanos(u64::try_from(span).unwrap_or(u64::MAX))
+    }
 }
 
 /// The most a lease ahead may take of the next window, before it starts,
 /// when `remaining` of `capacity` are left there: never more than half, as
 /// any lease, and nothing below the low-water mark: a window's tail is
-/// handed out in the window, paced over its time by [`grant_cap`].
+/// handed out in the window, paced over its time by [`Pace::cap`].
 pub fn ahead_cap(remaining: u64, capacity: u64) -> u64 {
     if low_water(remaining, capacity) {
         0
     } else {
         remaining.div_ceil(2)
     }
-}
-
-/// The bucket's "paced until" after `granted` tokens were leased at `now`
-/// out of `remaining` (see [`grant_cap`] for the other arguments): below the
-/// low-water mark the schedule advances by the time those tokens stand for
-/// at the even pace (`granted × horizon / remaining`, rounded up); above it
-/// nothing is paced and it stays as it was.
-pub fn paced_until(
-    granted: u64,
-    remaining: u64,
-    capacity: u64,
-    horizon: Nanos,
-    paced_until: Nanos,
-    now: Nanos,
-) -> Nanos {
-    if granted == 0 || remaining == 0 || !low_water(remaining, capacity) {
-        return paced_until;
-    }
-    let span = (u128::from(granted) * u128::from(horizon.get())).div_ceil(u128::from(remaining));
-    paced_until.max(now) + Nanos::from_nanos(u64::try_from(span).unwrap_or(u64::MAX))
 }
 
 #[cfg(test)]
@@ -155,27 +166,17 @@ mod tests {
         lease_target(wanted, rate, Nanos::from_nanos(usable), capacity)
     }
 
+    fn pace_of(remaining: u64, capacity: u64, horizon: u64, ttl: u64, paced: u64) -> Pace {
+        let n = Nanos::from_nanos;
+        Pace { remaining, capacity, horizon: n(horizon), ttl: n(ttl), paced_until: n(paced) }
+    }
+
     fn cap(remaining: u64, capacity: u64, horizon: u64, ttl: u64, paced: u64, now: u64) -> u64 {
-        grant_cap(
-            remaining,
-            capacity,
-            Nanos::from_nanos(horizon),
-            Nanos::from_nanos(ttl),
-            Nanos::from_nanos(paced),
-            Nanos::from_nanos(now),
-        )
+        pace_of(remaining, capacity, horizon, ttl, paced).cap(Nanos::from_nanos(now))
     }
 
     fn pace(granted: u64, remaining: u64, capacity: u64, horizon: u64, paced: u64, now: u64) -> u64 {
-        paced_until(
-            granted,
-            remaining,
-            capacity,
-            Nanos::from_nanos(horizon),
-            Nanos::from_nanos(paced),
-            Nanos::from_nanos(now),
-        )
-        .get()
+        pace_of(remaining, capacity, horizon, 0, paced).after(granted, Nanos::from_nanos(now)).get()
     }
 
     #[test]
@@ -233,13 +234,7 @@ mod tests {
         // 87 left over 29 s, the schedule 1 s ahead of now: nothing now.
         let (paced, now) = (T + S, T);
         assert_eq!(cap(87, 1_000, 29 * S, S, paced, now), 0);
-        let retry = paced_retry(
-            87,
-            Nanos::from_nanos(29 * S),
-            Nanos::from_nanos(S),
-            Nanos::from_nanos(paced),
-            Nanos::from_nanos(now),
-        );
+        let retry = pace_of(87, 1_000, 29 * S, S, paced).retry(Nanos::from_nanos(now));
         let at = now + retry.get();
         assert!(retry < Nanos::from_nanos(S), "{retry:?}");
         // Then (the horizon shrunk by the wait) the pace gives one; a twentieth
@@ -250,13 +245,7 @@ mod tests {
         assert_eq!(cap(87, 1_000, 29 * S - retry.get() + early, S, paced, at - early), 0);
         // A schedule far ahead: at the latest once it has caught up with time.
         let far = T + 10 * S;
-        let retry = paced_retry(
-            1,
-            Nanos::from_nanos(60 * S),
-            Nanos::from_nanos(S),
-            Nanos::from_nanos(far),
-            Nanos::from_nanos(T),
-        );
+        let retry = pace_of(1, 1_000, 60 * S, S, far).retry(Nanos::from_nanos(T));
         assert_eq!(retry, Nanos::from_nanos(10 * S));
     }
 

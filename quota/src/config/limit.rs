@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use floodgate_core::algorithm::{Params, Policy, Registration, ALGORITHMS};
+use floodgate_core::lease::bucket::KeyLimit;
 use floodgate_core::time::Nanos;
 use serde_json::{Map, Value};
 
@@ -108,6 +109,11 @@ impl Limit {
     /// The core's algorithm, ready to decide on stored bytes.
     pub fn policy(&self) -> &dyn Policy {
         self.policy.as_ref()
+    }
+
+    /// The limit as the core's lease rules see it.
+    pub fn key_limit(&self) -> KeyLimit<'_> {
+        KeyLimit { policy: self.policy(), tag: self.algorithm.tag, limit: self.limit, period: self.period }
     }
 }
 

@@ -4,6 +4,7 @@
 //! contended key holds no other) and returns (per lease: read its record,
 //! then give back to the bucket it names). Every decision is `decide`'s.
 
+use floodgate_core::lease::grant::Ask;
 use floodgate_core::lease::overshoot::near_limit;
 use floodgate_core::time::Nanos;
 
@@ -47,7 +48,8 @@ impl QuotaStore {
             .map(|item| {
                 let keys = vec![item.key.clone(), item.record.clone()];
                 let item = item.clone();
-                let decide: Decider<Option<LeaseOutcome>> = Box::new(move |values, now| lease(&item, values, now, ttl));
+                let decide: Decider<Option<LeaseOutcome>> =
+                    Box::new(move |values, now| lease_on(&item, values, now, ttl));
                 (keys, decide)
             })
             .collect();
@@ -145,9 +147,16 @@ fn check(items: &[BucketCheck], values: &[Option<Vec<u8>>], now: Nanos) -> (Chec
     (CheckOutcome { committed, decisions }, writes)
 }
 
-/// One lease on `[bucket, record]`; `None` when its id is recorded for
-/// another bucket (nothing taken).
-fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos) -> (Option<LeaseOutcome>, Writes) {
+/// One lease on `[bucket, record]` (their stored values): its outcome and
+/// what to write to each; `None` when its id is recorded for another
+/// bucket (nothing taken). Every store runs it inside its transaction; the
+/// fleet simulation runs it on its own map.
+pub fn lease_on(
+    item: &BucketLease,
+    values: &[Option<Vec<u8>>],
+    now: Nanos,
+    ttl: Nanos,
+) -> (Option<LeaseOutcome>, Writes) {
     let (bucket, record) = (0, 1);
     let mut writes: Writes = vec![None; values.len()];
     if let Some(done) = LeaseRecord::live(stored(values, record), now) {
@@ -170,36 +179,37 @@ fn lease(item: &BucketLease, values: &[Option<Vec<u8>>], now: Nanos, ttl: Nanos)
         };
         return (Some(outcome), writes);
     }
-    let ask = decide::LeaseAsk {
+    let ask = Ask {
         wanted: item.wanted,
         rate: item.rate,
         window: item.window,
         per_window: item.per_window,
         reported: item.reported,
     };
-    let leased = decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
+    let decide::Leased { allotment: got, next } =
+        decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
     // Reported units count even when nothing is granted.
-    if leased.granted > 0 || item.reported > 0 {
+    if got.granted > 0 || item.reported > 0 {
         if let Some(slot) = writes.get_mut(bucket) {
-            *slot = Some(leased.next.clone());
+            *slot = Some(next);
         }
     }
-    if leased.granted > 0 {
-        let done = LeaseRecord::of(&item.key, &item.limit, &leased, now, LEASE_RECORD_MARGIN);
+    if got.granted > 0 {
+        let done = LeaseRecord::of(&item.key, &item.limit, &got, now, LEASE_RECORD_MARGIN);
         if let Some(slot) = writes.get_mut(record) {
             *slot = Some(done.to_next(item.caller));
         }
     }
     let outcome = LeaseOutcome {
-        granted: leased.granted,
-        remaining: leased.decision.remaining,
-        reset: leased.decision.reset,
-        window: leased.window,
-        windows: leased.windows,
-        valid: leased.valid,
-        starts: leased.starts_at - now,
+        granted: got.granted,
+        remaining: got.decision.remaining,
+        reset: got.decision.reset,
+        window: got.window,
+        windows: got.windows,
+        valid: got.valid,
+        starts: got.starts_at - now,
         replayed: false,
-        near_limit: leased.near_limit,
+        near_limit: got.near_limit,
     };
     (Some(outcome), writes)
 }

@@ -7,8 +7,8 @@ use floodgate_core::time::SECOND;
 
 const NOW: Nanos = Nanos::from_secs(1_700_002_800);
 
-fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) -> LeaseAsk {
-    LeaseAsk { wanted, rate, window, per_window, reported: 0 }
+fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) -> Ask {
+    Ask { wanted, rate, window, per_window, reported: 0 }
 }
 
 fn ms(n: u64) -> Nanos {
@@ -115,7 +115,7 @@ struct Held {
 }
 
 fn record_of(key: &str, limit: &Limit, leased: &Leased, now: Nanos) -> LeaseRecord {
-    LeaseRecord::of(key, limit, leased, now, crate::store::LEASE_RECORD_MARGIN)
+    LeaseRecord::of(key, limit, &leased.allotment, now, crate::store::LEASE_RECORD_MARGIN)
 }
 
 /// Units a caller admitted without a lease (an overshoot budget) are
@@ -125,21 +125,21 @@ fn record_of(key: &str, limit: &Limit, leased: &Leased, now: Nanos) -> LeaseReco
 #[test]
 fn reported_units_count_first_and_the_answer_says_when_the_key_is_near() {
     let window = limit("fixed_window", 10, SECOND, "{}");
-    let reporting = |reported| LeaseAsk { reported, ..ask(5, Some(1.0), None, false) };
+    let reporting = |reported| Ask { reported, ..ask(5, Some(1.0), None, false) };
     let far = lease(&window, "k", None, NOW, reporting(2), SECOND);
-    assert!(!far.near_limit);
-    assert_eq!(peek(&window, Some(&far.next.bytes), NOW).remaining, 10 - 2 - far.granted);
+    assert!(!far.allotment.near_limit);
+    assert_eq!(peek(&window, Some(&far.next.bytes), NOW).remaining, 10 - 2 - far.allotment.granted);
     let near = lease(&window, "k", None, NOW, reporting(8), SECOND);
-    assert!(near.near_limit);
-    assert_eq!(near.granted, 1, "half of the two left");
+    assert!(near.allotment.near_limit);
+    assert_eq!(near.allotment.granted, 1, "half of the two left");
     let full = lease(&window, "k", Some(&near.next.bytes), NOW, reporting(5), SECOND);
-    assert_eq!((full.granted, full.near_limit), (0, true));
+    assert_eq!((full.allotment.granted, full.allotment.near_limit), (0, true));
     let next = lease(&window, "k", Some(&full.next.bytes), NOW, ask(1, Some(1.0), None, false), SECOND);
-    assert_eq!(next.granted, 0, "admitted past the limit: counted all the same");
+    assert_eq!(next.allotment.granted, 0, "admitted past the limit: counted all the same");
 
     let bucket = limit("token_bucket", 10, SECOND, "{}");
     let drained = lease(&bucket, "k", None, NOW, reporting(25), SECOND);
-    assert_eq!((drained.granted, drained.near_limit), (0, true));
+    assert_eq!((drained.allotment.granted, drained.allotment.near_limit), (0, true));
     assert_eq!(peek(&bucket, Some(&drained.next.bytes), NOW).remaining, 0, "what it held, no more");
 }
 
@@ -148,17 +148,17 @@ fn an_allowance_covers_its_windows_to_its_terms_end_and_renews_ahead() {
     let window = limit("fixed_window", 100, SECOND, "{}");
     let key = "fg:{edge}:fw:[[\"user\",\"alice\"]]";
     // Nothing is known of the key at its window's start: no allowance yet.
-    assert_eq!(lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND).windows, 0);
+    assert_eq!(lease(&window, key, None, NOW, ask(10, Some(2.0), None, true), SECOND).allotment.windows, 0);
     // A quarter of the window on, at its pace, one.
     let now = NOW + ms(250);
     let leased = lease(&window, key, None, now, ask(10, Some(2.0), None, true), SECOND);
     let index = NOW / SECOND;
-    assert_eq!(leased.window, index);
-    assert!(leased.windows >= 15 && leased.windows <= 45, "{} windows", leased.windows);
-    assert_eq!(leased.granted, 6, "2 a second and room for their ups and downs");
-    assert_eq!(leased.starts_at, now);
-    assert_eq!(leased.valid, SECOND.times(leased.windows) - ms(250));
-    let last = index + leased.windows - 1;
+    assert_eq!(leased.allotment.window, index);
+    assert!(leased.allotment.windows >= 15 && leased.allotment.windows <= 45, "{} windows", leased.allotment.windows);
+    assert_eq!(leased.allotment.granted, 6, "2 a second and room for their ups and downs");
+    assert_eq!(leased.allotment.starts_at, now);
+    assert_eq!(leased.allotment.valid, SECOND.times(leased.allotment.windows) - ms(250));
+    let last = index + leased.allotment.windows - 1;
     // Every window of it starts with the allowance counted; the one after it does not.
     for w in [index + 1, last] {
         assert_eq!(peek(&window, Some(&leased.next.bytes), SECOND.times(w)).remaining, 94, "window {w}");
@@ -168,13 +168,13 @@ fn an_allowance_covers_its_windows_to_its_terms_end_and_renews_ahead() {
     // Renewed from its last window: the next term, ahead.
     let at = SECOND.times(last) + Nanos::from_nanos(500_000_000);
     let renewed = lease(&window, key, Some(&leased.next.bytes), at, ask(10, Some(2.0), Some(last + 1), true), SECOND);
-    assert_eq!((renewed.window, renewed.starts_at), (last + 1, SECOND.times(last + 1)));
-    assert!(renewed.windows >= 15);
+    assert_eq!((renewed.allotment.window, renewed.allotment.starts_at), (last + 1, SECOND.times(last + 1)));
+    assert!(renewed.allotment.windows >= 15);
     assert_eq!(peek(&window, Some(&renewed.next.bytes), at).remaining, 94, "this window keeps its own");
     assert_eq!(peek(&window, Some(&renewed.next.bytes), SECOND.times(last + 1)).remaining, 94);
     // A caller that cannot hold one gets a lease of one window, as before.
     let single = lease(&window, key, None, NOW, ask(10, Some(2.0), None, false), SECOND);
-    assert_eq!((single.windows, single.granted), (0, 2));
+    assert_eq!((single.allotment.windows, single.allotment.granted), (0, 2));
 }
 
 #[test]
@@ -186,10 +186,10 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     let late = NOW + ms(900);
     for _ in 0..10 {
         let leased = lease(&window, key, stored.as_deref(), late, ask(10, Some(1.0), None, true), SECOND);
-        if leased.windows > 0 {
+        if leased.allotment.windows > 0 {
             allowances += 1;
         } else {
-            assert!(leased.granted <= 10);
+            assert!(leased.allotment.granted <= 10);
         }
         stored = Some(leased.next.bytes);
     }
@@ -201,27 +201,30 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     let mut allowances = 0;
     for _ in 0..10 {
         let leased = lease(&window, key, stored.as_deref(), early, ask(10, Some(1.0), None, true), SECOND);
-        allowances += usize::from(leased.windows > 0);
+        allowances += usize::from(leased.allotment.windows > 0);
         stored = Some(leased.next.bytes);
     }
     assert_eq!(allowances, 4, "16 in 0.3 s paces 30 a second at the least");
     // A holder's share stays small: 5 a second wants 11 a window, more
     // than a quarter of 40.
-    assert_eq!(lease(&window, "other", None, NOW, ask(10, Some(5.0), None, true), SECOND).windows, 0);
+    assert_eq!(lease(&window, "other", None, NOW, ask(10, Some(5.0), None, true), SECOND).allotment.windows, 0);
     // A window already near its limit takes no new allowance.
     let (_, busy) = check(&window, None, late, 27);
-    assert_eq!(lease(&window, "k", Some(&busy.bytes), late, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+    assert_eq!(
+        lease(&window, "k", Some(&busy.bytes), late, ask(10, Some(1.0), None, true), SECOND).allotment.windows,
+        0
+    );
     let sliding = limit("sliding_window", 100, SECOND, "{}");
-    assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).windows, 0);
+    assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).allotment.windows, 0);
     // Token and leaky buckets hold allowances of one-second slots,
     // within half of what they earn in a lease lifetime: 50 of 100 a
     // second.
     for algorithm in ["token_bucket", "leaky_bucket"] {
         let bucket = limit(algorithm, 100, SECOND, r#"{"burst": 100}"#);
         let leased = lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND);
-        assert!(leased.windows > 1, "{algorithm}: {leased:?}");
+        assert!(leased.allotment.windows > 1, "{algorithm}: {leased:?}");
         let far = ask(10, Some(20.0), None, true);
-        assert_eq!(lease(&bucket, key, None, NOW, far, SECOND).windows, 0, "{algorithm}: 30 > 25");
+        assert_eq!(lease(&bucket, key, None, NOW, far, SECOND).allotment.windows, 0, "{algorithm}: 30 > 25");
     }
 }
 
@@ -234,13 +237,22 @@ fn a_lease_refused_by_the_pace_is_told_when_it_gives_again() {
     let now = NOW + SECOND.times(10);
     let (_, drained) = check(&window, None, now, 950);
     let first = lease(&window, "k", Some(&drained.bytes), now, ask(10, Some(5.0), None, false), SECOND);
-    assert!(first.granted > 0);
+    assert!(first.allotment.granted > 0);
     let refused = lease(&window, "k", Some(&first.next.bytes), now, ask(10, Some(5.0), None, false), SECOND);
-    assert_eq!(refused.granted, 0);
-    assert!(refused.decision.remaining > 0);
-    assert!(refused.decision.reset <= SECOND, "within a lease lifetime, not in 50 s: {:?}", refused.decision.reset);
-    let again = now + refused.decision.reset;
-    assert!(lease(&window, "k", Some(&refused.next.bytes), again, ask(10, Some(5.0), None, false), SECOND).granted > 0);
+    assert_eq!(refused.allotment.granted, 0);
+    assert!(refused.allotment.decision.remaining > 0);
+    assert!(
+        refused.allotment.decision.reset <= SECOND,
+        "within a lease lifetime, not in 50 s: {:?}",
+        refused.allotment.decision.reset
+    );
+    let again = now + refused.allotment.decision.reset;
+    assert!(
+        lease(&window, "k", Some(&refused.next.bytes), again, ask(10, Some(5.0), None, false), SECOND)
+            .allotment
+            .granted
+            > 0
+    );
 }
 
 /// A key heading for its limit at its window's pace: a lease of a window
@@ -256,7 +268,7 @@ fn heading_for_its_limit_a_lease_in_a_window_that_outlasts_it_aims_at_the_low_en
     for (window, near_rates) in [(&minute, [1, 81]), (&short, [2, 100])] {
         let (_, near) = check(window, None, now, 80_000);
         let granted = |stored: Option<&[u8]>, rate: f64| {
-            lease(window, "k", stored, now, ask(1_000, Some(rate), None, false), SECOND).granted
+            lease(window, "k", stored, now, ask(1_000, Some(rate), None, false), SECOND).allotment.granted
         };
         assert_eq!(granted(None, 100.0), 100, "far from the limit: the rate");
         // Two requests seen vouch for (√2 − 1)² ≈ 0.17 a second; a hundred for (10 − 1)².
@@ -272,11 +284,11 @@ fn early_in_a_window_only_a_key_known_quiet_gets_an_allowance() {
     let window = limit("fixed_window", 100, SECOND, "{}");
     let key = "k";
     let first = lease(&window, key, None, NOW + ms(500), ask(10, Some(2.0), None, true), SECOND);
-    assert!(first.windows > 1);
+    assert!(first.allotment.windows > 1);
     // The next window began with that allowance's units: quiet.
     let early = NOW + SECOND + ms(10);
     let second = lease(&window, key, Some(&first.next.bytes), early, ask(10, Some(2.0), None, true), SECOND);
-    assert!(second.windows > 1, "{second:?}");
+    assert!(second.allotment.windows > 1, "{second:?}");
     // A window driven into its last tenth (its tail paced) ...
     let mut stored = second.next.bytes.clone();
     let busy = NOW + SECOND + ms(600);
@@ -287,10 +299,13 @@ fn early_in_a_window_only_a_key_known_quiet_gets_an_allowance() {
     // ... and the next one, early: not quiet, whatever it began with.
     let after = NOW + SECOND.times(2) + ms(10);
     let third = lease(&window, key, Some(&stored), after, ask(10, Some(2.0), None, true), SECOND);
-    assert_eq!(third.windows, 0, "{third:?}");
+    assert_eq!(third.allotment.windows, 0, "{third:?}");
     // A quarter of the way in, its pace decides: calm, one.
     let later = NOW + SECOND.times(2) + ms(300);
-    assert!(lease(&window, key, Some(&third.next.bytes), later, ask(10, Some(2.0), None, true), SECOND).windows > 1);
+    assert!(
+        lease(&window, key, Some(&third.next.bytes), later, ask(10, Some(2.0), None, true), SECOND).allotment.windows
+            > 1
+    );
 }
 
 /// A bucket whose allowances were written before they kept what their
@@ -301,7 +316,7 @@ fn allowances_written_before_the_pace_are_still_read() {
     let window = limit("fixed_window", 100, SECOND, "{}");
     let now = NOW + ms(500);
     let leased = lease(&window, "k", None, now, ask(10, Some(2.0), None, true), SECOND);
-    assert!(leased.windows > 1);
+    assert!(leased.allotment.windows > 1);
     let mut old = leased.next.bytes.clone();
     old.truncate(old.len() - 8);
     for at in [now, NOW + SECOND.times(2)] {
@@ -343,17 +358,17 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
             let rate = Some((random(30) + 1) as f64 / 10.0);
             let leased = lease(&bucket, key, stored.as_deref(), now, ask(10, rate, named, true), SECOND);
             stored = Some(leased.next.bytes.clone());
-            if leased.windows == 0 {
+            if leased.allotment.windows == 0 {
                 // A lease of a lifetime: spent at once (its bound is the lease's).
-                admitted.push((now, leased.granted));
+                admitted.push((now, leased.allotment.granted));
                 continue;
             }
             allowances += 1;
             let at_end = random(2) == 0;
-            for s in leased.window..leased.window + leased.windows {
+            for s in leased.allotment.window..leased.allotment.window + leased.allotment.windows {
                 let (starts, ends) = (SECOND.times(s), SECOND.times(s + 1));
                 let at = if at_end { ends - Nanos::from_nanos(1) } else { starts.max(now) };
-                admitted.push((at, leased.granted));
+                admitted.push((at, leased.allotment.granted));
             }
         } else if storm || random(4) == 0 {
             let cost = random(4) + 1;
@@ -398,13 +413,13 @@ fn a_returned_allowance_gives_back_this_windows_rest_and_frees_the_windows_after
     // An allowance ahead, returned before it starts: all of it.
     let index = NOW / SECOND;
     let ahead = lease(&window, key, None, now, ask(10, Some(2.0), Some(index + 1), true), SECOND);
-    assert_eq!(ahead.starts_at, NOW + SECOND);
+    assert_eq!(ahead.allotment.starts_at, NOW + SECOND);
     let record = record_of(key, &window, &ahead, now);
     let (back, next) = give_back(&record, Some(&ahead.next.bytes), now, 6);
     assert_eq!(back, 6);
     assert_eq!(peek(&window, Some(&next.unwrap().bytes), NOW + SECOND).remaining, 100);
     // After its last window: nothing.
-    let end = now + leased.valid;
+    let end = now + leased.allotment.valid;
     assert_eq!(give_back(&record_of(key, &window, &leased, now), Some(&leased.next.bytes), end, 6).0, 0);
 }
 
@@ -419,14 +434,14 @@ fn an_allowance_fits_the_next_window_beside_what_leases_ahead_booked_there() {
     let mut booked = 0;
     for _ in 0..4 {
         let ahead = lease(&window, key, stored.as_deref(), late, ask(80, Some(500.0), Some(next), false), SECOND);
-        booked += ahead.granted;
+        booked += ahead.allotment.granted;
         stored = Some(ahead.next.bytes);
     }
     assert!(booked > 70, "{booked} booked");
     // An allowance from this window on covers the next one too: it must
     // fit there beside them, or be no allowance.
     let leased = lease(&window, key, stored.as_deref(), late, ask(10, Some(5.0), None, true), SECOND);
-    let in_next = booked + if leased.windows > 1 { leased.granted } else { 0 };
+    let in_next = booked + if leased.allotment.windows > 1 { leased.allotment.granted } else { 0 };
     assert!(in_next <= 80, "the next window holds {in_next} of 80");
     let counted = peek(&window, Some(&leased.next.bytes), NOW + SECOND);
     assert_eq!(counted.remaining, 80 - in_next);
@@ -465,14 +480,14 @@ fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() 
                 let leased =
                     lease(&window, key, stored.as_deref(), now, ask(random(20) + 1, rate, named, true), SECOND);
                 stored = Some(leased.next.bytes.clone());
-                if leased.granted == 0 {
+                if leased.allotment.granted == 0 {
                     continue;
                 }
-                allowances += usize::from(leased.windows > 0);
-                let first = leased.window;
-                let windows = leased.windows.max(1);
+                allowances += usize::from(leased.allotment.windows > 0);
+                let first = leased.allotment.window;
+                let windows = leased.allotment.windows.max(1);
                 for w in first..first + windows {
-                    *usable.entry(w).or_default() += leased.granted;
+                    *usable.entry(w).or_default() += leased.allotment.granted;
                 }
                 held.push(Held { record: record_of(key, &window, &leased, now), spent: Default::default() });
             }

@@ -394,7 +394,8 @@ mod tests {
 
     /// A call whose first key is another one is ordered on the hot key like
     /// the hot key's own calls: it is not overtaken by those that came after
-    /// it (issue 22, finding 1), and once its other key is free it runs,
+    /// it (else a flood of the hot key's own calls could hold it back for
+    /// ever), and once its other key is free it runs,
     /// taking nothing past it.
     #[test]
     fn every_key_of_a_call_is_a_lane_in_arrival_order() {

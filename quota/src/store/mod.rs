@@ -17,6 +17,7 @@ mod memory;
 mod redis;
 
 pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions};
+pub use self::calls::lease_on;
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
 pub use self::memory::LocalStore;

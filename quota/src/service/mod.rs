@@ -1,6 +1,10 @@
 //! The quota service's logic, independent of HTTP: validate a request,
 //! match its descriptors against the current limits, ask the store, and
-//! build the wire response.
+//! build the wire response. A lease call has a file of its own (`lease`).
+
+mod lease;
+
+pub use lease::notice_until;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -8,14 +12,14 @@ use std::time::Instant;
 
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{
-    check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LeaseGrant, LeaseRequest,
-    LeaseResponse, LimitReport, Retry, ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_LEASES, MAX_UNITS,
+    check_descriptors, check_lease_id, CheckRequest, CheckResponse, CheckStatus, Code, LimitReport, Retry,
+    ReturnRequest, ReturnResponse, MAX_DESCRIPTORS, MAX_LEASES, MAX_UNITS,
 };
 
 use crate::config::{DescriptorRule, Domain, Domains, Limit};
 use crate::metrics::ServiceMetrics;
 use crate::notices::NoticeBoard;
-use crate::store::{bucket_key, lease_key, BucketCheck, BucketLease, Caller, LeaseReturn, QuotaStore, StoreFailure};
+use crate::store::{bucket_key, lease_key, BucketCheck, LeaseReturn, QuotaStore, StoreFailure};
 
 /// An error for the caller, with the HTTP status it maps to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,11 +82,11 @@ pub struct Service {
     notices: NoticeBoard,
 }
 
-fn bad(message: impl Into<String>) -> ApiError {
+pub(crate) fn bad(message: impl Into<String>) -> ApiError {
     ApiError::BadRequest(message.into())
 }
 
-fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
+pub(crate) fn check_units(field: &str, value: u64) -> Result<(), ApiError> {
     if value > MAX_UNITS {
         return Err(bad(format!("{field} is {value}; at most {MAX_UNITS} is allowed")));
     }
@@ -128,15 +132,15 @@ impl Service {
         &self.store
     }
 
-    fn domain<'a>(&self, domains: &'a Domains, name: &str) -> Result<&'a Domain, ApiError> {
+    pub(crate) fn domain<'a>(&self, domains: &'a Domains, name: &str) -> Result<&'a Domain, ApiError> {
         domains.domain(name).ok_or_else(|| ApiError::UnknownDomain(name.to_string()))
     }
 
-    fn count(&self, domain: &str, kind: &str, result: &str) {
+    pub(crate) fn count(&self, domain: &str, kind: &str, result: &str) {
         self.metrics.decisions.with_label_values(&[domain, kind, result]).inc();
     }
 
-    async fn timed<T>(
+    pub(crate) async fn timed<T>(
         &self,
         op: &str,
         call: impl std::future::Future<Output = Result<T, StoreFailure>>,
@@ -247,127 +251,6 @@ impl Service {
         }
         let allowed = outcome.as_ref().is_none_or(|o| o.committed);
         Ok(CheckResponse { allowed, retry_after_ms: if allowed { None } else { wait }, results })
-    }
-
-    /// `POST /v1/lease`: grant batches of tokens, sized to each caller's
-    /// rate; their records are charged to `caller` (see [`Caller`]).
-    pub async fn lease(&self, req: LeaseRequest, caller: Option<Caller>) -> Result<LeaseResponse, ApiError> {
-        check_descriptors("leases", MAX_LEASES, req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
-        for (i, lease) in req.leases.iter().enumerate() {
-            check_lease_id(&format!("leases[{i}].id"), &lease.id).map_err(bad)?;
-            if let Some(first) = req.leases[..i].iter().position(|l| l.id == lease.id) {
-                return Err(bad(format!("leases[{i}].id repeats leases[{first}].id: each lease needs its own id")));
-            }
-            check_units(&format!("leases[{i}].wanted"), lease.wanted)?;
-            check_units(&format!("leases[{i}].reported"), lease.reported)?;
-            if let Some(rate) = lease.rate {
-                if !rate.is_finite() || rate < 0.0 {
-                    return Err(bad(format!("leases[{i}].rate must be a non-negative number of tokens per second")));
-                }
-            }
-        }
-        let domains = self.domains();
-        let domain = self.domain(&domains, &req.domain)?;
-        let ttl = self.settings.lease_ttl;
-
-        let mut items = Vec::new();
-        let mut plan: Vec<Result<(usize, Limit, bool), Code>> = Vec::with_capacity(req.leases.len());
-        for lease in &req.leases {
-            match domain.rule_for(&lease.descriptor) {
-                None => plan.push(Err(Code::NoRule)),
-                Some(DescriptorRule::Unlimited) => plan.push(Err(Code::Unlimited)),
-                // Shadow rules lease like any other: the tokens a lease hands
-                // out must exist, or the total could pass the limit.
-                Some(DescriptorRule::Limited { limit, shadow }) => {
-                    items.push(BucketLease {
-                        key: bucket_key(&domain.name, limit, &lease.descriptor),
-                        limit: limit.clone(),
-                        wanted: lease.wanted,
-                        rate: lease.rate,
-                        window: lease.window,
-                        per_window: lease.per_window,
-                        reported: lease.reported,
-                        record: lease_key(&domain.name, &lease.id),
-                        caller,
-                    });
-                    plan.push(Ok((items.len() - 1, limit.clone(), *shadow)));
-                }
-            }
-        }
-        let grants = match items.is_empty() {
-            true => Vec::new(),
-            false => self.timed("lease", self.store.lease(&items, ttl)).await?.map_err(|in_use| {
-                let at = plan.iter().position(|p| matches!(p, Ok((i, _, _)) if *i == in_use.index)).unwrap_or(0);
-                let id = req.leases.get(at).map_or("", |l| l.id.as_str());
-                // Only the id: the lease it names may be another caller's,
-                // its descriptor values an address or a user.
-                ApiError::IdInUse(format!(
-                    "leases[{at}].id {id:?} is the id of a lease granted for another descriptor: a retry must \
-                     repeat the lease it retries, and a new lease needs an id of its own"
-                ))
-            })?,
-        };
-
-        let mut leases = Vec::with_capacity(plan.len());
-        let mut granted_total = 0u64;
-        // The notice board's clock: monotonic, from this instance's start.
-        let since_start = Nanos::from(self.started.elapsed());
-        for (step, lease) in plan.into_iter().zip(&req.leases) {
-            match step {
-                Err(code) => {
-                    self.count(&domain.name, "lease", if code == Code::Unlimited { "unlimited" } else { "no_rule" });
-                    leases.push(LeaseGrant {
-                        code,
-                        granted: lease.wanted,
-                        valid_ms: ttl.ceil_millis(),
-                        starts_ms: 0,
-                        report: LimitReport::default(),
-                        window: None,
-                        windows: 0,
-                        shadow: false,
-                        replayed: false,
-                        near_limit: false,
-                    });
-                }
-                Ok((at, limit, shadow)) => {
-                    let grant = grants.get(at).ok_or_else(|| {
-                        ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into()))
-                    })?;
-                    self.count(&domain.name, "lease", if grant.granted > 0 { "allowed" } else { "denied" });
-                    if !grant.replayed {
-                        granted_total += grant.granted;
-                    }
-                    if grant.near_limit && lease.reported > 0 {
-                        // Strict until the window after this one has ended, as the caller is.
-                        let until = since_start + grant.reset + limit.period();
-                        self.notices.post(&domain.name, &lease.descriptor, until);
-                    }
-                    leases.push(LeaseGrant {
-                        code: Code::Ok,
-                        granted: grant.granted,
-                        // Rounded down: a caller must stop using tokens no later
-                        // than the window they belong to ends.
-                        valid_ms: grant.valid.floor_millis(),
-                        // Rounded up: never before the window they belong to starts.
-                        starts_ms: grant.starts.ceil_millis(),
-                        report: LimitReport {
-                            limit: Some(limit.limit()),
-                            window_ms: Some(limit.period().ceil_millis()),
-                            remaining: Some(grant.remaining),
-                            reset_ms: Some(grant.reset.ceil_millis()),
-                        },
-                        window: Some(grant.window),
-                        windows: grant.windows,
-                        shadow,
-                        replayed: grant.replayed,
-                        near_limit: grant.near_limit,
-                    });
-                }
-            }
-        }
-        self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
-        let near = if req.notices { self.notices.current(&domain.name, since_start) } else { Vec::new() };
-        Ok(LeaseResponse { leases, near })
     }
 
     /// `POST /v1/return`: take back unused tokens of leases, named by id.
