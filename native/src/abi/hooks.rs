@@ -45,6 +45,7 @@ fn filter<'h>(envoy: *mut c_void) -> Filter<'h> {
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
     guard(ptr::null(), || {
         crate::log::install();
+        log::info!("floodgate: native module built for Envoy 1.40's dynamic module ABI v0.2.0");
         ABI_VERSION.as_ptr()
     })
 }
