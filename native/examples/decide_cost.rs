@@ -16,6 +16,9 @@
 //! - `shared-data`: the core's in-memory model of Envoy's shared data (one
 //!   map, one global version), the wasm build's path without the host calls.
 
+// A measuring tool, like a test: a broken setup may stop it.
+#![allow(clippy::expect_used, clippy::panic)]
+
 use floodgate_core::config::Config;
 use floodgate_core::descriptor::StaticRequest;
 use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
