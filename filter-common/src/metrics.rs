@@ -162,6 +162,9 @@ mod tests {
             assert_eq!(COUNTERS.iter().filter(|(_, other)| other == name).count(), 1, "{name}");
         }
         assert_eq!(rule_metric("per-key", "allowed"), "floodgate.rule.per-key.allowed");
-        assert_eq!(failure_metric(FAILURES[failure_index(&CallError::Status(Some(504)))]), "floodgate.global.callouts_timeout");
+        assert_eq!(
+            failure_metric(FAILURES[failure_index(&CallError::Status(Some(504)))]),
+            "floodgate.global.callouts_timeout"
+        );
     }
 }
