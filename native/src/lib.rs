@@ -6,7 +6,7 @@
 //! Every decision is the core's (`floodgate-core`), and what becomes of a
 //! request around it is the wasm build's too (`floodgate-filter-common`);
 //! this crate is the host layer: Envoy's hooks in, Envoy's callbacks out.
-//! `native/DESIGN.md` has the design and `native/ABI.md` the ABI as checked
+//! `native/DESIGN.md` has the design, `native/ABI.md` the ABI as checked
 //! on Envoy 1.40.
 //!
 //! The crate by concern:
