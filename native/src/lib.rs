@@ -7,7 +7,7 @@
 //! request around it is the wasm build's too (`floodgate-filter-common`);
 //! this crate is the host layer: Envoy's hooks in, Envoy's callbacks out.
 //! `native/DESIGN.md` has the design, `native/ABI.md` the ABI as checked
-//! on Envoy 1.40.
+//! on Envoy 1.40, and `native/CHECKS.md` what was run on it.
 //!
 //! The crate by concern:
 //! - `abi`: Envoy's dynamic module ABI — the only code that crosses it, and
