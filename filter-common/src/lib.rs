@@ -7,8 +7,10 @@
 //! - `outcome`: the one decision of what becomes of a request — go on,
 //!   answer limited, pause, resume, or give back because its client left;
 //! - `waiting`: the requests a worker keeps paused, bounded;
-//! - `metrics`: the metrics' names and what each counts.
+//! - `metrics`: the metrics' names and what each counts;
+//! - `log`: log lines kept to one a second (a shadow rule's, a failing call's).
 
+pub mod log;
 pub mod metrics;
 pub mod outcome;
 pub mod waiting;

@@ -56,9 +56,9 @@ impl Memory {
         MEMORY.get_or_init(Memory::default)
     }
 
-    /// A store over this memory for the calling thread: `main` for the
-    /// main thread preparing a configuration, or a worker's (which reads
-    /// the map as last published).
+    /// A store over this memory for the calling thread: the main thread's
+    /// while it prepares a configuration (it creates keys), or a worker's
+    /// (it finds them in the map as last published).
     pub fn store(&'static self) -> MemoryStore {
         MemoryStore { memory: self, frozen: lock(&self.published).clone(), spare: RefCell::default() }
     }

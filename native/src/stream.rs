@@ -14,6 +14,7 @@ use std::sync::Arc;
 use floodgate_core::algorithm::Release;
 use floodgate_core::limiter::{CanWait, Permit, Verdict};
 use floodgate_core::time::Nanos;
+use floodgate_filter_common::log::shadow_limited;
 use floodgate_filter_common::metrics::Counter;
 use floodgate_filter_common::outcome::{self, Event, Outcome, Site};
 use floodgate_filter_common::waiting::{Shared, Stage, Wait, Waiter};
@@ -93,7 +94,11 @@ impl Stream {
             limiter.check_waited(&worker.store, now, &mut request, can_wait, &mut counters)
         };
         let event = Event::Decided { verdict: &verdict, since: now, now, max_wait: Nanos::ZERO };
-        match outcome::next(Site::Handler, event) {
+        let outcome = outcome::next(Site::Handler, event);
+        if matches!(outcome, Outcome::Continue | Outcome::Reply) {
+            shadow_limited(&worker.shadow_log, limiter, &verdict, now);
+        }
+        match outcome {
             Outcome::Continue => {
                 self.finish(worker, &verdict, permit, Stage::Passed);
                 HeadersStatus::Continue

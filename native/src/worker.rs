@@ -10,6 +10,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use floodgate_core::limiter::Limiter;
+use floodgate_filter_common::log::RateLimitedLog;
 use floodgate_filter_common::waiting::Waiting;
 
 use crate::config::Shared;
@@ -26,6 +27,8 @@ pub struct Worker {
     pub store: MemoryStore,
     /// The requests this worker keeps paused.
     pub waiting: RefCell<Waiting>,
+    /// Shadow-mode denials, logged at most once a second.
+    pub shadow_log: RateLimitedLog,
     /// The number the next stream gets.
     next_id: Cell<u32>,
 }
@@ -50,7 +53,8 @@ impl Worker {
             }
         };
         let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
-        Some(Worker { shared: Arc::clone(shared), limiter, store, waiting, next_id: Cell::new(0) })
+        let shadow_log = RateLimitedLog::default();
+        Some(Worker { shared: Arc::clone(shared), limiter, store, waiting, shadow_log, next_id: Cell::new(0) })
     }
 
     /// A number for a new stream, unique among this worker's paused ones.
