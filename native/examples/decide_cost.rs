@@ -68,9 +68,8 @@ fn main() {
     let times = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
     let config = Config::parse(CONFIG.as_bytes()).expect("the example's configuration is valid");
     let memory: &'static Memory = Box::leak(Box::default());
-    // As in Envoy: the main thread prepares and publishes, a worker decides.
+    // As in Envoy: the main thread prepares, then a worker decides.
     Limiter::<()>::prepare(config.clone(), &memory.store(), [7; 16], |_| ()).expect("prepared");
-    memory.publish();
     let store: Box<dyn Store> = match kind.as_str() {
         "in-place" => Box::new(memory.store()),
         "get-set" => Box::new(GetSet(memory.store())),

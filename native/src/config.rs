@@ -52,13 +52,12 @@ impl FilterConfig {
             }
         };
         let memory = Memory::process();
-        // The groups of every rule, created here on the main thread, where
-        // nothing else runs, and handed to the workers by `publish`.
+        // The groups of every rule, created here on the main thread, before
+        // any worker sees the configuration (its stores are made after).
         if let Err(error) = Limiter::prepare(config.clone(), &memory.store(), crate::entropy(), |_| ()) {
             log::error!("floodgate: cannot prepare the buckets in memory: {error}");
             return None;
         }
-        memory.publish();
         for rule in &config.rules {
             log::debug!(
                 "floodgate ({}): rule {} ({}, {} buckets)",

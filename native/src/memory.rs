@@ -11,9 +11,9 @@
 //! the same get and set as on Envoy's shared data.
 //!
 //! Keys are only created while a configuration is prepared, on Envoy's main
-//! thread, before any worker serves it ([`Memory::publish`] then hands the
-//! workers a frozen copy of the map): a worker finds its groups without
-//! taking any lock but the group's own. There is one map per process, shared
+//! thread, before any worker serves it; a worker's store keeps the map as it
+//! is then, so a worker finds its groups without taking any lock but the
+//! group's own. There is one map per process, shared
 //! by every configuration of the module, as shared data is by every plugin
 //! with one `vm_id`: a rule keeps its buckets across a configuration change
 //! that keeps its name, algorithm and `max_keys`.
@@ -42,11 +42,13 @@ type Map = HashMap<Arc<str>, Arc<Slot>, KeyHasher>;
 /// The process's buckets: every configuration's, every worker's.
 #[derive(Debug, Default)]
 pub struct Memory {
-    /// Every key: where keys are created (under this lock, so creating one
-    /// is atomic, unlike on Envoy's shared data).
-    master: Mutex<Map>,
-    /// What workers read: `master` as last published.
-    published: Mutex<Arc<Map>>,
+    /// Every key. Keys are created under this lock (so creating one is
+    /// atomic, unlike on Envoy's shared data) and only while a configuration
+    /// is prepared; a store made afterwards keeps the map as it is then, and
+    /// finds its keys there without this lock. Creating a key while stores
+    /// hold the map copies the map first (copy on write: its values stay
+    /// shared), once per configuration.
+    map: Mutex<Arc<Map>>,
 }
 
 impl Memory {
@@ -57,22 +59,16 @@ impl Memory {
     }
 
     /// A store over this memory for the calling thread: the main thread's
-    /// while it prepares a configuration (it creates keys), or a worker's
-    /// (it finds them in the map as last published).
+    /// while it prepares a configuration (it creates keys), or a worker's,
+    /// made once the configuration is prepared (it finds every key of it in
+    /// the map as it is now).
     pub fn store(&'static self) -> MemoryStore {
-        MemoryStore { memory: self, frozen: lock(&self.published).clone(), spare: RefCell::default() }
-    }
-
-    /// Hands the workers a copy of every key created so far. Called once a
-    /// configuration is prepared, before Envoy gives it to the workers.
-    pub fn publish(&self) {
-        let copy = Arc::new(lock(&self.master).clone());
-        *lock(&self.published) = copy;
+        MemoryStore { memory: self, frozen: lock(&self.map).clone(), spare: RefCell::default() }
     }
 
     /// Number of keys (for tests and the memory bound).
     pub fn len(&self) -> usize {
-        lock(&self.master).len()
+        lock(&self.map).len()
     }
 
     /// True when no key exists.
@@ -81,7 +77,7 @@ impl Memory {
     }
 
     fn slot(&self, key: &str) -> Option<Arc<Slot>> {
-        lock(&self.master).get(key).cloned()
+        lock(&self.map).get(key).cloned()
     }
 }
 
@@ -96,7 +92,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct MemoryStore {
     memory: &'static Memory,
-    /// The map as published when this store was made: every key the
+    /// The map as it was when this store was made: every key the
     /// configurations prepared by then will ask for.
     frozen: Arc<Map>,
     /// A copy of the value being decided on, kept for when the decision
@@ -108,7 +104,7 @@ pub struct MemoryStore {
 impl MemoryStore {
     fn slot(&self, key: &str) -> Option<Arc<Slot>> {
         // Keys created after this store was made (none, on the request path)
-        // are found in the master map.
+        // are found in the memory's current map.
         self.frozen.get(key).cloned().or_else(|| self.memory.slot(key))
     }
 }
@@ -141,14 +137,14 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    /// Atomic here: keys are created under the master map's lock.
+    /// Atomic here: keys are created under the map's lock.
     fn create_if_absent(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
-        let mut master = lock(&self.memory.master);
-        if master.contains_key(key) {
+        let mut map = lock(&self.memory.map);
+        if map.contains_key(key) {
             return Ok(false);
         }
         let entry = Entry { bytes: value.to_vec(), version: 1 };
-        master.insert(Arc::from(key), Arc::new(Mutex::new(entry)));
+        Arc::make_mut(&mut map).insert(Arc::from(key), Arc::new(Mutex::new(entry)));
         Ok(true)
     }
 
@@ -236,13 +232,14 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_created_once_and_published_to_stores_made_later() {
+    fn keys_are_created_once_and_seen_by_stores_made_later() {
         let memory = memory();
         let main = memory.store();
+        let early = memory.store();
         assert!(main.create_if_absent("fg:a:0", &[1]).unwrap());
         assert!(!main.create_if_absent("fg:a:0", &[2]).unwrap());
-        assert_eq!(main.get("fg:a:0").unwrap(), Some((vec![1], 1)), "found before publishing too");
-        memory.publish();
+        assert_eq!(early.get("fg:a:0").unwrap(), Some((vec![1], 1)), "a store made before finds it too");
+        assert!(early.frozen.is_empty());
         let worker = memory.store();
         assert_eq!(worker.frozen.len(), 1);
         assert_eq!(worker.get("fg:a:0").unwrap(), Some((vec![1], 1)));
@@ -299,7 +296,6 @@ mod tests {
     fn threads_take_exactly_the_limit() {
         let memory = memory();
         memory.store().create_if_absent("hot", &0u32.to_le_bytes()).unwrap();
-        memory.publish();
         let taken: usize = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..4)
                 .map(|_| {
