@@ -22,6 +22,11 @@
 //! stream runs on the worker thread that owns it, never two at once, and
 //! Envoy never destroys a stream while one of its hooks is on the stack
 //! (but a hook may complete it inline: see [`Filter::send_response`]).
+//!
+//! The library is linked with every symbol bound at load (`build.rs`): an
+//! Envoy that lacks a callback used here refuses to load the module, naming
+//! the callback, instead of failing at the first call.
+
 mod callbacks;
 mod hooks;
 
