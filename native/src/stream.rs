@@ -7,7 +7,7 @@
 //! request may be answered inline), so the stream is only ever borrowed
 //! shared and no borrow of its state is held across a call into Envoy.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -59,7 +59,7 @@ pub struct Stream {
     /// Where it is, what it holds, its rate-limit headers.
     state: Shared,
     /// When it was decided (a paused request's wait starts there).
-    since: std::cell::Cell<Nanos>,
+    since: Cell<Nanos>,
     /// Its wake-up, while it waits.
     wake: RefCell<Option<Wake>>,
 }
@@ -69,13 +69,7 @@ impl Stream {
     pub fn new(config: &FilterConfig) -> Stream {
         let worker = worker::of(&config.shared);
         let id = worker.as_ref().map_or(0, |w| w.stream_id());
-        Stream {
-            worker,
-            id,
-            state: Shared::default(),
-            since: std::cell::Cell::new(Nanos::ZERO),
-            wake: RefCell::new(None),
-        }
+        Stream { worker, id, state: Shared::default(), since: Cell::new(Nanos::ZERO), wake: RefCell::new(None) }
     }
 
     /// The request's headers: decide, and act on what becomes of it.
