@@ -4,6 +4,8 @@ SHELL := /bin/bash
 
 ENVOY_VERSION := 1.40.0
 WASM := target/wasm32-wasip1/release/floodgate.wasm
+# The native build: a dynamic module Envoy loads into its own process.
+NATIVE := target/native/libfloodgate_native.so
 # Tags of the images `make images` builds; push them where your cluster pulls from.
 WASM_IMAGE ?= floodgate-wasm:dev
 QUOTA_IMAGE ?= floodgate-quota:dev
@@ -12,7 +14,7 @@ QUOTA_IMAGE ?= floodgate-quota:dev
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm native demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
 .PHONY: images image-wasm image-quota test-manifests test-deploy core-bench fleet-sim
 
 FUZZ_TARGETS := config descriptors state
@@ -24,6 +26,7 @@ include bench/bench.mk
 
 help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
+	@echo "make native  build the native module ($(NATIVE)); envoy/native.yaml runs it"
 	@echo "make test    install what is needed and run every test"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service, then the fleet simulation)"
 	@echo "make fleet-sim  simulate fleets of 10-10,000 Envoys over 10^3-10^6 keys against the quota service's decisions"
@@ -56,6 +59,12 @@ wasm: deps-rust
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter
 	@ls -l $(WASM) | awk '{print "$(WASM): " $$5 " bytes"}'
 
+# The `native` profile is release with panics unwinding, so that each hook
+# catches one before it reaches Envoy (see native/DESIGN.md).
+native:
+	cargo build --profile native -p floodgate-native
+	@ls -l $(NATIVE) | awk '{print "$(NATIVE): " $$5 " bytes"}'
+
 demo: deps-rust deps-envoy wasm
 	@echo
 	@echo "Envoy with Floodgate on http://127.0.0.1:10000 (admin: http://127.0.0.1:9901). Try, in another shell:"
@@ -72,7 +81,7 @@ demo: deps-rust deps-envoy wasm
 	@echo
 	"$(ENVOY_BIN)" -c envoy/demo.yaml --concurrency 2 --log-level warn
 
-test: deps wasm lint
+test: deps wasm native lint
 	cargo test --workspace
 	$(MAKE) --no-print-directory test-core-wasm
 	$(MAKE) --no-print-directory test-manifests
@@ -123,9 +132,9 @@ test-deploy: deps-envoy deps-redis wasm
 
 lint: deps-rust
 	cargo fmt --all --check
-	@for src in core/src filter/src protocol/src quota/src bench/src sim/src; do python3 scripts/module-graph.py $$src || exit 1; done
+	@for src in core/src filter/src filter-common/src native/src protocol/src quota/src bench/src sim/src; do python3 scripts/module-graph.py $$src || exit 1; done
 	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p floodgate-filter -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
+	cargo clippy -p floodgate-filter -p floodgate-filter-common -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 
 deps-fuzz:
 	@cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked

@@ -67,6 +67,17 @@ pub trait Request {
 
     /// `attribute`'s bytes, or `None` when Envoy has none (or only empty bytes).
     fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]>;
+
+    /// The value at `key` in the metadata `source` names. By default it is
+    /// found in the serialized metadata [`Request::attribute`] gives (what
+    /// the wasm build reads); a host that reads metadata by key instead
+    /// answers it itself.
+    fn metadata(&mut self, source: MetadataSource, key: &MetadataKey) -> Found<'_> {
+        match self.attribute(Attribute::metadata(source)) {
+            Some(blob) => metadata::lookup(blob, key),
+            None => Found::Absent,
+        }
+    }
 }
 
 /// How much a request takes from a bucket.
@@ -200,7 +211,11 @@ pub enum MetadataValueMatch {
 impl MetadataMatcher {
     /// Whether the serialized metadata `metadata` (`None`: none) matches.
     pub fn matches(&self, metadata: Option<&[u8]>) -> bool {
-        let found = metadata.map_or(Found::Absent, |m| metadata::lookup(m, &self.key));
+        self.matches_found(metadata.map_or(Found::Absent, |m| metadata::lookup(m, &self.key)))
+    }
+
+    /// Whether `found`, the value at [`MetadataMatcher::key`], matches.
+    pub fn matches_found(&self, found: Found<'_>) -> bool {
         let matched = match (&self.value, found) {
             (MetadataValueMatch::String(want), Found::String(s)) => want.matches(Some(s)),
             (MetadataValueMatch::Bool(want), Found::Bool(b)) => *want == b,
@@ -366,9 +381,7 @@ pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit
                 visit(key, Value::Bytes(value.as_bytes()));
             }
             DescriptorEntry::Metadata { key, source, metadata_key, default_value, skip_if_absent } => {
-                let found = request
-                    .attribute(Attribute::metadata(*source))
-                    .and_then(|blob| metadata::lookup(blob, metadata_key).non_empty_string());
+                let found = request.metadata(*source, metadata_key).non_empty_string();
                 match (found, default_value) {
                     (Some(value), _) => visit(key, Value::Bytes(BoundedValue::bound(value, &mut spare))),
                     (None, Some(default)) => visit(key, Value::Bytes(default.as_bytes())),
@@ -571,7 +584,7 @@ impl RequestMatch {
             }
         }
         if let Some(matcher) = &self.route_metadata {
-            if !matcher.matches(request.attribute(Attribute::RouteMetadata)) {
+            if !matcher.matches_found(request.metadata(MetadataSource::RouteEntry, &matcher.key)) {
                 return false;
             }
         }

@@ -53,6 +53,21 @@ pub trait Store {
             None => self.set(key, value, None).map(|()| true),
         }
     }
+
+    /// Decides on `key`'s value while the store holds it still: hands the
+    /// value to `decide` and keeps what it returns (`None`: the value as it
+    /// was). A store in the filter's own memory (the native build's) does
+    /// this under a lock on the one value, so a decision never loses a race
+    /// and the value is never copied out and back. `None` (the default):
+    /// this store cannot, and [`measure_and_replace`] reads and
+    /// compares-and-sets instead.
+    fn decide_in_place(
+        &self,
+        _key: &str,
+        _decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        None
+    }
 }
 
 /// What a decision closure wants done with the value it was shown.
@@ -84,7 +99,9 @@ pub enum LoopError {
 
 /// Reads `key`, lets `decide` choose the new value, and writes it if nobody
 /// wrote in between; on a conflict, reads again and decides again — at most
-/// `max_retries` times after the first attempt.
+/// `max_retries` times after the first attempt. A store that can decide in
+/// place ([`Store::decide_in_place`]) runs `decide` once, on the value it
+/// holds still: no race to lose.
 ///
 /// ```
 /// use floodgate_core::store::{measure_and_replace, MemoryStore, Step, Store};
@@ -106,6 +123,22 @@ where
     S: Store + ?Sized,
     F: FnMut(Vec<u8>) -> Step<T>,
 {
+    let mut outcome = None;
+    let mut in_place = |value: Vec<u8>| match decide(value) {
+        Step::Write(next, decided) => {
+            outcome = Some(decided);
+            Some(next)
+        }
+        Step::Keep(decided) => {
+            outcome = Some(decided);
+            None
+        }
+    };
+    if let Some(done) = store.decide_in_place(key, &mut in_place) {
+        done.map_err(LoopError::Store)?;
+        // A store that decided in place ran `decide`; one that did not is at fault.
+        return outcome.map(|outcome| Replaced { outcome, retries: 0 }).ok_or(LoopError::Store(StoreError::Host));
+    }
     let mut retries = 0;
     loop {
         let (value, cas) = store.get(key).map_err(LoopError::Store)?.ok_or(LoopError::Store(StoreError::Missing))?;
@@ -212,7 +245,7 @@ mod tests {
     #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
-    fn counter(store: &MemoryStore, limit: u8, max_retries: u32) -> Result<Replaced<bool>, LoopError> {
+    fn counter(store: &dyn Store, limit: u8, max_retries: u32) -> Result<Replaced<bool>, LoopError> {
         measure_and_replace(store, "k", max_retries, |value| {
             let used = value.first().copied().unwrap_or(0);
             if used < limit {
@@ -252,6 +285,51 @@ mod tests {
         assert!(store.create_if_absent("k", &[0]).unwrap());
         assert!(!store.create_if_absent("k", &[9]).unwrap());
         assert!(counter(&store, 1, 3).unwrap().outcome);
+    }
+
+    /// A store that decides in place, as the native build's process memory
+    /// does: the loop hands it the decision instead of reading and writing.
+    #[derive(Default)]
+    struct InPlace {
+        values: RefCell<HashMap<String, Vec<u8>>>,
+        decided: Cell<u32>,
+    }
+
+    impl Store for InPlace {
+        fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError> {
+            Ok(self.values.borrow().get(key).map(|v| (v.clone(), 1)))
+        }
+
+        fn set(&self, _: &str, _: &[u8], _: Option<Cas>) -> Result<(), StoreError> {
+            panic!("a store that decides in place is never written through set by the loop");
+        }
+
+        fn decide_in_place(
+            &self,
+            key: &str,
+            decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+        ) -> Option<Result<(), StoreError>> {
+            self.decided.set(self.decided.get() + 1);
+            let mut values = self.values.borrow_mut();
+            let Some(value) = values.get_mut(key) else { return Some(Err(StoreError::Missing)) };
+            if let Some(next) = decide(value.clone()) {
+                *value = next;
+            }
+            Some(Ok(()))
+        }
+    }
+
+    #[test]
+    fn a_store_that_decides_in_place_is_handed_the_decision() {
+        let store = InPlace::default();
+        assert_eq!(counter(&store, 2, 3), Err(LoopError::Store(StoreError::Missing)));
+        store.values.borrow_mut().insert("k".into(), vec![0]);
+        for expected in [true, true, false, false] {
+            let done = counter(&store, 2, 3).unwrap();
+            assert_eq!((done.outcome, done.retries), (expected, 0));
+        }
+        assert_eq!(store.values.borrow()["k"], vec![2], "a denial keeps the value");
+        assert_eq!(store.decided.get(), 5);
     }
 
     #[test]

@@ -46,7 +46,7 @@ impl HttpContext for FloodgateHttp {
         if first_count || matches!(outcome, Outcome::Pause(_)) || calls {
             schedule_ticks(&plugin, now);
         }
-        outcome.action()
+        action(outcome)
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -61,6 +61,16 @@ impl HttpContext for FloodgateHttp {
             }
         }
         Action::Continue
+    }
+}
+
+/// What a request's handler returns to Envoy: a request that is not let
+/// through at once is paused (a local reply ends it).
+fn action(outcome: Outcome) -> Action {
+    if outcome.goes_on() {
+        Action::Continue
+    } else {
+        Action::Pause
     }
 }
 

@@ -27,16 +27,19 @@
 //!   the calls requests posted, every answer of the quota service;
 //! - `plugin`: what a configuration's requests on one worker share, and a
 //!   request's path through it (decide, act on the outcome, release);
-//! - `outcome`: the one decision of what becomes of a request — go on,
-//!   answer limited, pause, resume, or give back because its client left;
+//! - `outcome` (from `floodgate-filter-common`, shared with the native
+//!   build): the one decision of what becomes of a request — go on, answer
+//!   limited, pause, resume, or give back because its client left;
 //! - `http`: one request's context;
 //! - `quota`: the quota client: what this worker has to send, sending it,
 //!   and applying the answers;
-//! - `waiting`: the requests a worker keeps paused, and when to wake up;
+//! - `waiting` (from `floodgate-filter-common`): the requests a worker
+//!   keeps paused, and when to wake up;
 //! - `host`: the `Host` trait, every call the filter makes to Envoy, and
 //!   over it the core's traits (shared data as the store, the request);
 //! - `envoy`: `Host` over proxy-wasm's ABI, the only caller of it;
-//! - `metrics`: counts kept in the worker and flushed to Envoy on a tick.
+//! - `metrics`: counts kept in the worker and flushed to Envoy on a tick
+//!   (their names are `floodgate-filter-common`'s).
 //!
 //! For tests, `fake_host` (a `Host` that records what it is asked, on a
 //! fake clock) and `outcome_tests` (pausing and resuming against it);
@@ -60,13 +63,15 @@ mod http;
 mod metrics;
 #[cfg(test)]
 mod mock_host;
-mod outcome;
 #[cfg(test)]
 mod outcome_tests;
 mod plugin;
 mod quota;
 mod root;
-mod waiting;
+
+// What becomes of a request and the paused requests are the same in both
+// builds (`floodgate-filter-common`); here they are the crate's own modules.
+use floodgate_filter_common::{outcome, waiting};
 
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;

@@ -18,88 +18,12 @@ use std::time::Duration;
 use floodgate_core::config::Rule;
 use floodgate_core::global::calls::CallError;
 use floodgate_core::limiter::{CompiledRule, Counters, Limiter, RequestEvent, RuleEvent, StoreEvent};
+use floodgate_filter_common::metrics::{self as names, COUNTERS, FAILURES, RULE_EVENTS, STORE_EVENTS};
 use proxy_wasm::types::MetricType;
 
 use crate::host::Host;
 
-const STORE_EVENTS: [(StoreEvent, &str); 6] = [
-    (StoreEvent::CasRetries, "cas_retries"),
-    (StoreEvent::RetriesExhausted, "retries_exhausted"),
-    (StoreEvent::SlotEvictions, "slot_evictions"),
-    (StoreEvent::TableFull, "table_full"),
-    (StoreEvent::StoreErrors, "store_errors"),
-    (StoreEvent::CorruptState, "corrupt_state"),
-];
-
-const RULE_EVENTS: [(RuleEvent, &str); 6] = [
-    (RuleEvent::Allowed, "allowed"),
-    (RuleEvent::Delayed, "delayed"),
-    (RuleEvent::Limited, "limited"),
-    (RuleEvent::ShadowLimited, "shadow_limited"),
-    (RuleEvent::Fallback, "fallback"),
-    (RuleEvent::Overshoot, "overshoot"),
-];
-
-const FAILURES: [&str; 5] = ["not_sent", "refused", "timeout", "bad_status", "bad_answer"];
-
-/// A plugin-wide counter (each rule's are [`RuleMetrics`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
-    /// Requests let through (whether or not a rule applied).
-    Allowed,
-    /// Requests answered as limited.
-    Limited,
-    /// Requests a shadow-mode rule would have limited.
-    ShadowLimited,
-    /// Requests a shaper delayed, and that went on after waiting.
-    Delayed,
-    /// Milliseconds of delay the shapers asked for, summed.
-    DelayRequestedMs,
-    /// Milliseconds delayed requests actually waited, summed.
-    DelayActualMs,
-    /// Paused requests whose client left while they waited.
-    DelayAbandoned,
-    /// Requests denied because their worker already had
-    /// `max_delayed_per_worker` requests paused.
-    DelayQueueFull,
-    /// Lease-pool refreshes claimed.
-    Refreshes,
-    /// Calls sent to the quota service.
-    CalloutsSent,
-    /// Calls answered usably.
-    CalloutsOk,
-    /// Tokens granted to this Envoy's pools.
-    TokensLeased,
-    /// Unspent tokens given back to the service.
-    TokensReturned,
-    /// Tokens whose lease ended before they were spent.
-    TokensExpired,
-    /// Requests that waited for an empty pool's refill.
-    RefillWaits,
-    /// Milliseconds they waited, summed.
-    RefillWaitMs,
-}
-
-/// Each plugin-wide counter's name (after `floodgate.`), in the order of
-/// [`Counter`]: the one list that defines and flushes them.
-const COUNTERS: [(Counter, &str); 16] = [
-    (Counter::Allowed, "allowed"),
-    (Counter::Limited, "limited"),
-    (Counter::ShadowLimited, "shadow_limited"),
-    (Counter::Delayed, "delayed"),
-    (Counter::DelayRequestedMs, "delay_requested_ms"),
-    (Counter::DelayActualMs, "delay_actual_ms"),
-    (Counter::DelayAbandoned, "delay_abandoned"),
-    (Counter::DelayQueueFull, "delay_queue_full"),
-    (Counter::Refreshes, "global.refreshes"),
-    (Counter::CalloutsSent, "global.callouts_sent"),
-    (Counter::CalloutsOk, "global.callouts_ok"),
-    (Counter::TokensLeased, "global.tokens_leased"),
-    (Counter::TokensReturned, "global.tokens_returned"),
-    (Counter::TokensExpired, "global.tokens_expired"),
-    (Counter::RefillWaits, "global.refill_waits"),
-    (Counter::RefillWaitMs, "global.refill_wait_ms"),
-];
+pub use floodgate_filter_common::metrics::Counter;
 
 /// The longest Envoy's stats lag the worker's counts.
 pub const FLUSH_PERIOD: Duration = Duration::from_millis(100);
@@ -167,18 +91,18 @@ impl RuleMetrics {
     /// units while requests are in flight, and a global rule's
     /// `floodgate.rule.<name>.fallback_active` gauge.
     pub fn define(host: &impl Host, rule: &Rule) -> Self {
-        let name = |metric: &str| format!("floodgate.rule.{}.{metric}", rule.name);
+        let name = |metric: &str| names::rule_metric(&rule.name, metric);
         Self {
             events: RULE_EVENTS.map(|(_, event)| counter(host, &name(event))),
             in_flight: if rule.policy().holds_until_done() {
-                gauge(host, &name("in_flight"))
+                gauge(host, &name(names::IN_FLIGHT))
             } else {
                 Metric::default()
             },
             fallback_active: rule
                 .global
                 .as_ref()
-                .and_then(|_| host.define_metric(MetricType::Gauge, &name("fallback_active")).ok()),
+                .and_then(|_| host.define_metric(MetricType::Gauge, &name(names::FALLBACK_ACTIVE)).ok()),
         }
     }
 
@@ -200,11 +124,11 @@ pub struct Metrics {
 impl Metrics {
     /// Defines every plugin-wide metric.
     pub fn define(host: &impl Host) -> Self {
-        let counter = |name: &str| counter(host, &format!("floodgate.{name}"));
+        let plugin = |name: &str| counter(host, &names::plugin_metric(name));
         Self {
-            counters: COUNTERS.map(|(_, name)| counter(name)),
-            store: STORE_EVENTS.map(|(_, name)| counter(name)),
-            callouts_failed: FAILURES.map(|kind| counter(&format!("global.callouts_{kind}"))),
+            counters: COUNTERS.map(|(_, name)| plugin(name)),
+            store: STORE_EVENTS.map(|(_, name)| plugin(name)),
+            callouts_failed: FAILURES.map(|kind| counter(host, &names::failure_metric(kind))),
         }
     }
 
@@ -215,18 +139,11 @@ impl Metrics {
         }
     }
 
-    /// Counts a failed call by kind: `not_sent` (Envoy refused it, e.g. no
-    /// such cluster), `refused` (503: no connection), `timeout` (504),
-    /// `bad_status` (any other non-2xx or a reset stream), `bad_answer`.
+    /// Counts a failed call by kind (see [`names::failure_index`]).
     pub fn count_failed_callout(&self, why: &CallError) {
-        let kind = match why {
-            CallError::NotSent(_) => 0,
-            CallError::Status(Some(503)) => 1,
-            CallError::Status(Some(504)) => 2,
-            CallError::Status(_) => 3,
-            CallError::Body(_) => 4,
-        };
-        increment(&self.callouts_failed[kind], 1);
+        if let Some(metric) = self.callouts_failed.get(names::failure_index(why)) {
+            increment(metric, 1);
+        }
     }
 
     /// Hands every count of this worker to Envoy: the plugin-wide ones and
@@ -257,17 +174,11 @@ pub struct MetricCounters<'a>(&'a Metrics);
 
 impl Counters<RuleMetrics> for MetricCounters<'_> {
     fn request(&mut self, event: RequestEvent) {
-        let counter = match event {
-            RequestEvent::Allowed => Counter::Allowed,
-            RequestEvent::Limited => Counter::Limited,
-            RequestEvent::ShadowLimited => Counter::ShadowLimited,
-            RequestEvent::NoRoomToWait => Counter::DelayQueueFull,
-        };
-        self.0.count(counter, 1);
+        self.0.count(names::request_counter(event), 1);
     }
 
     fn rule(&mut self, rule: &CompiledRule<RuleMetrics>, event: RuleEvent) {
-        if let Some(metric) = RULE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| rule.host.events.get(i)) {
+        if let Some(metric) = names::rule_event_index(event).and_then(|i| rule.host.events.get(i)) {
             increment(metric, 1);
         }
     }
@@ -278,22 +189,8 @@ impl Counters<RuleMetrics> for MetricCounters<'_> {
     }
 
     fn store(&mut self, event: StoreEvent, count: u64) {
-        if let Some(metric) = STORE_EVENTS.iter().position(|(e, _)| *e == event).and_then(|i| self.0.store.get(i)) {
+        if let Some(metric) = names::store_event_index(event).and_then(|i| self.0.store.get(i)) {
             increment(metric, count);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// [`Metrics::count`] finds a counter by its place in [`COUNTERS`].
-    #[test]
-    fn every_counter_is_named_once_in_its_place() {
-        for (place, (counter, name)) in COUNTERS.iter().enumerate() {
-            assert_eq!(*counter as usize, place, "{name}");
-            assert_eq!(COUNTERS.iter().filter(|(_, other)| other == name).count(), 1, "{name}");
         }
     }
 }

@@ -10,13 +10,14 @@ use std::time::Duration;
 
 use floodgate_core::algorithm::Release;
 use floodgate_core::limiter::{CanWait, Limiter, Permit, Verdict};
-use floodgate_core::time::{Nanos, SECOND};
+use floodgate_core::time::Nanos;
 
 use crate::host::{HeaderReads, Host, HostRequest, SharedData};
 use crate::metrics::{self, Counter, Metrics, RuleMetrics};
 use crate::outcome::{self, Event, Outcome, Site};
 use crate::quota::Callouts;
 use crate::waiting::{Shared, Stage, Wait, Waiter, Waiting};
+use floodgate_filter_common::log::RateLimitedLog;
 
 /// How often a worker with global rules looks at their mode and probes a
 /// failing service, when nothing else needs a tick.
@@ -170,11 +171,7 @@ impl<H: Host> Plugin<H> {
     /// local reply if it is limited.
     fn finish(&self, state: &Shared, outcome: Outcome, verdict: Verdict, permit: Permit, now: Nanos) {
         let limiter = &self.limiter;
-        if let Some(rule) = verdict.shadow_limited.and_then(|index| limiter.rules().get(index)) {
-            self.shadow_log.record(now, log::Level::Info, || {
-                format!("shadow mode: rule {} would have limited a request; let through", rule.rule.name)
-            });
-        }
+        floodgate_filter_common::log::shadow_limited(&self.shadow_log, limiter, &verdict, now);
         let mut state = state.borrow_mut();
         limiter.render_headers(&verdict, &mut state.headers);
         state.permit = permit;
@@ -370,26 +367,5 @@ pub(crate) fn schedule_ticks<H: Host>(plugin: &Plugin<H>, now: Nanos) {
     let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
     if let Err(status) = plugin.host.set_tick_period(period) {
         log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");
-    }
-}
-
-/// Logs a kind of event at most once a second per VM, with the number of
-/// events left out since the previous line: on a busy listener one line per
-/// request would flood Envoy's log, and the counters have the totals.
-#[derive(Default)]
-pub(crate) struct RateLimitedLog {
-    last: Cell<Nanos>,
-    suppressed: Cell<u64>,
-}
-
-impl RateLimitedLog {
-    pub(crate) fn record(&self, now: Nanos, level: log::Level, line: impl FnOnce() -> String) {
-        if now - self.last.get() < SECOND {
-            self.suppressed.set(self.suppressed.get() + 1);
-            return;
-        }
-        let suppressed = self.suppressed.replace(0);
-        self.last.set(now);
-        log::log!(level, "floodgate: {} ({suppressed} more since the last line)", line());
     }
 }

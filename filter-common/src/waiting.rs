@@ -2,9 +2,10 @@
 //!
 //! A request waits for a shaper's delay, for its lease pool to be refilled,
 //! or for the quota service's answer to a check. Envoy lets only the worker
-//! that paused a request resume it, so every worker (every VM) keeps its own
-//! list, finishes its own requests from its own root context, and ticks only
-//! while something needs it. The list is bounded.
+//! that paused a request resume it, so every worker keeps its own list (the
+//! wasm build: one per VM, finished from its root context on its tick; the
+//! native build: one per worker thread, each request woken by its own
+//! scheduled event). The list is bounded.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -68,7 +69,8 @@ pub enum Wait {
 /// A paused request.
 #[derive(Debug)]
 pub struct Waiter {
-    /// Envoy's id of the request's context.
+    /// The request's id on its worker: Envoy's id of its context in the wasm
+    /// build, the worker's own number for its stream in the native build.
     pub context_id: u32,
     /// When it was paused.
     pub since: Nanos,

@@ -1,24 +1,25 @@
 //! What becomes of a request: the one place that decides whether it goes
 //! on, is answered as limited, pauses (for a shaper's delay, a refill of
 //! its lease pool, or the quota service's answer), is resumed, or gives
-//! back what it took because its client has gone. Pure: the plugin
-//! (`Plugin::act`) carries an [`Outcome`] out through the host.
+//! back what it took because its client has gone. Pure: each build's host
+//! layer carries an [`Outcome`] out (the wasm filter's `Plugin::act`, the
+//! native module's stream).
 
 use floodgate_core::algorithm::Admission;
 use floodgate_core::limiter::Verdict;
 use floodgate_core::time::Nanos;
-use proxy_wasm::types::Action;
 
 use crate::waiting::Wait;
 
 /// Where the filter acts on a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Site {
-    /// The request's own handler: it goes on by returning `Continue`.
+    /// The request's own headers handler: it goes on by returning `Continue`.
     Handler,
-    /// Its worker's root context (a tick, an answer), switched to the
-    /// request: a paused request goes on only by being resumed, and only
-    /// from the worker that paused it.
+    /// A later event on its worker — in the wasm build the worker's root
+    /// context (a tick, an answer) switched to the request, in the native
+    /// build the stream's scheduled event: a paused request goes on only by
+    /// being resumed, and only on the worker that paused it.
     Root,
 }
 
@@ -102,13 +103,11 @@ fn finish(site: Site, verdict: &Verdict) -> Outcome {
 }
 
 impl Outcome {
-    /// What the request's handler returns to Envoy: a request that is not
-    /// let through at once is paused (a local reply ends it).
-    pub fn action(self) -> Action {
-        match self {
-            Outcome::Continue => Action::Continue,
-            Outcome::Resume | Outcome::Reply | Outcome::Pause(_) | Outcome::GiveBack => Action::Pause,
-        }
+    /// Whether the request's handler lets it go on by returning: only
+    /// [`Outcome::Continue`]. Anything else stops it there (a local reply
+    /// ends it; a paused request waits to be resumed).
+    pub fn goes_on(self) -> bool {
+        self == Outcome::Continue
     }
 }
 
@@ -140,8 +139,8 @@ mod tests {
         assert_eq!(decided(Site::Handler, &delayed), Outcome::Pause(Wait::Delay { resume_at: MS.times(8) }));
         let pending = verdict(Admission::Pending);
         assert_eq!(decided(Site::Root, &pending), Outcome::Pause(Wait::Refill { deadline: MS.times(201) }));
-        assert_eq!(Outcome::Continue.action(), Action::Continue);
-        assert_eq!(Outcome::Reply.action(), Action::Pause);
+        assert!(Outcome::Continue.goes_on());
+        assert!(!Outcome::Reply.goes_on() && !Outcome::Resume.goes_on() && !Outcome::GiveBack.goes_on());
     }
 
     /// A paused request is resumed when its delay is over or its check is

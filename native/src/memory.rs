@@ -1,0 +1,324 @@
+//! Buckets in process memory: the native build's [`Store`].
+//!
+//! The wasm build keeps each bucket group in Envoy's shared data, a map of
+//! byte values behind one host mutex, read out and written back with a
+//! compare-and-swap. A native module lives in Envoy's process, so the same
+//! keys map to values in its own memory, one lock each, and a decision runs
+//! on the value where it lies ([`Store::decide_in_place`]): the group is
+//! locked, the core decides on it, and what the core returns is kept — no
+//! copy out and back, and no race to lose, so no retries. Everything else
+//! the core asks of a store (reading the hashing secret, creating groups) is
+//! the same get and set as on Envoy's shared data.
+//!
+//! Keys are only created while a configuration is prepared, on Envoy's main
+//! thread, before any worker serves it; a worker's store keeps the map as it
+//! is then, so a worker finds its groups without taking any lock but the
+//! group's own. There is one map per process, shared
+//! by every configuration of the module, as shared data is by every plugin
+//! with one `vm_id`: a rule keeps its buckets across a configuration change
+//! that keeps its name, algorithm and `max_keys`.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+
+use floodgate_core::store::{Cas, Store, StoreError};
+
+/// A value and its version.
+#[derive(Debug, Default)]
+struct Entry {
+    bytes: Vec<u8>,
+    /// Bumped by every write; never zero (a stored key always has a version).
+    version: Cas,
+}
+
+/// One key's value, behind its own lock.
+type Slot = Mutex<Entry>;
+
+/// Keys to their values.
+type Map = HashMap<Arc<str>, Arc<Slot>, KeyHasher>;
+
+/// The process's buckets: every configuration's, every worker's.
+#[derive(Debug, Default)]
+pub struct Memory {
+    /// Every key. Keys are created under this lock (so creating one is
+    /// atomic, unlike on Envoy's shared data) and only while a configuration
+    /// is prepared; a store made afterwards keeps the map as it is then, and
+    /// finds its keys there without this lock. Creating a key while stores
+    /// hold the map copies the map first (copy on write: its values stay
+    /// shared), once per configuration.
+    map: Mutex<Arc<Map>>,
+}
+
+impl Memory {
+    /// The process's memory (one per loaded module).
+    pub fn process() -> &'static Memory {
+        static MEMORY: OnceLock<Memory> = OnceLock::new();
+        MEMORY.get_or_init(Memory::default)
+    }
+
+    /// A store over this memory for the calling thread: the main thread's
+    /// while it prepares a configuration (it creates keys), or a worker's,
+    /// made once the configuration is prepared (it finds every key of it in
+    /// the map as it is now).
+    pub fn store(&'static self) -> MemoryStore {
+        MemoryStore { memory: self, frozen: lock(&self.map).clone(), spare: RefCell::default() }
+    }
+
+    /// Number of keys (for tests and the memory bound).
+    pub fn len(&self) -> usize {
+        lock(&self.map).len()
+    }
+
+    /// True when no key exists.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn slot(&self, key: &str) -> Option<Arc<Slot>> {
+        lock(&self.map).get(key).cloned()
+    }
+}
+
+/// Locks `mutex`, poisoned or not: a value a panicking decision left half
+/// written (its bytes taken) reads as an empty group, which the core treats
+/// as corrupt and starts afresh — so a poisoned lock needs no other care.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The core's [`Store`] over [`Memory`], for one thread.
+#[derive(Debug)]
+pub struct MemoryStore {
+    memory: &'static Memory,
+    /// The map as it was when this store was made: every key the
+    /// configurations prepared by then will ask for.
+    frozen: Arc<Map>,
+    /// A copy of the value being decided on, kept for when the decision
+    /// keeps it as it was (the core consumes the value it is handed);
+    /// reused, so deciding allocates nothing once it has grown.
+    spare: RefCell<Vec<u8>>,
+}
+
+impl MemoryStore {
+    fn slot(&self, key: &str) -> Option<Arc<Slot>> {
+        // Keys created after this store was made (none, on the request path)
+        // are found in the memory's current map.
+        self.frozen.get(key).cloned().or_else(|| self.memory.slot(key))
+    }
+}
+
+fn next_version(version: Cas) -> Cas {
+    version.wrapping_add(1).max(1)
+}
+
+impl Store for MemoryStore {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError> {
+        Ok(self.slot(key).map(|slot| {
+            let entry = lock(&slot);
+            (entry.bytes.clone(), entry.version)
+        }))
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<(), StoreError> {
+        let Some(slot) = self.slot(key) else {
+            // Like Envoy's shared data: a write to a missing key creates it.
+            self.create_if_absent(key, value)?;
+            return Ok(());
+        };
+        let mut entry = lock(&slot);
+        if cas.is_some_and(|cas| cas != entry.version) {
+            return Err(StoreError::CasMismatch);
+        }
+        entry.bytes.clear();
+        entry.bytes.extend_from_slice(value);
+        entry.version = next_version(entry.version);
+        Ok(())
+    }
+
+    /// Atomic here: keys are created under the map's lock.
+    fn create_if_absent(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        let mut map = lock(&self.memory.map);
+        if map.contains_key(key) {
+            return Ok(false);
+        }
+        let entry = Entry { bytes: value.to_vec(), version: 1 };
+        Arc::make_mut(&mut map).insert(Arc::from(key), Arc::new(Mutex::new(entry)));
+        Ok(true)
+    }
+
+    fn decide_in_place(
+        &self,
+        key: &str,
+        decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        let Some(slot) = self.slot(key) else { return Some(Err(StoreError::Missing)) };
+        // A decision does not come back to the store, but if one ever did,
+        // it would find the spare taken and use a fresh one.
+        let mut fresh = Vec::new();
+        let mut spare_guard = self.spare.try_borrow_mut();
+        let spare = spare_guard.as_deref_mut().unwrap_or(&mut fresh);
+        let mut entry = lock(&slot);
+        spare.clear();
+        spare.extend_from_slice(&entry.bytes);
+        let current = std::mem::take(&mut entry.bytes);
+        match decide(current) {
+            Some(next) => {
+                entry.bytes = next;
+                entry.version = next_version(entry.version);
+            }
+            // Kept as it was: the copy goes back in its place.
+            None => std::mem::swap(&mut entry.bytes, spare),
+        }
+        Some(Ok(()))
+    }
+}
+
+/// Hashes keys (`fg:<rule>:<group>`, written by the configuration, never by
+/// a client, so no hash flooding to fear) a word at a time, FxHash's way,
+/// then mixes: a lookup costs a few multiplications instead of SipHash's
+/// rounds.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct KeyHasher;
+
+impl BuildHasher for KeyHasher {
+    type Hasher = WordHasher;
+
+    fn build_hasher(&self) -> WordHasher {
+        WordHasher(0)
+    }
+}
+
+/// See [`KeyHasher`].
+#[derive(Debug)]
+pub struct WordHasher(u64);
+
+impl WordHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for WordHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word.iter_mut().zip(chunk).for_each(|(w, b)| *w = *b);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    /// Mixed (MurmurHash3's finalizer): a product's low bits depend only on
+    /// its factors' low bits, and keys differ in their last bytes, so
+    /// without it the table's index bits would hardly vary.
+    fn finish(&self) -> u64 {
+        let mut h = self.0;
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+        h ^= h >> 33;
+        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+        h ^ (h >> 33)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use floodgate_core::store::{measure_and_replace, Step};
+
+    fn memory() -> &'static Memory {
+        Box::leak(Box::default())
+    }
+
+    #[test]
+    fn keys_are_created_once_and_seen_by_stores_made_later() {
+        let memory = memory();
+        let main = memory.store();
+        let early = memory.store();
+        assert!(main.create_if_absent("fg:a:0", &[1]).unwrap());
+        assert!(!main.create_if_absent("fg:a:0", &[2]).unwrap());
+        assert_eq!(early.get("fg:a:0").unwrap(), Some((vec![1], 1)), "a store made before finds it too");
+        assert!(early.frozen.is_empty());
+        let worker = memory.store();
+        assert_eq!(worker.frozen.len(), 1);
+        assert_eq!(worker.get("fg:a:0").unwrap(), Some((vec![1], 1)));
+        assert_eq!(worker.get("fg:b:0").unwrap(), None);
+        assert_eq!(memory.len(), 1);
+    }
+
+    /// Group keys differ only in their last digits; they still spread over
+    /// the map's slots (the index is the hash's low bits).
+    #[test]
+    fn group_keys_spread() {
+        let low_bits: std::collections::HashSet<u64> =
+            (0..16_384).map(|group| KeyHasher.hash_one(format!("fg:per-key:{group}").as_str()) & 0x7fff).collect();
+        assert!(low_bits.len() > 10_000, "{} distinct of 16384", low_bits.len());
+    }
+
+    #[test]
+    fn writes_compare_versions() {
+        let store = memory().store();
+        store.set("k", &[1], None).unwrap();
+        let (_, version) = store.get("k").unwrap().unwrap();
+        store.set("k", &[2], Some(version)).unwrap();
+        assert_eq!(store.set("k", &[3], Some(version)), Err(StoreError::CasMismatch));
+        assert_eq!(store.get("k").unwrap().unwrap().0, vec![2]);
+    }
+
+    /// The core's loop decides on the value in place: a write keeps what
+    /// the decision returned, a denial keeps the value as it was, and a
+    /// missing key is an error, never a racy create.
+    #[test]
+    fn decisions_run_in_place() {
+        let store = memory().store();
+        let add = |store: &MemoryStore, limit: u8| {
+            measure_and_replace(store, "k", 0, |mut value: Vec<u8>| {
+                if value[0] < limit {
+                    value[0] += 1;
+                    Step::Write(value, true)
+                } else {
+                    Step::Keep(false)
+                }
+            })
+        };
+        assert!(add(&store, 1).is_err());
+        store.create_if_absent("k", &[0, 7]).unwrap();
+        assert!(add(&store, 2).unwrap().outcome);
+        assert!(add(&store, 2).unwrap().outcome);
+        assert!(!add(&store, 2).unwrap().outcome);
+        assert_eq!(store.get("k").unwrap(), Some((vec![2, 7], 3)), "two writes; the denial wrote nothing");
+    }
+
+    /// Every worker decides on the same value: with many threads taking
+    /// from one counter, exactly the limit is taken.
+    #[test]
+    fn threads_take_exactly_the_limit() {
+        let memory = memory();
+        memory.store().create_if_absent("hot", &0u32.to_le_bytes()).unwrap();
+        let taken: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let store = memory.store();
+                        (0..5_000)
+                            .filter(|_| {
+                                let done = measure_and_replace(&store, "hot", 0, |value: Vec<u8>| {
+                                    let used = u32::from_le_bytes(value[..4].try_into().unwrap());
+                                    if used < 10_000 {
+                                        Step::Write((used + 1).to_le_bytes().to_vec(), true)
+                                    } else {
+                                        Step::Keep(false)
+                                    }
+                                });
+                                done.unwrap().outcome
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        assert_eq!(taken, 10_000);
+    }
+}
