@@ -30,6 +30,7 @@ pub mod booking;
 pub mod overshoot;
 pub mod pool;
 pub mod refresh;
+pub mod shares;
 mod sizing;
 #[cfg(test)]
 mod testing;
