@@ -221,7 +221,7 @@ impl TokenBucket {
     pub fn for_rate(rate: u64) -> TokenBucket {
         if rate >= MICROS {
             let per_second = u32::try_from(rate / MICROS).unwrap_or(u32::MAX);
-            let burst = (rate / BURST_DIVISOR).div_ceil(MICROS).max(1);
+            let burst = u64::from(per_second).div_ceil(BURST_DIVISOR).max(1);
             TokenBucket {
                 max_tokens: u32::try_from(burst).unwrap_or(u32::MAX),
                 tokens_per_fill: per_second,
@@ -465,7 +465,7 @@ mod tests {
         // 2.7 a second: 2 a second, never more than the share.
         assert_eq!(
             TokenBucket::for_rate(2_700_000),
-            TokenBucket { max_tokens: 2, tokens_per_fill: 2, fill_interval: SECOND }
+            TokenBucket { max_tokens: 1, tokens_per_fill: 2, fill_interval: SECOND }
         );
         // 0.3 a second: one token per ⌈1/0.3⌉ = 4 s.
         let slow = TokenBucket::for_rate(300_000);
