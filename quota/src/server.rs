@@ -384,7 +384,9 @@ async fn serve_grpc(stream: TcpStream, rls: RlsService, limits: Limits, stopping
             };
             // The call is in flight until its answer's body ends: a stream
             // (RLQS) keeps its connection from being closed as idle.
-            Ok::<_, std::convert::Infallible>(response.map(|body| tonic::body::Body::new(Tracked { body, _call: call })))
+            Ok::<_, std::convert::Infallible>(
+                response.map(|body| tonic::body::Body::new(Tracked { body, _call: call })),
+            )
         }
     });
     let io = TokioIo::new(Preface::new(stream, limits.header_read_timeout));

@@ -88,11 +88,9 @@ impl RlqsArgs {
             return Err("--rlqs-report-interval must be at least 1s (Envoy counts whole seconds)".into());
         }
         if ttl.get() % SECOND.get() != 0 || ttl < interval.times(2) {
-            return Err(
-                "--rlqs-assignment-ttl must be whole seconds and at least twice --rlqs-report-interval \
+            return Err("--rlqs-assignment-ttl must be whole seconds and at least twice --rlqs-report-interval \
                  (Envoy 1.40 reads only whole seconds, and an assignment must outlive the next report)"
-                    .into(),
-            );
+                .into());
         }
         Ok(RlqsOptions {
             auth_token,
@@ -199,7 +197,9 @@ impl RlqsService {
         let start = {
             use std::hash::{BuildHasher, Hasher};
             let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-            hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+            hasher.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos(),
+            );
             hasher.finish()
         };
         let shared = Arc::new(Shared {

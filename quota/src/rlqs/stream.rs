@@ -75,9 +75,8 @@ impl Stream {
             return Err(Status::not_found(format!("unknown domain {domain:?}: no limits file names it")));
         };
         self.domain = Some(domain.clone());
-        let usages = wire::usages(message.bucket_quota_usages).map_err(|why| {
-            Status::invalid_argument(format!("malformed RateLimitQuotaUsageReports: {why}"))
-        })?;
+        let usages = wire::usages(message.bucket_quota_usages)
+            .map_err(|why| Status::invalid_argument(format!("malformed RateLimitQuotaUsageReports: {why}")))?;
         self.make_room(&usages)?;
         let metrics = self.shared.service.metrics();
         metrics.rlqs_reports.with_label_values(&[&domain]).inc_by(u64::try_from(usages.len()).unwrap_or(u64::MAX));

@@ -67,9 +67,8 @@ pub fn usages(reports: Vec<BucketQuotaUsage>) -> Result<Vec<Usage>, String> {
         }
         let elapsed = match usage.time_elapsed {
             None => Nanos::ZERO,
-            Some(d) => duration(&d).ok_or_else(|| {
-                format!("{field}.time_elapsed is not a duration ({}s {}ns)", d.seconds, d.nanos)
-            })?,
+            Some(d) => duration(&d)
+                .ok_or_else(|| format!("{field}.time_elapsed is not a duration ({}s {}ns)", d.seconds, d.nanos))?,
         };
         if !seen.insert(entries.clone()) {
             return Err(format!("{field} reports a bucket an earlier usage of this report already did"));
