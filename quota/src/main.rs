@@ -242,7 +242,7 @@ async fn run(cli: Cli) -> Result<(), String> {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
                 .map_err(|e| format!("cannot listen on {address} (--grpc-listen): {e}"))?;
-            tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC rate limit service and rate limit quota service listening");
+            tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC rate limit service listening");
             let options =
                 RlsOptions { response_headers: cli.grpc.grpc_response_headers, auth_token: auth_token.clone() };
             // Envoy's rate limit quota service beside it; its streams end

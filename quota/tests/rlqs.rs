@@ -111,6 +111,14 @@ impl Envoy {
         Ok(Envoy { reports, answers })
     }
 
+    /// Sends a report that gets no answer (a bucket's first, over no time).
+    async fn send(&mut self, domain: &str, usages: Vec<BucketQuotaUsage>) {
+        self.reports
+            .send(RateLimitQuotaUsageReports { domain: domain.into(), bucket_quota_usages: usages })
+            .await
+            .unwrap();
+    }
+
     /// Sends a report and waits for its answer (or the stream's end).
     async fn report(&mut self, domain: &str, usages: Vec<BucketQuotaUsage>) -> Result<RateLimitQuotaResponse, Status> {
         let _ =
@@ -161,6 +169,18 @@ fn assigned(answer: &RateLimitQuotaResponse) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the service has taken `count` bucket reports of domain
+/// `test` (reports that get no answer give no other sign).
+async fn taken(fixture: &Fixture, count: u64) {
+    for _ in 0..200 {
+        if fixture.service.metrics().rlqs_reports.with_label_values(&["test"]).get() >= count {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the service took fewer than {count} reports");
+}
+
 fn options() -> RlqsOptions {
     RlqsOptions::default()
 }
@@ -170,19 +190,21 @@ async fn shares_follow_demand(backend: Backend) {
     let server = Server::start(fixture.service.clone(), options()).await;
     let (mut a, mut b) = (server.envoy().await, server.envoy().await);
     let tenant = [("tenant", "acme")];
-    // A first report of a new bucket: A alone takes the whole limit; B,
-    // a newcomer, its floor (L/8), though A holds everything.
-    assert_eq!(assigned(&a.report("test", vec![usage(&tenant, 1, 0, 0)]).await.unwrap()), ["50/1s"]);
-    assert_eq!(assigned(&b.report("test", vec![usage(&tenant, 1, 0, 0)]).await.unwrap()), ["6/1s"]);
-    // Demand 3:1 at 2× the limit, two report intervals: 75:25 of 50.
-    let mut last = Vec::new();
+    // A bucket's first report (at once, over no time) gets no answer: the
+    // Envoy stays on its no-assignment behaviour for one interval.
+    a.send("test", vec![usage(&tenant, 1, 0, 0)]).await;
+    b.send("test", vec![usage(&tenant, 1, 0, 0)]).await;
+    taken(&fixture, 2).await;
+    // Demand 100:34 a second, above the limit: first A (B's demand unknown
+    // yet counts as half: 40 of 50), then B (the 10 left), then each its
+    // part of the demand (37:12).
+    let mut shares = Vec::new();
     for _ in 0..2 {
         fixture.clock.advance(Nanos::from_secs(5));
-        let from_a = a.report("test", vec![usage(&tenant, 300, 200, 5)]).await.unwrap();
-        let from_b = b.report("test", vec![usage(&tenant, 100, 70, 5)]).await.unwrap();
-        last = [assigned(&from_a), assigned(&from_b)].concat();
+        shares.extend(assigned(&a.report("test", vec![usage(&tenant, 300, 200, 5)]).await.unwrap()));
+        shares.extend(assigned(&b.report("test", vec![usage(&tenant, 100, 70, 5)]).await.unwrap()));
     }
-    assert_eq!(last, ["37/1s", "12/1s"]);
+    assert_eq!(shares, ["40/1s", "10/1s", "37/1s", "12/1s"]);
     // Demand moves to B: A reports its drop first (4 of 38 a second in
     // all: 4 + 12/2), B then takes the room A left (40); in the next
     // interval each has its part of the demand (4:92 of 50).
@@ -217,14 +239,20 @@ async fn two_instances_on_one_redis_share_one_table() {
         (Server::start(first.service.clone(), options()).await, Server::start(second.service.clone(), options()).await);
     let (mut a, mut b) = (one.envoy().await, two.envoy().await);
     let tenant = [("tenant", "acme")];
-    assert_eq!(assigned(&a.report("test", vec![usage(&tenant, 1, 0, 0)]).await.unwrap()), ["50/1s"]);
-    assert_eq!(assigned(&b.report("test", vec![usage(&tenant, 1, 0, 0)]).await.unwrap()), ["6/1s"]);
+    a.send("test", vec![usage(&tenant, 1, 0, 0)]).await;
+    b.send("test", vec![usage(&tenant, 1, 0, 0)]).await;
+    taken(&first, 1).await;
+    taken(&second, 1).await;
+    // A first: B's demand, unknown yet, counts as half; B then gets the room
+    // A left (the instances read one table); then half each.
+    let mut shares = Vec::new();
     for _ in 0..2 {
         first.clock.advance(Nanos::from_secs(5));
         second.clock.advance(Nanos::from_secs(5));
-        a.report("test", vec![usage(&tenant, 250, 250, 5)]).await.unwrap();
-        b.report("test", vec![usage(&tenant, 250, 250, 5)]).await.unwrap();
+        shares.extend(assigned(&a.report("test", vec![usage(&tenant, 250, 250, 5)]).await.unwrap()));
+        shares.extend(assigned(&b.report("test", vec![usage(&tenant, 250, 250, 5)]).await.unwrap()));
     }
+    assert_eq!(shares, ["40/1s", "10/1s", "25/1s", "25/1s"]);
     first.clock.advance(Nanos::from_secs(5));
     second.clock.advance(Nanos::from_secs(5));
     let from_a = assigned(&a.report("test", vec![usage(&tenant, 250, 250, 5)]).await.unwrap());
@@ -239,6 +267,9 @@ async fn buckets_without_a_limit_are_allowed_and_windows_spent_denied() {
     let fixture = Fixture::new(Backend::Memory, LIMITS).await;
     let server = Server::start(fixture.service.clone(), options()).await;
     let mut envoy = server.envoy().await;
+    // Two seconds into the minute: the minute's window counts what came
+    // in its part of a report's span.
+    fixture.clock.advance(Nanos::from_secs(2));
     let answer = envoy
         .report(
             "test",
@@ -248,13 +279,13 @@ async fn buckets_without_a_limit_are_allowed_and_windows_spent_denied() {
                 usage(&[("shadow", "x")], 1, 0, 0),
                 // {method, path} is matched as the file nests it: [path, method]; the
                 // minute window has 1 left over its 60 s: one per 61 s (never faster).
-                usage(&[("method", "GET"), ("path", "/a")], 1, 0, 0),
-                usage(&[("hourly", "h")], 99, 0, 0),
+                usage(&[("method", "GET"), ("path", "/a")], 1, 0, 1),
+                usage(&[("hourly", "h")], 99, 0, 1),
             ],
         )
         .await
         .unwrap();
-    assert_eq!(assigned(&answer), ["allow_all", "allow_all", "allow_all", "10/1s", "1/61s"]);
+    assert_eq!(assigned(&answer), ["allow_all", "allow_all", "allow_all", "10/1s", "1/59s"]);
     fixture.clock.advance(SECOND);
     let spent = envoy.report("test", vec![usage(&[("hourly", "h")], 1, 0, 1)]).await.unwrap();
     assert_eq!(assigned(&spent), ["deny_all"]);
@@ -269,7 +300,7 @@ async fn an_idle_bucket_is_abandoned() {
     let server = Server::start(fixture.service.clone(), options).await;
     let mut envoy = server.envoy().await;
     let tenant = [("tenant", "idle")];
-    envoy.report("test", vec![usage(&tenant, 5, 0, 0)]).await.unwrap();
+    envoy.report("test", vec![usage(&tenant, 5, 0, 5)]).await.unwrap();
     let mut kinds = Vec::new();
     for _ in 0..3 {
         fixture.clock.advance(Nanos::from_secs(5));
@@ -318,8 +349,8 @@ async fn refusals_end_the_stream_with_a_clear_status() {
     }
     // A stream that changes its domain.
     let mut envoy = server.envoy().await;
-    envoy.report("test", vec![usage(&[("tenant", "a")], 1, 0, 0)]).await.unwrap();
-    let end = envoy.report("other", vec![usage(&[("tenant", "a")], 1, 0, 0)]).await.unwrap_err();
+    envoy.report("test", vec![usage(&[("tenant", "a")], 1, 0, 1)]).await.unwrap();
+    let end = envoy.report("other", vec![usage(&[("tenant", "a")], 1, 0, 1)]).await.unwrap_err();
     assert_eq!(end.code(), Code::InvalidArgument, "{end:?}");
     // Bytes that do not decode.
     let channel = Channel::from_shared(format!("http://{}", server.address)).unwrap().connect().await.unwrap();
@@ -375,7 +406,7 @@ async fn streams_buckets_and_messages_are_bounded() {
     options.limits = StreamLimits { max_streams: 3, max_buckets: 160 };
     let server = Server::start(fixture.service.clone(), options).await;
     let mut first = server.envoy().await;
-    first.report("test", vec![usage(&[("tenant", "a")], 1, 0, 0)]).await.unwrap();
+    first.report("test", vec![usage(&[("tenant", "a")], 1, 0, 1)]).await.unwrap();
     let (_second, _third) = (server.envoy().await, server.envoy().await);
     let fourth = match Envoy::open(server.address, None).await {
         Ok(mut envoy) => envoy.report("test", vec![usage(&[("tenant", "a")], 1, 0, 0)]).await.unwrap_err(),
@@ -397,7 +428,7 @@ async fn streams_buckets_and_messages_are_bounded() {
     // The service still serves a well-behaved Envoy.
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut fine = server.envoy().await;
-    assert_eq!(assigned(&fine.report("test", vec![usage(&[("tenant", "b")], 1, 0, 0)]).await.unwrap()), ["50/1s"]);
+    assert_eq!(assigned(&fine.report("test", vec![usage(&[("tenant", "b")], 1, 0, 1)]).await.unwrap()), ["50/1s"]);
 }
 
 /// Hostile input (absurd counts and times, many streams reporting many
@@ -428,7 +459,8 @@ async fn hostile_reports_panic_nothing() {
         )
         .await
         .unwrap();
-    assert_eq!(assigned(&answer), ["50/1s", "50/1s"]);
+    // The second, over no time, is a first report: no answer yet.
+    assert_eq!(assigned(&answer), ["50/1s"]);
     let mut tasks = Vec::new();
     for stream in 0..20 {
         let address = server.address;
@@ -471,7 +503,7 @@ async fn streams_need_the_token() {
     };
     assert_eq!(refused.code(), Code::Unauthenticated);
     let mut envoy = Envoy::open(server.address, Some("Bearer s3cret")).await.unwrap();
-    assert_eq!(assigned(&envoy.report("test", vec![usage(&[("tenant", "a")], 1, 0, 0)]).await.unwrap()), ["50/1s"]);
+    assert_eq!(assigned(&envoy.report("test", vec![usage(&[("tenant", "a")], 1, 0, 1)]).await.unwrap()), ["50/1s"]);
     // Stopping the service ends the stream: Envoy opens one elsewhere.
     server.rlqs.stop();
     let end = envoy.answers.message().await.expect_err("stopped");

@@ -12,19 +12,27 @@
 //!
 //! * **Demand** of an Envoy: `(allowed + denied) / elapsed` of its last
 //!   report (elapsed at least a second: Envoy counts whole seconds).
+//! * **A bucket's first report** from an Envoy (Envoy sends it at once, over
+//!   no time) says nothing of its demand: it gets **no answer**, and the
+//!   Envoy stays on its own `no_assignment_behavior` until its next report,
+//!   one interval later. Until then its demand counts as an equal share
+//!   `L / n` in the others' targets. (Answered at once, the first Envoy of a
+//!   fleet would take the whole limit, and the others, arriving
+//!   milliseconds later, only floors below their demand.)
 //! * **Targets**: when the Envoys' demands add up to `D ≤ L`, each gets its
 //!   demand plus an equal part of the spare `(L − D) / n`; above `L`, each
 //!   gets `L × demand / D`. Targets add up to `L`.
 //! * **What the others hold**: an Envoy gets its target only as far as the
-//!   others' assignments still in force leave room (`L` minus them): a share
-//!   taken from one Envoy is given to another only once the first has
-//!   reported and been given its smaller share, so the assignments in force
-//!   never add up to more than `L`, except for:
-//! * **A newcomer's floor**: an Envoy reporting a bucket for the first time
-//!   gets at least `min(target, L / (4n))` even when the others hold all of
-//!   `L`, as long as the assignments in force stay within `5/4 L`
-//!   ([`NEWCOMER_FLOOR_DIVISOR`], [`NEWCOMER_EXCESS_DIVISOR`]); the others
-//!   make room at their next reports, within one report interval.
+//!   others' assignments still in force leave room (`L` minus them), or as
+//!   far as it holds already (keeping its own assignment adds nothing to
+//!   what is held): a share taken from one Envoy is given to another only
+//!   once the first has reported and been given its smaller share, so the
+//!   assignments in force never add up to more than `L`, except for:
+//! * **A newcomer's floor**: an Envoy holding nothing (new to the bucket,
+//!   or squeezed to nothing) gets at least `min(target, L / (4n))` even when
+//!   the others hold all of `L`, as long as the assignments in force stay
+//!   within `5/4 L` ([`NEWCOMER_FLOOR_DIVISOR`], [`NEWCOMER_EXCESS_DIVISOR`]);
+//!   the others make room at their next reports, within one interval.
 //! * **Token buckets**: a share of `r ≥ 1` a second is `⌊r⌋` tokens per
 //!   one-second fill interval; under one a second, one token per `⌈1/r⌉`
 //!   seconds (Envoy 1.40 honours only whole seconds of a fill interval). Its
@@ -47,14 +55,20 @@
 //!   entry is dropped, until a new request brings it back.
 //!
 //! **Bound.** Let `I` be the report interval and `B = Σ max_tokens ≤ L/2 +
-//! n` (n Envoys, one token of rounding each). Over any span `T`, the fleet
-//! admits at most `L × T + B` while no newcomer joined within `I` before or
-//! during the span, and at most `L × T + B + (L/4) × I` in all (the
-//! newcomers' floors, at most `L/4` together, last until the others report,
-//! within `I`). Assignments Envoy did not receive (a broken stream) only
-//! lower what is admitted. The test `the_fleet_stays_within_the_bound`
-//! checks it with Envoy's token buckets on a fake clock, and
-//! `docs/protocol.md` ("Envoy's rate limit quota service") states it.
+//! n` (n Envoys, one token of rounding each). Over any span `T`, what the
+//! fleet admits on its assignments is at most `L × T + B` while no newcomer
+//! took its floor within `I` before or during the span, and at most
+//! `L × T + B + (L/4) × I` in all (the newcomers' floors, at most `L/4`
+//! together, last until the others report, within `I`). On top of it comes
+//! what Envoys admit on their own `no_assignment_behavior` in their first
+//! interval of a bucket (nothing with a deny-all blanket rule; their demand
+//! with allow-all). Assignments an Envoy did not receive (a broken stream)
+//! only lower what is admitted. The tests `the_fleet_stays_within_the_bound`
+//! (Envoy's token buckets on a fake clock, random arrivals, demand moving, a
+//! newcomer) and
+//! `a_tenant_below_its_limit_is_never_denied_whatever_order_its_envoys_come_in`
+//! check it, and `docs/protocol.md` ("Envoy's rate limit quota service")
+//! states it.
 
 use crate::algorithm::{CountingWindow, Policy};
 use crate::time::{Nanos, SECOND};
@@ -84,6 +98,10 @@ pub const COUNTED_WINDOW_REPORTS: u64 = 4;
 /// every report; 512 entries are 20 KiB).
 pub const MAX_ENVOYS: usize = 512;
 
+/// The demand of an Envoy whose first report of a bucket came (over no
+/// time), before its second: not known yet.
+pub const UNKNOWN: u64 = u64::MAX;
+
 /// Bytes of one Envoy's entry in an encoded table.
 const ENTRY_LEN: usize = 40;
 /// Bytes before the entries: a format byte, the window and its count.
@@ -96,7 +114,8 @@ const FORMAT: u8 = 1;
 pub struct Entry {
     /// Who: the quota service's id of the Envoy's stream.
     pub envoy: u64,
-    /// Its demand, millionths of a unit a second.
+    /// Its demand, millionths of a unit a second ([`UNKNOWN`] until its
+    /// second report).
     pub demand: u64,
     /// The rate of the assignment it was last given, millionths of a unit
     /// a second (0 for deny-all).
@@ -323,9 +342,10 @@ impl Shares {
     }
 
     /// Records `report` in `table` at `now` and answers the Envoy's
-    /// assignment (see the module's rule). The table is changed in place;
+    /// assignment (see the module's rule): `None` for a bucket's first
+    /// report, which gets no answer yet. The table is changed in place;
     /// the caller stores it (see [`ShareTable::idle_at`] for how long).
-    pub fn report(&self, table: &mut ShareTable, report: Report, now: Nanos) -> Assigned {
+    pub fn report(&self, table: &mut ShareTable, report: Report, now: Nanos) -> Option<Assigned> {
         let ttl = Nanos::from_secs(self.ttl.ceil_seconds().max(1));
         // Assignments expired: no longer held, no longer counted.
         table.envoys.retain(|e| e.until > now || e.envoy == report.envoy);
@@ -340,7 +360,7 @@ impl Shares {
         };
         if requests == 0 && now - idle_since >= self.abandon_after {
             table.envoys.retain(|e| e.envoy != report.envoy);
-            return Assigned { assignment: Assignment::Abandon, ttl: Nanos::ZERO };
+            return Some(Assigned { assignment: Assignment::Abandon, ttl: Nanos::ZERO });
         }
 
         // What the fleet may be given: the limit's rate, or for a counted
@@ -368,29 +388,45 @@ impl Shares {
                     known,
                     Entry { envoy: report.envoy, demand: 0, assigned: 0, until: now + until_end, idle_since },
                 );
-                return Assigned { assignment: Assignment::DenyAll, ttl: until_end };
+                return Some(Assigned { assignment: Assignment::DenyAll, ttl: until_end });
             }
             fleet = per_second(self.limit - table.counted, left.max(self.report_interval));
         }
 
+        if known.is_none() && table.envoys.len() >= MAX_ENVOYS {
+            return Some(Assigned { assignment: Assignment::DenyAll, ttl });
+        }
+        // A bucket's first report (Envoy sends it at once, over no time)
+        // says nothing of the Envoy's demand: it gets no answer yet and
+        // stays on its own no-assignment behaviour until its next report,
+        // one interval later, with its demand. Answered now, the first of
+        // a fleet would take the whole limit and leave the others, below
+        // their demand, only floors.
+        if known.is_none() && report.elapsed < SECOND {
+            let entry = Entry { envoy: report.envoy, demand: UNKNOWN, assigned: 0, until: now + ttl, idle_since };
+            enter(table, known, entry);
+            return None;
+        }
+
         // This Envoy's demand, and the others'.
         let demand = per_second(requests, report.elapsed.max(SECOND));
-        let newcomer = known.is_none();
         let holds = known.and_then(|i| table.envoys.get(i)).map_or(0, |e| e.assigned);
-        if newcomer && table.envoys.len() >= MAX_ENVOYS {
-            return Assigned { assignment: Assignment::DenyAll, ttl };
-        }
         enter(table, known, Entry { envoy: report.envoy, demand, assigned: 0, until: now + ttl, idle_since });
         let n = u64::try_from(table.envoys.len()).unwrap_or(u64::MAX).max(1);
-        let total = table.envoys.iter().fold(0u64, |sum, e| sum.saturating_add(e.demand));
+        // An Envoy whose demand is not known yet counts as an equal share.
+        let equal = fleet / n;
+        let total = table
+            .envoys
+            .iter()
+            .fold(0u64, |sum, e| sum.saturating_add(if e.demand == UNKNOWN { equal } else { e.demand }));
         let target =
             if total <= fleet { demand.saturating_add((fleet - total) / n) } else { scale(fleet, demand, total) };
         let others = table.held_by_others(report.envoy);
         let room = fleet.saturating_sub(others);
-        // A newcomer's floor; an Envoy already holding a share keeps it
-        // while the others make room (replacing its own assignment adds
-        // nothing to what is held).
-        let floor = if newcomer {
+        // A newcomer (an Envoy holding nothing yet) gets its floor; one
+        // holding a share keeps it while the others make room (replacing
+        // its own assignment adds nothing to what is held).
+        let floor = if holds == 0 {
             let excess_room = fleet.saturating_add(fleet / NEWCOMER_EXCESS_DIVISOR).saturating_sub(others);
             target.min(fleet / NEWCOMER_FLOOR_DIVISOR / n).min(excess_room)
         } else {
@@ -406,7 +442,7 @@ impl Shares {
         if let Some(entry) = table.envoys.iter_mut().find(|e| e.envoy == report.envoy) {
             entry.assigned = rate;
         }
-        Assigned { assignment, ttl }
+        Some(Assigned { assignment, ttl })
     }
 }
 
@@ -443,6 +479,11 @@ mod tests {
 
     fn report(envoy: u64, allowed: u64, denied: u64) -> Report {
         Report { envoy, allowed, denied, elapsed: I }
+    }
+
+    /// The assignment of a report that gets one.
+    fn answer(shares: &Shares, table: &mut ShareTable, report: Report, now: Nanos) -> Assigned {
+        shares.report(table, report, now).unwrap()
     }
 
     fn per_second_of(assigned: Assigned) -> f64 {
@@ -486,7 +527,8 @@ mod tests {
         for round in 0..3 {
             for (i, (envoy, count)) in demand.iter().enumerate() {
                 let now = at(round * 5 + i as u64);
-                last[i] = per_second_of(shares.report(&mut table, report(*envoy, *count / 3, count - count / 3), now));
+                last[i] =
+                    per_second_of(answer(&shares, &mut table, report(*envoy, *count / 3, count - count / 3), now));
             }
         }
         assert_eq!(last, [35.0, 10.0, 5.0]);
@@ -500,8 +542,8 @@ mod tests {
         let mut table = ShareTable::default();
         let mut last = [0.0; 2];
         for round in 0..3 {
-            last[0] = per_second_of(shares.report(&mut table, report(1, 100, 0), at(round * 5)));
-            last[1] = per_second_of(shares.report(&mut table, report(2, 25, 0), at(round * 5 + 1)));
+            last[0] = per_second_of(answer(&shares, &mut table, report(1, 100, 0), at(round * 5)));
+            last[1] = per_second_of(answer(&shares, &mut table, report(2, 25, 0), at(round * 5 + 1)));
         }
         // Demands 20 and 5 a second, 25 spare: 32.5 → 32 and 17.5 → 17.
         assert_eq!(last, [32.0, 17.0]);
@@ -512,18 +554,18 @@ mod tests {
         let shares = rule(50, SECOND);
         let mut table = ShareTable::default();
         for round in 0..3 {
-            shares.report(&mut table, report(1, 500, 0), at(round * 5));
-            shares.report(&mut table, report(2, 10, 0), at(round * 5 + 2));
+            answer(&shares, &mut table, report(1, 500, 0), at(round * 5));
+            answer(&shares, &mut table, report(2, 10, 0), at(round * 5 + 2));
         }
         // Demand moves from 1 to 2: 2 reports first and gets only the room
         // left by 1's assignment in force.
-        let first = per_second_of(shares.report(&mut table, report(2, 500, 0), at(17)));
+        let first = per_second_of(answer(&shares, &mut table, report(2, 500, 0), at(17)));
         let held_by_1 = table.envoys.iter().find(|e| e.envoy == 1).unwrap().assigned;
         assert!(first * MICROS as f64 <= (50 * MICROS - held_by_1) as f64, "{first}");
         assert!(first < 10.0, "{first}");
         // 1 reports its drop, then 2 gets the rest: within two intervals.
-        shares.report(&mut table, report(1, 10, 0), at(20));
-        let second = per_second_of(shares.report(&mut table, report(2, 500, 0), at(22)));
+        answer(&shares, &mut table, report(1, 10, 0), at(20));
+        let second = per_second_of(answer(&shares, &mut table, report(2, 500, 0), at(22)));
         assert!(second >= 45.0, "{second}");
         let held: u64 = table.envoys.iter().map(|e| e.assigned).sum();
         assert!(held <= 50 * MICROS);
@@ -534,23 +576,23 @@ mod tests {
         let shares = rule(100, SECOND);
         let mut table = ShareTable::default();
         // One Envoy alone holds the whole limit.
-        assert_eq!(per_second_of(shares.report(&mut table, report(1, 1_000, 0), at(0))), 100.0);
+        assert_eq!(per_second_of(answer(&shares, &mut table, report(1, 1_000, 0), at(0))), 100.0);
         // A newcomer: a floor of L / (4 × 2) = 12.5, though 1 holds all.
-        assert_eq!(per_second_of(shares.report(&mut table, report(2, 1_000, 0), at(1))), 12.0);
+        assert_eq!(per_second_of(answer(&shares, &mut table, report(2, 1_000, 0), at(1))), 12.0);
         // A third: L / 12 = 8.33 → 8.
-        assert_eq!(per_second_of(shares.report(&mut table, report(3, 1_000, 0), at(2))), 8.0);
+        assert_eq!(per_second_of(answer(&shares, &mut table, report(3, 1_000, 0), at(2))), 8.0);
         let held: u64 = table.envoys.iter().map(|e| e.assigned).sum();
         assert!(held <= 125 * MICROS, "{held}");
         // More newcomers: never past 5/4 of the limit.
         for envoy in 4..40 {
-            shares.report(&mut table, report(envoy, 1_000, 0), at(3));
+            answer(&shares, &mut table, report(envoy, 1_000, 0), at(3));
             let held: u64 = table.envoys.iter().map(|e| e.assigned).sum();
             assert!(held <= 125 * MICROS, "{held}");
         }
         // An Envoy that is no newcomer gets no floor: its target (a 39th of
         // the limit, 2.56 → 2) as far as the room left, or what it holds
         // already, allows.
-        let squeezed = shares.report(&mut table, report(2, 1_000, 0), at(4));
+        let squeezed = answer(&shares, &mut table, report(2, 1_000, 0), at(4));
         assert_eq!(per_second_of(squeezed), 2.0);
         let held: u64 = table.envoys.iter().map(|e| e.assigned).sum();
         assert!(held <= 125 * MICROS, "{held}");
@@ -560,9 +602,9 @@ mod tests {
     fn assignments_expire_with_their_time_to_live_and_free_their_share() {
         let shares = rule(10, SECOND);
         let mut table = ShareTable::default();
-        shares.report(&mut table, report(1, 100, 0), at(0));
+        answer(&shares, &mut table, report(1, 100, 0), at(0));
         // 1 is gone (no report for longer than the TTL): 2 gets everything.
-        let alone = shares.report(&mut table, report(2, 100, 0), at(16));
+        let alone = answer(&shares, &mut table, report(2, 100, 0), at(16));
         assert_eq!(per_second_of(alone), 10.0);
         assert_eq!(table.envoys.len(), 1);
         assert_eq!(alone.ttl, Nanos::from_secs(15));
@@ -576,7 +618,7 @@ mod tests {
         let mut shares = rule(100, Nanos::from_secs(60));
         let mut table = ShareTable::default();
         shares.window = counting_window(policy.as_ref(), start + Nanos::from_secs(10));
-        let first = shares.report(&mut table, report(1, 60, 0), start + Nanos::from_secs(10));
+        let first = answer(&shares, &mut table, report(1, 60, 0), start + Nanos::from_secs(10));
         // 60 counted, 40 left over 50 s: 0.8 a second, one token per 2 s.
         assert_eq!(table.counted, 60);
         assert_eq!(
@@ -588,14 +630,14 @@ mod tests {
             })
         );
         shares.window = counting_window(policy.as_ref(), start + Nanos::from_secs(15));
-        let spent = shares.report(&mut table, report(2, 45, 0), start + Nanos::from_secs(15));
+        let spent = answer(&shares, &mut table, report(2, 45, 0), start + Nanos::from_secs(15));
         assert_eq!(spent, Assigned { assignment: Assignment::DenyAll, ttl: Nanos::from_secs(45) });
         assert_eq!(table.idle_at(Some(start + Nanos::from_secs(60))), start + Nanos::from_secs(60));
         // The next window starts over; a report straddling the boundary
         // counts only its part inside the new window (1 s of 5: 10 of 50).
         let next = start + Nanos::from_secs(61);
         shares.window = counting_window(policy.as_ref(), next);
-        let fresh = shares.report(&mut table, report(2, 50, 0), next);
+        let fresh = answer(&shares, &mut table, report(2, 50, 0), next);
         assert_eq!(table.counted, 10);
         assert!(matches!(fresh.assignment, Assignment::TokenBucket(_)));
     }
@@ -608,7 +650,7 @@ mod tests {
         assert!(shares.window.is_some());
         let mut table = ShareTable::default();
         // 250 allowed in 5 s is the limit's rate, not 5 windows spent.
-        let assigned = shares.report(&mut table, report(1, 250, 0), at(0));
+        let assigned = answer(&shares, &mut table, report(1, 250, 0), at(0));
         assert_eq!(per_second_of(assigned), 50.0);
         assert_eq!(table.counted, 0);
     }
@@ -617,15 +659,15 @@ mod tests {
     fn an_idle_bucket_is_abandoned() {
         let shares = rule(10, SECOND);
         let mut table = ShareTable::default();
-        shares.report(&mut table, report(1, 10, 0), at(0));
+        answer(&shares, &mut table, report(1, 10, 0), at(0));
         for second in (5..35).step_by(5) {
-            let idle = shares.report(&mut table, report(1, 0, 0), at(second));
+            let idle = answer(&shares, &mut table, report(1, 0, 0), at(second));
             assert!(matches!(idle.assignment, Assignment::TokenBucket(_)), "{second}");
         }
-        assert_eq!(shares.report(&mut table, report(1, 0, 0), at(35)).assignment, Assignment::Abandon);
+        assert_eq!(answer(&shares, &mut table, report(1, 0, 0), at(35)).assignment, Assignment::Abandon);
         assert!(table.envoys.is_empty());
         // A request brings it back, as a newcomer.
-        assert_eq!(per_second_of(shares.report(&mut table, report(1, 3, 0), at(36))), 10.0);
+        assert_eq!(per_second_of(answer(&shares, &mut table, report(1, 3, 0), at(36))), 10.0);
     }
 
     #[test]
@@ -633,7 +675,7 @@ mod tests {
         let shares = rule(10, SECOND);
         let mut table = ShareTable::default();
         for envoy in 0..5 {
-            shares.report(&mut table, report(envoy, envoy * 7, 1), at(envoy));
+            answer(&shares, &mut table, report(envoy, envoy * 7, 1), at(envoy));
         }
         assert_eq!(ShareTable::decode(Some(&table.encode())), table);
         for bytes in [&b""[..], b"\x02", b"\x01\x00", &[0u8; 57][..]] {
@@ -648,16 +690,76 @@ mod tests {
     fn hostile_reports_saturate_and_the_table_stays_bounded() {
         let shares = rule(1_000_000_000, SECOND);
         let mut table = ShareTable::default();
-        let huge = Report { envoy: 1, allowed: u64::MAX, denied: u64::MAX, elapsed: Nanos::ZERO };
-        assert!(matches!(shares.report(&mut table, huge, at(0)).assignment, Assignment::TokenBucket(_)));
+        let huge = Report { envoy: 1, allowed: u64::MAX, denied: u64::MAX, elapsed: SECOND };
+        assert!(matches!(answer(&shares, &mut table, huge, at(0)).assignment, Assignment::TokenBucket(_)));
         let forever = Report { envoy: 2, allowed: 1, denied: 0, elapsed: Nanos::NEVER };
-        shares.report(&mut table, forever, at(0));
+        answer(&shares, &mut table, forever, at(0));
         for envoy in 3..(MAX_ENVOYS as u64 + 10) {
-            shares.report(&mut table, report(envoy, 1, 0), at(1));
+            answer(&shares, &mut table, report(envoy, 1, 0), at(1));
         }
         assert_eq!(table.envoys.len(), MAX_ENVOYS);
-        let beyond = shares.report(&mut table, report(u64::MAX, 1, 0), at(2));
+        let beyond = answer(&shares, &mut table, report(u64::MAX, 1, 0), at(2));
         assert_eq!(beyond.assignment, Assignment::DenyAll);
+    }
+
+    /// A tenant below its limit, its Envoys coming in every order within a
+    /// few milliseconds (as a fleet's first requests do) with steady
+    /// demands of 70/20/10 of half the limit: never denied.
+    #[test]
+    fn a_tenant_below_its_limit_is_never_denied_whatever_order_its_envoys_come_in() {
+        let shares = rule(50, SECOND);
+        let orders = [[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]];
+        for order in orders {
+            let mut table = ShareTable::default();
+            let mut envoys: Vec<Envoy> = [17.5, 5.0, 2.5]
+                .iter()
+                .enumerate()
+                .map(|(id, demand)| Envoy {
+                    id: id as u64,
+                    demand: *demand,
+                    next_report: None,
+                    last_report: Nanos::ZERO,
+                    assignment: None,
+                    bucket: None,
+                    allowed: 0,
+                    denied: 0,
+                })
+                .collect();
+            let start = at(0);
+            for e in &mut envoys {
+                let k = order.iter().position(|o| *o == e.id as usize).unwrap() as u64;
+                // Its first request k ms in; then evenly spaced.
+                e.next_report = Some(start + Nanos::from_millis(k));
+            }
+            let mut next_request: Vec<Nanos> = envoys.iter().map(|e| e.next_report.unwrap()).collect();
+            let mut reported = [false; 3];
+            let mut now = start;
+            while now < start + Nanos::from_secs(40) {
+                for (i, e) in envoys.iter_mut().enumerate() {
+                    if next_request[i] <= now {
+                        if !reported[i] {
+                            reported[i] = true;
+                            let first = Report { envoy: e.id, allowed: 0, denied: 0, elapsed: Nanos::ZERO };
+                            e.assign(shares.report(&mut table, first, now), now);
+                            e.last_report = now;
+                            e.next_report = Some(now + I);
+                        }
+                        assert!(e.admit(now), "order {order:?}: Envoy {} denied at {:?}", e.id, now - start);
+                        next_request[i] = next_request[i] + Nanos::from_nanos((1e9 / e.demand) as u64);
+                    }
+                    if reported[i] && e.next_report.is_some_and(|r| r <= now) {
+                        let report =
+                            Report { envoy: e.id, allowed: e.allowed, denied: e.denied, elapsed: now - e.last_report };
+                        e.allowed = 0;
+                        e.denied = 0;
+                        e.assign(shares.report(&mut table, report, now), now);
+                        e.last_report = now;
+                        e.next_report = Some(now + I);
+                    }
+                }
+                now = now + Nanos::from_millis(1);
+            }
+        }
     }
 
     /// Envoy's token bucket as Envoy 1.40 runs it: refilled continuously at
@@ -721,7 +823,10 @@ mod tests {
             ok
         }
 
-        fn assign(&mut self, assigned: Assigned, now: Nanos) {
+        /// Takes an answer; none (a first report) leaves the Envoy on its
+        /// no-assignment behaviour (allow-all here).
+        fn assign(&mut self, assigned: Option<Assigned>, now: Nanos) {
+            let Some(assigned) = assigned else { return };
             self.assignment = Some(assigned.assignment);
             match assigned.assignment {
                 Assignment::TokenBucket(config) => {
@@ -826,7 +931,10 @@ mod tests {
                             e.next_report = Some(now + Nanos::from_millis(1 + rng.below(5_000)));
                             e.last_report = now;
                         }
-                        if e.admit(now) {
+                        // What an Envoy admits on its own no-assignment
+                        // behaviour is its configuration's, not the shares'.
+                        let assigned = e.assignment.is_some();
+                        if e.admit(now) && assigned {
                             admitted.push((now, 1));
                         }
                     }

@@ -130,7 +130,7 @@ impl Stream {
             let mut decided = decided.into_iter();
             for slot in answers.iter_mut().filter(|a| a.is_none()) {
                 match decided.next() {
-                    Some(Ok(assigned)) => *slot = Some(assigned),
+                    Some(Ok(assigned)) => *slot = assigned,
                     // No answer for this bucket: the Envoy keeps its last
                     // assignment until it expires, and reports again.
                     Some(Err(failure)) => {

@@ -66,7 +66,7 @@ impl ShareReport {
 
 /// Records `item` in the table `stored` holds at `now`: the assignment and
 /// the table to write.
-fn decide(item: &ShareReport, stored: Option<&[u8]>, now: Nanos) -> (Assigned, Next) {
+fn decide(item: &ShareReport, stored: Option<&[u8]>, now: Nanos) -> (Option<Assigned>, Next) {
     let shares = item.shares(now);
     let mut table = ShareTable::decode(stored);
     let assigned = shares.report(&mut table, item.report, now);
@@ -77,15 +77,16 @@ fn decide(item: &ShareReport, stored: Option<&[u8]>, now: Nanos) -> (Assigned, N
 
 impl QuotaStore {
     /// Records each report in its bucket's shares and answers each
-    /// assignment: one transaction per report (reports of one bucket in
-    /// order), all submitted together (on Redis, one script per slot).
-    pub async fn report_shares(&self, items: &[ShareReport]) -> Vec<Result<Assigned, StoreFailure>> {
+    /// assignment (`None`: a bucket's first report, not answered yet): one
+    /// transaction per report (reports of one bucket in order), all
+    /// submitted together (on Redis, one script per slot).
+    pub async fn report_shares(&self, items: &[ShareReport]) -> Vec<Result<Option<Assigned>, StoreFailure>> {
         let transactions = items
             .iter()
             .map(|item| {
                 let keys = vec![item.key.clone()];
                 let item = item.clone();
-                let decide: Decider<Assigned> = Box::new(move |values, now| {
+                let decide: Decider<Option<Assigned>> = Box::new(move |values, now| {
                     let (assigned, next) = decide(&item, values.first().and_then(|v| v.as_deref()), now);
                     (assigned, vec![Some(next)])
                 });
@@ -129,8 +130,12 @@ mod tests {
     async fn the_store_keeps_the_table_between_reports() {
         let clock = Arc::new(FakeClock::new(Nanos::from_secs(1_700_000_000)));
         let store = QuotaStore::new(Arc::new(LocalStore::new(clock.clone(), 100)));
+        // A first report (over no time) gets no answer yet.
+        let mut unknown = item(1, 1);
+        unknown.report.elapsed = Nanos::ZERO;
+        assert_eq!(store.report_shares(&[unknown]).await, vec![Ok(None)]);
         let first = store.report_shares(&[item(1, 500)]).await;
-        let rate = |a: &Result<Assigned, StoreFailure>| match a.as_ref().unwrap().assignment {
+        let rate = |a: &Result<Option<Assigned>, StoreFailure>| match a.as_ref().unwrap().unwrap().assignment {
             Assignment::TokenBucket(b) => b.rate() / MICROS,
             _ => 0,
         };
@@ -139,7 +144,7 @@ mod tests {
         // A second Envoy: the first holds everything, so a newcomer's floor.
         let second = store.report_shares(&[item(2, 500)]).await;
         assert_eq!(
-            second[0].as_ref().unwrap().assignment,
+            second[0].as_ref().unwrap().unwrap().assignment,
             Assignment::TokenBucket(TokenBucket { max_tokens: 3, tokens_per_fill: 6, fill_interval: SECOND })
         );
         // Both report again, in one call, in order: the first gets its
