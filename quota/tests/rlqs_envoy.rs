@@ -7,7 +7,7 @@
 //! at half its limit. After two report intervals the fleet admits, per 5 s
 //! span, 0.85–1.10 of the limit; demand moved from one Envoy to another is
 //! followed within two intervals; the tenant below its limit is never
-//! denied; two service instances on one Redis hold the same bound; a killed
+//! denied while the service serves; two service instances on one Redis hold the same bound; a killed
 //! service gives the example's fall-back (10 a second per Envoy) once the
 //! assignments expire, and the shares come back after a restart. The two
 //! scenarios run side by side, so the whole takes about as long as the
@@ -224,12 +224,20 @@ fn one_service(backend: u16) {
     }
 
     // Restarted: the Envoys report again and get their shares back.
+    // Within an interval the Envoys report again (their streams reopen),
+    // in two more each has its share.
     service.restart();
-    load.until(85);
-    assert_within_the_bound(&load, "restarted", &[79]);
+    load.until(89);
+    assert_within_the_bound(&load, "restarted", &[84]);
 
+    // The tenant below its limit is never denied while the service serves
+    // (from the kill until the Envoys' first report after the restart,
+    // each Envoy's own fall-back of 10 a second rightly denies part of
+    // Envoy 0's 17.5).
     let answers = load.stop();
-    let calm_denied: Vec<&Answer> = answers.iter().filter(|a| a.tenant == CALM && !a.admitted).collect();
+    let outage = Duration::from_secs(44)..Duration::from_secs(67 + INTERVAL + 1);
+    let calm_denied: Vec<&Answer> =
+        answers.iter().filter(|a| a.tenant == CALM && !a.admitted && !outage.contains(&a.at)).collect();
     assert!(calm_denied.is_empty(), "the tenant below its limit was denied: {calm_denied:?}");
     drop(envoys);
 }
