@@ -12,11 +12,12 @@ const GRPC_CODES: [&str; 7] =
     ["OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "OTHER"];
 
 /// The gRPC codes an RLQS stream ends with, as labels.
-const RLQS_CODES: [&str; 9] = [
+const RLQS_CODES: [&str; 10] = [
     "OK",
     "INVALID_ARGUMENT",
     "NOT_FOUND",
     "RESOURCE_EXHAUSTED",
+    "OUT_OF_RANGE",
     "UNAUTHENTICATED",
     "UNIMPLEMENTED",
     "UNAVAILABLE",
@@ -37,9 +38,18 @@ pub fn grpc_code(code: tonic::Code) -> &'static str {
         tonic::Code::Unimplemented => "UNIMPLEMENTED",
         tonic::Code::Unavailable => "UNAVAILABLE",
         tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        _ => "OTHER",
+    }
+}
+
+/// The label of the gRPC code an RLQS stream ended with: [`grpc_code`]'s,
+/// and the codes only streams end with.
+pub fn rlqs_code(code: tonic::Code) -> &'static str {
+    match code {
         tonic::Code::NotFound => "NOT_FOUND",
         tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        _ => "OTHER",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        code => grpc_code(code),
     }
 }
 

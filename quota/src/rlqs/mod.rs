@@ -36,7 +36,7 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use self::stream::Stream;
 use crate::auth::authorize;
-use crate::metrics::grpc_code;
+use crate::metrics::rlqs_code;
 use crate::service::Service;
 use crate::store::{StoreFailure, Timings};
 
@@ -223,7 +223,7 @@ impl RlqsService {
     }
 
     fn count(&self, code: tonic::Code) {
-        self.shared.service.metrics().requests.with_label_values(&["rlqs", grpc_code(code)]).inc();
+        self.shared.service.metrics().requests.with_label_values(&["rlqs", rlqs_code(code)]).inc();
     }
 
     /// Answers one call of `StreamRateLimitQuotas`.
@@ -328,7 +328,7 @@ async fn run(
             Err(refused) => break refused,
         }
     };
-    metrics.requests.with_label_values(&["rlqs", grpc_code(end.code())]).inc();
+    metrics.requests.with_label_values(&["rlqs", rlqs_code(end.code())]).inc();
     if end.code() != tonic::Code::Ok {
         tracing::debug!(code = ?end.code(), message = end.message(), buckets = stream.bucket_count(), "RLQS stream ended");
         let _ = out.try_send(Err(end));
