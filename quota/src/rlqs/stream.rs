@@ -92,8 +92,8 @@ impl Stream {
                     _ => Matched::Free,
                 };
                 let bucket = Bucket { matched, under: Arc::clone(&domains) };
+                // New buckets' room was reserved by `make_room`.
                 if self.buckets.insert(usage.entries.clone(), bucket).is_none() {
-                    self.shared.buckets.fetch_add(1, Ordering::Relaxed);
                     metrics.rlqs_buckets.inc();
                 }
             }
@@ -155,8 +155,9 @@ impl Stream {
         Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse { bucket_action: actions }))
     }
 
-    /// Refuses a report that would take the stream past its share of the
-    /// buckets' room, or the room past its size.
+    /// Reserves room for a report's new buckets, or refuses a report that
+    /// would take the stream past its share of the buckets' room, or the
+    /// room past its size.
     fn make_room(&self, usages: &[Usage]) -> Result<(), Status> {
         let new = usages.iter().filter(|u| !self.buckets.contains_key(&u.entries)).count();
         let per_stream = self.shared.limits.buckets_per_stream();
@@ -167,14 +168,16 @@ impl Stream {
                 self.buckets.len() + new
             )));
         }
-        let held = self.shared.buckets.load(Ordering::Relaxed);
-        if held + new > self.shared.limits.max_buckets {
-            return Err(Status::resource_exhausted(format!(
-                "the service holds {held} RLQS buckets and {new} more would pass --rlqs-max-buckets ({})",
-                self.shared.limits.max_buckets
-            )));
+        let most = self.shared.limits.max_buckets;
+        let reserved = self.shared.buckets.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |held| {
+            held.checked_add(new).filter(|total| *total <= most)
+        });
+        match reserved {
+            Ok(_) => Ok(()),
+            Err(held) => Err(Status::resource_exhausted(format!(
+                "the service holds {held} RLQS buckets and {new} more would pass --rlqs-max-buckets ({most})"
+            ))),
         }
-        Ok(())
     }
 }
 
