@@ -490,6 +490,41 @@ async fn hostile_reports_panic_nothing() {
     panic!("streams or buckets left open:\n{}", fixture.metrics().await);
 }
 
+/// A store that fails refuses nothing: the buckets it could not decide get
+/// no answer (the Envoy keeps its last assignment until it expires), the
+/// others theirs, the failure is counted, and once the store is back the
+/// shares are answered again.
+#[tokio::test]
+async fn a_store_failure_leaves_buckets_unanswered_and_the_stream_open() {
+    let mut fixture = Fixture::new(Backend::Redis, LIMITS).await;
+    let server = Server::start(fixture.service.clone(), options()).await;
+    let mut envoy = server.envoy().await;
+    let limited = [("tenant", "acme")];
+    assert_eq!(assigned(&envoy.report("test", vec![usage(&limited, 5, 0, 5)]).await.unwrap()), ["50/1s"]);
+    fixture.redis.as_mut().unwrap().stop();
+    let answer = envoy.report("test", vec![usage(&limited, 5, 0, 5), usage(&[("tenant", "free")], 1, 0, 5)]).await;
+    assert_eq!(assigned(&answer.unwrap()), ["allow_all"]);
+    let metrics = fixture.metrics().await;
+    assert!(metrics.contains(r#"floodgate_quota_store_errors_total{kind="unavailable",store="redis"} 1"#), "{metrics}");
+    fixture.redis.as_mut().unwrap().restart();
+    fixture.clock.advance(Nanos::from_secs(5));
+    // The restarted Redis forgot the table: the Envoy is new to it again,
+    // and alone.
+    // (The store reconnects a --store-timeout after refusals: 2 s here.)
+    let mut back = Vec::new();
+    for _ in 0..100 {
+        match envoy.report("test", vec![usage(&limited, 5, 0, 5), usage(&[("tenant", "free")], 1, 0, 5)]).await {
+            Ok(answer) if answer.bucket_action.len() == 2 => {
+                back = assigned(&answer);
+                break;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(status) => panic!("{status:?}"),
+        }
+    }
+    assert_eq!(back, ["50/1s", "allow_all"]);
+}
+
 /// With `--auth-token`, a stream needs the token.
 #[tokio::test]
 async fn streams_need_the_token() {
