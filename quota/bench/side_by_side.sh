@@ -5,7 +5,8 @@
 # reporting to it over RLQS (one report per bucket per 5 s per Envoy,
 # whatever the traffic). Two Envoys (the shipped examples,
 # quota/examples/envoy-ratelimit.yaml and envoy-rlqs.yaml, ports swapped)
-# in front of one backend and one service, each driven by its own wrk with
+# in front of one service, whose own GET /healthz is their backend (Envoy's
+# ratelimit filter skips direct responses), each driven by its own wrk with
 # the same connections, for the same SIDE_DURATION, over SIDE_TENANTS
 # tenants (x-api-key and x-tenant both t<n>, limits far above the load so
 # that every request is admitted); prints, per path, requests, calls to
@@ -60,25 +61,21 @@ cat >"$scratch/tenants.lua" <<LUA
 math.randomseed(7)
 request = function()
   local tenant = "t" .. math.random(1, $SIDE_TENANTS)
-  return wrk.format("GET", "/", {["x-api-key"] = tenant, ["x-tenant"] = tenant})
+  return wrk.format("GET", "/healthz", {["x-api-key"] = tenant, ["x-tenant"] = tenant})
 end
 LUA
 
 http_port=$(free_port)
 grpc_port=$(free_port)
-backend_port=$(free_port)
 RUST_LOG=warn "$BIN" --config "$scratch/rls.yaml" --config "$scratch/rlqs.yaml" --listen "127.0.0.1:$http_port" \
   --grpc-listen "127.0.0.1:$grpc_port" --max-connections-per-peer 0 &
 pids+=($!)
-python3 -m http.server "$backend_port" --bind 127.0.0.1 >/dev/null 2>&1 &
-pids+=($!)
 wait_port "$http_port"
-wait_port "$backend_port"
 
 # An example with its ports swapped: file, listener port, admin port.
 bootstrap() {
   sed -e "s/port_value: 10000}/port_value: $2}/" -e "s/port_value: 9901}/port_value: $3}/" \
-    -e "s/port_value: 8082}/port_value: $grpc_port}/" -e "s/port_value: 8080}/port_value: $backend_port}/" \
+    -e "s/port_value: 8082}/port_value: $grpc_port}/" -e "s/port_value: 8080}/port_value: $http_port}/" \
     "$root/quota/examples/$1"
 }
 rls_port=$(free_port)
