@@ -169,16 +169,17 @@ fn assigned(answer: &RateLimitQuotaResponse) -> Vec<String> {
         .collect()
 }
 
-/// Waits until the service has taken `count` bucket reports of domain
-/// `test` (reports that get no answer give no other sign).
+/// Waits until the service has decided `count` report messages of limited
+/// buckets in its store (reports that get no answer give no other sign).
 async fn taken(fixture: &Fixture, count: u64) {
-    for _ in 0..200 {
-        if fixture.service.metrics().rlqs_reports.with_label_values(&["test"]).get() >= count {
+    let store = fixture.service.store().name();
+    for _ in 0..500 {
+        if fixture.service.metrics().store_latency.with_label_values(&[store, "rlqs"]).get_sample_count() >= count {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    panic!("the service took fewer than {count} reports");
+    panic!("the service decided fewer than {count} reports");
 }
 
 fn options() -> RlqsOptions {
