@@ -329,13 +329,16 @@ async fn run(
         }
     };
     metrics.requests.with_label_values(&["rlqs", rlqs_code(end.code())]).inc();
-    if end.code() != tonic::Code::Ok {
-        tracing::debug!(code = ?end.code(), message = end.message(), buckets = stream.bucket_count(), "RLQS stream ended");
-        let _ = out.try_send(Err(end));
-    }
+    let buckets = stream.bucket_count();
+    // Its room is free before the Envoy learns the stream ended (and opens
+    // another).
     drop(stream);
     metrics.rlqs_streams.dec();
     drop(permit);
+    if end.code() != tonic::Code::Ok {
+        tracing::debug!(code = ?end.code(), message = end.message(), buckets, "RLQS stream ended");
+        let _ = out.try_send(Err(end));
+    }
 }
 
 /// Protobuf, as tonic's own codec, except that a message that does not
