@@ -337,7 +337,8 @@ async fn run(
     drop(permit);
     if end.code() != tonic::Code::Ok {
         tracing::debug!(code = ?end.code(), message = end.message(), buckets, "RLQS stream ended");
-        let _ = out.try_send(Err(end));
+        // Behind answers the Envoy has not read yet, if there is room soon.
+        let _ = tokio::time::timeout(Duration::from_secs(1), out.send(Err(end))).await;
     }
 }
 
