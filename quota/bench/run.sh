@@ -24,6 +24,16 @@
 # checks of [other, hot], calls of two leases and returns of the hot key's
 # leases (4 connections), alone and while 24 connections flood the hot key.
 #
+# Issue 32's rows: RLQS bucket reports decided per second on the service's
+# core, 100 streams (Envoys) each reporting the same 1,000 buckets, every
+# stream's next report sent as soon as its last is answered
+# (floodgate-rlqs-load, pinned with the other load generators), memory and
+# Redis; p50/p99 are those of an answer (a stream's report of its 1,000
+# buckets, sent to assigned). RLQS_STREAMS and RLQS_BUCKETS change the
+# shape (RLQS_STREAMS=2 RLQS_BUCKETS=10 for a smoke run). The side-by-side
+# of Envoy's RLS path and RLQS on one load is `side_by_side.sh` (needs
+# envoy): RLQS_SIDE=1 runs it after the rounds.
+#
 # The HTTP reference row: GET /healthz on the memory service, with the
 # check row's connections and pinning: the service's own HTTP path (accept,
 # parse, route, answer) with no body and no store work, so that memory
@@ -43,6 +53,9 @@ DURATION=${DURATION:-5s}
 CONNECTIONS=${CONNECTIONS:-32}
 FULL_BUCKETS=${FULL_BUCKETS:-1000000}
 ONLY=${ONLY:-}
+RLQS_STREAMS=${RLQS_STREAMS:-100}
+RLQS_BUCKETS=${RLQS_BUCKETS:-1000}
+RLQS_SIDE=${RLQS_SIDE:-}
 # existing.lua picks among the buckets fill.py made.
 export BUCKETS=$FULL_BUCKETS
 COMPARE_BIN=${COMPARE_BIN:-}
@@ -75,6 +88,13 @@ if [ -n "${BIN:-}" ]; then
 else
   (cd "$root" && cargo build --release -p floodgate-quota --bin floodgate-quota >&2)
   bin="$target/release/floodgate-quota"
+fi
+# RLQS_LOAD=path/to/floodgate-rlqs-load uses that build of the load generator.
+if [ -n "${RLQS_LOAD:-}" ]; then
+  rlqs_load=$RLQS_LOAD
+else
+  (cd "$root" && cargo build --release -p floodgate-quota --bin floodgate-rlqs-load >&2)
+  rlqs_load="$target/release/floodgate-rlqs-load"
 fi
 
 pids=()
@@ -141,8 +161,10 @@ memory_port=$port
 start_service "$bin" --store memory
 fairness_memory_port=$port
 wait_port "$grpc_port"
-start_service "$bin" --store "redis://127.0.0.1:$redis_port/"
+redis_grpc_port=$(free_port)
+start_service "$bin" --store "redis://127.0.0.1:$redis_port/" --grpc-listen "127.0.0.1:$redis_grpc_port"
 redis_service_port=$port
+wait_port "$redis_grpc_port"
 # The rows of many leases a call have a Redis of their own: they write up
 # to 70,000 lease records a second, each kept 31 s, and Redis expiring
 # hundreds of thousands of them (its expiry cycle runs up to 25 ms at a
@@ -237,6 +259,17 @@ leases_row() {
   LEASES=$3 wrk_row "$1" leases "$2" "$connections" "$3"
 }
 
+# RLQS reports per second: label, gRPC port. The rate is bucket reports
+# decided a second; p50/p99 those of a stream's whole report.
+rlqs_row() {
+  local out rate p50 p99
+  out=$(pin 1 "$rlqs_load" --target "127.0.0.1:$2" --streams "$RLQS_STREAMS" --buckets "$RLQS_BUCKETS" \
+    --duration "${DURATION%s}")
+  read -r rate p50 p99 <<<"$out"
+  echo "$round|$1|$rate|$p50|$p99|0" >>"$scratch/rows"
+  printf '%-34s %12s %10s %10s %8s\n' "$1" "$rate" "$p50" "$p99" 0
+}
+
 # The fairness probe alone, then while the hot key is flooded: store label,
 # port. The flood outlasts the probe.
 fairness_rows() {
@@ -263,6 +296,8 @@ rows=(
   "existing_row 'memory 10^6 full, existing' $full_port"
   "h2load_row 'memory check, one key (h2load)' http://127.0.0.1:$memory_port/v1/check $scratch/check.json --h1 -H 'content-type: application/json'"
   "h2load_row 'memory RLS gRPC, one key (h2load)' http://127.0.0.1:$grpc_port/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit $scratch/rls.bin -H 'content-type: application/grpc' -H 'te: trailers'"
+  "rlqs_row 'memory RLQS reports, $RLQS_STREAMS streams x $RLQS_BUCKETS buckets' $grpc_port"
+  "rlqs_row 'redis RLQS reports, $RLQS_STREAMS streams x $RLQS_BUCKETS buckets' $redis_grpc_port"
   "leases_row 'memory leases, 1 per call' $memory_port 1"
   "leases_row 'memory leases, 10 per call' $memory_port 10"
   "leases_row 'memory leases, 200 per call' $memory_port 200"
@@ -311,3 +346,7 @@ echo "$ROUNDS rounds, $DURATION per row, $CONNECTIONS connections; each service 
 echo "gRPC calls answered OK during the RLS rows: $((${rls_after%.*} - ${rls_before%.*})) (every one a decision)"
 echo
 python3 "$here/table.py" "$scratch/rows"
+if [ -n "$RLQS_SIDE" ]; then
+  echo
+  BIN=$bin "$here/side_by_side.sh"
+fi

@@ -1,7 +1,8 @@
 //! Floodgate's central quota service: fleet-wide limits shared by many
 //! Envoys, decided one request at a time (`/v1/check`) or leased in batches
 //! (`/v1/lease`, `/v1/return`), and Envoy's own rate limit service API over
-//! gRPC ([`rls`]). The wire types are the `floodgate-protocol` crate's, shared
+//! gRPC ([`rls`]) and Envoy's rate limit quota service
+//! ([`rlqs`]). The wire types are the `floodgate-protocol` crate's, shared
 //! with the filter. See `docs/protocol.md` for the wire format and
 //! `quota/README.md` for running it.
 
@@ -12,6 +13,7 @@ pub mod http;
 pub mod metrics;
 pub mod notices;
 pub mod reload;
+pub mod rlqs;
 pub mod rls;
 pub mod server;
 pub mod service;

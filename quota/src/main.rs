@@ -14,6 +14,7 @@ use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::ServiceMetrics;
 use floodgate_quota::reload::spawn_reloader;
+use floodgate_quota::rlqs::{RlqsArgs, RlqsService};
 use floodgate_quota::rls::{GrpcArgs, RlsOptions, RlsService};
 use floodgate_quota::server::{serve, App, Limits};
 use floodgate_quota::service::{Service, Settings, MAX_LEASE_TTL};
@@ -106,6 +107,9 @@ struct Cli {
 
     #[command(flatten)]
     grpc: GrpcArgs,
+
+    #[command(flatten)]
+    rlqs: RlqsArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -181,6 +185,8 @@ async fn run(cli: Cli) -> Result<(), String> {
         return Err("--lease-ttl must be at most 60s".into());
     }
     let domains = Domains::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
+    let auth_token: Option<Arc<str>> = cli.auth_token.clone().map(Arc::from);
+    let rlqs_options = cli.rlqs.options(auth_token.clone())?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = cli.store.open(&StoreOptions {
         clock: clock.clone(),
@@ -213,8 +219,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let listener =
         tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(address = %local, auth = cli.auth_token.is_some(), "listening");
-    let auth_token: Option<Arc<str>> = cli.auth_token.map(Arc::from);
+    tracing::info!(address = %local, auth = auth_token.is_some(), "listening");
 
     // One signal stops both servers; it carries when it came, for the deadline.
     let (stop, stopped) = tokio::sync::watch::channel(None);
@@ -240,7 +245,16 @@ async fn run(cli: Cli) -> Result<(), String> {
             tracing::info!(address = %listener.local_addr().map_err(|e| e.to_string())?, "gRPC rate limit service listening");
             let options =
                 RlsOptions { response_headers: cli.grpc.grpc_response_headers, auth_token: auth_token.clone() };
-            let app = App::Grpc(RlsService::new(service.clone(), options));
+            // Envoy's rate limit quota service beside it; its streams end
+            // when the shutdown starts (Envoys reconnect elsewhere).
+            let rlqs = RlqsService::new(service.clone(), rlqs_options);
+            let stopper = rlqs.clone();
+            let until = until_stopped(stopped.clone());
+            tokio::spawn(async move {
+                until.await;
+                stopper.stop();
+            });
+            let app = App::Grpc(RlsService::new(service.clone(), options).with_rlqs(rlqs));
             let limits = Limits {
                 max_connections: usize::try_from(cli.grpc.grpc_max_connections).unwrap_or(usize::MAX),
                 ..limits

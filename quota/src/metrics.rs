@@ -1,7 +1,8 @@
 //! Prometheus metrics, in a registry of the service's own (no globals, so
 //! tests can run several services in one process).
 
-use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder};
+use floodgate_core::lease::shares::Assignment;
+use prometheus::{Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
 
 /// The HTTP statuses the API answers.
 const HTTP_STATUSES: [&str; 8] = ["200", "400", "401", "404", "408", "413", "422", "503"];
@@ -9,6 +10,20 @@ const HTTP_STATUSES: [&str; 8] = ["200", "400", "401", "404", "408", "413", "422
 /// The gRPC codes `ShouldRateLimit` answers, as labels (see [`grpc_code`]).
 const GRPC_CODES: [&str; 7] =
     ["OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "UNIMPLEMENTED", "UNAVAILABLE", "DEADLINE_EXCEEDED", "OTHER"];
+
+/// The gRPC codes an RLQS stream ends with, as labels.
+const RLQS_CODES: [&str; 10] = [
+    "OK",
+    "INVALID_ARGUMENT",
+    "NOT_FOUND",
+    "RESOURCE_EXHAUSTED",
+    "OUT_OF_RANGE",
+    "UNAUTHENTICATED",
+    "UNIMPLEMENTED",
+    "UNAVAILABLE",
+    "DEADLINE_EXCEEDED",
+    "OTHER",
+];
 
 /// What a decision per descriptor can come to.
 const DECISION_RESULTS: [&str; 5] = ["allowed", "denied", "shadow_denied", "unlimited", "no_rule"];
@@ -24,6 +39,17 @@ pub fn grpc_code(code: tonic::Code) -> &'static str {
         tonic::Code::Unavailable => "UNAVAILABLE",
         tonic::Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
         _ => "OTHER",
+    }
+}
+
+/// The label of the gRPC code an RLQS stream ended with: [`grpc_code`]'s,
+/// and the codes only streams end with.
+pub fn rlqs_code(code: tonic::Code) -> &'static str {
+    match code {
+        tonic::Code::NotFound => "NOT_FOUND",
+        tonic::Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        tonic::Code::OutOfRange => "OUT_OF_RANGE",
+        code => grpc_code(code),
     }
 }
 
@@ -46,6 +72,15 @@ pub struct ServiceMetrics {
     pub store_latency: HistogramVec,
     /// Config reloads by result (ok, error).
     pub reloads: IntCounterVec,
+    /// RLQS streams open now.
+    pub rlqs_streams: IntGauge,
+    /// RLQS buckets the open streams hold now.
+    pub rlqs_buckets: IntGauge,
+    /// RLQS bucket usage reports by domain.
+    pub rlqs_reports: IntCounterVec,
+    /// RLQS assignments sent, by domain and kind (token_bucket, allow_all,
+    /// deny_all, abandon).
+    pub rlqs_assignments: IntCounterVec,
 }
 
 impl ServiceMetrics {
@@ -74,6 +109,16 @@ impl ServiceMetrics {
             &["store", "op"],
         )?;
         registry.register(Box::new(store_latency.clone()))?;
+        let gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
+            let g = IntGauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let rlqs_streams = gauge("rlqs_streams", "RLQS streams open now.")?;
+        let rlqs_buckets = gauge("rlqs_buckets", "RLQS buckets the open streams hold now.")?;
+        let rlqs_reports = counter("rlqs_reports_total", "RLQS bucket usage reports by domain.", &["domain"])?;
+        let rlqs_assignments =
+            counter("rlqs_assignments_total", "RLQS assignments sent by domain and kind.", &["domain", "kind"])?;
         Ok(Self {
             registry,
             requests,
@@ -83,6 +128,10 @@ impl ServiceMetrics {
             store_errors,
             store_latency,
             reloads,
+            rlqs_streams,
+            rlqs_buckets,
+            rlqs_reports,
+            rlqs_assignments,
         })
     }
 
@@ -97,6 +146,9 @@ impl ServiceMetrics {
         }
         for code in GRPC_CODES {
             self.requests.with_label_values(&["rls", code]);
+        }
+        for code in RLQS_CODES {
+            self.requests.with_label_values(&["rlqs", code]);
         }
         for kind in failures {
             self.store_errors.with_label_values(&[store, kind]);
@@ -119,6 +171,10 @@ impl ServiceMetrics {
         }
         self.tokens_granted.with_label_values(&[domain]);
         self.tokens_returned.with_label_values(&[domain]);
+        self.rlqs_reports.with_label_values(&[domain]);
+        for kind in Assignment::KINDS {
+            self.rlqs_assignments.with_label_values(&[domain, kind]);
+        }
     }
 
     /// The text exposition format.

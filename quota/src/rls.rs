@@ -32,6 +32,7 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 use crate::auth::authorize;
 use crate::metrics::grpc_code;
+use crate::rlqs::{RlqsService, STREAM_RATE_LIMIT_QUOTAS};
 use crate::service::{ApiError, Service};
 
 /// Command-line flags of the gRPC API (flattened into the binary's own).
@@ -237,12 +238,24 @@ const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/Sh
 pub struct RlsService {
     limiter: Arc<RateLimiter>,
     auth_token: Option<Arc<str>>,
+    /// Envoy's rate limit quota service on the same listener, if served.
+    rlqs: Option<RlqsService>,
 }
 
 impl RlsService {
     /// The API over `service`.
     pub fn new(service: Arc<Service>, options: RlsOptions) -> Self {
-        Self { limiter: Arc::new(RateLimiter::new(service, options.response_headers)), auth_token: options.auth_token }
+        Self {
+            limiter: Arc::new(RateLimiter::new(service, options.response_headers)),
+            auth_token: options.auth_token,
+            rlqs: None,
+        }
+    }
+
+    /// Also answers `StreamRateLimitQuotas` with `rlqs`.
+    pub fn with_rlqs(mut self, rlqs: RlqsService) -> Self {
+        self.rlqs = Some(rlqs);
+        self
     }
 
     /// Counts a call answered `code` (the server counts the calls it cuts
@@ -285,6 +298,11 @@ where
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         let this = self.clone();
+        if let (Some(rlqs), STREAM_RATE_LIMIT_QUOTAS) = (&self.rlqs, request.uri().path()) {
+            // A stream counts itself, by the status it ends with.
+            let rlqs = rlqs.clone();
+            return Box::pin(async move { Ok(rlqs.answer(request).await) });
+        }
         Box::pin(async move {
             let counter = this.clone();
             let response = this.answer(request).await;

@@ -382,8 +382,11 @@ async fn serve_grpc(stream: TcpStream, rls: RlsService, limits: Limits, stopping
                     .into_http()
                 }
             };
-            drop(call);
-            Ok::<_, std::convert::Infallible>(response)
+            // The call is in flight until its answer's body ends: a stream
+            // (RLQS) keeps its connection from being closed as idle.
+            Ok::<_, std::convert::Infallible>(
+                response.map(|body| tonic::body::Body::new(Tracked { body, _call: call })),
+            )
         }
     });
     let io = TokioIo::new(Preface::new(stream, limits.header_read_timeout));
@@ -457,6 +460,30 @@ impl Activity {
 
 /// A call in flight; its end is the connection's latest activity.
 struct Call(Arc<Activity>);
+
+/// An answer's body, holding its call in flight until the body is done
+/// (sent, or dropped with the stream).
+struct Tracked {
+    body: tonic::body::Body,
+    _call: Call,
+}
+
+impl HttpBody for Tracked {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
 
 impl Drop for Call {
     fn drop(&mut self) {

@@ -18,7 +18,10 @@
 //!   each of those windows' budgets, so a key far below its limit costs one
 //!   lease per term, not one per window;
 //! * [`booking`]: units of the next window taken before it starts (leases
-//!   ahead), and how a bucket holding them decides until then.
+//!   ahead), and how a bucket holding them decides until then;
+//! * [`shares`]: the same limits served to Envoy's own quota filter
+//!   (RLQS): a key's limit shared among the Envoys that report it, by
+//!   demand, as a token bucket each.
 //!
 //! The proxy's side:
 //! * [`pool`]: what one Envoy holds of one descriptor's limit, in one entry
@@ -41,6 +44,7 @@ pub mod grant;
 pub mod overshoot;
 pub mod pool;
 pub mod refresh;
+pub mod shares;
 pub mod sizing;
 #[cfg(test)]
 mod testing;

@@ -60,6 +60,62 @@ impl Domain {
     }
 }
 
+impl Domain {
+    /// The rule for a set of entries in no particular order (an RLQS bucket
+    /// id is a map), and the order that matches it: the entries ordered as
+    /// the limits file nests their keys, the first such order found trying
+    /// keys in ascending order (at most [`ORDER_STEPS`] steps of the search,
+    /// so no set of entries makes it long). `None` when no order matches a
+    /// rule.
+    pub fn rule_for_set<'a>(&'a self, set: &[(String, String)]) -> Option<(Vec<(String, String)>, &'a DescriptorRule)> {
+        let mut sorted: Vec<&(String, String)> = set.iter().collect();
+        sorted.sort();
+        let mut used = vec![false; sorted.len()];
+        let mut path = Vec::with_capacity(sorted.len());
+        let mut steps = ORDER_STEPS;
+        let rule = order(&self.root, &sorted, &mut used, &mut path, &mut steps)?;
+        Some((path.into_iter().filter_map(|i| sorted.get(i).map(|e| (*e).clone())).collect(), rule))
+    }
+}
+
+/// Most nodes the search of [`Domain::rule_for_set`] visits.
+pub const ORDER_STEPS: usize = 4_096;
+
+/// Depth-first: at `node`, each entry not yet used whose key is a child
+/// (its value's entry first, else the key-only one), until every entry is
+/// used on a node with a rule.
+fn order<'a>(
+    node: &'a Node,
+    entries: &[&(String, String)],
+    used: &mut Vec<bool>,
+    path: &mut Vec<usize>,
+    steps: &mut usize,
+) -> Option<&'a DescriptorRule> {
+    if path.len() == entries.len() {
+        return if path.is_empty() { None } else { node.rule.as_ref() };
+    }
+    for (i, (key, value)) in entries.iter().map(|e| (&e.0, &e.1)).enumerate() {
+        if used.get(i).copied().unwrap_or(true) {
+            continue;
+        }
+        let Some(by_key) = node.children.get(key) else { continue };
+        let Some(next) = by_key.values.get(value).or(by_key.any.as_ref()) else { continue };
+        *steps = steps.checked_sub(1)?;
+        if let Some(slot) = used.get_mut(i) {
+            *slot = true;
+        }
+        path.push(i);
+        if let Some(rule) = order(next, entries, used, path, steps) {
+            return Some(rule);
+        }
+        path.pop();
+        if let Some(slot) = used.get_mut(i) {
+            *slot = false;
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,5 +140,19 @@ mod tests {
         assert_eq!(domain.rule_for(&pairs(&[("path", "/x"), ("method", "GET")])), None);
         assert_eq!(domain.rule_for(&[]), None);
         assert_eq!(domain.rule_for(&pairs(&[("nope", "1")])), None);
+    }
+
+    #[test]
+    fn a_set_of_entries_matches_in_the_order_the_file_nests_them() {
+        let domain = Domains::parse_one("sample", SAMPLE).unwrap();
+        // Given in any order, matched as [path, method].
+        let (order, rule) = domain.rule_for_set(&pairs(&[("method", "POST"), ("path", "/x")])).unwrap();
+        assert_eq!(order, pairs(&[("path", "/x"), ("method", "POST")]));
+        assert_eq!(Some(rule), domain.rule_for(&order));
+        assert!(domain.rule_for_set(&pairs(&[("path", "/login"), ("method", "POST")])).is_none());
+        assert!(domain.rule_for_set(&pairs(&[("nope", "1")])).is_none());
+        assert!(domain.rule_for_set(&[]).is_none());
+        let many: Vec<(String, String)> = (0..16).map(|i| (format!("k{i}"), "v".to_string())).collect();
+        assert!(domain.rule_for_set(&many).is_none());
     }
 }

@@ -15,6 +15,7 @@ pub mod decide;
 mod lanes;
 mod memory;
 mod redis;
+mod shares;
 
 pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions};
 pub use self::calls::lease_on;
@@ -22,6 +23,7 @@ pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
 pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
+pub use self::shares::{shares_key, ShareReport, Timings};
 
 use std::fmt;
 use std::net::IpAddr;
