@@ -745,7 +745,7 @@ mod tests {
                             e.next_report = Some(now + I);
                         }
                         assert!(e.admit(now), "order {order:?}: Envoy {} denied at {:?}", e.id, now - start);
-                        next_request[i] = next_request[i] + Nanos::from_nanos((1e9 / e.demand) as u64);
+                        next_request[i] += Nanos::from_nanos((1e9 / e.demand) as u64);
                     }
                     if reported[i] && e.next_report.is_some_and(|r| r <= now) {
                         let report =
@@ -757,7 +757,7 @@ mod tests {
                         e.next_report = Some(now + I);
                     }
                 }
-                now = now + Nanos::from_millis(1);
+                now += Nanos::from_millis(1);
             }
         }
     }
@@ -883,7 +883,7 @@ mod tests {
             let mut now = start;
             let end = start + Nanos::from_secs(120);
             while now < end {
-                let t = (now - start).get() / SECOND.get();
+                let t = (now - start) / SECOND;
                 // At 40 s demand moves from Envoy 0 to Envoy 2; at 70 s a
                 // newcomer joins; at 90 s demand drops below the limit.
                 if t == 40 {
@@ -946,7 +946,7 @@ mod tests {
                                 allowed: e.allowed,
                                 denied: e.denied,
                                 // Whole seconds, as Envoy counts them.
-                                elapsed: Nanos::from_secs((now - e.last_report).get() / SECOND.get()),
+                                elapsed: Nanos::from_secs((now - e.last_report) / SECOND),
                             },
                             now,
                         );
@@ -957,7 +957,7 @@ mod tests {
                         e.next_report = Some(now + span);
                     }
                 }
-                now = now + STEP;
+                now += STEP;
             }
             let n = envoys.len() as f64;
             let burst = l / 2.0 + n;

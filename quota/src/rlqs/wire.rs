@@ -93,7 +93,7 @@ fn duration(d: &ProtoDuration) -> Option<Nanos> {
 
 /// Whole seconds as a protobuf duration.
 fn seconds(span: Nanos) -> ProtoDuration {
-    ProtoDuration { seconds: i64::try_from(span.get() / SECOND.get()).unwrap_or(i64::MAX), nanos: 0 }
+    ProtoDuration { seconds: i64::try_from(span / SECOND).unwrap_or(i64::MAX), nanos: 0 }
 }
 
 /// An assignment as Envoy's `BucketAction` for the bucket `id`.
