@@ -169,12 +169,34 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                             (0, 0) if !leases.is_empty() => {
                                 let record = recent(&mut rng, &leases).record;
                                 let caller = None;
-                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
+                                BucketLease {
+                                    key,
+                                    limit,
+                                    wanted,
+                                    rate,
+                                    window,
+                                    per_window,
+                                    reported,
+                                    record,
+                                    caller,
+                                    check: false,
+                                }
                             }
                             (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
                             _ => {
                                 let (record, caller) = (new, None);
-                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
+                                BucketLease {
+                                    key,
+                                    limit,
+                                    wanted,
+                                    rate,
+                                    window,
+                                    per_window,
+                                    reported,
+                                    record,
+                                    caller,
+                                    check: false,
+                                }
                             }
                         }
                     })
