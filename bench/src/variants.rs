@@ -2,7 +2,8 @@
 //! everything the harness needs to know about it. The rest of the harness
 //! reads these fields and never tests a variant's id.
 
-use crate::envoy::{EnvoyBucket, Filters, HOT_KEY, PER_MINUTE_KEY};
+use crate::filters::{EnvoyBucket, Filters};
+use crate::rig::{HOT_KEY, PER_MINUTE_KEY};
 use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the

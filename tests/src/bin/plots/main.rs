@@ -21,6 +21,7 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use chart::{number, Figure, Legend, Mark, Panel};
+use floodgate_e2e::bootstrap::fault_fixed_delay;
 use floodgate_e2e::{repo_root, validate, Conn, Envoy, Setup};
 use serde_json::{json, Map, Value};
 
@@ -239,17 +240,7 @@ impl Case {
         rule.insert("name".into(), json!("plot"));
         let mut setup = Setup::new(&json!({ "rules": [rule] }).to_string());
         if let Upstream::Slow { millis } = self.upstream {
-            setup.extra_http_filters = format!(
-                r#"          - name: envoy.filters.http.fault
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
-              delay:
-                fixed_delay: {}.{:03}s
-                percentage: {{numerator: 100, denominator: HUNDRED}}
-"#,
-                millis / 1000,
-                millis % 1000
-            );
+            setup.filters_after.push(fault_fixed_delay(millis));
         }
         Ok(setup)
     }
@@ -411,9 +402,9 @@ impl Run {
 /// know the algorithm (`envoy --mode validate` runs the filter's
 /// configuration check); an error for any other refusal.
 fn refusal(case: &Case, setup: &Setup, scratch: &Path) -> Result<Option<String>, String> {
-    let file = scratch.join(format!("{}.yaml", case.name));
+    let file = scratch.join(format!("{}.json", case.name));
     // Validation binds no port: any numbers do.
-    write(&file, &setup.bootstrap(10000, 10001))?;
+    write(&file, &setup.bootstrap(10000, 10001).to_string())?;
     let output = validate(&file);
     if output.status.success() {
         return Ok(None);
