@@ -4,12 +4,39 @@
 //! the variant proxies to an upstream; only the HTTP filters differ, and
 //! the clusters they call.
 
+use std::path::PathBuf;
+
 use floodgate_e2e::bootstrap::{self, cluster, route_to, wasm_filter, Bootstrap, Listener};
 use floodgate_e2e::envoy::write_bootstrap;
-use floodgate_e2e::{Envoy, EnvoyOptions};
+use floodgate_e2e::{Build, Envoy, EnvoyOptions};
 use serde_json::{json, Value};
 
-use crate::settings::Paths;
+/// Where the binaries and modules are.
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// The Envoy binary.
+    pub envoy: String,
+    /// Floodgate's wasm module.
+    pub floodgate_wasm: PathBuf,
+    /// The no-op wasm module.
+    pub noop_wasm: PathBuf,
+    /// The host-call probe wasm module.
+    pub probe_wasm: PathBuf,
+    /// The floodgate-quota binary (for the global-filter and global-mode variants).
+    pub quota_bin: PathBuf,
+    /// A scratch directory for bootstraps and logs.
+    pub scratch: PathBuf,
+    /// The `unit` of the quota service's never-limiting fixed windows
+    /// (`second`, `minute`, `hour`): a lease never outlives its window.
+    pub quota_unit: String,
+}
+
+impl Paths {
+    /// The build of Floodgate the variants load.
+    pub fn floodgate(&self) -> Build {
+        Build::Wasm { module: self.floodgate_wasm.clone() }
+    }
+}
 
 /// A token bucket of Envoy's `local_ratelimit` (max tokens, tokens per fill, fill interval).
 #[derive(Clone, Copy, Debug)]

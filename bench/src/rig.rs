@@ -4,9 +4,9 @@
 
 use floodgate_e2e::{Envoy, QuotaOptions, QuotaServer};
 
-use crate::filters::{self, Filters};
-use crate::settings::{BenchSettings, Paths};
-use crate::variants::{Ports, QuotaBackend, Variant, LONG_LEASE};
+use crate::filters::{self, Filters, Paths};
+use crate::settings::BenchSettings;
+use crate::variants::{Ports, QuotaBackend, Variant, HOT_KEY, LONG_LEASE, PER_MINUTE_KEY};
 
 /// The Envoys of a part's variants and what they ask.
 pub struct Rig {
@@ -58,14 +58,6 @@ impl Rig {
         }
     }
 }
-
-/// The descriptor entry (key, value) of the hot-key limit in the service's
-/// limits file, which Floodgate's hot-key global rules send.
-pub const HOT_KEY: (&str, &str) = ("route", "hot");
-
-/// The descriptor key of the service's key-only per-minute entry (fixed
-/// windows of a minute, 10⁹ each), which the per-minute global rules send.
-pub const PER_MINUTE_KEY: &str = "api_key_m";
 
 /// floodgate-quota (the release build, memory store, its gRPC API on) for
 /// Envoy's global filter and Floodgate's global mode, with never-limiting

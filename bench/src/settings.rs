@@ -2,37 +2,9 @@
 
 use std::path::{Path, PathBuf};
 
-use floodgate_e2e::Build;
-
+use crate::filters::Paths;
 use crate::load::WrkSettings;
 use crate::variants::{self, Variant, VARIANTS};
-
-/// Where the binaries and modules are.
-#[derive(Clone, Debug)]
-pub struct Paths {
-    /// The Envoy binary.
-    pub envoy: String,
-    /// Floodgate's wasm module.
-    pub floodgate_wasm: PathBuf,
-    /// The no-op wasm module.
-    pub noop_wasm: PathBuf,
-    /// The host-call probe wasm module.
-    pub probe_wasm: PathBuf,
-    /// The floodgate-quota binary (for the global-filter and global-mode variants).
-    pub quota_bin: PathBuf,
-    /// A scratch directory for bootstraps and logs.
-    pub scratch: PathBuf,
-    /// The `unit` of the quota service's never-limiting fixed windows
-    /// (`second`, `minute`, `hour`): a lease never outlives its window.
-    pub quota_unit: String,
-}
-
-impl Paths {
-    /// The build of Floodgate the variants load.
-    pub fn floodgate(&self) -> Build {
-        Build::Wasm { module: self.floodgate_wasm.clone() }
-    }
-}
 
 /// Everything a run can be told through the environment.
 #[derive(Clone, Debug)]

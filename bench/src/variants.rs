@@ -3,7 +3,6 @@
 //! reads these fields and never tests a variant's id.
 
 use crate::filters::{EnvoyBucket, Filters};
-use crate::rig::{HOT_KEY, PER_MINUTE_KEY};
 use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
@@ -447,6 +446,14 @@ pub static VARIANTS: &[Variant] = &[
         ..ROW
     },
 ];
+
+/// The descriptor entry (key, value) of the hot-key limit in the service's
+/// limits file, which Floodgate's hot-key global rules send.
+pub const HOT_KEY: (&str, &str) = ("route", "hot");
+
+/// The descriptor key of the service's key-only per-minute entry (fixed
+/// windows of a minute, 10⁹ each), which the per-minute global rules send.
+pub const PER_MINUTE_KEY: &str = "api_key_m";
 
 /// The fields of the host-call probes.
 const PROBE: Variant = Variant { probe: true, reference: Some("c"), ..ROW };

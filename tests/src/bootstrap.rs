@@ -42,7 +42,7 @@ impl Build {
 pub fn wasm_path() -> PathBuf {
     let path = std::env::var("FLOODGATE_WASM")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| crate::repo_root().join("target/wasm32-wasip1/release/floodgate.wasm"));
+        .unwrap_or_else(|_| crate::ports::repo_root().join("target/wasm32-wasip1/release/floodgate.wasm"));
     assert!(path.exists(), "{} is missing: build it with `make wasm`", path.display());
     path
 }

@@ -31,7 +31,7 @@ fn validate_with(bin: &str, config: &Path) -> Output {
     Command::new(bin)
         .args(["--mode", "validate", "--log-level", "error", "-c"])
         .arg(config)
-        .current_dir(crate::repo_root())
+        .current_dir(crate::ports::repo_root())
         .output()
         .unwrap_or_else(|e| panic!("cannot run {bin}: {e}"))
 }

@@ -70,7 +70,7 @@ impl Issuer {
     /// Envoy's `jwt_authn` filter trusting this issuer, requiring a valid
     /// token for paths under `prefix`, with the verified payload in dynamic
     /// metadata (`envoy.filters.http.jwt_authn`, key `jwt_payload`): for
-    /// [`crate::Setup::filters_before`].
+    /// [`crate::setup::Setup::filters_before`].
     pub fn jwt_authn_filter(&self, prefix: &str) -> serde_json::Value {
         serde_json::json!({
             "name": "envoy.filters.http.jwt_authn",

@@ -4,7 +4,7 @@
 //! binary, `redis-server` and Redis Cluster — Envoy bootstraps as
 //! structured values, a raw HTTP/1.1 client, and JWTs for `jwt_authn`.
 //!
-//! By concern: `ports` (ports and scratch directories), `process` (every
+//! By concern: `ports` (ports, scratch directories, the repository root), `process` (every
 //! process started, killed on drop or on a panic), `bootstrap` (the pieces
 //! of a bootstrap, and the [`Build`] of Floodgate they load), `setup` (the
 //! Envoy under test), `envoy` (the process and its admin endpoint), `http`
@@ -25,8 +25,6 @@ pub mod quota;
 pub mod redis;
 pub mod setup;
 
-use std::path::{Path, PathBuf};
-
 pub use crate::redis::{RedisCluster, RedisServer};
 pub use access_log::{Admission, AdmissionLog};
 pub use bootstrap::Build;
@@ -34,11 +32,6 @@ pub use envoy::{assert_both_workers_served, envoy_bin, validate, Envoy, EnvoyOpt
 pub use http::{Conn, HttpResponse};
 pub use jwt::Issuer;
 pub use load::{hammer, hammer_with, Shot};
-pub use ports::{free_port, scratch_dir};
+pub use ports::{free_port, repo_root, scratch_dir};
 pub use quota::{quota_bin, QuotaOptions, QuotaServer};
 pub use setup::Setup;
-
-/// The repository root.
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
-}

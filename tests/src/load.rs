@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Barrier};
 use std::thread;
 
+use crate::envoy::Envoy;
 use crate::http::Conn;
-use crate::Envoy;
 
 /// One request of a load: the label its answers are counted under, its
 /// path, and its headers.

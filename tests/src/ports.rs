@@ -1,9 +1,9 @@
-//! Loopback ports and scratch directories, for every process the harness
-//! starts.
+//! Where things are: loopback ports and scratch directories for every
+//! process the harness starts, and the repository's root.
 
 use std::fs;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -11,7 +11,7 @@ use std::sync::Mutex;
 /// in this process: the tests of one file run side by side, and Envoy binds
 /// its listeners with `SO_REUSEPORT`, so two Envoys given the same port would
 /// both bind it and share each other's connections. Another process may
-/// still take it before it is bound (the machine is shared): [`crate::Envoy`]
+/// still take it before it is bound (the machine is shared): [`crate::envoy::Envoy`]
 /// starts again on new ports when that happens.
 pub fn free_port() -> u16 {
     static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
@@ -37,4 +37,9 @@ pub fn scratch_dir() -> PathBuf {
     ));
     fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }

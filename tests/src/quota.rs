@@ -15,7 +15,7 @@ use crate::process::Process;
 pub fn quota_bin() -> PathBuf {
     let path = std::env::var("FLOODGATE_QUOTA_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| crate::repo_root().join("target/debug/floodgate-quota"));
+        .unwrap_or_else(|_| crate::ports::repo_root().join("target/debug/floodgate-quota"));
     assert!(path.exists(), "{} is missing: build it with `cargo build -p floodgate-quota`", path.display());
     path
 }
