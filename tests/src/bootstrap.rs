@@ -40,11 +40,7 @@ impl Build {
 
 /// The built wasm filter: `$FLOODGATE_WASM`, or the release build in `target/`.
 pub fn wasm_path() -> PathBuf {
-    let path = std::env::var("FLOODGATE_WASM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| crate::ports::repo_root().join("target/wasm32-wasip1/release/floodgate.wasm"));
-    assert!(path.exists(), "{} is missing: build it with `make wasm`", path.display());
-    path
+    crate::ports::built_file("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm", "make wasm")
 }
 
 /// An `http_filters` entry: the proxy-wasm module at `module`, named `name`

@@ -4,12 +4,13 @@
 //! binary, `redis-server` and Redis Cluster — Envoy bootstraps as
 //! structured values, a raw HTTP/1.1 client, and JWTs for `jwt_authn`.
 //!
-//! By concern: `ports` (ports, scratch directories, the repository root), `process` (every
-//! process started, killed on drop or on a panic), `bootstrap` (the pieces
-//! of a bootstrap, and the [`Build`] of Floodgate they load), `setup` (the
-//! Envoy under test), `envoy` (the process and its admin endpoint), `http`
-//! (the client), `load` (concurrent loads), `access_log` (admissions counted
-//! by instant), `quota` (the service's binary), `redis`, `jwt`.
+//! By concern: `ports` (ports, scratch directories, the repository root,
+//! built files), `process` (every process started, killed on drop or on a
+//! panic), `bootstrap` (the pieces of a bootstrap, and the [`Build`] of
+//! Floodgate they load), `setup` (the Envoy under test), `envoy` (the
+//! process and its admin endpoint), `http` (the client), `load` (concurrent
+//! loads), `access_log` (admissions counted by instant), `quota` (the
+//! service's binary), `redis`, `jwt`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,5 +1,6 @@
 //! Where things are: loopback ports and scratch directories for every
-//! process the harness starts, and the repository's root.
+//! process the harness starts, the repository's root, and the files the
+//! build makes.
 
 use std::fs;
 use std::net::TcpListener;
@@ -42,4 +43,12 @@ pub fn scratch_dir() -> PathBuf {
 /// The repository root.
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A file the build makes: `$var` if set, else `default` under the
+/// repository root; it must exist (`build` is the command that makes it).
+pub fn built_file(var: &str, default: &str, build: &str) -> PathBuf {
+    let path = std::env::var(var).map(PathBuf::from).unwrap_or_else(|_| repo_root().join(default));
+    assert!(path.exists(), "{} is missing: build it with `{build}`", path.display());
+    path
 }

@@ -8,16 +8,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::http::Conn;
-use crate::ports::{free_port, scratch_dir};
+use crate::ports::{built_file, free_port, scratch_dir};
 use crate::process::Process;
 
 /// The quota service binary, as `cargo build` (and `cargo test --workspace`) leaves it.
 pub fn quota_bin() -> PathBuf {
-    let path = std::env::var("FLOODGATE_QUOTA_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| crate::ports::repo_root().join("target/debug/floodgate-quota"));
-    assert!(path.exists(), "{} is missing: build it with `cargo build -p floodgate-quota`", path.display());
-    path
+    built_file("FLOODGATE_QUOTA_BIN", "target/debug/floodgate-quota", "cargo build -p floodgate-quota")
 }
 
 /// How a `floodgate-quota` runs, beside its limits file.
