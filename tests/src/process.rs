@@ -38,10 +38,9 @@ impl Process {
     }
 
     /// Sends it `signal` (as the `kill` command names it: `-STOP`, `-CONT`,
-    /// `-TERM`).
-    pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill").arg(signal).arg(self.id().to_string()).status().unwrap();
-        assert!(status.success(), "kill {signal} {} failed", self.id());
+    /// `-TERM`); whether that worked.
+    pub fn signal(&self, signal: &str) -> bool {
+        Command::new("kill").arg(signal).arg(self.id().to_string()).status().is_ok_and(|status| status.success())
     }
 }
 

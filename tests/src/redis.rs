@@ -46,12 +46,12 @@ impl RedisServer {
 
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
-        self.running().signal("-STOP");
+        assert!(self.running().signal("-STOP"), "cannot freeze redis-server");
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.running().signal("-CONT");
+        assert!(self.running().signal("-CONT"), "cannot thaw redis-server");
     }
 
     fn running(&self) -> &Process {
@@ -98,7 +98,7 @@ impl RedisServer {
     pub fn stop(&mut self) {
         if let Some(process) = self.process.take() {
             // A paused server must be thawed to die promptly.
-            process.signal("-CONT");
+            let _ = process.signal("-CONT");
         }
     }
 
@@ -247,14 +247,14 @@ impl RedisCluster {
     pub fn stop_node(&mut self, node: usize) {
         if let Some(process) = self.nodes[node].process.take() {
             // A frozen node must be thawed to die promptly.
-            process.signal("-CONT");
+            let _ = process.signal("-CONT");
         }
     }
 
     /// Freezes node `node` (SIGSTOP) or thaws it (SIGCONT).
     pub fn freeze_node(&self, node: usize, frozen: bool) {
         let process = self.nodes[node].process.as_ref().expect("running");
-        process.signal(if frozen { "-STOP" } else { "-CONT" });
+        assert!(process.signal(if frozen { "-STOP" } else { "-CONT" }), "cannot freeze or thaw node {node}");
     }
 
     fn try_connection(&self, node: usize) -> Option<redis::Connection> {
