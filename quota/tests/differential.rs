@@ -14,11 +14,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisServer, T0};
+use common::T0;
 use floodgate_core::algorithm::Registration;
 use floodgate_core::bounds::MAX_AMOUNT;
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
+use floodgate_e2e::RedisServer;
 use floodgate_quota::config::{offered_algorithms, Limit};
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 

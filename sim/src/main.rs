@@ -6,7 +6,6 @@
 //!
 //!     floodgate-fleet-sim [RESULTS_DIR] [PLOT_SVG]
 
-mod chart;
 mod fleet;
 mod keys;
 mod report;
@@ -18,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use floodgate_chart::{Axis, Figure, Legend, Mark, Panel, Scale};
 use floodgate_core::time::{Nanos, SECOND};
 
 use floodgate_core::lease::overshoot::{worst_case_over, Overshoot};
@@ -277,24 +277,42 @@ fn main() -> Result<(), String> {
         csv.push('\n');
     }
     std::fs::write(format!("{dir}/fleet-sim.csv"), csv).map_err(|e| e.to_string())?;
-    let series: Vec<chart::Series> = KEY_COUNTS
-        .iter()
-        .map(|&total| chart::Series {
-            label: format!("{total} keys"),
-            points: outcomes
-                .iter()
-                .filter(|o| o.total_keys == total)
-                .map(|o| (f64::from(o.envoys), report::calls(o).total()))
-                .collect(),
-        })
-        .collect();
-    let svg = chart::log_log("Quota service calls/s by fleet size (fleet simulation)", "Envoys", "calls/s", &series);
+    let svg = calls_figure(&outcomes).to_svg();
     if let Some(parent) = std::path::Path::new(&plot).parent() {
         std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
     }
     std::fs::write(&plot, svg).map_err(|e| format!("{plot}: {e}"))?;
     eprintln!("fleet-sim: wrote {dir}/fleet-sim.md, {dir}/fleet-sim.csv and {plot}");
     Ok(())
+}
+
+/// The plot: the quota service's calls per second by fleet size, one line
+/// per key count, on log-log axes.
+fn calls_figure(outcomes: &[FleetOutcome]) -> Figure {
+    const COLORS: [&str; 6] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"];
+    let lines = KEY_COUNTS
+        .iter()
+        .zip(COLORS.iter().cycle())
+        .map(|(&total, color)| Mark::Line {
+            legend: Legend::new(format!("{total} keys"), color),
+            points: outcomes
+                .iter()
+                .filter(|o| o.total_keys == total)
+                .map(|o| (f64::from(o.envoys), report::calls(o).total()))
+                .collect(),
+            step: false,
+            dashed: false,
+            width: 2.0,
+            markers: true,
+        })
+        .collect();
+    Figure {
+        title: "Quota service calls/s by fleet size (fleet simulation)".into(),
+        subtitle: Vec::new(),
+        x: Axis::new("Envoys", Scale::Log),
+        plot_height: 360.0,
+        panels: vec![Panel { y: Axis::new("calls/s", Scale::Log), marks: lines }],
+    }
 }
 
 #[cfg(test)]
