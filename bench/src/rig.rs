@@ -82,11 +82,10 @@ fn start_quota(paths: &Paths, name: &str, extra: &[&str]) -> QuotaServer {
     );
     let mut args = vec![
         // Every variant's Envoy calls from 127.0.0.1: one address standing
-        // for many Envoys, as behind a proxy. With a share of the lease
-        // records per address, the variants run before it (10,000 keys'
-        // leases, each record kept its lease plus 30 s) filled the share,
-        // and the next global variant's first round was refused (503) and
-        // decided by its fall-back (docs/benchmarks.md, 06:37).
+        // for many Envoys, as behind a proxy. A share of the lease records
+        // per address would let the records of the variants run before
+        // (each kept its lease plus 30 s) refuse the next global variant's
+        // first round, which its fall-back would then decide.
         "--max-connections-per-peer".to_string(),
         "0".to_string(),
     ];

@@ -98,9 +98,8 @@ pub struct BackendRegistration {
 /// one's answer and then go together (group commit), so a quiet store
 /// answers in one round trip and a busy one in few, large rounds. Two, not
 /// one: with one, the service's building of a round and Redis's running of
-/// the last never overlapped (leases of 200 a call: 46,600/s against
-/// 63,500/s with two, on the hot-key probe the same; docs/benchmarks.md,
-/// 2026-11-26 03:40).
+/// the last never overlap (the A/B is in docs/benchmarks.md, "Quota
+/// service"), and a hot key's probe is no slower with two.
 const IN_FLIGHT: usize = 2;
 
 /// The batches ready to run, gathered into rounds by group commit: per
@@ -109,9 +108,9 @@ const IN_FLIGHT: usize = 2;
 /// task of its own that takes whatever else is ready by the time it runs;
 /// a batch made ready while one is out joins the next round, sent when that
 /// one answers (when the backend first calls [`Finisher::flush`]). A lone
-/// call so never waits for the event loop's turn to end (the flood's calls
-/// of that turn gathered with it, which cost the hot-key fairness probe
-/// ×5 its p99), and a busy store still sends one script per answer, not
+/// call so never waits for the event loop's turn to end (gathering a
+/// flood's calls of that turn with it multiplied a lone probe's p99), and a
+/// busy store still sends one script per answer, not
 /// one per call. A store whose rounds end at once (the memory store's)
 /// runs them on the caller's task instead.
 pub struct Rounds {

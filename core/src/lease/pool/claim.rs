@@ -95,11 +95,12 @@ impl LeasePool {
         let first = unmet == 0 && seen.spent <= cost && state.without_lease.unreported == 0;
         let quote = &state.quote;
         let plenty = quote.unleased.saturating_mul(PLENTY.1) >= quote.limit.saturating_mul(PLENTY.0);
-        if first && !plenty && state.usable(now) == 0 && !state.windows_left() {
+        if first && (!plenty || state.lease.checked()) && state.usable(now) == 0 && !state.windows_left() {
             // The request that spent the pool's last token is the only one
-            // its rate observation has seen (a cold pair's, whose lease it
-            // waited for), and the key's tokens are no longer plentiful: a
-            // lease now would likely expire unspent, taken from what other
+            // its rate observation has seen (a cold pair's, whose lease or
+            // check it waited for), and the key's tokens are no longer
+            // plentiful, or its pool was cold enough to be checked: a lease
+            // now would likely expire unspent, taken from what other
             // Envoys could use (at fleet scale a quarter to a third of a
             // limit under excess demand went so). The next request claims,
             // if one comes.
@@ -158,7 +159,8 @@ impl LeasePool {
             });
         }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
-        let known = now - seen.since >= RATE_FLOOR || (lease.id != 0 && now - lease.leased_at >= RATE_FLOOR);
+        // A check counts as a lease here: the pair has been seen that long.
+        let known = now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
         let per_window = state.allowance.per_window > 0 || known;
         let (reported, check) = (0, false);
         Some(Claim {

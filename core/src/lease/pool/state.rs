@@ -36,6 +36,12 @@ impl Lease {
         self.id != 0 && now < self.starts_at
     }
 
+    /// Whether its tokens were decided as a check (no id: no record), the
+    /// answer to a cold pair's wait.
+    pub fn checked(&self) -> bool {
+        self.id == 0 && self.leased_at > Nanos::ZERO
+    }
+
     /// Its tokens that count at `now`.
     pub fn counting(&self, now: Nanos) -> u64 {
         if self.starts_at <= now && now < self.expires_at {

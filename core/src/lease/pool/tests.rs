@@ -892,3 +892,21 @@ fn a_checks_tokens_are_spent_by_the_waiter_and_never_returned() {
     let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &refused);
     assert!(matches!(p.spend(state, T0 + MS.times(2), 1).0, Spend::Denied(_)));
 }
+
+/// A pool whose only request was decided as a check claims no lease after
+/// it, however much the key has left: its pair is cold, and a lease would
+/// expire unspent (at fleet scale, every request of a thin key costs one
+/// item and no more, as in check mode).
+#[test]
+fn a_checked_request_claims_nothing_after_it_even_with_plenty_left() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let checked = GrantedLease { checked: true, unleased: 990, limit: 1_000, ..grant(7, 1) };
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
+    let (spend, again, state) = p.spend(state, T0 + MS.times(2), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!(again, None, "plenty left, but a checked pair is cold");
+    let (spend, next, _) = p.spend(state, T0 + MS.times(300), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(next.is_some_and(|c| !c.check), "the next request finds a pool that has seen one: a lease");
+}
