@@ -58,6 +58,10 @@ pub(super) struct Pass<'a, H> {
     pub can_wait: CanWait,
     pub verdict: Verdict,
     pub permit: Permit,
+    /// A rule's pool was empty: the request waits, once every rule has had
+    /// its say (so that every empty pool claims its refresh now, and the
+    /// claims leave together: one round trip, not one per rule).
+    pub pending: bool,
 }
 
 impl<'a, H> Pass<'a, H> {
@@ -68,11 +72,13 @@ impl<'a, H> Pass<'a, H> {
         can_wait: CanWait,
         counters: &'a mut dyn Counters<H>,
     ) -> Self {
-        Pass { limiter, store, now, counters, can_wait, verdict: Verdict::default(), permit: Permit::default() }
+        let (verdict, permit) = (Verdict::default(), Permit::default());
+        Pass { limiter, store, now, counters, can_wait, verdict, permit, pending: false }
     }
 
     /// Takes `target`'s ruling into the verdict and permit. `Break` when the
-    /// request is decided early (denied, or pending): the pass is over.
+    /// request is decided early (denied): the pass is over. A pending rule
+    /// lets the others rule too (see [`Pass::pending`]).
     pub fn take(&mut self, target: &Target<H>, ruling: Ruling) -> ControlFlow<()> {
         let (decision, bucket, quota) = match ruling {
             Ruling::Skip => return ControlFlow::Continue(()),
@@ -82,7 +88,10 @@ impl<'a, H> Pass<'a, H> {
                 self.counters.rule(target.compiled, RuleEvent::Limited);
                 return self.refuse_wait(SECOND);
             }
-            Ruling::Pending => return self.end(Admission::Pending, self.verdict.report),
+            Ruling::Pending => {
+                self.pending = true;
+                return ControlFlow::Continue(());
+            }
             Ruling::Decided { decision, bucket, quota } => (decision, bucket, quota),
         };
         let Some(decision) = decision else {
@@ -135,6 +144,12 @@ impl<'a, H> Pass<'a, H> {
     /// request is pending, and [`Limiter::settle`] counts them). A request
     /// that would wait and cannot is denied.
     pub fn finish(mut self) -> (Verdict, Permit) {
+        if self.pending {
+            // What the other rules took goes back; the request is decided
+            // again once the refreshes have answered.
+            let _ = self.end(Admission::Pending, self.verdict.report);
+            return self.ended();
+        }
         if !self.verdict.checks.is_empty() {
             if self.can_wait == CanWait::NoRoom {
                 let _ = self.refuse_wait(SECOND);

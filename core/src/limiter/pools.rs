@@ -235,6 +235,32 @@ mod tests {
         assert_eq!(tally.rules[&(0, "allowed")], 3);
     }
 
+    /// A request under two global rules whose pools are both empty claims
+    /// both refreshes in one pass (they leave in one call: one round trip,
+    /// not one per rule), takes nothing meanwhile, and goes on once both
+    /// have answered.
+    #[test]
+    fn every_empty_pool_of_a_request_claims_at_once() {
+        let two = GLOBAL.replace(
+            r#""fallback": {"limit": 2, "period": "1h"}}],"#,
+            r#""fallback": {"limit": 2, "period": "1h"}},
+               {"name": "second", "scope": "global",
+                "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "key2"}}]}],"#,
+        );
+        let store = MemoryStore::default();
+        let limiter = build(&two, &store);
+        let mut tally = Tally::default();
+        let alice = &[("x-api-key", "alice")];
+        let (verdict, permit) = limiter.check(&store, T0, &mut request(&limiter, alice), &mut tally);
+        assert_eq!(verdict.admission, Admission::Pending);
+        assert!(permit.is_empty(), "nothing held while it waits");
+        assert_eq!(verdict.refreshes.iter().map(|r| r.rule).collect::<Vec<_>>(), vec![0, 1], "both claimed at once");
+        for refresh in &verdict.refreshes {
+            limiter.apply_lease(&store, T0, refresh, &lease(refresh.lease, 1), &mut tally);
+        }
+        assert!(admitted(&limiter, &store, T0 + Nanos::from_nanos(1), alice, &mut tally), "both answered: it goes on");
+    }
+
     /// `GLOBAL` with an overshoot budget of `limit` a second.
     fn overshooting(limit: u64) -> String {
         let budget = format!(r#""scope": "global", "overshoot": {{"limit": {limit}, "period": "1s"}},"#);

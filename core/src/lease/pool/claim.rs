@@ -66,6 +66,15 @@ pub const PLENTY: (u64, u64) = (9, 10);
 /// lease's life, and far below any claim's time to live.
 pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 
+/// A pool whose last lease (or check) is at least this many lease horizons
+/// old when a request waits at it, and has seen no other request since its
+/// rate observation began, is a cold pair's: the request is decided as a
+/// check ([`Claim::check`]). A pair seen again sooner leases at its pace:
+/// at three Envoys, a key of a request a second each is one (its requests'
+/// waits stay as they were before checks); at a hundred, a key of two
+/// requests a second is not (its pairs meet again every 50 s or so).
+pub const THIN_HORIZONS: u64 = 10;
+
 /// The longest an allowance's renewal is held back from the start of the
 /// allowance's last window, to share a call with other pools' renewals (one
 /// call per worker per round): at most half of that window.
@@ -138,10 +147,15 @@ impl LeasePool {
         let lease = &state.lease;
         let wants_notices = self.overshoot.is_some();
         // A cold pair: only the request that waits has come since the
-        // observation began. Asking for the pool's pace would lease tokens
-        // that expire unspent (and cost a record and a return); asking for
-        // an allowance would reserve them in every window of a term.
-        let cold = unmet > 0 && seen.spent == 0 && usable == 0 && window.is_none() && !lease.pending(now);
+        // observation began, and the pool's last lease (or check) is a
+        // while ago or never was: its requests come less than about once in
+        // THIN_HORIZONS lease lifetimes. Asking for the pool's pace would
+        // lease tokens that expire unspent (and cost a record and a
+        // return); asking for an allowance would reserve them in every
+        // window of a term.
+        let long_ago =
+            lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
+        let cold = unmet > 0 && seen.spent == 0 && long_ago && usable == 0 && window.is_none() && !lease.pending(now);
         if cold && !state.windows_left() {
             let (per_window, reported, check) = (false, 0, true);
             let wanted = cost;
@@ -160,7 +174,8 @@ impl LeasePool {
         }
         let wanted = self.refresh.wanted(rate, usable).max(cost);
         // A check counts as a lease here: the pair has been seen that long.
-        let known = now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
+        let known =
+            now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
         let per_window = state.allowance.per_window > 0 || known;
         let (reported, check) = (0, false);
         Some(Claim {

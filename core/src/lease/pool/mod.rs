@@ -59,7 +59,7 @@ mod claim;
 mod state;
 
 pub use apply::{Applied, GrantedLease, Leftover};
-pub use claim::{Claim, MAX_BATCH_DELAY, PLENTY, RENEWAL_ROUND};
+pub use claim::{Claim, MAX_BATCH_DELAY, PLENTY, RENEWAL_ROUND, THIN_HORIZONS};
 pub use state::{Allowance, Claims, Held, Lease, PoolState, Quote, RateSeen, STATE_LEN};
 
 use super::overshoot::{Overshoot, Unleased};

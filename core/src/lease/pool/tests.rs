@@ -910,3 +910,26 @@ fn a_checked_request_claims_nothing_after_it_even_with_plenty_left() {
     assert_eq!(spend, Spend::Empty);
     assert!(next.is_some_and(|c| !c.check), "the next request finds a pool that has seen one: a lease");
 }
+
+/// A pair seen again within [`THIN_HORIZONS`] lease horizons of its check
+/// is not cold, even though its pool's observation started afresh: it
+/// leases at its pace (and, its pair known that long, may ask for an
+/// allowance), so a key of about a request a lease lifetime at an Envoy
+/// settles into leases instead of checking request by request.
+#[test]
+fn a_pair_back_soon_after_its_check_leases() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let checked = GrantedLease { checked: true, ..grant(7, 1) };
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
+    let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
+    // Back 9 s later: its observation starts afresh (a horizon without
+    // tokens), but its check was under ten horizons ago.
+    let (spend, claim, _) = p.spend(state, T0 + SECOND.times(9), 1);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.unwrap();
+    assert!(!claim.check && claim.per_window, "{claim:?}");
+    // Back 11 s later: cold again.
+    let (_, claim, _) = p.spend(state, T0 + SECOND.times(11), 1);
+    assert!(claim.unwrap().check);
+}
