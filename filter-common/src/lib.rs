@@ -21,4 +21,6 @@ pub mod metrics;
 pub mod outcome;
 pub mod quota;
 pub mod requests;
+#[cfg(test)]
+mod testing;
 pub mod waiting;

@@ -305,3 +305,112 @@ pub fn release<H: QuotaHost>(host: &H, permit: Permit, why: Release) -> bool {
     limiter.release(&host.store(), host.now(), permit, why, &mut host.counters());
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::client;
+    use crate::testing::{FakeWorker, ONE_TOKEN, T0};
+
+    /// A global rule per API key, leasing (`mode` may make it check), with
+    /// a local fall-back of 2 a minute.
+    fn global(mode: &str) -> String {
+        format!(
+            r#"{{"global": {{"cluster": "quota", "domain": "edge", "timeout": "300ms", "max_wait": "200ms"}},
+                "rules": [{{"name": "fleet", "scope": "global", "mode": "{mode}",
+                    "descriptors": [{{"request_headers": {{"header_name": "x-api-key", "descriptor_key": "api_key"}}}}],
+                    "fallback": {{"limit": 2, "period": "1m"}}}}]}}"#
+        )
+    }
+
+    /// One request a second, each later one delayed up to 5 s.
+    const SHAPER: &str =
+        r#"{"rules": [{"name": "paced", "algorithm": "shaper", "limit": 10, "period": "10s", "max_delay": "5s"}]}"#;
+
+    /// The host arranges a wake-up for a delay and for a refill; a request
+    /// waiting for its check is woken by the answer, so none is asked for.
+    #[test]
+    fn the_host_is_told_of_delays_and_refills_not_of_checks() {
+        let worker = FakeWorker::new(SHAPER);
+        assert_eq!(worker.arrive(1, "a").1, Outcome::Continue);
+        let delay = Wait::Delay { resume_at: T0 + Nanos::from_secs(1) };
+        assert_eq!(worker.arrive(2, "a").1, Outcome::Pause(delay));
+        assert_eq!(*worker.paused.borrow(), [delay]);
+
+        let worker = FakeWorker::new(&global("lease"));
+        let refill = Wait::Refill { deadline: T0 + Nanos::from_millis(200) };
+        assert_eq!(worker.arrive(1, "a").1, Outcome::Pause(refill));
+        assert_eq!(*worker.paused.borrow(), [refill]);
+
+        let worker = FakeWorker::new(&global("check"));
+        assert_eq!(worker.arrive(1, "a").1, Outcome::Pause(Wait::Answer));
+        assert!(worker.paused.borrow().is_empty());
+        assert_eq!(worker.waiting.borrow_mut().take_due(T0, false).len(), 0, "an answer is never due on a timer");
+    }
+
+    /// A delayed request the host cannot pause goes on at once, with what it
+    /// took: never left paused with nothing to wake it.
+    #[test]
+    fn a_delay_the_host_cannot_wait_out_goes_on_at_once() {
+        let worker = FakeWorker::new(SHAPER);
+        worker.can_pause.set(false);
+        assert_eq!(worker.arrive(1, "a").1, Outcome::Continue);
+        let (state, outcome) = worker.arrive(2, "a");
+        assert_eq!(outcome, Outcome::Continue);
+        assert_eq!(state.borrow().stage, Stage::Passed);
+        assert!(worker.waiting.borrow_mut().remove(2).is_none(), "not left in the waiting list");
+    }
+
+    /// A request the host cannot pause for a refill is decided as one that
+    /// waited out its wait: denied while the service answers (its refresh
+    /// still claimed and handed over), the fall-back's while it fails.
+    #[test]
+    fn a_refill_the_host_cannot_wait_for_is_decided_as_waited_out() {
+        let worker = FakeWorker::new(&global("lease"));
+        worker.can_pause.set(false);
+        let (state, outcome) = worker.arrive(1, "a");
+        assert_eq!(outcome, Outcome::Reply);
+        assert_eq!((worker.replies.borrow().clone(), state.borrow().stage), (vec![429], Stage::Limited));
+        assert_eq!(worker.handed.borrow().len(), 1, "the refresh it claimed leaves all the same");
+        assert!(worker.waiting.borrow_mut().remove(1).is_none());
+
+        worker.limiter.record_callout(&worker.store, T0, 0, false);
+        assert_eq!(worker.arrive(2, "b").1, Outcome::Continue, "the fall-back's 2 a minute decides");
+    }
+
+    /// A request waiting for a refill: its refresh is handed over and
+    /// counted, and once the lease's answer is applied it is looked at
+    /// again and resumed, its wait counted.
+    #[test]
+    fn a_refill_waiter_goes_on_once_its_lease_is_applied() {
+        let worker = FakeWorker::new(&global("lease"));
+        let (state, _) = worker.arrive(1, "a");
+        assert_eq!(worker.count_of(Counter::Refreshes), 1);
+        let handed = std::mem::take(&mut *worker.handed.borrow_mut());
+        worker.callouts.borrow_mut().refresh(handed, T0);
+        client::send_queued(&worker);
+        assert_eq!(*worker.calls.borrow(), [(1, "/v1/lease".to_string())]);
+        worker.clock.advance(Nanos::from_millis(5));
+        assert!(client::answer(&worker, 1, Some(200), Ok(ONE_TOKEN)), "a lease's answer may refill pools");
+        let due = worker.waiting.borrow_mut().take_due(worker.now(), true);
+        for waiter in due {
+            finish_waiter(&worker, waiter, worker.now());
+        }
+        assert_eq!((worker.resumed.get(), state.borrow().stage), (1, Stage::Passed));
+        assert_eq!((worker.count_of(Counter::RefillWaits), worker.count_of(Counter::RefillWaitMs)), (1, 5));
+    }
+
+    /// A check the host cannot send settles at once by the rule's
+    /// fall-back, which switches the rule: the request goes on.
+    #[test]
+    fn a_check_that_cannot_be_sent_is_decided_by_the_fallback_at_once() {
+        let worker = FakeWorker::new(&global("check"));
+        worker.can_send.set(false);
+        let (state, outcome) = worker.arrive(1, "a");
+        assert_eq!(outcome, Outcome::Pause(Wait::Answer));
+        client::send_queued(&worker);
+        assert_eq!((worker.failed.get(), worker.modes_changed.get()), (1, 1));
+        assert!(worker.checked.borrow()[0].allowed());
+        assert_eq!((worker.resumed.get(), state.borrow().stage), (1, Stage::Passed));
+    }
+}

@@ -369,13 +369,15 @@ fn hostile_answers_mean_fallback_never_a_crash() {
             let port = fake_service(answer, drip);
             let mut envoy = envoy_for(&[port], &plugin(Some("api"), mode, r#"{"limit": 3, "period": "1h"}"#));
             let seen = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
-            let failed = ["bad_answer", "timeout", "bad_status", "refused", "not_sent"]
-                .iter()
-                .map(|k| stat(&envoy, &format!("global.callouts_{k}")))
-                .sum::<u64>();
+            let kinds: Vec<(&str, u64)> = ["bad_answer", "timeout", "bad_status", "refused", "not_sent"]
+                .into_iter()
+                .map(|k| (k, stat(&envoy, &format!("global.callouts_{k}"))))
+                .filter(|(_, n)| *n > 0)
+                .collect();
+            let failed: u64 = kinds.iter().map(|(_, n)| n).sum();
             let fallback = stat(&envoy, "rule.fleet.fallback");
             println!(
-                "  {mode}, {what}: {} admitted, {} limited, {} other; {fallback} decided by the fall-back, {failed} failed calls",
+                "  {mode}, {what}: {} admitted, {} limited, {} other; {fallback} decided by the fall-back, failed calls {kinds:?}",
                 seen.admitted, seen.limited, seen.other
             );
             assert!(envoy.is_running(), "{mode}, {what}: Envoy went down\n{}", envoy.log_tail());
@@ -437,6 +439,26 @@ fn removing_a_global_rule_gives_its_unspent_tokens_back() {
     );
 }
 
+/// A `global.cluster` Envoy does not have: said plainly in the log at the
+/// first call, and the rules use their fall-back.
+fn a_missing_cluster_is_said_plainly_and_rules_fall_back() {
+    let config = plugin(Some("api"), "lease", r#"{"limit": 3, "period": "1h"}"#).replace("floodgate-quota", "nosuch");
+    let envoy = Envoy::start_bootstrap(|port, admin| {
+        format!(
+            "static_resources:\n  listeners:\n  - name: main\n{}{}",
+            listener(port, "floodgate", &config),
+            bootstrap::admin(admin)
+        )
+    });
+    assert!(eventually(Duration::from_secs(2), || stat_now(&envoy, "rule.fleet.fallback_active") == 1));
+    let seen = load(&[&envoy], 2, Duration::from_millis(500), |_, _| String::new());
+    let said = envoy.log_tail().lines().any(|line| line.contains(r#"global.cluster "nosuch" cannot be called"#));
+    println!("  {} admitted (the fall-back's 3), {} limited; the log says so: {said}", seen.admitted, seen.limited);
+    assert!(said, "{}", envoy.log_tail());
+    assert_eq!((seen.admitted, seen.other), (3, 0), "{seen:?}");
+    assert!(stat(&envoy, "global.callouts_not_sent") > 0);
+}
+
 /// Two listeners of one Envoy: configurations with the same `filter_name`
 /// share their buckets, different names do not.
 fn buckets_are_shared_per_filter_name() {
@@ -461,7 +483,7 @@ fn buckets_are_shared_per_filter_name() {
 }
 
 fn main() {
-    let checks: [(&str, fn()); 8] = [
+    let checks: [(&str, fn()); 9] = [
         ("lease_mode_holds_the_fleet_limit_over_two_envoys", lease_mode_holds_the_fleet_limit_over_two_envoys),
         ("check_mode_is_exact_over_two_envoys", check_mode_is_exact_over_two_envoys),
         (
@@ -475,6 +497,10 @@ fn main() {
         ("a_hot_key_refreshes_in_the_background", a_hot_key_refreshes_in_the_background),
         ("hostile_answers_mean_fallback_never_a_crash", hostile_answers_mean_fallback_never_a_crash),
         ("removing_a_global_rule_gives_its_unspent_tokens_back", removing_a_global_rule_gives_its_unspent_tokens_back),
+        (
+            "a_missing_cluster_is_said_plainly_and_rules_fall_back",
+            a_missing_cluster_is_said_plainly_and_rules_fall_back,
+        ),
         ("buckets_are_shared_per_filter_name", buckets_are_shared_per_filter_name),
     ];
     let only: Vec<String> = std::env::args().skip(1).collect();

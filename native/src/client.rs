@@ -297,3 +297,34 @@ impl QuotaHost for Host<'_> {
 pub fn timeout_ms(timeout: Nanos) -> u64 {
     u64::try_from(Duration::from(timeout).as_millis()).unwrap_or(u64::MAX).max(1)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An answer's body is read from Envoy's chunks: borrowed when it is
+    /// one, joined when it is many, refused (unread) past the bound; a reset
+    /// has no status, and an answer too large for Envoy is unusable.
+    #[test]
+    fn answers_are_read_from_envoys_chunks() {
+        let one = Answered::Response { status: Some(200), body: vec![b"{}".as_slice()] };
+        let (status, body) = read_answer(&one);
+        assert_eq!(status, Some(200));
+        assert!(matches!(body, Ok(Cow::Borrowed(b"{}"))));
+        let many = Answered::Response { status: Some(200), body: vec![b"{\"a\"".as_slice(), b": 1}"] };
+        assert_eq!(borrowed(&read_answer(&many).1), Ok(b"{\"a\": 1}".as_slice()));
+        let big = vec![b'x'; MAX_ANSWER_BYTES / 2 + 1];
+        let too_big = Answered::Response { status: Some(200), body: vec![big.as_slice(), big.as_slice()] };
+        assert!(matches!(read_answer(&too_big).1, Err(CallError::Body(why)) if why.contains("more than")));
+        let reset = read_answer(&Answered::Reset);
+        assert_eq!((reset.0, borrowed(&reset.1)), (None, Ok(&[][..])));
+        assert!(matches!(read_answer(&Answered::TooLarge), (None, Err(CallError::Body(_)))));
+        assert_eq!(calls::read_probe(reset.0), Err(CallError::Status(None)), "a reset fails the call");
+    }
+
+    #[test]
+    fn timeouts_are_whole_milliseconds_never_zero() {
+        assert_eq!(timeout_ms(Nanos::from_millis(300)), 300);
+        assert_eq!(timeout_ms(Nanos::from_nanos(1)), 1);
+    }
+}

@@ -321,3 +321,57 @@ pub fn abandon_unfinished<H: QuotaHost>(host: &H) -> Vec<(u64, u64)> {
     }
     unfinished.returns
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{FakeWorker, ONE_TOKEN, T0};
+
+    const GLOBAL: &str = r#"{"global": {"cluster": "quota", "domain": "edge", "timeout": "300ms", "max_wait": "200ms"},
+        "rules": [{"name": "fleet", "scope": "global",
+            "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],
+            "fallback": "allow"}]}"#;
+
+    /// The host hears of a rule switching into its fall-back and back, not
+    /// of each failure in between.
+    #[test]
+    fn a_rule_that_switches_mode_tells_the_host_once_each_way() {
+        let worker = FakeWorker::new(GLOBAL);
+        let service = worker.limiter.quota_service().unwrap().clone();
+        worker.can_send.set(false);
+        check_cluster(&worker, &service);
+        assert_eq!((worker.failed.get(), worker.modes_changed.get()), (1, 1));
+        assert!(worker.limiter.rules()[0].in_fallback());
+        worker.can_send.set(true);
+        worker.clock.advance(Nanos::from_secs(1));
+        send_due_probes(&worker, &service, worker.now());
+        assert!(!answer(&worker, 1, Some(503), Ok(b"")), "a probe refills nothing");
+        assert_eq!(worker.modes_changed.get(), 1, "deeper in its fall-back, not switched");
+        worker.clock.advance(Nanos::from_secs(2));
+        send_due_probes(&worker, &service, worker.now());
+        assert_eq!(worker.calls.borrow().len(), 2);
+        answer(&worker, 2, Some(200), Ok(b""));
+        assert_eq!(worker.modes_changed.get(), 2);
+        assert!(!worker.limiter.rules()[0].in_fallback());
+    }
+
+    /// A host that goes away with a lease call unanswered and a return
+    /// queued: the claim ends (the next request claims again at once), the
+    /// return is handed back for another host to send, and the call's
+    /// answer is no longer its.
+    #[test]
+    fn what_a_host_leaves_undone_ends_its_claims_and_hands_back_its_returns() {
+        let worker = FakeWorker::new(GLOBAL);
+        let _waiting = worker.arrive(1, "a");
+        let handed = std::mem::take(&mut *worker.handed.borrow_mut());
+        worker.callouts.borrow_mut().refresh(handed, T0);
+        send_queued(&worker);
+        worker.callouts.borrow_mut().give_back(9, 3, T0);
+        let _also_waiting = worker.arrive(2, "a");
+        assert!(worker.handed.borrow().is_empty(), "one refresh in flight at a time");
+        assert_eq!(abandon_unfinished(&worker), [(9, 3)]);
+        let _claims_again = worker.arrive(3, "a");
+        assert_eq!(worker.handed.borrow().len(), 1, "the claim ended: the next request claims");
+        assert!(!answer(&worker, 1, Some(200), Ok(ONE_TOKEN)), "the call was forgotten");
+    }
+}
