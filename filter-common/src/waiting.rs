@@ -5,7 +5,8 @@
 //! that paused a request resume it, so every worker keeps its own list (the
 //! wasm build: one per VM, finished from its root context on its tick; the
 //! native build: one per worker thread, each request woken by its own
-//! scheduled event). The list is bounded.
+//! scheduled event, at its time or when the quota service answered). The
+//! list is bounded.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -66,6 +67,20 @@ pub enum Wait {
     Answer,
 }
 
+impl Wait {
+    /// Whether a request waiting for this is to be looked at at `now`: a
+    /// delay that is over (unless `refills_only`), a refill always (its
+    /// pool may have been refilled), an answer never (the answer finishes
+    /// it).
+    pub fn is_due(&self, now: Nanos, refills_only: bool) -> bool {
+        match *self {
+            Wait::Delay { resume_at } => !refills_only && resume_at <= now,
+            Wait::Refill { .. } => true,
+            Wait::Answer => false,
+        }
+    }
+}
+
 /// A paused request.
 #[derive(Debug)]
 pub struct Waiter {
@@ -115,11 +130,7 @@ impl Waiting {
     /// Takes every request to look at now: delays that are over, earliest
     /// first (unless `refills_only`), then every request waiting for a refill.
     pub fn take_due(&mut self, now: Nanos, refills_only: bool) -> Vec<Waiter> {
-        let due = |w: &Waiter| match w.wait {
-            Wait::Delay { resume_at } => !refills_only && resume_at <= now,
-            Wait::Refill { .. } => true,
-            Wait::Answer => false,
-        };
+        let due = |w: &Waiter| w.wait.is_due(now, refills_only);
         let (mut taken, kept): (Vec<Waiter>, Vec<Waiter>) = self.waiters.drain(..).partition(due);
         self.waiters = kept;
         taken.sort_by_key(|w| match w.wait {

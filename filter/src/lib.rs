@@ -25,14 +25,17 @@
 //! The crate by concern:
 //! - `root`: a configuration's root context on one VM — the plugin, the tick,
 //!   the calls requests posted, every answer of the quota service;
-//! - `plugin`: what a configuration's requests on one worker share, and a
-//!   request's path through it (decide, act on the outcome, release);
+//! - `plugin`: what a configuration's requests on one worker share, and the
+//!   host of a request's path through it (decide, act on the outcome,
+//!   release: `floodgate_filter_common::requests`, shared with the native
+//!   build);
 //! - `outcome` (from `floodgate-filter-common`, shared with the native
 //!   build): the one decision of what becomes of a request — go on, answer
 //!   limited, pause, resume, or give back because its client left;
 //! - `http`: one request's context;
-//! - `quota`: the quota client: what this worker has to send, sending it,
-//!   and applying the answers;
+//! - `quota`: the host of the quota client (`floodgate_filter_common::quota`:
+//!   what this worker has to send, sending it, and applying the answers):
+//!   its calls leave from the worker's root context;
 //! - `waiting` (from `floodgate-filter-common`): the requests a worker
 //!   keeps paused, and when to wake up;
 //! - `host`: the `Host` trait, every call the filter makes to Envoy, and

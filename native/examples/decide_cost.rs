@@ -67,7 +67,7 @@ fn main() {
     let kind = args.next().unwrap_or_else(|| "in-place".into());
     let times = args.next().and_then(|n| n.parse().ok()).unwrap_or(100_000);
     let config = Config::parse(CONFIG.as_bytes()).expect("the example's configuration is valid");
-    let memory: &'static Memory = Box::leak(Box::default());
+    let memory = std::sync::Arc::new(Memory::default());
     // As in Envoy: the main thread prepares, then a worker decides.
     Limiter::<()>::prepare(config.clone(), &memory.store(), [7; 16], |_| ()).expect("prepared");
     let store: Box<dyn Store> = match kind.as_str() {

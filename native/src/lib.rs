@@ -15,12 +15,17 @@
 //! - `config`: a configuration, created on Envoy's main thread: parsed,
 //!   checked (`support`: what this build cannot serve), its metrics defined
 //!   (`metrics`) and its buckets created in `memory`;
+//! - `client`: a global configuration's quota client on Envoy's main thread
+//!   (its leases, returns and probes), reached from the workers through
+//!   `relay`;
 //! - `worker`: a configuration's state on one worker thread (its limiter,
 //!   its paused requests), as the wasm build's per-worker VM holds it;
 //! - `stream`: one request's stream, over `request` (the request as the core
-//!   reads it);
-//! - `memory`: process memory as the core's store, deciding in place;
-//! - `waker`: the thread that ends a paused request's wait;
+//!   reads it); it sends its own check;
+//! - `memory`: the buckets in process memory as the core's store, one map
+//!   per `filter_name`, deciding in place;
+//! - `waker`: the thread that ends a paused request's wait and runs a global
+//!   configuration's timer;
 //! - `log`: the `log` crate and panics, in Envoy's log.
 
 // Every `unsafe` block, `unsafe impl` and exported symbol is in `abi`.
@@ -28,10 +33,12 @@
 
 #[allow(unsafe_code)]
 mod abi;
+mod client;
 mod config;
 mod log;
 pub mod memory;
 mod metrics;
+mod relay;
 mod request;
 mod stream;
 mod support;
@@ -44,7 +51,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use floodgate_core::time::Nanos;
 
 /// The wall clock, in nanoseconds since the Unix epoch: the one epoch every
-/// worker shares (the wasm build reads Envoy's, which is the same clock).
+/// worker shares (the wasm build reads Envoy's, which is the same clock),
+/// and the quota service's grants count on.
 fn now() -> Nanos {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

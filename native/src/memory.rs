@@ -13,15 +13,18 @@
 //! Keys are only created while a configuration is prepared, on Envoy's main
 //! thread, before any worker serves it; a worker's store keeps the map as it
 //! is then, so a worker finds its groups without taking any lock but the
-//! group's own. There is one map per process, shared
-//! by every configuration of the module, as shared data is by every plugin
-//! with one `vm_id`: a rule keeps its buckets across a configuration change
-//! that keeps its name, algorithm and `max_keys`.
+//! group's own. There is one map per name ([`Memory::named`]: the dynamic
+//! module filter's `filter_name`), shared by every configuration of the
+//! module under that name, as shared data is by every plugin with one
+//! `vm_id`: a rule keeps its buckets across a configuration change that
+//! keeps its name, algorithm and `max_keys`, and configurations under
+//! different names never share a bucket. A map lives while a configuration
+//! under its name does.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use floodgate_core::store::{Cas, Store, StoreError};
 
@@ -39,7 +42,7 @@ type Slot = Mutex<Entry>;
 /// Keys to their values.
 type Map = HashMap<Arc<str>, Arc<Slot>, KeyHasher>;
 
-/// The process's buckets: every configuration's, every worker's.
+/// The buckets of every configuration under one name, every worker's.
 #[derive(Debug, Default)]
 pub struct Memory {
     /// Every key. Keys are created under this lock (so creating one is
@@ -52,18 +55,27 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// The process's memory (one per loaded module).
-    pub fn process() -> &'static Memory {
-        static MEMORY: OnceLock<Memory> = OnceLock::new();
-        MEMORY.get_or_init(Memory::default)
+    /// The memory of the configurations named `name`: the one they already
+    /// share if one of them lives, else a new one.
+    pub fn named(name: &str) -> Arc<Memory> {
+        static NAMED: OnceLock<Mutex<HashMap<String, Weak<Memory>>>> = OnceLock::new();
+        let mut named = lock(NAMED.get_or_init(Mutex::default));
+        if let Some(memory) = named.get(name).and_then(Weak::upgrade) {
+            return memory;
+        }
+        // Names no configuration uses any more go (their memory went with it).
+        named.retain(|_, memory| memory.strong_count() > 0);
+        let memory = Arc::new(Memory::default());
+        named.insert(name.to_string(), Arc::downgrade(&memory));
+        memory
     }
 
     /// A store over this memory for the calling thread: the main thread's
     /// while it prepares a configuration (it creates keys), or a worker's,
     /// made once the configuration is prepared (it finds every key of it in
     /// the map as it is now).
-    pub fn store(&'static self) -> MemoryStore {
-        MemoryStore { memory: self, frozen: lock(&self.map).clone(), spare: RefCell::default() }
+    pub fn store(self: &Arc<Self>) -> MemoryStore {
+        MemoryStore { memory: Arc::clone(self), frozen: lock(&self.map).clone(), spare: RefCell::default() }
     }
 
     /// Number of keys (for tests and the memory bound).
@@ -91,7 +103,7 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// The core's [`Store`] over [`Memory`], for one thread.
 #[derive(Debug)]
 pub struct MemoryStore {
-    memory: &'static Memory,
+    memory: Arc<Memory>,
     /// The map as it was when this store was made: every key the
     /// configurations prepared by then will ask for.
     frozen: Arc<Map>,
@@ -175,6 +187,29 @@ impl Store for MemoryStore {
     }
 }
 
+/// A store borrowed is a store: a host lends its own.
+impl Store for &MemoryStore {
+    fn get(&self, key: &str) -> Result<Option<(Vec<u8>, Cas)>, StoreError> {
+        (**self).get(key)
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: Option<Cas>) -> Result<(), StoreError> {
+        (**self).set(key, value, cas)
+    }
+
+    fn create_if_absent(&self, key: &str, value: &[u8]) -> Result<bool, StoreError> {
+        (**self).create_if_absent(key, value)
+    }
+
+    fn decide_in_place(
+        &self,
+        key: &str,
+        decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).decide_in_place(key, decide)
+    }
+}
+
 /// Hashes keys (`fg:<rule>:<group>`, written by the configuration, never by
 /// a client, so no hash flooding to fear) a word at a time, FxHash's way,
 /// then mixes: a lookup costs a few multiplications instead of SipHash's
@@ -227,8 +262,21 @@ mod tests {
     use super::*;
     use floodgate_core::store::{measure_and_replace, Step};
 
-    fn memory() -> &'static Memory {
-        Box::leak(Box::default())
+    fn memory() -> Arc<Memory> {
+        Arc::default()
+    }
+
+    /// Configurations under one name share one memory while one of them
+    /// lives; another name has its own.
+    #[test]
+    fn a_name_shares_its_memory_while_a_configuration_holds_it() {
+        let first = Memory::named("test-shared");
+        first.store().create_if_absent("fg:a:0", &[1]).unwrap();
+        let second = Memory::named("test-shared");
+        assert!(Arc::ptr_eq(&first, &second));
+        assert!(Memory::named("test-other").is_empty(), "another name, other buckets");
+        drop((first, second));
+        assert!(Memory::named("test-shared").is_empty(), "nobody held it: it went");
     }
 
     #[test]
@@ -294,7 +342,7 @@ mod tests {
     /// from one counter, exactly the limit is taken.
     #[test]
     fn threads_take_exactly_the_limit() {
-        let memory = memory();
+        let memory = &memory();
         memory.store().create_if_absent("hot", &0u32.to_le_bytes()).unwrap();
         let taken: usize = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..4)

@@ -1,29 +1,43 @@
-//! One request's stream: decided on at its headers, answered, paused or let
-//! through as `floodgate_filter_common::outcome` says, given its rate-limit
-//! headers on the way back, and its permit given back when it ends.
+//! One request's stream: its path is the common one
+//! (`floodgate_filter_common::requests`: decided at its headers, answered,
+//! paused or let through, finished when its wait is over, its permit given
+//! back when it ends), with the stream as its host. Its rate-limit headers
+//! go on the response on the way back.
+//!
+//! A paused request is looked at again in its stream's scheduled hook, on
+//! its worker: the waker's thread posts it when its delay or its wait for a
+//! refill is over, and the configuration's main thread when a lease answer
+//! may have refilled its pool (`crate::relay`). A request waiting for a
+//! check sent the check itself, as a call of its stream: the answer comes
+//! to the stream's callout hook, on its worker, and Envoy cancels the call
+//! if the stream goes first.
 //!
 //! Hooks of one stream run on its worker one at a time, but one may run
 //! inside another (a local reply completes the stream inline; a resumed
 //! request may be answered inline), so the stream is only ever borrowed
 //! shared and no borrow of its state is held across a call into Envoy.
 
-use std::cell::{Cell, RefCell};
-use std::rc::Rc;
+use std::cell::{Cell, OnceCell, RefCell};
 use std::sync::Arc;
 
 use floodgate_core::algorithm::Release;
-use floodgate_core::limiter::{CanWait, Permit, Verdict};
+use floodgate_core::global::calls::{Call, CallError, Refresh};
+use floodgate_core::limiter::{CanWait, Counters, Limiter, Permit, Verdict};
+use floodgate_core::store::Store;
 use floodgate_core::time::Nanos;
-use floodgate_filter_common::log::shadow_limited;
+use floodgate_filter_common::log::RateLimitedLog;
 use floodgate_filter_common::metrics::Counter;
-use floodgate_filter_common::outcome::{self, Event, Outcome, Site};
-use floodgate_filter_common::waiting::{Shared, Stage, Wait, Waiter};
+use floodgate_filter_common::outcome::{Outcome, Site};
+use floodgate_filter_common::quota::{client, Callouts, QuotaHost};
+use floodgate_filter_common::requests::{self, RequestHost, RequestRef};
+use floodgate_filter_common::waiting::{Shared, Stage, Wait, Waiting};
 
-use crate::abi::{Filter, Scheduler};
+use crate::abi::{CalloutAnswer, Filter, Scheduler};
+use crate::client::{borrowed, read_answer, timeout_ms};
 use crate::config::FilterConfig;
-use crate::metrics::StreamCounters;
+use crate::metrics::{MetricIds, RuleIds};
 use crate::request::StreamRequest;
-use crate::waker;
+use crate::waker::{self, Wakeable};
 use crate::worker::{self, Worker};
 
 /// The response details of a limited request's local reply (in access logs
@@ -41,27 +55,35 @@ pub enum HeadersStatus {
     Paused,
 }
 
-/// A pending wake-up of a paused stream.
+/// How a paused stream is woken.
+#[derive(Default)]
 struct Wake {
-    token: u64,
-    /// Its scheduler: kept until the stream goes, so that it is deleted on
-    /// the stream's own worker.
-    _scheduler: Arc<Scheduler>,
+    /// Its scheduler, made at its first pause: kept until the stream goes,
+    /// so that it is deleted on the stream's own worker.
+    scheduler: Option<Arc<Scheduler>>,
+    /// Its wake-up at the end of its delay or of its wait for a refill.
+    timer: Option<u64>,
+    /// Its registration with the relay while it waits for a refill.
+    refill: Option<u64>,
 }
 
 /// One stream's module object.
 pub struct Stream {
     /// Its configuration on this worker; `None`: requests pass unlimited
     /// (the worker could not set it up, as logged).
-    worker: Option<Rc<Worker>>,
+    worker: Option<std::rc::Rc<Worker>>,
     /// Its number on the worker, for the waiting list.
     id: u32,
     /// Where it is, what it holds, its rate-limit headers.
     state: Shared,
     /// When it was decided (a paused request's wait starts there).
     since: Cell<Nanos>,
-    /// Its wake-up, while it waits.
-    wake: RefCell<Option<Wake>>,
+    /// How it is woken while it waits.
+    wake: RefCell<Wake>,
+    /// Its check's calls (check-mode rules), made when it needs them.
+    checks: OnceCell<RefCell<Callouts<u64>>>,
+    /// Envoy completed the stream.
+    completed: Cell<bool>,
 }
 
 impl Stream {
@@ -69,7 +91,15 @@ impl Stream {
     pub fn new(config: &FilterConfig) -> Stream {
         let worker = worker::of(&config.shared);
         let id = worker.as_ref().map_or(0, |w| w.stream_id());
-        Stream { worker, id, state: Shared::default(), since: Cell::new(Nanos::ZERO), wake: RefCell::new(None) }
+        Stream {
+            worker,
+            id,
+            state: Shared::default(),
+            since: Cell::new(Nanos::ZERO),
+            wake: RefCell::default(),
+            checks: OnceCell::new(),
+            completed: Cell::new(false),
+        }
     }
 
     /// The request's headers: decide, and act on what becomes of it.
@@ -78,111 +108,54 @@ impl Stream {
         if self.state.borrow().stage != Stage::Deciding {
             return HeadersStatus::Continue;
         }
+        worker.sync_modes();
         let now = crate::now();
         self.since.set(now);
-        let limiter = &worker.limiter;
-        let can_wait = if worker.waiting.borrow().is_full() { CanWait::NoRoom } else { CanWait::Yes };
-        let (verdict, permit) = {
-            let mut request = StreamRequest::new(filter, limiter.header_names());
-            let mut counters = worker.shared.metrics.on(filter);
-            limiter.check_waited(&worker.store, now, &mut request, can_wait, &mut counters)
-        };
-        let event = Event::Decided { verdict: &verdict, since: now, now, max_wait: Nanos::ZERO };
-        let outcome = outcome::next(Site::Handler, event);
-        if matches!(outcome, Outcome::Continue | Outcome::Reply) {
-            shadow_limited(&worker.shadow_log, limiter, &verdict, now);
+        let host = StreamHost::new(self, worker, filter, true);
+        let request = RequestRef { context_id: self.id, state: &self.state, since: now };
+        if let Outcome::Pause(Wait::Answer) = requests::decide(&host, Site::Handler, request, now, false) {
+            // Its check leaves now, as a call of its own.
+            client::send_queued(&host);
         }
-        match outcome {
-            Outcome::Continue => {
-                self.finish(worker, &verdict, permit, Stage::Passed);
-                HeadersStatus::Continue
-            }
-            Outcome::Reply => {
-                self.finish(worker, &verdict, permit, Stage::Limited);
-                self.reply(worker, filter);
-                HeadersStatus::Replied
-            }
-            Outcome::Pause(Wait::Delay { resume_at }) => self.pause(worker, filter, &verdict, permit, resume_at),
-            // Global rules, which alone wait for a refill or an answer, are
-            // refused with the configuration; a handler neither resumes nor
-            // gives back. Were one reached, the request goes on with what it took.
-            Outcome::Pause(Wait::Refill { .. } | Wait::Answer) | Outcome::Resume | Outcome::GiveBack => {
-                self.finish(worker, &verdict, permit, Stage::Passed);
-                HeadersStatus::Continue
-            }
+        self.settle_wake();
+        match self.state.borrow().stage {
+            Stage::Limited => HeadersStatus::Replied,
+            Stage::Waiting => HeadersStatus::Paused,
+            Stage::Deciding | Stage::Passed => HeadersStatus::Continue,
         }
     }
 
-    /// Keeps a final verdict's headers and permit in the stream's state.
-    fn finish(&self, worker: &Worker, verdict: &Verdict, permit: Permit, stage: Stage) {
-        let mut state = self.state.borrow_mut();
-        worker.limiter.render_headers(verdict, &mut state.headers);
-        state.permit = permit;
-        state.stage = stage;
-    }
-
-    /// Answers the request as limited, with the headers its verdict gave.
-    fn reply(&self, worker: &Worker, filter: &mut Filter<'_>) {
-        let response = worker.limiter.response();
-        // Copied out: Envoy may complete the stream inside `send_response`,
-        // and that reads the state.
-        let headers = self.state.borrow().headers.clone();
-        filter.send_response(response.status, headers.iter(), response.body.as_bytes(), DETAILS);
-    }
-
-    /// Pauses a delayed request until `resume_at`, or lets it go on at once
-    /// if it cannot be woken.
-    fn pause(
-        &self,
-        worker: &Worker,
-        filter: &mut Filter<'_>,
-        verdict: &Verdict,
-        permit: Permit,
-        resume_at: Nanos,
-    ) -> HeadersStatus {
-        let wake = filter.scheduler().map(Arc::new).and_then(|scheduler| {
-            let token = waker::wake_at(resume_at, Arc::clone(&scheduler))?;
-            Some(Wake { token, _scheduler: scheduler })
-        });
-        let Some(wake) = wake else {
-            log::warn!("floodgate: a delayed request cannot be paused; it goes on at once");
-            self.finish(worker, verdict, permit, Stage::Passed);
-            return HeadersStatus::Continue;
-        };
-        *self.wake.borrow_mut() = Some(wake);
-        // The limiter was told whether there is room: a request it lets wait has it.
-        let waiter = Waiter {
-            context_id: self.id,
-            since: self.since.get(),
-            wait: Wait::Delay { resume_at },
-            request: Rc::clone(&self.state),
-        };
-        worker.waiting.borrow_mut().add(waiter);
-        self.finish(worker, verdict, permit, Stage::Waiting);
-        HeadersStatus::Paused
-    }
-
-    /// The stream's scheduler woke it: a paused request's wait is over.
+    /// The stream's scheduler woke it: a paused request's wait may be over
+    /// (its time came, or its pool may have been refilled).
     pub fn on_scheduled(&self, filter: &mut Filter<'_>, event: u64) {
         let Some(worker) = self.worker.as_deref() else { return };
-        if event != waker::WAIT_OVER || self.state.borrow().stage != Stage::Waiting {
+        if event != waker::WAKE || self.state.borrow().stage != Stage::Waiting || self.completed.get() {
             return;
         }
         let Some(waiter) = worker.waiting.borrow_mut().remove(self.id) else { return };
-        let Wait::Delay { resume_at } = waiter.wait else { return };
-        if let Some(wake) = self.wake.borrow_mut().take() {
-            waker::cancel(wake.token);
-        }
-        if outcome::next(Site::Root, Event::DelayOver) != Outcome::Resume {
+        let now = crate::now();
+        if !waiter.wait.is_due(now, false) {
+            worker.waiting.borrow_mut().add(waiter);
             return;
         }
-        let now = crate::now();
-        {
-            let mut counters = worker.shared.metrics.on(filter);
-            count_delay(&mut counters, waiter.since, resume_at, now);
+        worker.sync_modes();
+        let host = StreamHost::new(self, worker, filter, false);
+        requests::finish_waiter(&host, waiter, now);
+        self.settle_wake();
+    }
+
+    /// The answer to one of the stream's calls: its check.
+    pub fn on_answer(&self, filter: &mut Filter<'_>, id: u64, answer: &CalloutAnswer<'_>) {
+        let Some(worker) = self.worker.as_deref() else { return };
+        if self.completed.get() {
+            return;
         }
-        self.state.borrow_mut().stage = Stage::Passed;
-        filter.continue_decoding();
+        worker.sync_modes();
+        let answered = answer.read();
+        let (status, body) = read_answer(&answered);
+        let host = StreamHost::new(self, worker, filter, false);
+        client::answer(&host, id, status, borrowed(&body));
+        self.settle_wake();
     }
 
     /// The response's headers: the rate-limit headers of a request let
@@ -207,54 +180,242 @@ impl Stream {
     /// is undone; a served one releases what it held while in flight.
     pub fn on_complete(&self, filter: &mut Filter<'_>) {
         let Some(worker) = self.worker.as_deref() else { return };
-        let mut counters = worker.shared.metrics.on(filter);
-        self.end(worker, &mut counters);
-    }
-
-    fn end(&self, worker: &Worker, counters: &mut StreamCounters<'_>) {
-        let waiting = self.state.borrow().stage == Stage::Waiting;
-        let permit = std::mem::take(&mut self.state.borrow_mut().permit);
-        let why = if waiting && worker.waiting.borrow_mut().remove(self.id).is_some() {
-            if let Some(wake) = self.wake.borrow_mut().take() {
-                waker::cancel(wake.token);
-            }
-            counters.count(Counter::DelayAbandoned, 1);
-            match outcome::next(Site::Handler, Event::Gone) {
-                Outcome::GiveBack => Release::Undo,
-                _ => Release::Done,
-            }
-        } else {
-            Release::Done
-        };
-        if worker.limiter.needs_release(&permit, why) {
-            worker.limiter.release(&worker.store, crate::now(), permit, why, counters);
+        if self.completed.replace(true) {
+            return;
         }
-        self.state.borrow_mut().stage = Stage::Passed;
+        let host = StreamHost::new(self, worker, filter, false);
+        requests::ended(&host, self.id, &self.state);
+        self.settle_wake();
     }
-}
 
-/// A delayed request went on: counted as the wasm build counts it.
-fn count_delay(counters: &mut StreamCounters<'_>, since: Nanos, resume_at: Nanos, now: Nanos) {
-    counters.count(Counter::Delayed, 1);
-    counters.count(Counter::DelayRequestedMs, (resume_at - since).ceil_millis());
-    counters.count(Counter::DelayActualMs, (now - since).ceil_millis());
+    /// Stops the wake-ups of a request that no longer waits: once this
+    /// returns, neither the waker nor the main thread wakes it.
+    fn settle_wake(&self) {
+        if self.state.borrow().stage == Stage::Waiting && !self.completed.get() {
+            return;
+        }
+        let mut wake = self.wake.borrow_mut();
+        if let Some(token) = wake.timer.take() {
+            waker::cancel(token);
+        }
+        if let (Some(key), Some(worker)) = (wake.refill.take(), self.worker.as_deref()) {
+            worker.shared.relay.stop_waiting(key);
+        }
+    }
 }
 
 impl Drop for Stream {
     /// Envoy completes every stream before it destroys it; should one be
-    /// destroyed without, its wake-up is cancelled and its permit still
-    /// goes back (uncounted: no stream is left to count through).
+    /// destroyed without, its wake-ups stop and its permits still go back
+    /// (uncounted: no stream is left to count through).
     fn drop(&mut self) {
-        if let Some(wake) = self.wake.borrow_mut().take() {
-            waker::cancel(wake.token);
-        }
+        self.completed.set(true);
+        self.settle_wake();
         let Some(worker) = self.worker.as_deref() else { return };
-        let unfinished = {
-            let state = self.state.borrow();
-            state.stage == Stage::Waiting || !state.permit.is_empty()
-        };
-        if unfinished {
-            self.end(worker, &mut worker.shared.metrics.nowhere());
+        let waiting =
+            self.state.borrow().stage == Stage::Waiting && worker.waiting.borrow_mut().remove(self.id).is_some();
+        let why = if waiting { Release::Undo } else { Release::Done };
+        let checked = self.checks.get().and_then(|checks| checks.borrow_mut().forget(self.id));
+        let permit = std::mem::take(&mut self.state.borrow_mut().permit);
+        for permit in checked.into_iter().chain([permit]) {
+            if worker.limiter.needs_release(&permit, why) {
+                worker.limiter.release(&worker.store, crate::now(), permit, why, &mut worker.shared.metrics.nowhere());
+            }
         }
+    }
+}
+
+/// A stream during one of its hooks, as the common request path's host.
+struct StreamHost<'a, 'h> {
+    stream: &'a Stream,
+    worker: &'a Worker,
+    filter: RefCell<&'a mut Filter<'h>>,
+    /// In the request headers hook: a request let through there goes on by
+    /// the hook's return, not by being resumed.
+    in_headers: bool,
+    /// The relay's count of lease answers before the request was decided.
+    refills_seen: u64,
+}
+
+impl<'a, 'h> StreamHost<'a, 'h> {
+    fn new(stream: &'a Stream, worker: &'a Worker, filter: &'a mut Filter<'h>, in_headers: bool) -> Self {
+        let refills_seen = worker.shared.relay.refills();
+        StreamHost { stream, worker, filter: RefCell::new(filter), in_headers, refills_seen }
+    }
+
+    fn metrics(&self) -> &MetricIds {
+        &self.worker.shared.metrics
+    }
+
+    /// The stream's scheduler, made at its first pause.
+    fn scheduler(&self) -> Option<Arc<Scheduler>> {
+        let mut wake = self.stream.wake.borrow_mut();
+        if wake.scheduler.is_none() {
+            wake.scheduler = self.filter.borrow_mut().scheduler().map(Arc::new);
+        }
+        wake.scheduler.clone()
+    }
+}
+
+/// Moves the metrics through the stream while the counts are made.
+struct Through<'a, 'h> {
+    metrics: &'a MetricIds,
+    filter: std::cell::Ref<'a, &'a mut Filter<'h>>,
+}
+
+impl Counters<RuleIds> for Through<'_, '_> {
+    fn request(&mut self, event: floodgate_core::limiter::RequestEvent) {
+        self.metrics.on(&self.filter).request(event);
+    }
+
+    fn rule(
+        &mut self,
+        rule: &floodgate_core::limiter::CompiledRule<RuleIds>,
+        event: floodgate_core::limiter::RuleEvent,
+    ) {
+        self.metrics.on(&self.filter).rule(rule, event);
+    }
+
+    fn store(&mut self, event: floodgate_core::limiter::StoreEvent, count: u64) {
+        self.metrics.on(&self.filter).store(event, count);
+    }
+
+    fn in_flight(&mut self, rule: &floodgate_core::limiter::CompiledRule<RuleIds>, change: i64) {
+        self.metrics.on(&self.filter).in_flight(rule, change);
+    }
+}
+
+impl QuotaHost for StreamHost<'_, '_> {
+    type Token = u64;
+    type Rule = RuleIds;
+
+    fn limiter(&self) -> &Limiter<RuleIds> {
+        &self.worker.limiter
+    }
+
+    fn store(&self) -> impl Store + '_ {
+        &self.worker.store
+    }
+
+    fn counters(&self) -> impl Counters<RuleIds> + '_ {
+        Through { metrics: self.metrics(), filter: self.filter.borrow() }
+    }
+
+    fn now(&self) -> Nanos {
+        crate::now()
+    }
+
+    fn callouts(&self) -> &RefCell<Callouts<u64>> {
+        self.stream.checks.get_or_init(RefCell::default)
+    }
+
+    fn callout_log(&self) -> &RateLimitedLog {
+        &self.worker.callout_log
+    }
+
+    fn count(&self, counter: Counter, by: u64) {
+        self.metrics().on(&self.filter.borrow()).count(counter, by);
+    }
+
+    fn count_failed_callout(&self, why: &CallError) {
+        self.metrics().on(&self.filter.borrow()).count_failed(why);
+    }
+
+    /// A call of the stream's own: its answer comes to this stream.
+    fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u64, String> {
+        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        self.filter
+            .borrow_mut()
+            .http_callout(cluster, &headers, &call.body, timeout_ms(timeout))
+            .map_err(|why| format!("the call to cluster {cluster:?} was not sent: {why}"))
+    }
+
+    fn checked(&self, context_id: u32, verdict: Verdict, permit: Permit, now: Nanos) {
+        requests::finish_checked(self, context_id, verdict, permit, now);
+    }
+
+    fn modes_changed(&self) {
+        self.worker.shared.relay.modes_changed();
+    }
+}
+
+impl RequestHost for StreamHost<'_, '_> {
+    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit) {
+        let limiter = &self.worker.limiter;
+        let filter = self.filter.borrow();
+        let mut request = StreamRequest::new(&filter, limiter.header_names());
+        let mut counters = self.metrics().on(&filter);
+        limiter.check_waited(&self.worker.store, now, &mut request, can_wait, &mut counters)
+    }
+
+    fn waiting(&self) -> &RefCell<Waiting> {
+        &self.worker.waiting
+    }
+
+    fn shadow_log(&self) -> &RateLimitedLog {
+        &self.worker.shadow_log
+    }
+
+    /// Handed to the configuration's main thread, which sends them.
+    fn refreshes(&self, refreshes: Vec<Refresh>, _now: Nanos) {
+        self.worker.shared.relay.hand_refreshes(refreshes);
+    }
+
+    /// A stream's hooks are its own: only its own request is current.
+    fn switch_to(&self, context_id: u32) -> bool {
+        context_id == self.stream.id
+    }
+
+    /// Arranges the wake-ups: at the end of a delay, or of a wait for a
+    /// refill (and after every lease answer until then).
+    fn paused(&self, _request: &RequestRef<'_>, wait: Wait) -> bool {
+        let Some(scheduler) = self.scheduler() else { return false };
+        let mut wake = self.stream.wake.borrow_mut();
+        let at = match wait {
+            Wait::Delay { resume_at } => {
+                if let Some(token) = wake.timer.take() {
+                    waker::cancel(token);
+                }
+                if let Some(key) = wake.refill.take() {
+                    self.worker.shared.relay.stop_waiting(key);
+                }
+                resume_at
+            }
+            Wait::Refill { deadline } => {
+                let relay = &self.worker.shared.relay;
+                if wake.refill.is_none() {
+                    wake.refill = Some(relay.wait_for_refill(&scheduler));
+                }
+                // An answer applied while this request was being decided
+                // woke nobody for it: it looks again at once.
+                if relay.refills() != self.refills_seen {
+                    scheduler.wake(waker::WAKE);
+                }
+                // Its wake-up at the end of its wait is set already if it
+                // waited before.
+                if wake.timer.is_some() {
+                    return true;
+                }
+                deadline
+            }
+            Wait::Answer => return true,
+        };
+        let target: Arc<dyn Wakeable> = scheduler;
+        wake.timer = waker::wake_at(at, target);
+        wake.timer.is_some()
+    }
+
+    fn reply(&self, state: &Shared, status: u32, body: &[u8]) {
+        // Copied out: Envoy may complete the stream inside `send_response`,
+        // and that reads the state.
+        let headers = state.borrow().headers.clone();
+        self.filter.borrow_mut().send_response(status, headers.iter(), body, DETAILS);
+    }
+
+    fn resume(&self) -> bool {
+        if !self.in_headers {
+            self.filter.borrow_mut().continue_decoding();
+        }
+        true
     }
 }

@@ -6,8 +6,7 @@
 //! - metadata is read one key deep (a namespace and one key: Envoy has no
 //!   nested lookup), so a `metadata` entry or a `route_metadata` condition
 //!   with a longer path is refused;
-//! - the node's cluster is not exposed, so `source_cluster` is refused;
-//! - global rules are not served yet.
+//! - the node's cluster is not exposed, so `source_cluster` is refused.
 
 use floodgate_core::config::Config;
 use floodgate_core::descriptor::DescriptorEntry;
@@ -17,12 +16,6 @@ use floodgate_core::metadata::MetadataKey;
 /// `Ok` when the native build serves everything `config` asks for.
 pub fn check(config: &Config) -> Result<(), ConfigError> {
     for (r, rule) in config.rules.iter().enumerate() {
-        if rule.global.is_some() {
-            return Err(ConfigError::new(
-                format!("rules[{r}].scope"),
-                "\"global\" is not served by the native build yet: use the wasm build for global rules",
-            ));
-        }
         if let Some(matcher) = &rule.request_match.route_metadata {
             one_key_deep(&format!("rules[{r}].match.route_metadata.path"), &matcher.key)?;
         }
@@ -82,6 +75,6 @@ mod tests {
         assert!(refusal(source).unwrap().contains("rules[0].descriptors[0].source_cluster"));
         let global = r#"{"rules": [{"name": "g", "scope": "global", "descriptors": [{"generic_key": {"descriptor_value": "a"}}]}],
             "global": {"cluster": "quota", "domain": "edge"}}"#;
-        assert!(refusal(global).unwrap().contains("rules[0].scope"));
+        assert_eq!(refusal(global), None, "global rules are served");
     }
 }

@@ -1,9 +1,11 @@
-//! The clock that ends a paused request's wait: Envoy's dynamic module ABI
-//! has schedulers (a stream's event, run on its worker, posted from any
-//! thread) but no timers, so one thread of the module's own sleeps until
-//! the next paused request is due and wakes its stream through the
-//! stream's scheduler. The stream's scheduled hook then resumes it on its
-//! worker (`crate::stream`).
+//! The clock that ends a paused request's wait, and that runs a global
+//! configuration's timer: Envoy's dynamic module ABI has schedulers (a
+//! stream's event, run on its worker; a configuration's, run on Envoy's
+//! main thread; both posted from any thread) but no timers, so one thread
+//! of the module's own sleeps until the next wake-up is due and posts it
+//! through its scheduler ([`Wakeable`]). The stream's scheduled hook then
+//! looks at its request on its worker (`crate::stream`), the
+//! configuration's at its calls to the quota service (`crate::client`).
 //!
 //! A wake-up is cancelled when its stream goes away, under the same lock
 //! the thread holds while it wakes streams, so no stream is woken after it
@@ -21,15 +23,29 @@ use floodgate_core::time::Nanos;
 
 use crate::abi::Scheduler;
 
-/// The event a stream is woken with when its wait is over.
-pub const WAIT_OVER: u64 = 1;
+/// The event a stream is woken with: its wait may be over (its time came,
+/// or the quota service answered).
+pub const WAKE: u64 = 1;
+
+/// What a wake-up wakes: it posts an event through a scheduler, from the
+/// waker's thread.
+pub trait Wakeable: Send + Sync {
+    /// Posts the wake-up.
+    fn wake_up(&self);
+}
+
+impl Wakeable for Scheduler {
+    fn wake_up(&self) {
+        self.wake(WAKE);
+    }
+}
 
 #[derive(Default)]
 struct State {
     /// When each wake-up is due, earliest first (cancelled ones stay until due).
     due: BinaryHeap<Reverse<(Nanos, u64)>>,
     /// Wake-ups not yet done, by token.
-    pending: HashMap<u64, Arc<Scheduler>>,
+    pending: HashMap<u64, Arc<dyn Wakeable>>,
     next_token: u64,
     thread: Option<JoinHandle<()>>,
     configurations: usize,
@@ -50,10 +66,9 @@ fn lock() -> MutexGuard<'static, State> {
     waker().state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Wakes `scheduler`'s stream with [`WAIT_OVER`] at `at`; a token to
-/// cancel it with, or `None` when no thread could be started (the caller
-/// then does not wait).
-pub fn wake_at(at: Nanos, scheduler: Arc<Scheduler>) -> Option<u64> {
+/// Wakes `target` at `at`; a token to cancel it with, or `None` when no
+/// thread could be started (the caller then does not wait).
+pub fn wake_at(at: Nanos, target: Arc<dyn Wakeable>) -> Option<u64> {
     let mut state = lock();
     // None yet, or it ended (it cannot panic, but if it did, a new one takes over).
     if state.thread.as_ref().is_none_or(JoinHandle::is_finished) {
@@ -69,7 +84,7 @@ pub fn wake_at(at: Nanos, scheduler: Arc<Scheduler>) -> Option<u64> {
     }
     state.next_token += 1;
     let token = state.next_token;
-    state.pending.insert(token, scheduler);
+    state.pending.insert(token, target);
     state.due.push(Reverse((at, token)));
     waker().changed.notify_one();
     Some(token)
@@ -113,8 +128,8 @@ fn run() {
             }
             state.due.pop();
             // Woken under the lock: a stream that cancels waits for this.
-            if let Some(scheduler) = state.pending.remove(&token) {
-                scheduler.wake(WAIT_OVER);
+            if let Some(target) = state.pending.remove(&token) {
+                target.wake_up();
             }
         }
         state = match state.due.peek() {

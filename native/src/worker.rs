@@ -14,7 +14,7 @@ use floodgate_filter_common::log::RateLimitedLog;
 use floodgate_filter_common::waiting::Waiting;
 
 use crate::config::Shared;
-use crate::memory::{Memory, MemoryStore};
+use crate::memory::MemoryStore;
 use crate::metrics::RuleIds;
 
 /// One configuration on one worker.
@@ -29,13 +29,20 @@ pub struct Worker {
     pub waiting: RefCell<Waiting>,
     /// Shadow-mode denials, logged at most once a second.
     pub shadow_log: RateLimitedLog,
+    /// Failed checks, logged at most once a second.
+    pub callout_log: RateLimitedLog,
     /// The number the next stream gets.
     next_id: Cell<u32>,
+    /// The relay's count of mode switches when this worker last read the
+    /// modes.
+    modes_seen: Cell<u64>,
 }
 
 impl Worker {
     fn new(shared: &Arc<Shared>) -> Option<Worker> {
-        let store = Memory::process().store();
+        // Read before the limiter reads the modes: a switch after it is seen.
+        let modes_seen = Cell::new(shared.relay.modes());
+        let store = shared.memory.store();
         let mut rule = 0;
         let ids = |_: &floodgate_core::config::Rule| {
             rule += 1;
@@ -53,8 +60,30 @@ impl Worker {
             }
         };
         let waiting = RefCell::new(Waiting::new(limiter.max_delayed_per_worker()));
-        let shadow_log = RateLimitedLog::default();
-        Some(Worker { shared: Arc::clone(shared), limiter, store, waiting, shadow_log, next_id: Cell::new(0) })
+        Some(Worker {
+            shared: Arc::clone(shared),
+            limiter,
+            store,
+            waiting,
+            shadow_log: RateLimitedLog::default(),
+            callout_log: RateLimitedLog::default(),
+            next_id: Cell::new(0),
+            modes_seen,
+        })
+    }
+
+    /// Reads the global rules' modes (and the notices of keys near their
+    /// limit) from memory if they changed since this worker last did: the
+    /// wasm build's workers read them on their tick, these when told.
+    pub fn sync_modes(&self) {
+        if self.limiter.quota_service().is_none() {
+            return;
+        }
+        let modes = self.shared.relay.modes();
+        if modes != self.modes_seen.get() {
+            self.modes_seen.set(modes);
+            self.limiter.read_modes(&self.store);
+        }
     }
 
     /// A number for a new stream, unique among this worker's paused ones.

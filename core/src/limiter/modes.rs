@@ -4,6 +4,8 @@
 //! keeps its own view, refreshed on its tick. The state machine itself is
 //! [`crate::global::fallback`].
 
+use std::cell::Cell;
+
 use crate::global::fallback::{Backoff, ModeState};
 use crate::store::{measure_and_replace, Replaced, Step, Store};
 use crate::time::{Nanos, SECOND};
@@ -21,11 +23,16 @@ impl<H> Limiter<H> {
     /// Records the outcome of a callout for global rule `rule` in its shared
     /// mode: a failure switches it to its fall-back (every worker follows at
     /// its next [`Limiter::read_modes`]), a success back to global mode.
-    pub fn record_callout(&self, store: &dyn Store, now: Nanos, rule: usize, succeeded: bool) {
-        self.update_mode(store, rule, |mode| {
+    /// True when this switched the rule into or out of its fall-back (a
+    /// host whose workers do not read modes on a tick tells them then).
+    pub fn record_callout(&self, store: &dyn Store, now: Nanos, rule: usize, succeeded: bool) -> bool {
+        let switched = Cell::new(false);
+        let written = self.update_mode(store, rule, |mode| {
             let next = if succeeded { mode.succeeded() } else { mode.failed(now, &PROBE_BACKOFF) };
+            switched.set(next.in_fallback() != mode.in_fallback());
             (next != mode).then_some(next)
         });
+        written && switched.get()
     }
 
     /// Claims the probes due at `now`: the global rules in fall-back whose
@@ -91,7 +98,8 @@ mod tests {
         let limiter = build(GLOBAL, &store);
         let mut tally = Tally::default();
         let alice = &[("x-api-key", "alice")];
-        limiter.record_callout(&store, T0, 0, false);
+        assert!(limiter.record_callout(&store, T0, 0, false), "the mode changed");
+        assert!(!limiter.record_callout(&store, T0, 0, false), "deeper in fall-back, not switched");
         assert!(limiter.rules()[0].in_fallback());
         // Another worker's limiter learns it from shared data.
         let other = build(GLOBAL, &store);
@@ -103,7 +111,7 @@ mod tests {
         assert!(limiter.due_probes(&store, T0).is_empty());
         assert_eq!(limiter.due_probes(&store, T0 + SECOND), vec![0]);
         assert!(other.due_probes(&store, T0 + SECOND).is_empty(), "one probe at a time");
-        limiter.record_callout(&store, T0 + SECOND, 0, true);
+        assert!(limiter.record_callout(&store, T0 + SECOND, 0, true), "back to global mode");
         other.read_modes(&store);
         assert!(!other.rules()[0].in_fallback());
     }

@@ -49,6 +49,16 @@ struct ModuleHeader {
     value_length: usize,
 }
 
+/// `envoy_dynamic_module_type_envoy_http_header`: a header Envoy owns.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHeader {
+    key_ptr: *const u8,
+    key_length: usize,
+    value_ptr: *const u8,
+    value_length: usize,
+}
+
 /// A C enum of the ABI (passed and returned as a 32-bit integer).
 pub(super) type AbiEnum = u32;
 
@@ -69,6 +79,14 @@ pub(super) const HEADERS_STOP_ALL_AND_WATERMARK: AbiEnum = 4;
 
 /// `..._body_status_Continue` and `..._trailers_status_Continue`.
 pub(super) const CONTINUE: AbiEnum = 0;
+
+/// `envoy_dynamic_module_type_http_callout_init_result_Success`.
+const CALLOUT_SENT: AbiEnum = 0;
+
+/// `envoy_dynamic_module_type_http_callout_result`: how a call ended.
+const CALLOUT_SUCCESS: AbiEnum = 0;
+const CALLOUT_RESET: AbiEnum = 1;
+const CALLOUT_TOO_LARGE: AbiEnum = 2;
 
 /// A log level (`envoy_dynamic_module_type_log_level`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,6 +232,43 @@ extern "C" {
     fn envoy_dynamic_module_callback_http_filter_scheduler_new(filter: *mut c_void) -> *mut c_void;
     fn envoy_dynamic_module_callback_http_filter_scheduler_commit(scheduler: *mut c_void, event_id: u64);
     fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: *mut c_void);
+
+    fn envoy_dynamic_module_callback_http_filter_http_callout(
+        filter: *mut c_void,
+        callout_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *const ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> AbiEnum;
+
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: *mut c_void,
+        callout_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *const ModuleHeader,
+        headers_length: usize,
+        body: ModuleBuffer,
+        timeout_milliseconds: u64,
+    ) -> AbiEnum;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(config: *mut c_void) -> *mut c_void;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(scheduler: *mut c_void, event_id: u64);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(scheduler: *mut c_void);
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: *mut c_void,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> AbiEnum;
+    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: *mut c_void,
+        id: usize,
+        label_values: *const ModuleBuffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> AbiEnum;
 }
 
 // ---------------------------------------------------------------------------
@@ -286,6 +341,219 @@ impl Definer<'_> {
             )
         };
         (result == METRICS_SUCCESS).then_some(id)
+    }
+
+    /// A scheduler that posts events to this configuration on Envoy's main
+    /// thread, from any thread; `None` when Envoy gave none.
+    pub fn scheduler(&self) -> Option<ConfigScheduler> {
+        // SAFETY: `config` is the configuration Envoy is creating; Envoy
+        // holds it in a shared pointer already, so the scheduler it makes
+        // reaches it for as long as it lives.
+        let scheduler = unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.config) };
+        NonNull::new(scheduler).map(|scheduler| ConfigScheduler { scheduler })
+    }
+}
+
+/// A configuration's Envoy side during one of its main-thread hooks (a
+/// scheduled event, a call's answer): `'h` is the hook. It sends calls
+/// that belong to the configuration, not to any request, and moves the
+/// configuration's metrics.
+pub struct ConfigEnvoy<'h> {
+    config: *mut c_void,
+    _hook: PhantomData<&'h ()>,
+}
+
+impl ConfigEnvoy<'_> {
+    /// Configuration `config`, for the length of one of its hooks.
+    pub(super) fn during_hook(config: *mut c_void) -> Self {
+        ConfigEnvoy { config, _hook: PhantomData }
+    }
+
+    /// Sends an HTTP call to `cluster` (`headers` with `:method`, `:path`
+    /// and `:authority`), answered in the configuration's callout hook on
+    /// the main thread; its id, or why Envoy did not send it.
+    pub fn http_callout(
+        &self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, String> {
+        let headers = module_headers(headers);
+        let mut id = 0;
+        // SAFETY: `config` is this hook's configuration; every buffer (the
+        // header array and what it points into) is read during the call; `id`
+        // is writable.
+        let result = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.config,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        callout_sent(result, id)
+    }
+
+    /// Adds `by` to counter `id` (defined by this configuration).
+    pub fn increment_counter(&self, id: usize, by: u64) {
+        // SAFETY: `config` is this hook's configuration, which defined `id`; no labels.
+        unsafe {
+            envoy_dynamic_module_callback_http_filter_config_increment_counter(self.config, id, ptr::null(), 0, by)
+        };
+    }
+
+    /// Sets gauge `id` (defined by this configuration) to `value`.
+    pub fn set_gauge(&self, id: usize, value: u64) {
+        // SAFETY: as for `increment_counter`.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_set_gauge(self.config, id, ptr::null(), 0, value) };
+    }
+}
+
+/// Header pairs as the ABI takes them, pointing into `headers`.
+fn module_headers(headers: &[(&str, &str)]) -> Vec<ModuleHeader> {
+    headers
+        .iter()
+        .map(|(name, value)| ModuleHeader {
+            key_ptr: name.as_ptr(),
+            key_length: name.len(),
+            value_ptr: value.as_ptr(),
+            value_length: value.len(),
+        })
+        .collect()
+}
+
+/// A callout's id, or why Envoy did not send it
+/// (`envoy_dynamic_module_type_http_callout_init_result`).
+fn callout_sent(result: AbiEnum, id: u64) -> Result<u64, String> {
+    match result {
+        CALLOUT_SENT => Ok(id),
+        1 => Err("Envoy refused it: a required header is missing".into()),
+        2 => Err("Envoy has no such cluster".into()),
+        3 => Err("Envoy refused it: its id is in use".into()),
+        4 => Err("Envoy could not create the request (no healthy host?)".into()),
+        other => Err(format!("Envoy refused it ({other})")),
+    }
+}
+
+/// An HTTP call's answer, as Envoy hands it to a callout hook: for the
+/// length of the hook.
+pub struct CalloutAnswer<'h> {
+    result: AbiEnum,
+    headers: &'h [EnvoyHeader],
+    body: &'h [EnvoyBuffer],
+}
+
+/// How a call's answer came back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answered<'h> {
+    /// A response: its status (`None` when absent or unreadable) and its
+    /// body, in Envoy's chunks.
+    Response {
+        /// `:status`.
+        status: Option<u16>,
+        /// The body's chunks, in order.
+        body: Vec<&'h [u8]>,
+    },
+    /// The stream was reset (no response).
+    Reset,
+    /// The response was larger than Envoy's buffer for it.
+    TooLarge,
+}
+
+impl<'h> CalloutAnswer<'h> {
+    /// The answer Envoy lends: `result`, `n_headers` headers at `headers`
+    /// and `n_chunks` body chunks at `chunks`.
+    ///
+    /// # Safety
+    /// The pointers must be what Envoy passed to the hook (null, or valid
+    /// for the given counts), for the length of the hook.
+    pub(super) unsafe fn lent(
+        result: AbiEnum,
+        headers: *const EnvoyHeader,
+        n_headers: usize,
+        chunks: *const EnvoyBuffer,
+        n_chunks: usize,
+    ) -> Self {
+        // SAFETY: the caller's contract.
+        let headers = unsafe { slice_or_empty(headers, n_headers) };
+        // SAFETY: the caller's contract.
+        let body = unsafe { slice_or_empty(chunks, n_chunks) };
+        CalloutAnswer { result, headers, body }
+    }
+
+    /// What came back.
+    pub fn read(&self) -> Answered<'h> {
+        match self.result {
+            CALLOUT_SUCCESS => {
+                let status = self.headers.iter().find_map(|header| {
+                    // SAFETY: Envoy lends each header's bytes for the hook.
+                    let (key, value) = unsafe {
+                        (
+                            lent(true, buffer(header.key_ptr, header.key_length)),
+                            lent(true, buffer(header.value_ptr, header.value_length)),
+                        )
+                    };
+                    (key == Some(b":status")).then(|| value.and_then(|v| std::str::from_utf8(v).ok()?.parse().ok()))?
+                });
+                // SAFETY: Envoy lends each chunk for the hook.
+                let body = self.body.iter().filter_map(|chunk| unsafe { lent(true, *chunk) }).collect();
+                Answered::Response { status, body }
+            }
+            CALLOUT_RESET => Answered::Reset,
+            CALLOUT_TOO_LARGE => Answered::TooLarge,
+            _ => Answered::Reset,
+        }
+    }
+}
+
+fn buffer(ptr: *const u8, length: usize) -> EnvoyBuffer {
+    EnvoyBuffer { ptr, length }
+}
+
+/// `n` items at `items`, or none when `items` is null or `n` is zero.
+///
+/// # Safety
+/// A non-null `items` must point to `n` valid items for the caller's borrow.
+unsafe fn slice_or_empty<'a, T>(items: *const T, n: usize) -> &'a [T] {
+    if items.is_null() || n == 0 {
+        return &[];
+    }
+    // SAFETY: the caller's contract.
+    unsafe { std::slice::from_raw_parts(items, n) }
+}
+
+/// A configuration's scheduler: [`ConfigScheduler::commit`] makes Envoy run
+/// the configuration's `envoy_dynamic_module_on_http_filter_config_scheduled`
+/// on its main thread, from any thread; a no-op once the configuration is
+/// gone. Deleted when dropped.
+pub struct ConfigScheduler {
+    scheduler: NonNull<c_void>,
+}
+
+// SAFETY: the ABI's commit posts to the main thread's dispatcher, safe from
+// any thread (the same as a stream's scheduler); deleting it frees Envoy's
+// small object holding a weak reference to the configuration, which no
+// other thread uses by then (the owner drops it once).
+unsafe impl Send for ConfigScheduler {}
+// SAFETY: `commit` is the only method taking `&self`, and it is thread-safe.
+unsafe impl Sync for ConfigScheduler {}
+
+impl ConfigScheduler {
+    /// Asks Envoy to run the configuration's scheduled hook with `event`.
+    pub fn commit(&self, event: u64) {
+        // SAFETY: the scheduler is alive until dropped.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.scheduler.as_ptr(), event) }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        // SAFETY: created by `config_scheduler_new`, deleted once, here.
+        unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.scheduler.as_ptr()) }
     }
 }
 
@@ -435,14 +703,8 @@ impl Filter<'_> {
         body: &[u8],
         details: &str,
     ) {
-        let headers: Vec<ModuleHeader> = headers
-            .map(|(name, value)| ModuleHeader {
-                key_ptr: name.as_ptr(),
-                key_length: name.len(),
-                value_ptr: value.as_ptr(),
-                value_length: value.len(),
-            })
-            .collect();
+        let headers: Vec<(&str, &str)> = headers.collect();
+        let headers = module_headers(&headers);
         // SAFETY: `envoy` is this hook's stream; every buffer (the header
         // array and the strings it points into, which outlive the call) is
         // read during the call only.
@@ -463,6 +725,35 @@ impl Filter<'_> {
     pub fn continue_decoding(&mut self) {
         // SAFETY: `envoy` is this hook's stream.
         unsafe { envoy_dynamic_module_callback_http_filter_continue_decoding(self.envoy) }
+    }
+
+    /// Sends an HTTP call to `cluster` on behalf of this stream (`headers`
+    /// with `:method`, `:path` and `:authority`), answered in the stream's
+    /// callout hook on its worker while the stream lives (Envoy cancels it
+    /// when the stream goes); its id, or why Envoy did not send it.
+    pub fn http_callout(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, String> {
+        let headers = module_headers(headers);
+        let mut id = 0;
+        // SAFETY: `envoy` is this hook's stream; every buffer is read during
+        // the call; `id` is writable.
+        let result = unsafe {
+            envoy_dynamic_module_callback_http_filter_http_callout(
+                self.envoy,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        callout_sent(result, id)
     }
 
     /// A scheduler that wakes this stream on its worker from any thread;

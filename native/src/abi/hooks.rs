@@ -7,8 +7,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
 use super::callbacks::{
-    lent, AbiEnum, Definer, EnvoyBuffer, Filter, ABI_VERSION, CONTINUE, HEADERS_CONTINUE,
-    HEADERS_STOP_ALL_AND_WATERMARK, HEADERS_STOP_ITERATION,
+    lent, AbiEnum, CalloutAnswer, ConfigEnvoy, Definer, EnvoyBuffer, EnvoyHeader, Filter, ABI_VERSION, CONTINUE,
+    HEADERS_CONTINUE, HEADERS_STOP_ALL_AND_WATERMARK, HEADERS_STOP_ITERATION,
 };
 use crate::config::FilterConfig;
 use crate::stream::{HeadersStatus, Stream};
@@ -84,6 +84,49 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(conf
     });
 }
 
+/// A configuration's scheduled event (main thread): its calls to the quota
+/// service are sent, its timer's work done.
+///
+/// # Safety
+/// `config` is what `envoy_dynamic_module_on_http_filter_config_new` returned.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    config_envoy: *mut c_void,
+    config: *const c_void,
+    event: u64,
+) {
+    guard((), || {
+        // SAFETY: Envoy calls this only while the configuration lives.
+        let config = unsafe { &*(config as *const FilterConfig) };
+        config.on_scheduled(&ConfigEnvoy::during_hook(config_envoy), event);
+    });
+}
+
+/// The answer to one of a configuration's calls (main thread).
+///
+/// # Safety
+/// `config` is what `envoy_dynamic_module_on_http_filter_config_new`
+/// returned; the headers and body chunks are Envoy's, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    config_envoy: *mut c_void,
+    config: *const c_void,
+    callout_id: u64,
+    result: AbiEnum,
+    headers: *const EnvoyHeader,
+    n_headers: usize,
+    body: *const EnvoyBuffer,
+    n_chunks: usize,
+) {
+    guard((), || {
+        // SAFETY: Envoy calls this only while the configuration lives.
+        let config = unsafe { &*(config as *const FilterConfig) };
+        // SAFETY: Envoy lends the headers and chunks for this call.
+        let answer = unsafe { CalloutAnswer::lent(result, headers, n_headers, body, n_chunks) };
+        config.on_answer(&ConfigEnvoy::during_hook(config_envoy), callout_id, &answer);
+    });
+}
+
 /// A stream starts (its worker thread): its module object.
 ///
 /// # Safety
@@ -156,6 +199,31 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     });
 }
 
+/// The answer to one of the stream's calls (its check), on its worker.
+///
+/// # Safety
+/// `module` is this stream's object; the headers and body chunks are
+/// Envoy's, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    filter_envoy: *mut c_void,
+    module: *const c_void,
+    callout_id: u64,
+    result: AbiEnum,
+    headers: *const EnvoyHeader,
+    n_headers: usize,
+    body: *const EnvoyBuffer,
+    n_chunks: usize,
+) {
+    guard((), || {
+        // SAFETY: the caller's contract.
+        let stream = unsafe { stream(module) };
+        // SAFETY: Envoy lends the headers and chunks for this call.
+        let answer = unsafe { CalloutAnswer::lent(result, headers, n_headers, body, n_chunks) };
+        stream.on_answer(&mut filter(filter_envoy), callout_id, &answer);
+    });
+}
+
 /// The stream ended (completed, reset or failed): what it holds goes back.
 ///
 /// # Safety
@@ -186,8 +254,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *co
 }
 
 // Hooks Envoy 1.40 requires of every HTTP filter module but Floodgate does
-// not use: a body or trailers pass on, and it starts no streamed callouts.
-// None touches its arguments, so none can panic.
+// not use: a body or trailers pass on, and it starts no streamed callouts
+// (its calls are one-shot). None touches its arguments, so none can panic.
 
 /// Request body: passes on.
 #[no_mangle]
@@ -219,20 +287,6 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(_: *mut c_void, _: *const c_void) -> AbiEnum {
     CONTINUE
-}
-
-/// A per-stream callout's answer: Floodgate makes none.
-#[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
-    _: *mut c_void,
-    _: *const c_void,
-    _: u64,
-    _: AbiEnum,
-    _: *const c_void,
-    _: usize,
-    _: *const c_void,
-    _: usize,
-) {
 }
 
 /// A streamed callout's headers: Floodgate starts none.

@@ -9,16 +9,20 @@
 //!   lifetimes are the ABI's: a [`Filter`] exists only during one event hook
 //!   of one stream, and the bytes it lends (a header value, an attribute)
 //!   are borrowed from it and cannot outlive the hook nor a call that may
-//!   change them; a [`Definer`] only while a configuration is created; a
-//!   [`Scheduler`] is owned, and deleted when dropped;
+//!   change them; a [`Definer`] only while a configuration is created, a
+//!   [`ConfigEnvoy`] during one of a configuration's main-thread hooks, a
+//!   [`CalloutAnswer`] during the hook that delivers it; a [`Scheduler`]
+//!   and a [`ConfigScheduler`] are owned, and deleted when dropped;
 //! - the event hooks (the module's functions Envoy calls), each of which
 //!   turns its raw pointers into those types, hands them to the safe code
 //!   (`crate::config`, `crate::stream`) and catches any panic there, so that
 //!   none unwinds into Envoy: a hook that panicked logs it and answers as if
 //!   the filter were not there (a request goes on).
 //!
-//! Threads: `envoy_dynamic_module_on_program_init` and a configuration's
-//! creation and destruction run on Envoy's main thread; every hook of a
+//! Threads: `envoy_dynamic_module_on_program_init`, a configuration's
+//! creation, its scheduled events and its calls' answers run on Envoy's
+//! main thread (its destruction where its last holder lets it go: the main
+//! thread, or a worker whose stream held it last); every hook of a
 //! stream runs on the worker thread that owns it, never two at once, and
 //! Envoy never destroys a stream while one of its hooks is on the stack
 //! (but a hook may complete it inline: see [`Filter::send_response`]).
@@ -30,4 +34,7 @@
 mod callbacks;
 mod hooks;
 
-pub use callbacks::{log, log_enabled, AttributeId, Definer, Filter, LogLevel, MetadataSource, Scheduler};
+pub use callbacks::{
+    log, log_enabled, Answered, AttributeId, CalloutAnswer, ConfigEnvoy, ConfigScheduler, Definer, Filter, LogLevel,
+    MetadataSource, Scheduler,
+};

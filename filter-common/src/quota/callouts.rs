@@ -1,10 +1,16 @@
-//! Global mode's host side: what this worker has to send to the quota
+//! Global mode's bookkeeping of calls: what a host has to send to the quota
 //! service, and what it is waiting to hear back. Every decision about the
 //! calls (when to refresh, how much, what an answer means) is in
 //! `floodgate_core::global`; here calls are queued, batched and matched with
 //! their answers.
+//!
+//! The wasm build keeps one per worker (every call of a worker leaves from
+//! its root context); the native build one per configuration on Envoy's main
+//! thread (leases, returns, probes) and one per request for its check.
 
 use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
 
 use floodgate_core::global::calls::{CheckAnswer, Refresh};
 use floodgate_core::global::calls::{MAX_CHECK_ITEMS, MAX_ITEMS};
@@ -29,7 +35,7 @@ pub struct CheckJob {
     failed: bool,
 }
 
-/// A call this worker has made and not heard back from.
+/// A call a host has made and not heard back from.
 #[derive(Debug)]
 pub enum Callout {
     /// Refreshes of lease pools, in the order asked.
@@ -56,15 +62,16 @@ pub enum StatusCall {
     Hello,
 }
 
-/// This worker's traffic with the quota service. What a request waits for
+/// One host's traffic with the quota service (see the module docs), its
+/// calls known by tokens of type `T` (the host's id for a call). What a request waits for
 /// leaves at once; refreshes no request waits for yet (a lease ahead of its
 /// window, a pool that still holds tokens for a while, an allowance's
 /// renewal) and returns are held back until their claim's `send_by` (at most
 /// `MAX_BATCH_DELAY`, or a renewal round; returns a round), so that many pools' leases share
 /// one call; anything that leaves takes along every held refresh whose
 /// `not_before` has come (an allowance's renewal waits for its last window).
-#[derive(Debug, Default)]
-pub struct Callouts {
+#[derive(Debug)]
+pub struct Callouts<T = u32> {
     refreshes: Vec<Refresh>,
     held: Vec<Refresh>,
     returns: Vec<(u64, u64)>,
@@ -72,7 +79,32 @@ pub struct Callouts {
     hold_until: Option<Nanos>,
     checks: Vec<u32>,
     jobs: HashMap<u32, CheckJob>,
-    in_flight: HashMap<u32, Callout>,
+    in_flight: HashMap<T, Callout>,
+}
+
+impl<T> Default for Callouts<T> {
+    fn default() -> Self {
+        Callouts {
+            refreshes: Vec::new(),
+            held: Vec::new(),
+            returns: Vec::new(),
+            hold_until: None,
+            checks: Vec::new(),
+            jobs: HashMap::new(),
+            in_flight: HashMap::new(),
+        }
+    }
+}
+
+/// What a host that goes away leaves undone ([`Callouts::take_all`]).
+#[derive(Debug, Default)]
+pub struct Unfinished {
+    /// Refreshes queued or held back, never sent.
+    pub refreshes: Vec<Refresh>,
+    /// Unspent tokens queued to give back, `(lease, tokens)`.
+    pub returns: Vec<(u64, u64)>,
+    /// Calls sent and not answered.
+    pub in_flight: Vec<Callout>,
 }
 
 /// A call to dispatch, and what to remember about it.
@@ -93,7 +125,7 @@ pub enum Outgoing {
     },
 }
 
-impl Callouts {
+impl<T: Copy + Eq + Hash + Debug> Callouts<T> {
     /// True when something must be sent at `now`: what a request waits for,
     /// what was held back as long as it may be, or a call's worth of it.
     pub fn has_outgoing(&self, now: Nanos) -> bool {
@@ -184,12 +216,12 @@ impl Callouts {
     }
 
     /// Remembers a dispatched call under its token.
-    pub fn sent(&mut self, token: u32, callout: Callout) {
+    pub fn sent(&mut self, token: T, callout: Callout) {
         self.in_flight.insert(token, callout);
     }
 
     /// The call a token belongs to.
-    pub fn answered(&mut self, token: u32) -> Option<Callout> {
+    pub fn answered(&mut self, token: T) -> Option<Callout> {
         self.in_flight.remove(&token)
     }
 
@@ -231,6 +263,17 @@ impl Callouts {
         self.checks.retain(|c| *c != context_id);
         self.jobs.remove(&context_id).map(|job| job.permit)
     }
+
+    /// Takes everything left to do or to hear back (a host that goes away
+    /// hands it on or ends it); checks are not taken (their requests are
+    /// gone by then, and so are their jobs).
+    pub fn take_all(&mut self) -> Unfinished {
+        let mut refreshes = std::mem::take(&mut self.refreshes);
+        refreshes.append(&mut self.held);
+        self.hold_until = None;
+        let in_flight = self.in_flight.drain().map(|(_, callout)| callout).collect();
+        Unfinished { refreshes, returns: std::mem::take(&mut self.returns), in_flight }
+    }
 }
 
 impl CheckJob {
@@ -250,7 +293,7 @@ mod tests {
 
     #[test]
     fn returns_are_batched_and_nothing_is_sent_twice() {
-        let mut callouts = Callouts::default();
+        let mut callouts = Callouts::<u32>::default();
         for lease in 0..(MAX_ITEMS as u64 + 3) {
             callouts.give_back(lease + 1, 5, T0);
         }
@@ -287,7 +330,7 @@ mod tests {
 
     #[test]
     fn refreshes_no_request_waits_for_are_held_back_to_share_a_call() {
-        let mut callouts = Callouts::default();
+        let mut callouts = Callouts::<u32>::default();
         let later = T0 + MAX_BATCH_DELAY;
         callouts.refresh([refresh(1, later), refresh(2, T0 + Nanos::from_nanos(5))], T0);
         callouts.give_back(9, 3, T0);
@@ -307,7 +350,7 @@ mod tests {
 
     #[test]
     fn an_answer_is_matched_by_its_token_once() {
-        let mut callouts = Callouts::default();
+        let mut callouts = Callouts::<u32>::default();
         callouts.sent(7, Callout::Status(StatusCall::Probe(2)));
         assert!(matches!(callouts.answered(7), Some(Callout::Status(StatusCall::Probe(2)))));
         assert!(callouts.answered(7).is_none());
@@ -315,7 +358,7 @@ mod tests {
 
     #[test]
     fn a_renewal_leaves_in_its_round_and_not_before_its_time() {
-        let mut callouts = Callouts::default();
+        let mut callouts = Callouts::<u32>::default();
         let round = T0 + SECOND;
         let renewal = |lease, not_before| {
             let early = refresh(lease, not_before + SECOND.halved());
