@@ -1,4 +1,4 @@
-//! The tests of `pool.rs` (a child module of it, in a file of its own so
+//! The tests of the pool (a child module of `pool/mod.rs`, in a file of its own so
 //! that the module's code reads without them).
 
 use super::*;
