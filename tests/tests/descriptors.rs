@@ -176,8 +176,8 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
 /// native build): `jwt_authn` copies verified claims to headers
 /// (`claim_to_headers`, a nested one by its dotted name), and
 /// `request_headers` entries key on them. A client cannot choose its
-/// bucket by sending the header itself: `jwt_authn` replaces it with the
-/// token's claim.
+/// bucket by sending such a header itself: `jwt_authn` removes the client's
+/// copy, and writes the token's claim if it has one.
 #[test]
 fn jwt_claims_copied_to_headers_limit_each_user_in_either_build() {
     let issuer = Issuer::generate();
@@ -216,6 +216,11 @@ fn jwt_claims_copied_to_headers_limit_each_user_in_either_build() {
         + admitted(&envoy, 4, "/api/org", &[("authorization", &tokens[1])]);
     assert_eq!(acme, 5);
     assert_eq!(admitted(&envoy, 6, "/api/org", &[("authorization", &tokens[2])]), 5);
+    // A token without the claim: the client's own header is gone too, so
+    // the rule does not apply (rather than spending acme's bucket).
+    let no_org = bearer(&issuer.token(json!({"sub": "dan"})));
+    let claimless: &[(&str, &[u8])] = &[("authorization", &no_org), ("x-jwt-org", b"acme")];
+    assert_eq!(admitted(&envoy, 8, "/api/org", claimless), 8, "no org claim: the per-org rule is skipped");
 }
 
 /// Two routes with names, metadata and clusters of their own, and a
