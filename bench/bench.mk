@@ -1,7 +1,7 @@
 # The benchmark of issue 4. The root Makefile includes this file; it also runs
 # on its own from the repository root:
 #
-#   make -f bench/bench.mk filter-bench         # the full run (about 12-13 minutes on 2 cores)
+#   make -f bench/bench.mk filter-bench         # the full run (about 15 minutes on 2 cores, estimated)
 #   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
 #   make -f bench/bench.mk filter-bench-ab BASE_WASM=old.wasm  # this module against another, alternating rounds
 #
