@@ -6,9 +6,9 @@
 //! costs what it adds on top of this.
 //!
 //! It exports exactly the hooks Envoy 1.40 requires of an HTTP filter
-//! module (`native/ABI.md`), touches no argument, allocates nothing (the
-//! configuration and every stream share one static object) and calls
-//! nothing of Envoy's.
+//! module (`native/ABI.md`; Envoy refuses a module that lacks one, naming
+//! it), touches no argument, allocates nothing (the configuration and
+//! every stream share one static object) and calls nothing of Envoy's.
 
 use std::ffi::c_void;
 
@@ -102,6 +102,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(_: *mut c_vo
 pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(_: *mut c_void, _: *const c_void) -> u32 {
     CONTINUE
 }
+
+/// A stream's scheduled event: it schedules none.
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(_: *mut c_void, _: *const c_void, _: u64) {}
 
 /// A stream completed: nothing to do.
 #[no_mangle]
