@@ -28,6 +28,7 @@ help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
 	@echo "make native  build the native module ($(NATIVE)); envoy/native.yaml runs it"
 	@echo "make test    install what is needed and run every test (the Envoy end-to-end suites once per build)"
+	@echo "make test-e2e-native  the Envoy end-to-end suites against the native build only"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service, then the fleet simulation)"
 	@echo "make fleet-sim  simulate fleets of 10-10,000 Envoys over 10^3-10^6 keys against the quota service's decisions"
 	@echo "make fuzz    fuzz each target for 5 minutes"
