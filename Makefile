@@ -14,7 +14,7 @@ QUOTA_IMAGE ?= floodgate-quota:dev
 ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')/envoy
 export ENVOY_BIN
 
-.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm native demo test test-core-wasm lint fuzz fuzz-quick bench plots clean
+.PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm native demo test test-e2e-native test-core-wasm lint fuzz fuzz-quick bench plots clean
 .PHONY: images image-wasm image-quota test-manifests test-deploy core-bench fleet-sim
 
 FUZZ_TARGETS := config descriptors state
@@ -27,7 +27,8 @@ include bench/bench.mk
 help:
 	@echo "make demo    build the filter and run Envoy with it on 127.0.0.1:10000"
 	@echo "make native  build the native module ($(NATIVE)); envoy/native.yaml runs it"
-	@echo "make test    install what is needed and run every test"
+	@echo "make test    install what is needed and run every test (the Envoy end-to-end suites once per build)"
+	@echo "make test-e2e-native  the Envoy end-to-end suites against the native build only"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service, then the fleet simulation)"
 	@echo "make fleet-sim  simulate fleets of 10-10,000 Envoys over 10^3-10^6 keys against the quota service's decisions"
 	@echo "make fuzz    fuzz each target for 5 minutes"
@@ -83,10 +84,21 @@ demo: deps-rust deps-envoy wasm
 
 test: deps wasm native lint
 	cargo test --workspace
+	$(MAKE) --no-print-directory test-e2e-native
 	$(MAKE) --no-print-directory test-core-wasm
 	$(MAKE) --no-print-directory test-manifests
 	$(MAKE) --no-print-directory test-deploy
 	$(MAKE) --no-print-directory fuzz-quick
+
+# The end-to-end suites that run against both builds. `cargo test
+# --workspace` runs them against the wasm build; this runs them against the
+# native one, the same tests with FLOODGATE_BUILD=native (tests/README.md:
+# what differs, and the tests that say so).
+E2E_SUITES := envoy algorithms descriptors global long_tail
+
+test-e2e-native: deps-envoy deps-redis native
+	cargo build -p floodgate-quota
+	FLOODGATE_BUILD=native cargo test -p floodgate-e2e $(addprefix --test ,$(E2E_SUITES))
 
 # The core's unit tests in wasm, the way Rust wasm crates test: under
 # wasm-bindgen-test, run by wasm-bindgen-test-runner in Node (V8, the engine

@@ -1,7 +1,7 @@
 # The benchmark of issue 4. The root Makefile includes this file; it also runs
 # on its own from the repository root:
 #
-#   make -f bench/bench.mk filter-bench         # the full run (about 12-13 minutes on 2 cores)
+#   make -f bench/bench.mk filter-bench         # the full run (about 15 minutes on 2 cores, estimated)
 #   make -f bench/bench.mk filter-bench-quick   # 1 round of 2 s: a smoke test
 #   make -f bench/bench.mk filter-bench-ab BASE_WASM=old.wasm  # this module against another, alternating rounds
 #
@@ -16,11 +16,14 @@
 # The modules the harness loads are the ones built here: where cargo puts
 # them (target/, unless CARGO_TARGET_DIR says otherwise), as absolute paths.
 # They are passed to the harness on its command line only: this file is
-# included by the root Makefile, and an exported FLOODGATE_WASM would also
-# reach the e2e tests.
+# included by the root Makefile, and an exported FLOODGATE_WASM or
+# FLOODGATE_NATIVE would also reach the e2e tests.
 BENCH_WASM_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))/wasm32-wasip1/release
+BENCH_NATIVE_DIR := $(abspath $(or $(CARGO_TARGET_DIR),target))/native
 BENCH_RUN := FLOODGATE_WASM=$(BENCH_WASM_DIR)/floodgate.wasm \
+  FLOODGATE_NATIVE=$(BENCH_NATIVE_DIR)/libfloodgate_native.so \
   NOOP_WASM=$(BENCH_WASM_DIR)/floodgate_bench_noop.wasm \
+  NOOP_NATIVE=$(BENCH_NATIVE_DIR)/libfloodgate_bench_noop_native.so \
   PROBE_WASM=$(BENCH_WASM_DIR)/floodgate_bench_probe.wasm \
   QUOTA_BIN=$(abspath $(or $(CARGO_TARGET_DIR),target))/release/floodgate-quota \
   cargo run --quiet --release -p floodgate-bench
@@ -33,11 +36,13 @@ filter-bench-deps:
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null; }
 
 # The filters in the release profile the shipped module uses (Floodgate, the
-# no-op and the host-call probe of the opt-in diagnostics), the harness, and
+# no-op and the host-call probe of the opt-in diagnostics), the native
+# module and its no-op in the profile `make native` uses, the harness, and
 # floodgate-quota (variant r: Envoy's global filter asking it over gRPC; the
 # global-mode variants: Floodgate asking it over HTTP).
 filter-bench-build: filter-bench-deps
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop -p floodgate-bench-probe
+	cargo build --profile native -p floodgate-native -p floodgate-bench-noop-native
 	cargo build --release -p floodgate-bench -p floodgate-quota
 
 filter-bench: filter-bench-build

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::filters::{self, EnvoyBucket, Filters};
+use crate::filters::{self, EnvoyBucket, Filters, Module};
 use crate::load::{closed_loop, LoadResult};
 use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
@@ -29,10 +29,13 @@ fn limiters() -> [Limiter; 2] {
     [
         Limiter {
             name: "floodgate",
-            filters: Filters::Floodgate(format!(
-                r#"{{"rules": [{{"name": "acc", "descriptors": {PER_KEY}, "algorithm": "token_bucket",
+            filters: Filters::Floodgate(
+                Module::Wasm,
+                format!(
+                    r#"{{"rules": [{{"name": "acc", "descriptors": {PER_KEY}, "algorithm": "token_bucket",
                      "limit": {ACC_LIMIT}, "period": "{ACC_PERIOD_S}s", "burst": {ACC_LIMIT}}}]}}"#
-            )),
+                ),
+            ),
             continuous: true,
         },
         Limiter {

@@ -5,7 +5,7 @@ use floodgate_e2e::{Envoy, QuotaServer};
 use serde_json::{json, Value};
 
 /// What a global-mode variant asked the quota service for: the filter's own
-/// counters (`wasmcustom.floodgate.global.*`, and the rules' `fallback`
+/// counters (`global.*` under its build's prefix, and the rules' `fallback`
 /// decisions), the service's `floodgate_quota_requests_total`, and the
 /// requests Envoy received. Read before, in the middle of and after each
 /// round; the service's counts include anything idle Envoys of other
@@ -33,10 +33,11 @@ impl CalloutCounts {
     /// The counters now.
     pub fn read(envoy: &Envoy, quota: &QuotaServer) -> CalloutCounts {
         let stats = envoy.stats_flushed();
-        let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.global.{name}")).copied().unwrap_or(0);
+        let stat = |name: &str| stats.get(&envoy.filter_stat_name(&format!("global.{name}"))).copied().unwrap_or(0);
+        let rules = envoy.filter_stat_name("rule.");
         let fallback = stats
             .iter()
-            .filter(|(name, _)| name.starts_with("wasmcustom.floodgate.rule.") && name.ends_with(".fallback"))
+            .filter(|(name, _)| name.starts_with(&rules) && name.ends_with(".fallback"))
             .map(|(_, v)| v)
             .sum();
         CalloutCounts {

@@ -1,12 +1,13 @@
 //! The Envoys under test: one bootstrap per variant, built from the
 //! harness's pieces (`floodgate_e2e::bootstrap`) — the same listener and
 //! connection manager for every variant, a `direct_response` route unless
-//! the variant proxies to an upstream; only the HTTP filters differ, and
-//! the clusters they call.
+//! the variant proxies to an upstream; only the HTTP filters differ (and
+//! which build of Floodgate, wasm or native, they load), and the clusters
+//! they call.
 
 use std::path::PathBuf;
 
-use floodgate_e2e::bootstrap::{self, cluster, route_to, wasm_filter, Bootstrap, Listener};
+use floodgate_e2e::bootstrap::{self, cluster, native_filter, route_to, wasm_filter, Bootstrap, Listener};
 use floodgate_e2e::envoy::write_bootstrap;
 use floodgate_e2e::{Build, Envoy, EnvoyOptions};
 use serde_json::{json, Value};
@@ -18,8 +19,12 @@ pub struct Paths {
     pub envoy: String,
     /// Floodgate's wasm module.
     pub floodgate_wasm: PathBuf,
+    /// Floodgate's native module.
+    pub floodgate_native: PathBuf,
     /// The no-op wasm module.
     pub noop_wasm: PathBuf,
+    /// The no-op native module.
+    pub noop_native: PathBuf,
     /// The host-call probe wasm module.
     pub probe_wasm: PathBuf,
     /// The floodgate-quota binary (for the global-filter and global-mode variants).
@@ -31,10 +36,22 @@ pub struct Paths {
     pub quota_unit: String,
 }
 
+/// Which of Floodgate's builds a variant loads (and which no-op module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Module {
+    /// The proxy-wasm module.
+    Wasm,
+    /// The dynamic module.
+    Native,
+}
+
 impl Paths {
-    /// The build of Floodgate the variants load.
-    pub fn floodgate(&self) -> Build {
-        Build::Wasm { module: self.floodgate_wasm.clone() }
+    /// Floodgate's build `module`.
+    pub fn floodgate(&self, module: Module) -> Build {
+        match module {
+            Module::Wasm => Build::Wasm { module: self.floodgate_wasm.clone() },
+            Module::Native => Build::Native { module: self.floodgate_native.clone() },
+        }
     }
 }
 
@@ -56,14 +73,17 @@ pub enum Filters {
     None,
     /// Envoy's `local_ratelimit` with one dynamic bucket per `x-api-key` value.
     EnvoyLocal(EnvoyBucket),
-    /// The no-op wasm filter.
-    Noop,
-    /// Floodgate with this plugin configuration (JSON).
-    Floodgate(String),
-    /// Floodgate in global mode: this plugin configuration (JSON), and the
-    /// cluster `floodgate-quota` its callouts go to, floodgate-quota's HTTP
-    /// API on this loopback port.
+    /// The no-op filter of this build: wasm (`noop-filter/`) or a dynamic
+    /// module (`noop-native/`).
+    Noop(Module),
+    /// Floodgate's build `module` with this plugin configuration (JSON).
+    Floodgate(Module, String),
+    /// Floodgate in global mode: its build, this plugin configuration
+    /// (JSON), and the cluster `floodgate-quota` its callouts go to,
+    /// floodgate-quota's HTTP API on this loopback port.
     FloodgateGlobal {
+        /// The build.
+        module: Module,
         /// The plugin configuration.
         config: String,
         /// floodgate-quota's `--listen` port.
@@ -142,11 +162,30 @@ impl Filters {
                     },
                 },
             })],
-            Filters::Noop => vec![wasm_filter("noop", &paths.noop_wasm, "{}")],
-            Filters::Floodgate(config) | Filters::FloodgateGlobal { config, .. } => {
-                vec![paths.floodgate().http_filter(config)]
+            Filters::Noop(Module::Wasm) => vec![wasm_filter("noop", &paths.noop_wasm, "{}")],
+            Filters::Noop(Module::Native) => vec![native_filter("noop", &paths.noop_native, "{}")],
+            Filters::Floodgate(module, config) | Filters::FloodgateGlobal { module, config, .. } => {
+                vec![paths.floodgate(*module).http_filter(config)]
             }
             Filters::Probe(config) => vec![wasm_filter("probe", &paths.probe_wasm, config)],
+        }
+    }
+
+    /// The build (wasm or native) of the Floodgate or no-op filter it loads, if any.
+    pub fn module(&self) -> Option<Module> {
+        match self {
+            Filters::Noop(module) | Filters::Floodgate(module, _) | Filters::FloodgateGlobal { module, .. } => {
+                Some(*module)
+            }
+            _ => None,
+        }
+    }
+
+    /// The build of Floodgate it loads, if it loads one.
+    pub fn floodgate(&self, paths: &Paths) -> Option<Build> {
+        match self {
+            Filters::Floodgate(module, _) | Filters::FloodgateGlobal { module, .. } => Some(paths.floodgate(*module)),
+            _ => None,
         }
     }
 
@@ -197,10 +236,16 @@ pub fn spawn(name: &str, filters: &Filters, paths: &Paths) -> Envoy {
         flags: Vec::new(),
         validate_first: true,
     };
+    let build = filters.floodgate(paths);
     let (filters, paths) = (filters.clone(), paths.clone());
-    Envoy::spawn(options, move |options, port, admin_port| {
+    let envoy = Envoy::spawn(options, move |options, port, admin_port| {
         write_bootstrap(options, &bootstrap(&filters, &paths, port, admin_port))
-    })
+    });
+    // Floodgate's stats are read where its build has them.
+    match build {
+        Some(build) => envoy.loading(&build),
+        None => envoy,
+    }
 }
 
 /// Starts Envoy (`name`) with the variant's bootstrap and waits until it is ready.

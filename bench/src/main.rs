@@ -33,8 +33,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::process::Command;
 
+use filters::Module;
 use serde_json::{json, Value};
 use settings::BenchSettings;
+use variants::Ports;
 
 fn shell(cmd: &str, args: &[&str]) -> String {
     Command::new(cmd)
@@ -64,15 +66,19 @@ fn machine() -> Value {
 /// Stops the run before anything starts when a module it loads is missing.
 fn check_modules(s: &BenchSettings) {
     let probing = s.runs("throughput") && s.selected().iter().any(|v| v.probe);
+    let native = s.selected().iter().any(|v| (v.filters)(&Ports::default()).module() == Some(Module::Native));
     let mut modules = vec![&s.paths.floodgate_wasm, &s.paths.noop_wasm];
     if probing {
         modules.push(&s.paths.probe_wasm);
     }
-    for wasm in modules {
+    if native {
+        modules.extend([&s.paths.floodgate_native, &s.paths.noop_native]);
+    }
+    for module in modules {
         assert!(
-            wasm.exists(),
+            module.exists(),
             "{} is missing: build it (make -f bench/bench.mk filter-bench builds them)",
-            wasm.display()
+            module.display()
         );
     }
 }
@@ -135,6 +141,7 @@ fn main() {
     raw.insert("machine".into(), machine);
     raw.insert("envoy".into(), json!(envoy_version));
     raw.insert("floodgate_wasm".into(), json!(s.paths.floodgate_wasm.display().to_string()));
+    raw.insert("floodgate_native".into(), json!(s.paths.floodgate_native.display().to_string()));
     std::fs::create_dir_all(&s.results_dir).unwrap();
     let file = s.results_dir.join(format!("bench-{}.json", date.replace(':', "")));
     std::fs::write(&file, serde_json::to_string_pretty(&raw).unwrap()).unwrap();

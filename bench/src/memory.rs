@@ -8,7 +8,7 @@ use std::time::Duration;
 use floodgate_e2e::Envoy;
 use serde_json::{json, Value};
 
-use crate::filters::{self, Filters};
+use crate::filters::{self, Filters, Module};
 use crate::load::{closed_loop, LoadResult};
 use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
@@ -74,7 +74,7 @@ fn diff(a: u64, b: u64) -> i64 {
 }
 
 pub fn memory(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
-    let filters = |max_keys: u64| Filters::Floodgate(plugin_config(max_keys));
+    let filters = |max_keys: u64| Filters::Floodgate(Module::Wasm, plugin_config(max_keys));
     // The control is the same module, rule and load with the smallest table
     // (max_keys 4: one group): the difference between the two Envoys is the
     // table, apart from Envoy, the VM and the module, which both carry.
@@ -85,9 +85,11 @@ pub fn memory(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Va
     let (fg, stats) = {
         let envoy = filters::start("mem-floodgate", &filters(MEM_MAX_KEYS), &s.paths);
         let run = memory_run(s, &envoy);
-        (run, envoy.stats_flushed())
+        let prefix = envoy.filter_stat_name("");
+        (run, (envoy.stats_flushed(), prefix))
     };
-    let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0);
+    let (stats, prefix) = stats;
+    let stat = |name: &str| stats.get(&format!("{prefix}{name}")).copied().unwrap_or(0);
     let counters = ["slot_evictions", "table_full", "store_errors", "corrupt_state", "allowed", "limited"];
     let counters: BTreeMap<&str, u64> = counters.into_iter().map(|name| (name, stat(name))).collect();
     let bound = stated_bound(&plugin_config(MEM_MAX_KEYS));

@@ -67,7 +67,8 @@ fn check_names(name: &str, given: &[String], known: &[&str]) {
 }
 
 impl BenchSettings {
-    /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `NOOP_WASM`, `PROBE_WASM`,
+    /// Reads `ENVOY_BIN`, `FLOODGATE_WASM`, `FLOODGATE_NATIVE`, `NOOP_WASM`,
+    /// `NOOP_NATIVE`, `PROBE_WASM`,
     /// `QUOTA_BIN`, `WRK_BIN`, `BENCH_ROUNDS` (5), `BENCH_DURATION` (5 s),
     /// `BENCH_WARMUP` (2 s), `BENCH_CONNECTIONS` (16), `BENCH_THREADS` (2),
     /// `BENCH_LATENCY_REQUESTS` (3,000), `BENCH_ACCURACY_SECS` (5),
@@ -92,7 +93,9 @@ impl BenchSettings {
             paths: Paths {
                 envoy: string_or("ENVOY_BIN", "envoy"),
                 floodgate_wasm: path("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm"),
+                floodgate_native: path("FLOODGATE_NATIVE", "target/native/libfloodgate_native.so"),
                 noop_wasm: path("NOOP_WASM", "target/wasm32-wasip1/release/floodgate_bench_noop.wasm"),
+                noop_native: path("NOOP_NATIVE", "target/native/libfloodgate_bench_noop_native.so"),
                 probe_wasm: path("PROBE_WASM", "target/wasm32-wasip1/release/floodgate_bench_probe.wasm"),
                 quota_bin: path("QUOTA_BIN", "target/release/floodgate-quota"),
                 scratch,

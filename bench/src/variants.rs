@@ -2,7 +2,7 @@
 //! everything the harness needs to know about it. The rest of the harness
 //! reads these fields and never tests a variant's id.
 
-use crate::filters::{EnvoyBucket, Filters};
+use crate::filters::{EnvoyBucket, Filters, Module};
 use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
@@ -177,7 +177,16 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "c",
         label: "no-op wasm filter",
-        filters: |_| Filters::Noop,
+        filters: |_| Filters::Noop(Module::Wasm),
+        reference: Some("a"),
+        default: true,
+        ..ROW
+    },
+    // The native build's floor: a dynamic module that does nothing (issue 33).
+    Variant {
+        id: "nc",
+        label: "no-op native filter (dynamic module)",
+        filters: |_| Filters::Noop(Module::Native),
         reference: Some("a"),
         default: true,
         ..ROW
@@ -190,6 +199,17 @@ pub static VARIANTS: &[Variant] = &[
         column_of: &[ReportTable::Global],
         default: true,
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.90)), p99_ratio(14, "c", Bound::AtMost(1.20))],
+        ..ROW
+    },
+    // (d) in the native build, beside Envoy's own per-descriptor limiter
+    // (b) and the wasm build (d) on the same key and load (issue 33).
+    Variant {
+        id: "nd",
+        label: "Floodgate native, per key, never limits",
+        filters: |_| native(&format!(r#"{{"rules": [{}]}}"#, per_key_rule())),
+        reference: Some("nc"),
+        default: true,
+        targets: &[throughput_ratio(33, "b", Bound::AtLeast(1.0)), throughput_ratio(33, "d", Bound::AtLeast(1.3))],
         ..ROW
     },
     Variant {
@@ -287,7 +307,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gk",
         label: "Floodgate global, lease, per key (1000 keys)",
-        filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "per-api-key", "lease", PER_KEY, ""),
         keys: MANY_KEYS,
         service: QuotaBackend::Leases,
         reference: Some("dk"),
@@ -318,7 +338,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gt",
         label: "Floodgate global, lease, 10,000 keys, per-second windows",
-        filters: |p| global_rule(p.quota_http, "per-api-key", "lease", PER_KEY, ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "per-api-key", "lease", PER_KEY, ""),
         keys: LONG_TAIL_KEYS,
         service: QuotaBackend::Leases,
         reference: Some("dt"),
@@ -330,7 +350,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gtm",
         label: "Floodgate global, lease, 10,000 keys, per-minute windows",
-        filters: |p| global_rule(p.quota_http, "per-api-key-minute", "lease", &per_minute_key(), ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "per-api-key-minute", "lease", &per_minute_key(), ""),
         keys: LONG_TAIL_KEYS,
         service: QuotaBackend::Leases,
         reference: Some("dt"),
@@ -342,7 +362,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gct",
         label: "Floodgate global, check mode, 10,000 keys, per-second windows",
-        filters: |p| global_rule(p.quota_http, "per-api-key", "check", PER_KEY, ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "per-api-key", "check", PER_KEY, ""),
         keys: LONG_TAIL_KEYS,
         service: QuotaBackend::Leases,
         reference: Some("dt"),
@@ -363,7 +383,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gl",
         label: "Floodgate global, lease, one hot key",
-        filters: |p| global_rule(p.quota_http, "whole-site", "lease", &hot_key(), ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "whole-site", "lease", &hot_key(), ""),
         service: QuotaBackend::Leases,
         reference: Some("i"),
         latency: true,
@@ -374,7 +394,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gc",
         label: "Floodgate global, check mode, one hot key",
-        filters: |p| global_rule(p.quota_http, "whole-site", "check", &hot_key(), ""),
+        filters: |p| global_rule(Module::Wasm, p.quota_http, "whole-site", "check", &hot_key(), ""),
         service: QuotaBackend::Leases,
         reference: Some("i"),
         latency: true,
@@ -388,6 +408,37 @@ pub static VARIANTS: &[Variant] = &[
             ),
             Target::new(15, Measure::Ratio { metric: RoundFigure::LatencyP50, against: "r" }, Bound::AtMost(1.2)),
         ],
+        ..ROW
+    },
+    // The native build's global mode on the hot key (issue 33), beside
+    // (gl) and (gc), with its own local reference (ni), as (i) is theirs.
+    Variant {
+        id: "ni",
+        label: "Floodgate native, one global bucket (hot key)",
+        filters: |_| native(&format!(r#"{{"rules": [{}]}}"#, never_limiting_rule("whole-site", WHOLE_SITE))),
+        latency: true,
+        default: true,
+        ..ROW
+    },
+    Variant {
+        id: "ngl",
+        label: "Floodgate native global, lease, one hot key",
+        filters: |p| global_rule(Module::Native, p.quota_http, "whole-site", "lease", &hot_key(), ""),
+        service: QuotaBackend::Leases,
+        reference: Some("ni"),
+        latency: true,
+        default: true,
+        targets: &[LEASE_CALLOUTS],
+        ..ROW
+    },
+    Variant {
+        id: "ngc",
+        label: "Floodgate native global, check mode, one hot key",
+        filters: |p| global_rule(Module::Native, p.quota_http, "whole-site", "check", &hot_key(), ""),
+        service: QuotaBackend::Leases,
+        reference: Some("ni"),
+        latency: true,
+        default: true,
         ..ROW
     },
     // Diagnostics. (g): the filter runs but no rule applies — no header
@@ -432,6 +483,7 @@ pub static VARIANTS: &[Variant] = &[
         label: "Floodgate global as (gk), leases of 10 s",
         filters: |p| {
             global_rule(
+                Module::Wasm,
                 p.long_lease_http,
                 "per-api-key",
                 "lease",
@@ -495,20 +547,28 @@ fn hot_key() -> String {
     format!(r#"[{{"generic_key": {{"descriptor_key": "{}", "descriptor_value": "{}"}}}}]"#, HOT_KEY.0, HOT_KEY.1)
 }
 
+/// The wasm build with this plugin configuration.
 fn floodgate(config: &str) -> Filters {
-    Filters::Floodgate(config.to_string())
+    Filters::Floodgate(Module::Wasm, config.to_string())
+}
+
+/// The native build with this plugin configuration.
+fn native(config: &str) -> Filters {
+    Filters::Floodgate(Module::Native, config.to_string())
 }
 
 fn probe(call: &str) -> Filters {
     Filters::Probe(format!("{call}={PROBE_REPEATS}"))
 }
 
-/// A Floodgate global rule named `name` in `mode`, asking floodgate-quota on
-/// `quota` (domain `bench`, default timeouts, plus `global_extra` fields of
-/// the `global` section). Its limit is the service's; with fallback `deny`,
-/// a decision the service could not make shows as a 429.
-fn global_rule(quota: u16, name: &str, mode: &str, descriptors: &str, global_extra: &str) -> Filters {
+/// A Floodgate global rule named `name` in `mode`, in build `module`,
+/// asking floodgate-quota on `quota` (domain `bench`, default timeouts,
+/// plus `global_extra` fields of the `global` section). Its limit is the
+/// service's; with fallback `deny`, a decision the service could not make
+/// shows as a 429.
+fn global_rule(module: Module, quota: u16, name: &str, mode: &str, descriptors: &str, global_extra: &str) -> Filters {
     Filters::FloodgateGlobal {
+        module,
         config: format!(
             r#"{{"rules": [{{"name": "{name}", "scope": "global", "mode": "{mode}", "fallback": "deny",
                  "descriptors": {descriptors}}}],
@@ -545,7 +605,7 @@ mod tests {
 
     #[test]
     fn the_default_list_is_the_one_make_bench_always_ran() {
-        assert_eq!(default_ids(), "a,b,c,d,d2,e,f,db,u,r,dk,gk,dt,gt,gtm,gct,i,gl,gc");
+        assert_eq!(default_ids(), "a,b,c,nc,d,nd,d2,e,f,db,u,r,dk,gk,dt,gt,gtm,gct,i,gl,gc,ni,ngl,ngc");
     }
 
     #[test]
@@ -554,7 +614,7 @@ mod tests {
         let gtm = find("gtm").unwrap();
         assert_eq!(gtm.service, QuotaBackend::Leases, "the instance of (gk)");
         match (gtm.filters)(&ports) {
-            Filters::FloodgateGlobal { config, quota } => {
+            Filters::FloodgateGlobal { config, quota, .. } => {
                 assert_eq!(quota, 3);
                 assert!(config.contains(&format!(r#""descriptor_key": "{PER_MINUTE_KEY}""#)), "{config}");
             }
@@ -569,7 +629,7 @@ mod tests {
         let ports = Ports { upstream: 1, grpc: 2, quota_http: 3, long_lease_http: 4 };
         let mut parsed = 0;
         for v in VARIANTS {
-            if let Filters::Floodgate(config) | Filters::FloodgateGlobal { config, .. } = (v.filters)(&ports) {
+            if let Filters::Floodgate(_, config) | Filters::FloodgateGlobal { config, .. } = (v.filters)(&ports) {
                 Config::parse(config.as_bytes()).unwrap_or_else(|e| panic!("({}): {e}: {config}", v.id));
                 parsed += 1;
             }

@@ -10,7 +10,7 @@
 use std::net::IpAddr;
 
 use crate::hash::SipHasher;
-use crate::metadata::{self, Found, MetadataKey, MetadataSource};
+use crate::metadata::{self, Found, MetadataKey, MetadataSource, Wanted};
 use crate::query;
 use crate::value::{bounded_text, BoundedValue};
 
@@ -68,11 +68,14 @@ pub trait Request {
     /// `attribute`'s bytes, or `None` when Envoy has none (or only empty bytes).
     fn attribute(&mut self, attribute: Attribute) -> Option<&[u8]>;
 
-    /// The value at `key` in the metadata `source` names. By default it is
-    /// found in the serialized metadata [`Request::attribute`] gives (what
-    /// the wasm build reads); a host that reads metadata by key instead
+    /// The value at `key` in the metadata `source` names, where the caller
+    /// uses only the kinds of value `wanted` says (a host may answer
+    /// [`Found::Absent`] for any other). By default it is found in the
+    /// serialized metadata [`Request::attribute`] gives (what the wasm build
+    /// reads), whatever its kind; a host that reads metadata by key instead
     /// answers it itself.
-    fn metadata(&mut self, source: MetadataSource, key: &MetadataKey) -> Found<'_> {
+    fn metadata(&mut self, source: MetadataSource, key: &MetadataKey, wanted: Wanted) -> Found<'_> {
+        let _ = wanted;
         match self.attribute(Attribute::metadata(source)) {
             Some(blob) => metadata::lookup(blob, key),
             None => Found::Absent,
@@ -206,6 +209,17 @@ pub enum MetadataValueMatch {
     Bool(bool),
     /// Any string, number or boolean.
     Present,
+}
+
+impl MetadataValueMatch {
+    /// The kinds of value it can match.
+    pub fn wanted(&self) -> Wanted {
+        match self {
+            MetadataValueMatch::String(_) => Wanted::String,
+            MetadataValueMatch::Bool(_) => Wanted::Bool,
+            MetadataValueMatch::Present => Wanted::Scalar,
+        }
+    }
 }
 
 impl MetadataMatcher {
@@ -381,7 +395,7 @@ pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit
                 visit(key, Value::Bytes(value.as_bytes()));
             }
             DescriptorEntry::Metadata { key, source, metadata_key, default_value, skip_if_absent } => {
-                let found = request.metadata(*source, metadata_key).non_empty_string();
+                let found = request.metadata(*source, metadata_key, Wanted::String).non_empty_string();
                 match (found, default_value) {
                     (Some(value), _) => visit(key, Value::Bytes(BoundedValue::bound(value, &mut spare))),
                     (None, Some(default)) => visit(key, Value::Bytes(default.as_bytes())),
@@ -584,7 +598,8 @@ impl RequestMatch {
             }
         }
         if let Some(matcher) = &self.route_metadata {
-            if !matcher.matches_found(request.metadata(MetadataSource::RouteEntry, &matcher.key)) {
+            let found = request.metadata(MetadataSource::RouteEntry, &matcher.key, matcher.value.wanted());
+            if !matcher.matches_found(found) {
                 return false;
             }
         }

@@ -69,6 +69,21 @@ impl<'a> Found<'a> {
     }
 }
 
+/// The kinds of value a reader of metadata can use: a host that must ask
+/// for each kind of value separately (the native build: Envoy answers a
+/// string, a number or a boolean at a key, and logs an error for a value of
+/// another kind than the one asked) asks only for these, the commonest
+/// first. Whatever it leaves unasked the reader treats as absent anyway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// Only a string: a `metadata` descriptor entry, a `string_match`.
+    String,
+    /// Only a boolean: a `bool_match`.
+    Bool,
+    /// A string, a number or a boolean: a `present_match`.
+    Scalar,
+}
+
 /// Finds `key` in the serialized `metadata`.
 pub fn lookup<'a>(metadata: &'a [u8], key: &MetadataKey) -> Found<'a> {
     let Some(mut fields) = map_value(metadata, key.namespace.as_bytes()) else { return Found::Absent };

@@ -4,7 +4,7 @@
 //! copied.
 
 use floodgate_core::descriptor::{Attribute, HeaderId, Request};
-use floodgate_core::metadata::{Found, MetadataKey, MetadataSource};
+use floodgate_core::metadata::{Found, MetadataKey, MetadataSource, Wanted};
 
 use crate::abi::{self, AttributeId, Filter};
 
@@ -67,22 +67,29 @@ impl Request for StreamRequest<'_> {
             .get_or_insert_with(|| filter.attribute(id).filter(|value| !value.is_empty()))
     }
 
-    /// Envoy serves metadata one key deep, with its type: a string, a number
+    /// Envoy serves metadata one key deep, asked for as a string, a number
     /// or a boolean (anything else reads as absent, which is what the core
-    /// makes of it too). Longer paths are refused with the configuration.
-    fn metadata(&mut self, source: MetadataSource, key: &MetadataKey) -> Found<'_> {
+    /// makes of it too); longer paths are refused with the configuration.
+    /// Envoy logs an error for every value asked for as a kind it is not,
+    /// so only the kinds the caller uses are asked for, a string first: a
+    /// `metadata` entry or a `string_match` (a string or nothing) and a
+    /// `bool_match` never log, a `present_match` logs only for a value that
+    /// is not a string. A value of a kind the caller cannot use logs once.
+    fn metadata(&mut self, source: MetadataSource, key: &MetadataKey, wanted: Wanted) -> Found<'_> {
         let [name] = key.path.as_slice() else { return Found::Absent };
         let source = match source {
             MetadataSource::Dynamic => abi::MetadataSource::Dynamic,
             MetadataSource::RouteEntry => abi::MetadataSource::Route,
         };
         let filter = self.filter;
-        if let Some(value) = filter.metadata_string(source, &key.namespace, name) {
-            return Found::String(value);
-        }
-        if let Some(value) = filter.metadata_number(source, &key.namespace, name) {
-            return Found::Number(value);
-        }
-        filter.metadata_bool(source, &key.namespace, name).map_or(Found::Absent, Found::Bool)
+        let string = || filter.metadata_string(source, &key.namespace, name).map(Found::String);
+        let number = || filter.metadata_number(source, &key.namespace, name).map(Found::Number);
+        let boolean = || filter.metadata_bool(source, &key.namespace, name).map(Found::Bool);
+        let found = match wanted {
+            Wanted::String => string(),
+            Wanted::Bool => boolean(),
+            Wanted::Scalar => string().or_else(number).or_else(boolean),
+        };
+        found.unwrap_or(Found::Absent)
     }
 }

@@ -12,7 +12,13 @@ use serde_json::{json, Map, Value};
 /// A build of Floodgate, and how an Envoy loads it. Every suite, the plots
 /// and the bench render Floodgate's filter through [`Build::http_filter`]
 /// with the same JSON plugin configuration, so running them against
-/// another build is this one value.
+/// another build is this one value: the end-to-end suites take it from
+/// `$FLOODGATE_BUILD` ([`Build::from_env`]), and `make test` runs them once
+/// per build.
+///
+/// What one build does and the other does not is said here, once, by the
+/// methods under "What differs"; a test whose assertions depend on it asks
+/// them (`tests/README.md` lists those tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Build {
     /// The proxy-wasm module (`wasm32-wasip1`) at this path.
@@ -20,27 +26,128 @@ pub enum Build {
         /// The `.wasm` file.
         module: PathBuf,
     },
+    /// The native dynamic module (`envoy.filters.http.dynamic_modules`) at
+    /// this path.
+    Native {
+        /// The `.so` file.
+        module: PathBuf,
+    },
+}
+
+/// The value of `$FLOODGATE_BUILD` that selects the native build (unset,
+/// empty or `wasm`: the wasm build).
+const NATIVE: &str = "native";
+
+/// Whether `$FLOODGATE_BUILD` names the native build; any value but the two
+/// builds' names stops the run.
+fn native_from_env() -> bool {
+    match std::env::var("FLOODGATE_BUILD").as_deref() {
+        Err(_) | Ok("" | "wasm") => false,
+        Ok(NATIVE) => true,
+        Ok(other) => panic!("FLOODGATE_BUILD={other:?}: use \"wasm\" (the default) or \"native\""),
+    }
+}
+
+/// The prefix of Floodgate's stats in the build `$FLOODGATE_BUILD` names
+/// (see [`Build::stats_prefix`]), without looking for the built file.
+pub fn stats_prefix_from_env() -> &'static str {
+    if native_from_env() {
+        Build::NATIVE_STATS
+    } else {
+        Build::WASM_STATS
+    }
 }
 
 impl Build {
-    /// The build the end-to-end tests load: the wasm module at
-    /// `$FLOODGATE_WASM`, or the release build in `target/`.
+    /// Where the wasm build's stats are: Envoy prefixes a wasm filter's
+    /// metrics with `wasmcustom.`.
+    pub const WASM_STATS: &'static str = "wasmcustom.floodgate.";
+    /// Where the native build's stats are: Envoy prefixes a dynamic
+    /// module's metrics with `dynamicmodulescustom.`.
+    pub const NATIVE_STATS: &'static str = "dynamicmodulescustom.floodgate.";
+
+    /// The build the end-to-end tests load, as `$FLOODGATE_BUILD` names it:
+    /// `wasm` (or unset) the wasm module at `$FLOODGATE_WASM` or the release
+    /// build in `target/` (`make wasm`); `native` the dynamic module at
+    /// `$FLOODGATE_NATIVE` or `make native`'s in `target/native/`.
     pub fn from_env() -> Build {
-        Build::Wasm { module: wasm_path() }
+        if native_from_env() {
+            Build::Native { module: native_path() }
+        } else {
+            Build::Wasm { module: wasm_path() }
+        }
+    }
+
+    /// Its short name, `wasm` or `native`, for messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Build::Wasm { .. } => "wasm",
+            Build::Native { .. } => NATIVE,
+        }
     }
 
     /// Floodgate's `http_filters` entry, running the plugin configuration
-    /// `config` (JSON, handed to the filter as written).
+    /// `config` (JSON, handed to the filter as written), under the name
+    /// `floodgate`.
     pub fn http_filter(&self, config: &str) -> Value {
+        self.http_filter_named("floodgate", config)
+    }
+
+    /// Floodgate's `http_filters` entry under `name`, the name filters
+    /// share their buckets by: the wasm build's `vm_id` (and plugin name),
+    /// the native build's `filter_name`.
+    pub fn http_filter_named(&self, name: &str, config: &str) -> Value {
         match self {
-            Build::Wasm { module } => wasm_filter("floodgate", module, config),
+            Build::Wasm { module } => wasm_filter(name, module, config),
+            Build::Native { module } => native_filter(name, module, config),
         }
+    }
+
+    /// The prefix of the filter's stats: [`Build::WASM_STATS`] or
+    /// [`Build::NATIVE_STATS`] (the same names follow it in both).
+    pub fn stats_prefix(&self) -> &'static str {
+        match self {
+            Build::Wasm { .. } => Build::WASM_STATS,
+            Build::Native { .. } => Build::NATIVE_STATS,
+        }
+    }
+
+    // What differs. Everything else — responses, headers, stat names after
+    // the prefix, every algorithm, exactness, global mode — is the same.
+
+    /// Whether a `metadata` entry or `route_metadata` condition may read
+    /// below a namespace's top-level keys (a JWT claim in `jwt_authn`'s
+    /// `jwt_payload`). The native build reads metadata one key deep (Envoy's
+    /// dynamic module ABI serves no more) and refuses a longer path at load,
+    /// naming `jwt_authn`'s `claim_to_headers` as the way to a claim.
+    pub fn reads_nested_metadata(&self) -> bool {
+        matches!(self, Build::Wasm { .. })
+    }
+
+    /// Whether a `source_cluster` descriptor entry is served. The native
+    /// build refuses it at load (the ABI does not expose the node), naming a
+    /// `generic_key` with the cluster's name as the way.
+    pub fn reads_source_cluster(&self) -> bool {
+        matches!(self, Build::Wasm { .. })
+    }
+
+    /// Whether the filter runs in a VM Envoy reloads if it crashes
+    /// (`failure_policy: FAIL_RELOAD`, and its `vm_reload` stats). The native
+    /// module has no VM: each of its hooks catches a panic and logs it
+    /// (`panic caught before it reached Envoy: panicked at …`).
+    pub fn runs_in_a_vm(&self) -> bool {
+        matches!(self, Build::Wasm { .. })
     }
 }
 
 /// The built wasm filter: `$FLOODGATE_WASM`, or the release build in `target/`.
 pub fn wasm_path() -> PathBuf {
     crate::ports::built_file("FLOODGATE_WASM", "target/wasm32-wasip1/release/floodgate.wasm", "make wasm")
+}
+
+/// The built native module: `$FLOODGATE_NATIVE`, or `make native`'s in `target/native/`.
+pub fn native_path() -> PathBuf {
+    crate::ports::built_file("FLOODGATE_NATIVE", "target/native/libfloodgate_native.so", "make native")
 }
 
 /// An `http_filters` entry: the proxy-wasm module at `module`, named `name`
@@ -64,6 +171,26 @@ pub fn wasm_filter(name: &str, module: &Path, config: &str) -> Value {
                 },
                 "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config},
             },
+        },
+    })
+}
+
+/// An `http_filters` entry: the dynamic module at `module` as Envoy's
+/// `dynamic_modules` filter named `name` (its `filter_name`), with the
+/// plugin configuration `config` (a string, as Envoy hands it to the
+/// module), kept loaded for the life of the process (`do_not_close`), as
+/// the README deploys it: its buckets live in the module's memory.
+pub fn native_filter(name: &str, module: &Path, config: &str) -> Value {
+    json!({
+        "name": "envoy.filters.http.dynamic_modules",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "module": {"local": {"filename": module.display().to_string()}},
+                "do_not_close": true,
+            },
+            "filter_name": name,
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config},
         },
     })
 }

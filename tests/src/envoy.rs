@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use crate::bootstrap::{stats_prefix_from_env, Build};
 use crate::http::Conn;
 use crate::ports::{free_port, scratch_dir};
 use crate::process::Process;
@@ -25,6 +26,18 @@ pub fn envoy_bin() -> String {
 /// Runs `envoy --mode validate` on a bootstrap file.
 pub fn validate(config: &Path) -> Output {
     validate_with(&envoy_bin(), config)
+}
+
+/// What Envoy says when it refuses `setup`: its log from `envoy --mode
+/// validate` on the set-up's bootstrap, which creates the filter's
+/// configuration as a start does. Panics if Envoy accepts it.
+pub fn refusal(setup: &Setup) -> String {
+    let path = scratch_dir().join("refused.json");
+    fs::write(&path, setup.bootstrap(free_port(), free_port()).to_string()).unwrap();
+    let output = validate(&path);
+    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success(), "envoy accepted the configuration:\n{}\n{log}", setup.plugin_config);
+    log
 }
 
 fn validate_with(bin: &str, config: &Path) -> Output {
@@ -96,6 +109,8 @@ pub struct Envoy {
     write_config: WriteConfig,
     config: PathBuf,
     attempts: u32,
+    /// The prefix of Floodgate's stats in this Envoy (its [`Build`]'s).
+    filter_stats: &'static str,
 }
 
 /// Writes `bootstrap` (JSON) as `<name>.json` in the options' directory;
@@ -109,21 +124,33 @@ pub fn write_bootstrap(options: &EnvoyOptions, bootstrap: &Value) -> PathBuf {
 impl Envoy {
     /// Starts Envoy with `setup` as a static listener and waits until it is ready.
     pub fn start(setup: &Setup) -> Envoy {
+        let build = setup.build.clone();
         let setup = setup.clone();
         Self::start_with(EnvoyOptions::e2e(), move |options, port, admin_port| {
             write_bootstrap(options, &setup.bootstrap(port, admin_port))
         })
+        .loading(&build)
     }
 
     /// Starts Envoy with `setup` as a listener served from a file by LDS, so
     /// that [`Envoy::update_listener`] can change it as a control plane would.
     pub fn start_dynamic(setup: &Setup) -> Envoy {
+        let build = setup.build.clone();
         let setup = setup.clone();
         Self::start_with(EnvoyOptions::e2e(), move |options, port, admin_port| {
             let lds = options.dir.join("lds.json");
             fs::write(&lds, setup.listener(port).to_lds_file().to_string()).unwrap();
             write_bootstrap(options, &setup.dynamic_bootstrap(&lds, admin_port))
         })
+        .loading(&build)
+    }
+
+    /// The same Envoy, its Floodgate stats read as `build`'s
+    /// ([`Envoy::filter_stat`]); an Envoy started from a bootstrap of the
+    /// caller's reads them as the build `$FLOODGATE_BUILD` names.
+    pub fn loading(mut self, build: &Build) -> Envoy {
+        self.filter_stats = build.stats_prefix();
+        self
     }
 
     /// Starts Envoy with a YAML bootstrap of the caller's, rendered for the
@@ -169,7 +196,16 @@ impl Envoy {
             );
         }
         let process = Self::run(&options, &config);
-        Envoy { process, port, admin_port, options, write_config: Box::new(write_config), config, attempts: 1 }
+        Envoy {
+            process,
+            port,
+            admin_port,
+            options,
+            write_config: Box::new(write_config),
+            config,
+            attempts: 1,
+            filter_stats: stats_prefix_from_env(),
+        }
     }
 
     fn run(options: &EnvoyOptions, config: &Path) -> Process {
@@ -247,9 +283,14 @@ impl Envoy {
 
     /// The last lines Envoy logged.
     pub fn log_tail(&self) -> String {
-        let text = fs::read_to_string(Self::log_path(&self.options)).unwrap_or_default();
+        let text = self.log();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Everything Envoy logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(Self::log_path(&self.options)).unwrap_or_default()
     }
 
     /// A new keep-alive connection to the listener.
@@ -264,8 +305,9 @@ impl Envoy {
     }
 
     /// Every counter and gauge in `/stats`, once the filter's workers have
-    /// flushed what they counted: the filter hands its counts to Envoy on
-    /// each worker's tick, at most 100 ms after counting, so this waits
+    /// flushed what they counted: the wasm filter hands its counts to Envoy
+    /// on each worker's tick, at most 100 ms after counting (the native one
+    /// as it counts), so this waits
     /// until two reads 150 ms apart agree (at most 3 s, for stats that move
     /// under traffic).
     pub fn stats(&self) -> HashMap<String, u64> {
@@ -303,6 +345,23 @@ impl Envoy {
     /// One stat as Envoy has it now (for polling until it reads a value).
     pub fn stat_now(&self, name: &str) -> u64 {
         self.stats_now().get(name).copied().unwrap_or(0)
+    }
+
+    /// The full name of Floodgate's stat `name` (e.g. `rule.per-key.allowed`)
+    /// in this Envoy: under `wasmcustom.floodgate.` or
+    /// `dynamicmodulescustom.floodgate.`, as its build has them.
+    pub fn filter_stat_name(&self, name: &str) -> String {
+        format!("{}{name}", self.filter_stats)
+    }
+
+    /// Floodgate's stat `name`, as [`Envoy::stat`] reads it, 0 if absent.
+    pub fn filter_stat(&self, name: &str) -> u64 {
+        self.stat(&self.filter_stat_name(name))
+    }
+
+    /// Floodgate's stat `name` as Envoy has it now.
+    pub fn filter_stat_now(&self, name: &str) -> u64 {
+        self.stat_now(&self.filter_stat_name(name))
     }
 
     /// Connections each worker accepted on the listener so far

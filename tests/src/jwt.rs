@@ -72,6 +72,17 @@ impl Issuer {
     /// metadata (`envoy.filters.http.jwt_authn`, key `jwt_payload`): for
     /// [`crate::setup::Setup::filters_before`].
     pub fn jwt_authn_filter(&self, prefix: &str) -> serde_json::Value {
+        self.jwt_authn_filter_with_claim_headers(prefix, &[])
+    }
+
+    /// The same filter, also copying each verified claim `(claim, header)`
+    /// to a request header (`claim_to_headers`; a nested claim by its
+    /// dotted path, e.g. `org.id`).
+    pub fn jwt_authn_filter_with_claim_headers(&self, prefix: &str, claims: &[(&str, &str)]) -> serde_json::Value {
+        let claim_to_headers: Vec<serde_json::Value> = claims
+            .iter()
+            .map(|(claim, header)| serde_json::json!({"claim_name": claim, "header_name": header}))
+            .collect();
         serde_json::json!({
             "name": "envoy.filters.http.jwt_authn",
             "typed_config": {
@@ -81,6 +92,7 @@ impl Issuer {
                         "issuer": Self::ISS,
                         "local_jwks": {"inline_string": self.jwks()},
                         "payload_in_metadata": "jwt_payload",
+                        "claim_to_headers": claim_to_headers,
                     },
                 },
                 "rules": [{"match": {"prefix": prefix}, "requires": {"provider_name": "test"}}],

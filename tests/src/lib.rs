@@ -7,10 +7,11 @@
 //! By concern: `ports` (ports, scratch directories, the repository root,
 //! built files), `process` (every process started, killed on drop or on a
 //! panic), `bootstrap` (the pieces of a bootstrap, and the [`Build`] of
-//! Floodgate they load), `setup` (the Envoy under test), `envoy` (the
-//! process and its admin endpoint), `http` (the client), `load` (concurrent
-//! loads), `access_log` (admissions counted by instant), `quota` (the
-//! service's binary), `redis`, `jwt`.
+//! Floodgate they load — wasm or native — with what differs between the
+//! two), `setup` (the Envoy under test), `envoy` (the process and its admin
+//! endpoint, and what it says when it refuses a set-up), `http` (the
+//! client), `load` (concurrent loads), `access_log` (admissions counted by
+//! instant), `quota` (the service's binary), `redis`, `jwt`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -29,7 +30,7 @@ pub mod setup;
 pub use crate::redis::{RedisCluster, RedisServer};
 pub use access_log::{Admission, AdmissionLog};
 pub use bootstrap::Build;
-pub use envoy::{assert_both_workers_served, envoy_bin, validate, Envoy, EnvoyOptions, Update};
+pub use envoy::{assert_both_workers_served, envoy_bin, refusal, validate, Envoy, EnvoyOptions, Update};
 pub use http::{Conn, HttpResponse};
 pub use jwt::Issuer;
 pub use load::{hammer, hammer_with, Shot};

@@ -41,11 +41,11 @@ fn burst(envoy: &Envoy, clients: usize, path: &'static str) -> Vec<(HttpResponse
     send_all(envoy.port, vec![(path, Vec::new()); clients])
 }
 
-/// Waits until stat `name` reads `value` (or fails after 10 s).
+/// Waits until Floodgate's stat `name` reads `value` (or fails after 10 s).
 fn wait_for_stat(envoy: &Envoy, name: &str, value: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat_now(name) != value {
-        assert!(Instant::now() < deadline, "{name} is {}, never {value}", envoy.stat_now(name));
+    while envoy.filter_stat_now(name) != value {
+        assert!(Instant::now() < deadline, "{name} is {}, never {value}", envoy.filter_stat_now(name));
         thread::sleep(Duration::from_millis(20));
     }
 }
@@ -72,12 +72,12 @@ fn the_shaper_delays_requests_to_the_rate_and_denies_beyond_max_delay() {
         let retry: u64 = limited.header("retry-after").unwrap().parse().unwrap();
         assert!((1..=6).contains(&retry), "retry-after {retry}");
     }
-    assert_eq!(envoy.stat("wasmcustom.floodgate.delayed"), 5);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.paced.delayed"), 5);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.allowed"), 6);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.limited"), 4);
-    let requested = envoy.stat("wasmcustom.floodgate.delay_requested_ms");
-    let actual = envoy.stat("wasmcustom.floodgate.delay_actual_ms");
+    assert_eq!(envoy.filter_stat("delayed"), 5);
+    assert_eq!(envoy.filter_stat("rule.paced.delayed"), 5);
+    assert_eq!(envoy.filter_stat("allowed"), 6);
+    assert_eq!(envoy.filter_stat("limited"), 4);
+    let requested = envoy.filter_stat("delay_requested_ms");
+    let actual = envoy.filter_stat("delay_actual_ms");
     // Each delay is measured from the request's own clock reading. A worker
     // may read the clock, lose the CPU, and decide after a request that read
     // it later: its delay then exceeds k s by that gap (15001 ms was seen on a
@@ -100,7 +100,7 @@ fn a_client_that_leaves_while_delayed_frees_its_place() {
         drop(conn);
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while envoy.stat_now("wasmcustom.floodgate.delay_abandoned") < 5 {
+    while envoy.filter_stat_now("delay_abandoned") < 5 {
         assert!(Instant::now() < deadline, "abandoned waits were not counted");
         thread::sleep(Duration::from_millis(20));
     }
@@ -110,7 +110,7 @@ fn a_client_that_leaves_while_delayed_frees_its_place() {
     let response = envoy.connect().get("/", &[]);
     assert_eq!(response.status, 200, "{response:?}");
     assert!(started.elapsed() >= Duration::from_millis(500));
-    assert_eq!(envoy.stat("wasmcustom.floodgate.delayed"), 1);
+    assert_eq!(envoy.filter_stat("delayed"), 1);
 }
 
 /// A per-API-key rule of 20 per hour with `algorithm` (its fields as JSON).
@@ -131,8 +131,8 @@ fn assert_exact_per_key(envoy: &Envoy) {
         assert_eq!(*n, 20, "key {key} got {n} through");
     }
     assert_both_workers_served(envoy);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 200);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 960 - 200);
+    assert_eq!(envoy.filter_stat("rule.per-key.allowed"), 200);
+    assert_eq!(envoy.filter_stat("rule.per-key.limited"), 960 - 200);
 }
 
 #[test]
@@ -166,7 +166,7 @@ const CONCURRENCY: &str = r#"{"rules": [{"name": "slots", "algorithm": "concurre
     "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}]}],
     "response": {"status": 503}}"#;
 
-const IN_FLIGHT: &str = "wasmcustom.floodgate.rule.slots.in_flight";
+const IN_FLIGHT: &str = "rule.slots.in_flight";
 
 fn slow_upstream(config: &str) -> Envoy {
     let mut setup = Setup::new(config);
@@ -220,8 +220,8 @@ fn concurrency_admits_the_limit_in_flight_per_key_and_frees_slots_when_requests_
         }
         // Every admitted request ended: its slot is free again.
         wait_for_stat(&envoy, IN_FLIGHT, 0);
-        assert_eq!(envoy.stat("wasmcustom.floodgate.rule.slots.allowed"), 10 * round);
-        assert_eq!(envoy.stat("wasmcustom.floodgate.rule.slots.limited"), 14 * round);
+        assert_eq!(envoy.filter_stat("rule.slots.allowed"), 10 * round);
+        assert_eq!(envoy.filter_stat("rule.slots.limited"), 14 * round);
     }
 }
 
@@ -265,11 +265,11 @@ fn a_burst_on_a_cold_warm_up_bucket_admits_fewer_than_a_token_bucket() {
     // Cold: one request every 3 s, so 1 + 9 s of burst room / 3 s = 4 at once.
     assert_eq!((count(&warm, 200), count(&warm, 429)), (4, 16), "{warm:?}");
     assert_eq!((count(&plain, 200), count(&plain, 429)), (10, 10));
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.cold.allowed"), 4);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.plain.allowed"), 10);
+    assert_eq!(envoy.filter_stat("rule.cold.allowed"), 4);
+    assert_eq!(envoy.filter_stat("rule.plain.allowed"), 10);
     // The fifth fits once the backlog (12 s) is down to 9 s.
     let retry: u64 =
         warm.iter().find(|(r, _)| r.status == 429).unwrap().0.header("retry-after").unwrap().parse().unwrap();
     assert_eq!(retry, 3);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.cold.in_flight"), 0, "no gauge for a rate limit");
+    assert_eq!(envoy.filter_stat("rule.cold.in_flight"), 0, "no gauge for a rate limit");
 }

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaServer, Setup, Shot};
+use floodgate_e2e::{assert_both_workers_served, hammer_with, refusal, Envoy, Issuer, QuotaServer, Setup, Shot};
 use serde_json::{json, Value};
 
 /// The status counts of one label of a [`hammer_with`] run.
@@ -81,11 +81,22 @@ fn jwt_rules() -> String {
     format!(r#"{{"rules": [{}]}}"#, rules.join(", "))
 }
 
+/// Under the native build, which reads metadata one key deep, these rules
+/// are refused at load, naming the first claim's path and the way to a
+/// claim (`claim_to_headers`, tested in
+/// `jwt_claims_copied_to_headers_limit_each_user_in_either_build`).
 #[test]
 fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let issuer = Issuer::generate();
     let mut setup = Setup::new(&jwt_rules());
     setup.filters_before.push(issuer.jwt_authn_filter("/api"));
+    if !setup.build.reads_nested_metadata() {
+        let log = refusal(&setup);
+        let said =
+            "rules[0].descriptors[0].metadata.metadata_key.path: 2 keys: the native build reads metadata one key deep";
+        assert!(log.contains(said) && log.contains("claim_to_headers"), "{log}");
+        return;
+    }
     let envoy = Envoy::start(&setup);
     let users: Vec<String> = (0..5).map(|u| format!("user-{u}")).collect();
     let tokens: Vec<Vec<u8>> = users.iter().map(|u| bearer(&issuer.token(json!({"sub": u})))).collect();
@@ -106,11 +117,11 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
         assert_eq!(count(&seen, user, 429), 48 - 20, "{user}: {:?}", seen[user]);
     }
     assert_both_workers_served(&envoy);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-user.allowed"), 100);
+    assert_eq!(envoy.filter_stat("rule.per-user.allowed"), 100);
 
     // A bad signature, an expired token, no token: Envoy answers 401 and
     // Floodgate never sees the request.
-    let decided = || envoy.stat("wasmcustom.floodgate.allowed") + envoy.stat("wasmcustom.floodgate.limited");
+    let decided = || envoy.filter_stat("allowed") + envoy.filter_stat("limited");
     let before = decided();
     let forged = bearer(&Issuer::generate().token(json!({"sub": "user-0"})));
     let expired = bearer(&issuer.token(json!({"sub": "user-9", "exp": 1_000_000_000})));
@@ -131,7 +142,7 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let no_sub = bearer(&issuer.token(json!({"scope": "read"})));
     let no_sub: &[(&str, &[u8])] = &[("authorization", &no_sub)];
     assert_eq!(admitted(&envoy, 30, "/api/user/items", no_sub), 30);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-user.allowed"), 100, "the rule did not apply");
+    assert_eq!(envoy.filter_stat("rule.per-user.allowed"), 100, "the rule did not apply");
     // ...a default_value gives every such token one shared bucket...
     let alice = bearer(&issuer.token(json!({"sub": "alice"})));
     let alice: &[(&str, &[u8])] = &[("authorization", &alice)];
@@ -159,6 +170,57 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let both = admitted(&envoy, 3, "/api/customer", &[("authorization", &c42)])
         + admitted(&envoy, 3, "/api/customer", &[("authorization", &c7)]);
     assert_eq!(both, 4);
+}
+
+/// The way to a claim that works in both builds (and the only one in the
+/// native build): `jwt_authn` copies verified claims to headers
+/// (`claim_to_headers`, a nested one by its dotted name), and
+/// `request_headers` entries key on them. A client cannot choose its
+/// bucket by sending such a header itself: `jwt_authn` removes the client's
+/// copy, and writes the token's claim if it has one.
+#[test]
+fn jwt_claims_copied_to_headers_limit_each_user_in_either_build() {
+    let issuer = Issuer::generate();
+    let config = r#"{"rules": [
+        {"name": "per-user", "match": {"path_prefix": "/api/user"}, "limit": 6, "period": "1h",
+         "descriptors": [{"request_headers": {"header_name": "x-jwt-sub", "descriptor_key": "user"}}]},
+        {"name": "per-org", "match": {"path_prefix": "/api/org"}, "limit": 5, "period": "1h",
+         "descriptors": [{"request_headers": {"header_name": "x-jwt-org", "descriptor_key": "org"}}]}]}"#;
+    let mut setup = Setup::new(config);
+    setup
+        .filters_before
+        .push(issuer.jwt_authn_filter_with_claim_headers("/api", &[("sub", "x-jwt-sub"), ("org.id", "x-jwt-org")]));
+    let envoy = Envoy::start(&setup);
+    let member = |sub: &str, org: &str| bearer(&issuer.token(json!({"sub": sub, "org": {"id": org}})));
+    let tokens = [member("ann", "acme"), member("bob", "acme"), member("cat", "globex")];
+
+    // 12 clients x 4 requests, cycling through the three users: 16 each, 6 may pass.
+    let (auth, labels) = (tokens.clone(), ["ann", "bob", "cat"]);
+    let seen = hammer_with(&envoy, 12, 4, move |client, i| {
+        let u = (client + i) % 3;
+        Shot {
+            label: labels[u].into(),
+            path: "/api/user/items".into(),
+            headers: vec![("authorization".into(), auth[u].clone())],
+        }
+    });
+    for user in labels {
+        assert_eq!(count(&seen, user, 200), 6, "{user}: {:?}\n{}", seen.get(user), envoy.log_tail());
+    }
+    assert_both_workers_served(&envoy);
+    // A header of the client's own does not pick another bucket.
+    let forged: &[(&str, &[u8])] = &[("authorization", &tokens[0]), ("x-jwt-sub", b"dan")];
+    assert_eq!(admitted(&envoy, 3, "/api/user/items", forged), 0, "ann's bucket, whatever the client says");
+    // The nested claim: the members of one organization share its limit.
+    let acme = admitted(&envoy, 4, "/api/org", &[("authorization", &tokens[0])])
+        + admitted(&envoy, 4, "/api/org", &[("authorization", &tokens[1])]);
+    assert_eq!(acme, 5);
+    assert_eq!(admitted(&envoy, 6, "/api/org", &[("authorization", &tokens[2])]), 5);
+    // A token without the claim: the client's own header is gone too, so
+    // the rule does not apply (rather than spending acme's bucket).
+    let no_org = bearer(&issuer.token(json!({"sub": "dan"})));
+    let claimless: &[(&str, &[u8])] = &[("authorization", &no_org), ("x-jwt-org", b"acme")];
+    assert_eq!(admitted(&envoy, 8, "/api/org", claimless), 8, "no org claim: the per-org rule is skipped");
 }
 
 /// Two routes with names, metadata and clusters of their own, and a
@@ -196,7 +258,7 @@ fn route_name_route_metadata_and_cluster_pick_each_routes_limit() {
     assert_eq!(count(&seen, "/orders/1", 200), 3, "{seen:?}");
     assert_eq!(count(&seen, "/about", 200), 16, "no rule limits the static route: {seen:?}");
     assert_both_workers_served(&envoy);
-    let stat = |rule: &str| envoy.stat(&format!("wasmcustom.floodgate.rule.{rule}.allowed"));
+    let stat = |rule: &str| envoy.filter_stat(&format!("rule.{rule}.allowed"));
     assert_eq!(stat("gold-only"), 8, "only the gold route's requests");
     assert_eq!(stat("per-tier"), 11, "both routes with a tier, not the static one");
     assert_eq!(stat("per-cluster"), 11, "both routes with a cluster, not the direct response");
@@ -331,17 +393,35 @@ descriptors:
         rate_limit: {unit: hour, requests_per_unit: 2, algorithm: token_bucket, burst: 2}
 ";
 
+/// Under the native build, which cannot read the node's cluster, the
+/// `source_cluster` entry is refused at load, naming the way: a
+/// `generic_key` with the cluster's name, which sends the service the same
+/// descriptor.
 #[test]
 fn a_global_rule_keyed_on_a_query_parameter_holds_each_values_service_limit() {
     let service = QuotaServer::start(USER_LIMITS, "memory");
-    let config = r#"{"rules": [
-        {"name": "per-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {"path_prefix": "/q"},
-         "descriptors": [{"query_parameters": {"query_parameter_name": "user", "descriptor_key": "user"}}]},
-        {"name": "per-source-and-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {"path_prefix": "/s"},
-         "descriptors": [{"source_cluster": {}}, {"query_parameters": {"query_parameter_name": "user", "descriptor_key": "user"}}]}],
-      "global": {"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}"#;
-    let mut setup = Setup::new(config).with_cluster("floodgate-quota", &[service.port]);
-    setup.node_cluster = Some("e2e-edge".into());
+    let config = |source: &str| {
+        format!(
+            r#"{{"rules": [
+        {{"name": "per-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {{"path_prefix": "/q"}},
+         "descriptors": [{{"query_parameters": {{"query_parameter_name": "user", "descriptor_key": "user"}}}}]}},
+        {{"name": "per-source-and-user", "scope": "global", "mode": "check", "fallback": "deny", "match": {{"path_prefix": "/s"}},
+         "descriptors": [{source}, {{"query_parameters": {{"query_parameter_name": "user", "descriptor_key": "user"}}}}]}}],
+      "global": {{"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}}}"#
+        )
+    };
+    let set_up = |source: &str| {
+        let mut setup = Setup::new(&config(source)).with_cluster("floodgate-quota", &[service.port]);
+        setup.node_cluster = Some("e2e-edge".into());
+        setup
+    };
+    let mut setup = set_up(r#"{"source_cluster": {}}"#);
+    if !setup.build.reads_source_cluster() {
+        let log = refusal(&setup);
+        assert!(log.contains("rules[1].descriptors[0].source_cluster: the native build cannot read"), "{log}");
+        assert!(log.contains("use a generic_key with the cluster's name"), "{log}");
+        setup = set_up(r#"{"generic_key": {"descriptor_key": "source_cluster", "descriptor_value": "e2e-edge"}}"#);
+    }
     let envoy = Envoy::start(&setup);
     let seen = hammer_with(&envoy, 6, 12, |client, i| {
         let user = ["alice", "bob", "vip"][(client + i) % 3];
@@ -355,7 +435,7 @@ fn a_global_rule_keyed_on_a_query_parameter_holds_each_values_service_limit() {
     assert_eq!(admitted(&envoy, 1, "/q?user=%61lice", &[]), 0);
     // The service cluster reaches the service: its nested limit applies.
     assert_eq!(admitted(&envoy, 5, "/s?user=carol", &[]), 2);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-user.fallback"), 0);
+    assert_eq!(envoy.filter_stat("rule.per-user.fallback"), 0);
     let checks = service.metric("floodgate_quota_requests_total", &[r#"endpoint="check""#, r#"status="200""#]);
     assert!(checks >= (6 * 12 + 6) as f64, "one check per request: {checks}");
 }

@@ -5,7 +5,11 @@
 
 use std::fs;
 
-use floodgate_e2e::{assert_both_workers_served, hammer, repo_root, validate, Envoy, Setup, Update};
+use floodgate_e2e::bootstrap::{Bootstrap, Listener};
+use floodgate_e2e::envoy::write_bootstrap;
+use floodgate_e2e::{
+    assert_both_workers_served, free_port, hammer, repo_root, validate, Build, Conn, Envoy, EnvoyOptions, Setup, Update,
+};
 use serde_json::json;
 
 const PER_KEY_TOKEN: &str = r#"{"rules": [{"name": "per-key", "match": {"path_prefix": "/api"},
@@ -22,9 +26,9 @@ fn token_bucket_is_exact_per_key_across_both_workers() {
         assert_eq!(*n, 20, "key {key} got {n} through");
     }
     assert_both_workers_served(&envoy);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 200);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 24 * 40 - 200);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.retries_exhausted"), 0);
+    assert_eq!(envoy.filter_stat("rule.per-key.allowed"), 200);
+    assert_eq!(envoy.filter_stat("rule.per-key.limited"), 24 * 40 - 200);
+    assert_eq!(envoy.filter_stat("retries_exhausted"), 0);
 }
 
 #[test]
@@ -71,7 +75,7 @@ fn worker_batches_never_pass_the_limit_and_give_back_what_they_hold() {
         let total = n + more.get(key).copied().unwrap_or(0) + last.get(key).copied().unwrap_or(0);
         assert_eq!(total, 100, "key {key}: {n}, then {total} once the reserves ended");
     }
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 300);
+    assert_eq!(envoy.filter_stat("rule.per-key.allowed"), 300);
 }
 
 #[test]
@@ -126,8 +130,8 @@ fn a_later_rule_denial_does_not_consume_earlier_rules() {
     assert_eq!(pass("a", 100), 20);
     assert_eq!(pass("b", 100), 20);
     assert_eq!(pass("c", 100), 10);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.site.allowed"), 50);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.limited"), 160);
+    assert_eq!(envoy.filter_stat("rule.site.allowed"), 50);
+    assert_eq!(envoy.filter_stat("rule.per-key.limited"), 160);
 }
 
 #[test]
@@ -182,10 +186,10 @@ fn shadow_mode_lets_everything_through_and_counts() {
     let envoy = Envoy::start(&Setup::new(&config));
     let ok = hammer(&envoy, 4, 10, |_, _| "same".to_string());
     assert_eq!(ok["same"], 40);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.allowed"), 5);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.per-key.shadow_limited"), 35);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.shadow_limited"), 35);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.limited"), 0);
+    assert_eq!(envoy.filter_stat("rule.per-key.allowed"), 5);
+    assert_eq!(envoy.filter_stat("rule.per-key.shadow_limited"), 35);
+    assert_eq!(envoy.filter_stat("shadow_limited"), 35);
+    assert_eq!(envoy.filter_stat("limited"), 0);
     // Logged, naming the rule, but not once per request: at most a line a
     // second per worker.
     let log = envoy.log_tail();
@@ -292,27 +296,32 @@ fn hostile_requests_never_break_a_worker() {
             assert!(matches!(response.status, 200 | 429), "case {i}: status {}", response.status);
         }
     }
-    // Every worker still answers, and no VM crashed (a crash would reload it).
+    // Every worker still answers, and nothing panicked: no VM crashed (a
+    // crash would reload it), and the native module caught no panic (each
+    // hook logs one it catches, "panicked at …", at critical level).
     for _ in 0..16 {
         assert_eq!(envoy.connect().get("/", &[("x-api-key", b"after")]).status, 200);
     }
     assert!(envoy.is_running());
     assert_both_workers_served(&envoy);
     let stats = envoy.stats();
-    let reloads: u64 =
-        stats.iter().filter(|(k, _)| k.starts_with("wasm.") && k.contains("vm_reload")).map(|(_, v)| v).sum();
-    assert_eq!(reloads, 0, "a wasm VM was reloaded:\n{}", envoy.log_tail());
-    assert!(!envoy.log_tail().contains("panicked"), "{}", envoy.log_tail());
+    if setup.build.runs_in_a_vm() {
+        let reloads: u64 =
+            stats.iter().filter(|(k, _)| k.starts_with("wasm.") && k.contains("vm_reload")).map(|(_, v)| v).sum();
+        assert_eq!(reloads, 0, "a wasm VM was reloaded:\n{}", envoy.log_tail());
+    }
+    assert!(!envoy.log().contains("panicked"), "{}", envoy.log());
     // The filter decided on every hostile request it was meant to: cases 0-3
     // and 6 carry x-api-key (3 times each), plus the 16 checks afterwards;
     // only case 4's x-tier starts with "beta".
-    assert_eq!(stats["wasmcustom.floodgate.rule.per-key.allowed"], 5 * 3 + 16);
-    assert_eq!(stats["wasmcustom.floodgate.rule.beta.allowed"], 3);
+    assert_eq!(stats[&envoy.filter_stat_name("rule.per-key.allowed")], 5 * 3 + 16);
+    assert_eq!(stats[&envoy.filter_stat_name("rule.beta.allowed")], 3);
 }
 
-/// Shared data outlives a listener update that keeps the `vm_id`: a new
-/// configuration with the same rule keeps its buckets, and an invalid one is
-/// refused while the listener in force keeps limiting.
+/// Buckets outlive a listener update that keeps the filter's name (the
+/// wasm build's `vm_id`, the native build's `filter_name`): a new
+/// configuration with the same rule keeps its buckets, and an invalid one
+/// is refused while the listener in force keeps limiting.
 #[test]
 fn buckets_survive_a_listener_update_and_a_bad_update_is_refused() {
     let config = |limit: u32, headers: &str| {
@@ -352,4 +361,35 @@ fn buckets_survive_a_listener_update_and_a_bad_update_is_refused() {
     assert_eq!(get("a").status, 429);
     let passed = (0..8).filter(|_| get("b").status == 200).count();
     assert_eq!(passed, 5);
+}
+
+/// Filters under one name share their buckets, and filters under another
+/// have their own (the wasm build's `vm_id`, the native build's
+/// `filter_name`): two listeners of one Envoy under one name share a limit
+/// of 3, a third under another name has its own 3.
+#[test]
+fn buckets_are_shared_under_one_name_and_only_under_it() {
+    let rule = r#"{"rules": [{"name": "site", "limit": 3, "period": "1h",
+        "descriptors": [{"generic_key": {"descriptor_value": "all"}}]}]}"#;
+    let build = Build::from_env();
+    let (second, third) = (free_port(), free_port());
+    let listener = {
+        let build = build.clone();
+        move |name: &str, port: u16, filter_name: &str| {
+            let mut listener = Listener::new(name, port, name);
+            listener.http_filters = vec![build.http_filter_named(filter_name, rule)];
+            listener
+        }
+    };
+    let envoy = Envoy::start_with(EnvoyOptions::e2e(), move |options, port, admin_port| {
+        let listeners =
+            vec![listener("a", port, "shared"), listener("b", second, "shared"), listener("c", third, "other")];
+        write_bootstrap(options, &Bootstrap { listeners, admin_port, ..Bootstrap::default() }.to_json())
+    })
+    .loading(&build);
+    let status = |port: u16| Conn::open(port).unwrap().get("/", &[]).status;
+    let on_a: Vec<u16> = (0..2).map(|_| status(envoy.port)).collect();
+    let on_b: Vec<u16> = (0..2).map(|_| status(second)).collect();
+    let on_c: Vec<u16> = (0..4).map(|_| status(third)).collect();
+    assert_eq!((on_a, on_b, on_c), (vec![200, 200], vec![200, 429], vec![200, 200, 200, 429]));
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{AdmissionLog, Conn, Envoy, QuotaServer, RedisServer, Setup, Update};
+use floodgate_e2e::{assert_both_workers_served, AdmissionLog, Conn, Envoy, QuotaServer, RedisServer, Setup, Update};
 
 /// Limits of the domain `edge`:
 /// - `route=api`: 30 per hour, a token bucket holding 30 (no refill within a test);
@@ -38,8 +38,13 @@ descriptors:
 ";
 
 /// A plugin config with one global rule keyed by `route=<route>` (or by the
-/// API key when `route` is `None`).
+/// API key when `route` is `None`), a request waiting at most 300 ms for a refill.
 fn plugin(route: Option<&str>, mode: &str, fallback: &str) -> String {
+    plugin_waiting(route, mode, fallback, "300ms")
+}
+
+/// The same, a request waiting at most `max_wait` for a refill.
+fn plugin_waiting(route: Option<&str>, mode: &str, fallback: &str, max_wait: &str) -> String {
     let descriptor = match route {
         Some(route) => format!(r#"{{"generic_key": {{"descriptor_key": "route", "descriptor_value": "{route}"}}}}"#),
         None => r#"{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}"#.to_string(),
@@ -47,7 +52,7 @@ fn plugin(route: Option<&str>, mode: &str, fallback: &str) -> String {
     format!(
         r#"{{"rules": [{{"name": "fleet", "scope": "global", "mode": "{mode}", "fallback": {fallback},
             "descriptors": [{descriptor}]}}],
-          "global": {{"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "300ms"}}}}"#
+          "global": {{"cluster": "floodgate-quota", "domain": "edge", "timeout": "500ms", "max_wait": "{max_wait}"}}}}"#
     )
 }
 
@@ -133,8 +138,8 @@ fn one_envoy_spends_leases_and_never_passes_the_service_limit() {
     let limited = conn.get("/", &[]);
     assert_eq!(limited.status, 429);
     assert!(limited.header("retry-after").is_some());
-    assert!(envoy.stat("wasmcustom.floodgate.global.callouts_ok") > 0);
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback"), 0);
+    assert!(envoy.filter_stat("global.callouts_ok") > 0);
+    assert_eq!(envoy.filter_stat("rule.fleet.fallback"), 0);
 }
 
 /// Three Envoys with two workers each share one limit through the service:
@@ -159,8 +164,8 @@ fn fleet_shares_one_limit(stores: &[QuotaServer]) {
         seen.admitted
     );
     for envoy in &envoys {
-        assert!(envoy.stat("wasmcustom.floodgate.allowed") > 0, "an Envoy admitted nothing");
-        assert_eq!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback"), 0);
+        assert!(envoy.filter_stat("allowed") > 0, "an Envoy admitted nothing");
+        assert_eq!(envoy.filter_stat("rule.fleet.fallback"), 0);
     }
 }
 
@@ -246,7 +251,7 @@ fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
     // A new pool's first asks are small (its rate is observed from
     // nothing), so its first second waits a few times: counted apart.
     thread::sleep(warm_up);
-    let warming_waits = quiet.stat("wasmcustom.floodgate.global.refill_waits");
+    let warming_waits = quiet.filter_stat("global.refill_waits");
     let started = std::time::SystemTime::now();
     let seen = load(&envoys.iter().collect::<Vec<_>>(), 4, run_for, |_, _| String::new());
     let ended = std::time::SystemTime::now();
@@ -275,8 +280,8 @@ fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
         assert!(admitted >= 90, "second {at} used only {admitted} of 100: {per_second:?}");
     }
     for envoy in &envoys {
-        assert!(envoy.stat("wasmcustom.floodgate.allowed") > 0, "an Envoy admitted nothing");
-        assert_eq!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback"), 0);
+        assert!(envoy.filter_stat("allowed") > 0, "an Envoy admitted nothing");
+        assert_eq!(envoy.filter_stat("rule.fleet.fallback"), 0);
     }
 
     // Without leases ahead, the first request of every second waits: 22
@@ -284,20 +289,64 @@ fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
     // second's lease and the next (an answer's delay, longer on a loaded
     // machine).
     assert!(light.iter().all(|status| *status == 200), "the quiet Envoy is far below its limit: {light:?}");
-    let waits = quiet.stat("wasmcustom.floodgate.global.refill_waits") - warming_waits;
+    let waits = quiet.filter_stat("global.refill_waits") - warming_waits;
     eprintln!("quiet Envoy: {} requests, {warming_waits} waited while warming up, {waits} after", light.len());
     assert!(waits <= 10, "{waits} requests waited for a refresh over 22 seconds");
 }
 
+/// Check mode over two Envoys, two connections each: exactly the service's
+/// 30 of 40 requests, one `/v1/check` per request, and a denial carries
+/// `Retry-After`.
 #[test]
 fn check_mode_asks_once_per_request_and_holds_the_limit() {
     let service = QuotaServer::start(LIMITS, "memory");
-    let envoy = envoy_for(&[service.port], &plugin(Some("api"), "check", r#""deny""#));
-    let mut conn = envoy.connect();
-    let admitted = (0..40).filter(|_| conn.get("/", &[]).status == 200).count();
+    let config = plugin(Some("api"), "check", r#""deny""#);
+    let envoys = [envoy_for(&[service.port], &config), envoy_for(&[service.port], &config)];
+    let mut conns = [envoys[0].connect(), envoys[1].connect(), envoys[0].connect(), envoys[1].connect()];
+    let admitted = (0..40).filter(|i| conns[i % 4].get("/", &[]).status == 200).count();
     assert_eq!(admitted, 30);
     let checks = service.metric("floodgate_quota_requests_total", &[r#"endpoint="check""#]);
     assert_eq!(checks, 40.0, "one /v1/check per request");
+    let limited = conns[0].get("/", &[]);
+    assert_eq!(limited.status, 429);
+    assert!(limited.header("retry-after").is_some(), "{limited:?}");
+}
+
+/// Every request of a new API key finds its pool empty and waits for its
+/// first lease: it goes on when the lease's answer comes (a request still
+/// waiting at its `max_wait` would be denied: the rule falls back to
+/// `deny`), on whichever worker it came to, and never errs. `max_wait` is
+/// long (2 s), so that a slow answer on a loaded machine is not mistaken
+/// for a lost one.
+#[test]
+fn a_request_waiting_for_a_refill_goes_on_when_the_lease_comes() {
+    let service = QuotaServer::start(LIMITS, "memory");
+    let envoy = envoy_for(&[service.port], &plugin_waiting(None, "lease", r#""deny""#, "2s"));
+    let seen = load(&[&envoy], 4, Duration::from_secs(2), |c, i| format!("new-{c}-{i}"));
+    let waits = envoy.filter_stat("global.refill_waits");
+    eprintln!("{seen:?}; refill_waits {waits}, {} ms in all", envoy.filter_stat("global.refill_wait_ms"));
+    assert!(seen.admitted > 0, "{seen:?}");
+    assert_eq!(seen.limited + seen.other, 0, "{seen:?}\n{}", envoy.log_tail());
+    assert_eq!(waits, seen.admitted, "each request of a new key waited for its lease");
+    assert_both_workers_served(&envoy);
+}
+
+/// A `global.cluster` Envoy does not have: said plainly in the log at the
+/// first call, and the rules use their fall-back.
+#[test]
+fn a_misspelt_cluster_is_said_plainly_and_rules_fall_back() {
+    let config = plugin(Some("api"), "lease", r#"{"limit": 3, "period": "1h"}"#).replace("floodgate-quota", "nosuch");
+    let envoy = Envoy::start(&Setup::new(&config));
+    assert!(
+        eventually(Duration::from_secs(5), || envoy.filter_stat_now("rule.fleet.fallback_active") == 1),
+        "{}",
+        envoy.log_tail()
+    );
+    let seen = load(&[&envoy], 2, Duration::from_millis(500), |_, _| String::new());
+    assert_eq!((seen.admitted, seen.other), (3, 0), "the fall-back's 3 an hour: {seen:?}");
+    assert!(envoy.filter_stat("global.callouts_not_sent") > 0);
+    let log = envoy.log();
+    assert!(log.contains(r#"global.cluster "nosuch" cannot be called"#), "{log}");
 }
 
 #[test]
@@ -320,22 +369,20 @@ fn a_dead_quota_service_means_the_local_fallback_then_global_mode_again() {
     let envoy = envoy_for(&[service.port], &plugin(Some("fleet"), "lease", fallback));
     let before = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
     assert!(before.admitted > 0 && before.other == 0, "{before:?}");
-    assert_eq!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback_active"), 0);
+    assert_eq!(envoy.filter_stat("rule.fleet.fallback_active"), 0);
 
     service.kill();
     let during = load(&[&envoy], 2, Duration::from_secs(3), |_, _| String::new());
     assert_eq!(during.other, 0, "no failed request while the service is down: {during:?}");
-    assert!(
-        eventually(Duration::from_secs(2), || envoy.stat_now("wasmcustom.floodgate.rule.fleet.fallback_active") == 1)
-    );
-    assert!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback") > 0);
-    assert!(envoy.stat("wasmcustom.floodgate.global.callouts_refused") > 0, "a refused connection is a 503");
+    assert!(eventually(Duration::from_secs(2), || envoy.filter_stat_now("rule.fleet.fallback_active") == 1));
+    assert!(envoy.filter_stat("rule.fleet.fallback") > 0);
+    assert!(envoy.filter_stat("global.callouts_refused") > 0, "a refused connection is a 503");
 
     service.restart();
     assert!(
         eventually(Duration::from_secs(5), || {
             let _ = envoy.connect().try_request("GET", "/", &[]);
-            envoy.stat_now("wasmcustom.floodgate.rule.fleet.fallback_active") == 0
+            envoy.filter_stat_now("rule.fleet.fallback_active") == 0
         }),
         "global mode did not come back within 5 s of the restart\n{}",
         envoy.log_tail()
@@ -362,7 +409,8 @@ fn a_frozen_redis_behind_the_service_never_holds_requests_past_the_bound() {
     assert!(seen.slowest < Duration::from_secs(2), "a request waited {:?}", seen.slowest);
 }
 
-/// A fake quota service answering every call with `answer`.
+/// A fake quota service answering every call with `answer` (byte by byte,
+/// 100 ms apart, with `drip`; closing the connection unanswered, if empty).
 fn garbage_service(answer: &'static [u8], drip: bool) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -373,6 +421,10 @@ fn garbage_service(answer: &'static [u8], drip: bool) -> u16 {
                 let mut buf = [0u8; 65536];
                 let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
                 while stream.read(&mut buf).is_ok_and(|n| n > 0) {
+                    if answer.is_empty() {
+                        // A reset: the request read, the connection dropped.
+                        return;
+                    }
                     if drip {
                         for byte in answer {
                             if stream.write_all(&[*byte]).is_err() {
@@ -390,6 +442,10 @@ fn garbage_service(answer: &'static [u8], drip: bool) -> u16 {
     port
 }
 
+/// Hostile answers — not JSON, a 10 MB body, the wrong fields, a slow drip
+/// past the timeout, a connection dropped unanswered — to leases and to
+/// checks: no request fails, the fall-back decides, each failure is
+/// counted by its kind, and nothing panics.
 #[test]
 fn a_service_answering_garbage_means_fallback_never_a_panic() {
     let huge: &'static [u8] = Box::leak(
@@ -397,30 +453,43 @@ fn a_service_answering_garbage_means_fallback_never_a_panic() {
             .into_bytes()
             .into_boxed_slice(),
     );
-    let cases: [(&str, &'static [u8], bool); 4] = [
-        ("wrong JSON", b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nnot json!", false),
-        ("10 MB body", huge, false),
-        ("missing fields", b"HTTP/1.1 200 OK\r\ncontent-length: 23\r\n\r\n{\"leases\": [{\"x\": 1}]}", false),
-        ("slow drip", b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{\"leases\":[]", true),
+    // A failed call is counted as the kind of failure it is: an answer that
+    // came, but wrong; none in time; a connection that gave none.
+    let answered_wrong = ["bad_answer", "timeout", "bad_status"].as_slice();
+    let cases: [(&str, &'static [u8], bool, &[&str]); 5] = [
+        ("wrong JSON", b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nnot json!", false, answered_wrong),
+        ("10 MB body", huge, false, answered_wrong),
+        (
+            "missing fields",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 23\r\n\r\n{\"leases\": [{\"x\": 1}]}",
+            false,
+            answered_wrong,
+        ),
+        ("slow drip", b"HTTP/1.1 200 OK\r\ncontent-length: 12\r\n\r\n{\"leases\":[]", true, answered_wrong),
+        ("reset", b"", false, &["refused"]),
     ];
-    for (what, answer, drip) in cases {
-        let port = garbage_service(answer, drip);
-        let envoy = envoy_for(&[port], &plugin(Some("api"), "lease", r#"{"limit": 3, "period": "1h"}"#));
-        let seen = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
-        assert_eq!(seen.other, 0, "{what}: {seen:?}\n{}", envoy.log_tail());
-        assert!(seen.admitted <= 3, "{what}: the local fall-back's 3 per hour: {seen:?}");
-        // Requests the fall-back decided, not the fall-back gauge at the end:
-        // this service answers its probes (`/readyz`) with a 200 too, so the
-        // rule goes back to global mode between failed leases, and the gauge
-        // read at any one instant may catch it there (seen with the 10 MB
-        // body, whose lease takes longest to fail).
-        assert!(envoy.stat("wasmcustom.floodgate.rule.fleet.fallback") > 0, "{what}: the fall-back decided");
-        let failed = ["bad_answer", "timeout", "bad_status"]
-            .iter()
-            .map(|k| envoy.stat(&format!("wasmcustom.floodgate.global.callouts_{k}")))
-            .sum::<u64>();
-        assert!(failed > 0, "{what}: failures counted");
-        assert!(!envoy.log_tail().contains("panicked"), "{what}: {}", envoy.log_tail());
+    for mode in ["lease", "check"] {
+        for (what, answer, drip, kinds) in cases {
+            let port = garbage_service(answer, drip);
+            let mut envoy = envoy_for(&[port], &plugin(Some("api"), mode, r#"{"limit": 3, "period": "1h"}"#));
+            let seen = load(&[&envoy], 2, Duration::from_secs(2), |_, _| String::new());
+            assert!(envoy.is_running(), "{mode}, {what}: Envoy went down");
+            assert_eq!(seen.other, 0, "{mode}, {what}: {seen:?}\n{}", envoy.log_tail());
+            assert!(seen.admitted <= 3, "{mode}, {what}: the local fall-back's 3 per hour: {seen:?}");
+            // Requests the fall-back decided, not the fall-back gauge at the end:
+            // this service answers its probes (`/readyz`) with a 200 too, so the
+            // rule goes back to global mode between failed leases, and the gauge
+            // read at any one instant may catch it there (seen with the 10 MB
+            // body, whose lease takes longest to fail).
+            // Counters that only grow, read once flushed: the failing calls'
+            // probes keep them moving, so they never settle.
+            let stats = envoy.stats_flushed();
+            let stat = |name: &str| stats.get(&envoy.filter_stat_name(name)).copied().unwrap_or(0);
+            assert!(stat("rule.fleet.fallback") > 0, "{mode}, {what}: the fall-back decided");
+            let failed = kinds.iter().map(|k| stat(&format!("global.callouts_{k}"))).sum::<u64>();
+            assert!(failed > 0, "{mode}, {what}: failures counted as {kinds:?}");
+            assert!(!envoy.log().contains("panicked"), "{mode}, {what}: {}", envoy.log());
+        }
     }
 }
 

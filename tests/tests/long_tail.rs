@@ -195,12 +195,12 @@ fn many_users(random: u64) -> String {
 
 /// The fleet's sums of a counter of the filter, as the Envoys have them now.
 fn total_now(envoys: &[Envoy], name: &str) -> u64 {
-    envoys.iter().map(|e| e.stat_now(&format!("wasmcustom.floodgate.{name}"))).sum()
+    envoys.iter().map(|e| e.filter_stat_now(name)).sum()
 }
 
 /// The fleet's sums of a counter of the filter, once settled.
 fn total(envoys: &[Envoy], name: &str) -> u64 {
-    envoys.iter().map(|e| e.stat(&format!("wasmcustom.floodgate.{name}"))).sum()
+    envoys.iter().map(|e| e.filter_stat(name)).sum()
 }
 
 fn second_of(t: SystemTime) -> u64 {

@@ -282,7 +282,7 @@ impl Case {
         let envoy = Envoy::start(setup);
         let mut requests = drive(envoy.port, plan)?;
         let totals = Totals::of(&requests);
-        let counted = |name: &str| envoy.stat(&format!("wasmcustom.floodgate.{name}")) as usize;
+        let counted = |name: &str| envoy.filter_stat(name) as usize;
         let (allowed, limited, delayed) = (counted("allowed"), counted("limited"), counted("delayed"));
         if allowed != totals.admitted || limited != totals.denied || delayed > allowed {
             return Err(format!(
