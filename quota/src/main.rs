@@ -68,9 +68,9 @@ struct Cli {
     reload_interval: Duration,
 
     /// Most buckets the memory store holds, and most lease records beside
-    /// them, at most a sixteenth of those of one caller (peer address, while
-    /// --max-connections-per-peer is not 0); entries no longer kept are
-    /// dropped first, then new keys get 503.
+    /// them, one caller's records never more than four times the room left
+    /// free (see --callers); entries no longer kept are dropped first, then
+    /// new keys get 503.
     #[arg(long, default_value_t = 1_000_000)]
     memory_max_buckets: usize,
 
@@ -89,12 +89,17 @@ struct Cli {
     max_connections: u32,
 
     /// Most connections one peer address may hold open on each listener,
-    /// never more than half its cap; not 0, each peer address is also a
-    /// caller with its share of the memory store's lease records (0: neither
-    /// limit). Behind a proxy or load balancer every connection has its
-    /// address: set 0.
+    /// never more than half its cap (0: no limit). Behind a proxy or load
+    /// balancer every connection has its address: set 0.
     #[arg(long, default_value_t = 64)]
     max_connections_per_peer: u32,
+
+    /// How callers are told apart, for what they share: each one's part of
+    /// the memory store's lease records, of a key's allowances, of a
+    /// domain's notices. `peer`: each IPv4 address, each IPv6 /64. `none`:
+    /// not at all (behind a proxy or load balancer that hides them).
+    #[arg(long, value_enum, default_value_t = Callers::Peer)]
+    callers: Callers,
 
     /// After SIGTERM, how long requests in flight may take before the
     /// connections left are closed.
@@ -110,6 +115,12 @@ struct Cli {
 
     #[command(flatten)]
     rlqs: RlqsArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Callers {
+    Peer,
+    None,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -236,6 +247,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
         max_connections_per_peer: usize::try_from(cli.max_connections_per_peer).unwrap_or(usize::MAX),
         shutdown_deadline: cli.shutdown_deadline,
+        callers_by_peer: cli.callers == Callers::Peer,
     };
     let grpc = match cli.grpc.grpc_listen {
         Some(address) => {

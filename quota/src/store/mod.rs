@@ -17,7 +17,7 @@ mod memory;
 mod redis;
 mod shares;
 
-pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions};
+pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions, ROUND_JOBS};
 pub use self::calls::lease_on;
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
@@ -70,12 +70,32 @@ pub struct BucketCheck {
 }
 
 /// Who a call comes from, as far as the service can tell callers apart: the
-/// peer address of its connection. A store of bounded room (the memory
-/// store) charges each lease record to its caller, so that one caller cannot
-/// take the room from every other one, while a hot key leased by a fleet
-/// of Envoys (each its own address) is not bounded as one caller.
+/// peer address of its connection, an IPv6 address by its /64 (a host is
+/// given a whole /64, so its addresses are one caller however many it
+/// uses). A store of bounded room (the memory store) charges each lease
+/// record to its caller, so that one caller cannot take the room from every
+/// other one, while a hot key leased by a fleet of Envoys (each its own
+/// address) is not bounded as one caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Caller(pub IpAddr);
+
+impl Caller {
+    /// The caller a connection from `address` is: an IPv4 address (also
+    /// written as an IPv4-mapped IPv6 one), or an IPv6 address's /64.
+    pub fn of(address: IpAddr) -> Self {
+        match address {
+            IpAddr::V4(v4) => Caller(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Caller(IpAddr::V4(v4)),
+                None => {
+                    let mut octets = v6.octets();
+                    octets[8..].fill(0);
+                    Caller(IpAddr::V6(octets.into()))
+                }
+            },
+        }
+    }
+}
 
 /// One bucket of a lease.
 #[derive(Debug, Clone, PartialEq)]
@@ -417,6 +437,16 @@ mod tests {
         let refused = backend("memcached://h:1").unwrap_err();
         assert!(refused.starts_with("must be `memory` or a redis:// URL"), "{refused}");
         assert!(refused.contains("memcached"), "{refused}");
+    }
+
+    #[test]
+    fn a_caller_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let of = |text: &str| Caller::of(text.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])));
+        assert_eq!(of("10.0.0.7"), of("::ffff:10.0.0.7"), "an IPv4-mapped address is its IPv4 one");
+        assert_ne!(of("10.0.0.7"), of("10.0.0.8"));
+        assert_eq!(of("2001:db8:1:2::1"), of("2001:db8:1:2:ffff:ffff:ffff:ffff"), "one /64, one caller");
+        assert_eq!(of("2001:db8:1:2:3:4:5:6"), Caller("2001:db8:1:2::".parse().unwrap_or(IpAddr::from([0; 16]))));
+        assert_ne!(of("2001:db8:1:2::1"), of("2001:db8:1:3::1"), "another /64, another caller");
     }
 
     #[test]
