@@ -98,6 +98,32 @@ fn answered(code: Code, wanted: u64, ttl: Nanos) -> LeaseGrant {
         shadow: false,
         replayed: false,
         near_limit: false,
+        refused: None,
+    }
+}
+
+/// The wire answer of a lease under `limit` that the store refused without
+/// deciding it (`why`: its caller holds its share of the lease records):
+/// nothing granted, the rule's numbers without the bucket's state, and a
+/// lease lifetime `ttl` before asking again.
+fn refused(limit: &Limit, shadow: bool, ttl: Nanos, why: &StoreFailure) -> LeaseGrant {
+    LeaseGrant {
+        code: Code::Ok,
+        granted: 0,
+        valid_ms: 0,
+        starts_ms: 0,
+        report: LimitReport {
+            limit: Some(limit.limit()),
+            window_ms: Some(limit.period().ceil_millis()),
+            remaining: None,
+            reset_ms: Some(ttl.ceil_millis()),
+        },
+        window: None,
+        windows: 0,
+        shadow,
+        replayed: false,
+        near_limit: false,
+        refused: Some(why.to_string()),
     }
 }
 
@@ -123,6 +149,7 @@ impl LeaseOutcome {
             shadow,
             replayed: self.replayed,
             near_limit: self.near_limit,
+            refused: None,
         }
     }
 }
@@ -171,6 +198,17 @@ impl Service {
                     let outcome = outcomes.next().ok_or_else(|| {
                         ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into()))
                     })?;
+                    let outcome = match outcome {
+                        Ok(outcome) => outcome,
+                        Err(why) => {
+                            // Refused on its own (the caller's share of the
+                            // records): the call's other leases stand.
+                            let store = self.store().name();
+                            self.metrics().store_errors.with_label_values(&[store, why.kind()]).inc();
+                            leases.push(refused(limit, *shadow, ttl, &why));
+                            continue;
+                        }
+                    };
                     self.count(&domain.name, "lease", if outcome.granted > 0 { "allowed" } else { "denied" });
                     if !outcome.replayed {
                         granted_total += outcome.granted;

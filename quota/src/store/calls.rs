@@ -12,7 +12,7 @@ use super::decide::{self, LeaseRecord};
 use super::lanes::Decider;
 use super::{
     BucketCheck, BucketLease, CheckOutcome, IdInUse, LeaseAnswer, LeaseOutcome, LeaseReturn, QuotaStore, ReturnOutcome,
-    StoreFailure, Writes, LEASE_RECORD_MARGIN,
+    Room, StoreFailure, Writes, LEASE_RECORD_MARGIN,
 };
 use crate::config::Limit;
 
@@ -38,10 +38,12 @@ impl QuotaStore {
     /// record (a returned one as holding nothing), unless it is of another
     /// bucket (then that lease takes nothing and the answer names it). Each
     /// lease is a transaction of its own, so the leases are independent: a
-    /// failure of one fails the call (the caller retries it with the same
-    /// ids, which replays the others), but never undoes or holds another.
-    /// Leases of one bucket are taken in order: the second sees what the
-    /// first took.
+    /// lease refused for want of room in its caller's share of the lease
+    /// records is answered so, on its own (a retry replays the others and
+    /// meets the same share); any other failure of one fails the call (the
+    /// caller retries it with the same ids, which replays the others), but
+    /// never undoes or holds another. Leases of one bucket are taken in
+    /// order: the second sees what the first took.
     pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<LeaseAnswer, StoreFailure> {
         let transactions = items
             .iter()
@@ -56,11 +58,13 @@ impl QuotaStore {
         let mut grants = Vec::with_capacity(items.len());
         let mut in_use = None;
         for (index, answer) in self.transact(transactions).await.into_iter().enumerate() {
-            match answer? {
-                Some(grant) => grants.push(grant),
-                None => {
+            match answer {
+                Ok(Some(grant)) => grants.push(Ok(grant)),
+                Ok(None) => {
                     in_use.get_or_insert(IdInUse { index });
                 }
+                Err(refused @ StoreFailure::Full(Room::CallerRecords)) => grants.push(Err(refused)),
+                Err(failure) => return Err(failure),
             }
         }
         Ok(in_use.map_or(Ok(grants), Err))

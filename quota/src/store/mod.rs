@@ -151,10 +151,12 @@ pub struct LeaseOutcome {
     pub near_limit: bool,
 }
 
-/// What a lease call got: every lease's outcome, or, when a lease's id is
-/// that of a recorded lease of another bucket, which lease that is (and
-/// nothing was taken).
-pub type LeaseAnswer = Result<Vec<LeaseOutcome>, IdInUse>;
+/// What a lease call got: every lease's outcome (or, for a lease refused
+/// for want of room in its caller's share of the lease records, that
+/// refusal: nothing was taken for it), or, when a lease's id is that of a
+/// recorded lease of another bucket, which lease that is (and nothing was
+/// taken).
+pub type LeaseAnswer = Result<Vec<Result<LeaseOutcome, StoreFailure>>, IdInUse>;
 
 /// A lease whose id names a lease recorded for another bucket (another
 /// descriptor, or another rule's algorithm): not a retry of it. (Which
@@ -244,7 +246,7 @@ impl fmt::Display for StoreFailure {
             StoreFailure::Full(Room::CallerRecords) => write!(
                 f,
                 "the lease records of this caller (its peer address) fill its share of the memory store's room \
-                 for them (a sixteenth): its new leases are refused until some expire"
+                 for them (four times the room left free): its new leases are refused until some expire"
             ),
             StoreFailure::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
             StoreFailure::ClockOff { offset_ms, bound_ms } => write!(
