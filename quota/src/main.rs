@@ -1,5 +1,6 @@
 //! `floodgate-quota`: the central quota service's binary.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use floodgate_core::time::parse_duration;
 use floodgate_core::time::{Clock, Nanos};
+use floodgate_quota::auth::Tokens;
 use floodgate_quota::clock::SystemClock;
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
@@ -49,6 +51,19 @@ struct Cli {
     /// Require `Authorization: Bearer TOKEN` on API calls.
     #[arg(long, env = "FLOODGATE_QUOTA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     auth_token: Option<String>,
+
+    /// A domain's own token (repeat for several; the environment variable
+    /// takes them comma-separated): it admits that domain's JSON API calls
+    /// only, and only its bearer reads and posts the domain's near-limit
+    /// notices.
+    #[arg(
+        long,
+        env = "FLOODGATE_QUOTA_DOMAIN_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "DOMAIN=TOKEN"
+    )]
+    domain_token: Vec<String>,
 
     /// How long leased tokens stay valid (at most 60s).
     #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
@@ -135,6 +150,33 @@ enum LogFormat {
     Json,
 }
 
+/// The domain tokens of `--domain-token`, checked: `DOMAIN=TOKEN`, a domain
+/// the limits files define, once each, every token its own (none the
+/// service's token, none another domain's).
+fn domain_tokens(
+    given: &[String],
+    domains: &Domains,
+    service: Option<&str>,
+) -> Result<HashMap<String, Arc<str>>, String> {
+    let mut tokens: HashMap<String, Arc<str>> = HashMap::new();
+    for (i, pair) in given.iter().enumerate() {
+        let Some((domain, token)) = pair.split_once('=').filter(|(d, t)| !d.is_empty() && !t.is_empty()) else {
+            return Err(format!("--domain-token #{}: expected DOMAIN=TOKEN", i + 1));
+        };
+        if domains.domain(domain).is_none() {
+            return Err(format!("--domain-token #{}: no limits file defines domain {domain:?}", i + 1));
+        }
+        if tokens.contains_key(domain) {
+            return Err(format!("--domain-token #{}: domain {domain:?} has a token already", i + 1));
+        }
+        if service == Some(token) || tokens.values().any(|t| **t == *token) {
+            return Err(format!("--domain-token #{}: each token must be its own (one token, one domain)", i + 1));
+        }
+        tokens.insert(domain.to_string(), Arc::from(token));
+    }
+    Ok(tokens)
+}
+
 fn duration(text: &str) -> Result<Duration, String> {
     parse_duration(text).map(Duration::from).map_err(|e| e.to_string())
 }
@@ -197,6 +239,12 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
     let domains = Domains::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
     let auth_token: Option<Arc<str>> = cli.auth_token.clone().map(Arc::from);
+    let per_domain = domain_tokens(&cli.domain_token, &domains, cli.auth_token.as_deref())?;
+    if !per_domain.is_empty() && auth_token.is_none() && cli.grpc.grpc_listen.is_some() {
+        // The gRPC APIs know the service's token only: they would be open.
+        return Err("--domain-token with --grpc-listen needs --auth-token: RLS and RLQS take the service's token".into());
+    }
+    let tokens = Arc::new(Tokens::new(auth_token.clone(), per_domain));
     let rlqs_options = cli.rlqs.options(auth_token.clone())?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = cli.store.open(&StoreOptions {
@@ -230,7 +278,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let listener =
         tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(address = %local, auth = auth_token.is_some(), "listening");
+    tracing::info!(address = %local, auth = tokens.any(), "listening");
 
     // One signal stops both servers; it carries when it came, for the deadline.
     let (stop, stopped) = tokio::sync::watch::channel(None);
@@ -275,7 +323,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         None => None,
     };
-    let state = AppState { service, auth_token };
+    let state = AppState { service, tokens };
     serve(listener, App::Http(router(state)), limits, until_stopped(stopped.clone())).await;
     if let Some(grpc) = grpc {
         // Both servers close what is left at the same deadline.

@@ -290,7 +290,7 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
     let probe = {
         let store = store.clone();
         tokio::spawn(async move {
-            let granted = store.lease(&fresh_leases("probe", 1), SECOND).await.unwrap().unwrap()[0].granted;
+            let granted = store.lease(&fresh_leases("probe", 1), SECOND).await.unwrap().unwrap()[0].clone().unwrap().granted;
             (granted, store.backend_as::<LocalStore>().unwrap().len())
         })
     };
@@ -298,7 +298,7 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
     assert_eq!(granted, 10);
     for call in flood {
         let grants = call.await.unwrap().unwrap().unwrap();
-        assert!(grants.iter().all(|g| g.granted == 10));
+        assert!(grants.iter().all(|g| g.as_ref().is_ok_and(|g| g.granted == 10)));
     }
     let decided = entries / 2 - 1;
     eprintln!("{decided} of the flood's {} leases decided before the probe's", FLOOD * 512);
@@ -315,7 +315,6 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
 /// whatever is sent while the answer reaches the probe's task).
 async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend) {
     use floodgate_core::time::SECOND;
-    use floodgate_quota::store::ROUND_JOBS;
     let f = Fixture::new(backend, LIMITS).await;
     let store = f.service.store().clone();
     let done = Arc::new(AtomicBool::new(false));
@@ -326,7 +325,8 @@ async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend)
                 let mut calls = 0;
                 while !done.load(Ordering::Relaxed) && calls < 40 {
                     let grants = store.lease(&fresh_leases(&format!("f{c}-{calls}"), 512), SECOND).await;
-                    assert!(grants.unwrap().unwrap().iter().all(|g| g.granted == 10), "the flood is served");
+                    let grants = grants.unwrap().unwrap();
+                    assert!(grants.iter().all(|g| g.as_ref().is_ok_and(|g| g.granted == 10)), "the flood is served");
                     calls += 1;
                 }
                 calls
@@ -339,7 +339,7 @@ async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend)
         let (before, _) = round_trips(&f).unwrap();
         let grants = store.lease(&fresh_leases(&format!("probe{p}"), 1), SECOND).await.unwrap().unwrap();
         let (after, _) = round_trips(&f).unwrap();
-        assert_eq!(grants[0].granted, 10);
+        assert_eq!(grants[0].clone().unwrap().granted, 10);
         waited.push(after - before);
     }
     done.store(true, Ordering::Relaxed);

@@ -162,15 +162,27 @@ pub fn notice_until(outcome: &LeaseOutcome, reported: u64, limit: &Limit, now: N
     (outcome.near_limit && reported > 0).then(|| now + outcome.reset + limit.period())
 }
 
+/// Where a lease call comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// Its caller, where peers tell callers apart (see [`Caller`]): its
+    /// records and notices are charged to it.
+    pub caller: Option<Caller>,
+    /// It is a caller of the call's domain (its domain's token, or an open
+    /// domain; see `crate::auth::Tokens`): it reads the domain's near-limit
+    /// notices and what it reports posts to them.
+    pub of_domain: bool,
+}
+
 impl Service {
     /// `POST /v1/lease`: grant batches of tokens, sized to each caller's
-    /// rate; their records are charged to `caller` (see [`Caller`]).
-    pub async fn lease(&self, req: LeaseRequest, caller: Option<Caller>) -> Result<LeaseResponse, ApiError> {
+    /// rate; their records are charged to the caller `from` (see [`Origin`]).
+    pub async fn lease(&self, req: LeaseRequest, from: Origin) -> Result<LeaseResponse, ApiError> {
         validate(&req)?;
         let domains = self.domains();
         let domain = self.domain(&domains, &req.domain)?;
         let ttl = self.settings.lease_ttl;
-        let plan = Plan::of(domain, &req, caller);
+        let plan = Plan::of(domain, &req, from.caller);
         let outcomes = match plan.asks.is_empty() {
             true => Vec::new(),
             false => self
@@ -214,7 +226,9 @@ impl Service {
                         granted_total += outcome.granted;
                     }
                     if let Some(until) = notice_until(&outcome, lease.reported, limit, since_start) {
-                        self.notices.post(&domain.name, &lease.descriptor, until);
+                        if from.of_domain {
+                            self.notices.post_by(&domain.name, &lease.descriptor, until, from.caller, since_start);
+                        }
                     }
                     outcome.to_wire(limit, *shadow)
                 }
@@ -222,7 +236,10 @@ impl Service {
             leases.push(grant);
         }
         self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
-        let near = if req.notices { self.notices.current(&domain.name, since_start) } else { Vec::new() };
+        let near = match req.notices && from.of_domain {
+            true => self.notices.current(&domain.name, since_start),
+            false => Vec::new(),
+        };
         Ok(LeaseResponse { leases, near })
     }
 }

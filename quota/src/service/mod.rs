@@ -4,7 +4,7 @@
 
 mod lease;
 
-pub use lease::notice_until;
+pub use lease::{notice_until, Origin};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
