@@ -257,8 +257,21 @@ async fn run(cli: Cli) -> Result<(), String> {
     let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));
     tracing::info!(domains = service.domains().len(), store = service.store().name(), "limits loaded");
 
-    // Hot reload: a bad file is logged and counted, the old limits keep serving.
-    spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
+    // Hot reload: a bad file, or one that drops limits, is logged and
+    // counted, and the old limits keep serving; SIGHUP applies the files as
+    // they are.
+    let reloader = spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hangups) => {
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    tracing::info!("SIGHUP: applying the limits files as they are");
+                    reloader.apply_as_is();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: limits that a reload drops need a restart"),
+    }
 
     // Idle buckets are dropped in the background so memory follows live keys.
     let sweeper = service.clone();

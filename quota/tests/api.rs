@@ -350,7 +350,7 @@ async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
         for series in &expected {
             assert!(metrics.lines().any(|l| l == series), "{store}: no {series} in\n{metrics}");
         }
-        f.service.set_domains(common::domains("domain: added\n"));
+        f.service.set_domains(common::domains("domain: added\ndescriptors: []\n"));
         let metrics = f.metrics().await;
         assert!(metrics.contains(r#"floodgate_quota_tokens_granted_total{domain="added"} 0"#), "{metrics}");
     }
