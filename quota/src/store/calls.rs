@@ -11,8 +11,8 @@ use floodgate_core::time::Nanos;
 use super::decide::{self, LeaseRecord};
 use super::lanes::Decider;
 use super::{
-    BucketCheck, BucketLease, CheckOutcome, IdInUse, LeaseAnswer, LeaseOutcome, LeaseReturn, QuotaStore, ReturnOutcome,
-    Room, StoreFailure, Writes, LEASE_RECORD_MARGIN,
+    holding_key, BucketCheck, BucketLease, CheckOutcome, IdInUse, LeaseAnswer, LeaseOutcome, LeaseReturn, QuotaStore,
+    ReturnOutcome, Room, StoreFailure, Writes, LEASE_RECORD_MARGIN,
 };
 use crate::config::Limit;
 
@@ -48,7 +48,12 @@ impl QuotaStore {
         let transactions = items
             .iter()
             .map(|item| {
-                let keys = vec![item.key.clone(), item.record.clone()];
+                let mut keys = vec![item.key.clone(), item.record.clone()];
+                // A caller that may hold an allowance has its holding of the
+                // key decided with it.
+                if let (true, Some(caller)) = (item.per_window, item.caller) {
+                    keys.push(holding_key(&item.key, caller));
+                }
                 let item = item.clone();
                 let decide: Decider<Option<LeaseOutcome>> =
                     Box::new(move |values, now| lease_on(&item, values, now, ttl));
@@ -151,7 +156,9 @@ fn check(items: &[BucketCheck], values: &[Option<Vec<u8>>], now: Nanos) -> (Chec
     (CheckOutcome { committed, decisions }, writes)
 }
 
-/// One lease on `[bucket, record]` (their stored values): its outcome and
+/// One lease on `[bucket, record]` (their stored values), and a third
+/// value, when given, of the caller's holding of the key (see
+/// [`super::holding_key`]; the item names the caller): its outcome and
 /// what to write to each; `None` when its id is recorded for another
 /// bucket (nothing taken). Every store runs it inside its transaction; the
 /// fleet simulation runs it on its own map.
@@ -161,7 +168,7 @@ pub fn lease_on(
     now: Nanos,
     ttl: Nanos,
 ) -> (Option<LeaseOutcome>, Writes) {
-    let (bucket, record) = (0, 1);
+    let (bucket, record, holding) = (0, 1, 2);
     let mut writes: Writes = vec![None; values.len()];
     if let Some(done) = LeaseRecord::live(stored(values, record), now) {
         if done.bucket != item.key {
@@ -190,8 +197,15 @@ pub fn lease_on(
         per_window: item.per_window,
         reported: item.reported,
     };
-    let decide::Leased { allotment: got, next } =
-        decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
+    let (decide::Leased { allotment: got, next }, held) = match (values.get(holding), item.caller) {
+        (Some(held), Some(caller)) => {
+            decide::lease_held(&item.limit, &item.key, stored(values, bucket), (held.as_deref(), caller), now, ask, ttl)
+        }
+        _ => (decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl), None),
+    };
+    if let (Some(slot), Some(held)) = (writes.get_mut(holding), held.filter(|_| got.granted > 0)) {
+        *slot = Some(held);
+    }
     // Reported units count even when nothing is granted.
     if got.granted > 0 || item.reported > 0 {
         if let Some(slot) = writes.get_mut(bucket) {

@@ -56,6 +56,20 @@ pub fn lease_key(domain: &str, id: &str) -> String {
     format!("fg:{{{domain}}}:lease:{id}")
 }
 
+/// The store key of what `caller` holds of the bucket `bucket` in
+/// allowances (see `floodgate_core::lease::holding`): in the bucket's hash
+/// tag, a hash of the caller (no address in a key name), then the bucket
+/// key's algorithm and descriptor.
+pub fn holding_key(bucket: &str, caller: Caller) -> String {
+    let (tag, rest) = bucket.split_once("}:").unwrap_or((bucket, ""));
+    let mut hasher = floodgate_core::hash::SipHasher::new(0x686f_6c64_696e_6773, 0x6f66_2063_616c_6c65);
+    match caller.0 {
+        IpAddr::V4(v4) => hasher.write(&v4.octets()),
+        IpAddr::V6(v6) => hasher.write(&v6.octets()),
+    }
+    format!("{tag}}}:hold:{:016x}:{rest}", hasher.finish())
+}
+
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketCheck {
@@ -449,6 +463,16 @@ mod tests {
         assert_eq!(of("2001:db8:1:2::1"), of("2001:db8:1:2:ffff:ffff:ffff:ffff"), "one /64, one caller");
         assert_eq!(of("2001:db8:1:2:3:4:5:6"), Caller("2001:db8:1:2::".parse().unwrap_or(IpAddr::from([0; 16]))));
         assert_ne!(of("2001:db8:1:2::1"), of("2001:db8:1:3::1"), "another /64, another caller");
+    }
+
+    #[test]
+    fn a_holding_sits_beside_its_bucket_and_names_no_address() {
+        let caller = Caller::of(IpAddr::from([10, 0, 0, 7]));
+        let key = holding_key(r#"fg:{edge}:fw:[["user","a}:b"]]"#, caller);
+        assert!(key.starts_with("fg:{edge}:hold:") && key.ends_with(r#":fw:[["user","a}:b"]]"#), "{key}");
+        assert_eq!(group_of(&key), "edge");
+        assert!(!key.contains("10.0.0.7"));
+        assert_ne!(key, holding_key(r#"fg:{edge}:fw:[["user","a}:b"]]"#, Caller::of(IpAddr::from([10, 0, 0, 8]))));
     }
 
     #[test]
