@@ -82,6 +82,15 @@ struct Cli {
     #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
     reload_interval: Duration,
 
+    /// What a memory store that starts owes the limit: `forget` starts
+    /// afresh (every window after a restart admits at most 1.75 times its
+    /// limit until the term after the one in progress ends: its limit, and
+    /// what allowances granted before still spend); `reserve` counts, in
+    /// every key, what those allowances may still spend, so every such
+    /// window admits at most its limit (at a quarter of it meanwhile).
+    #[arg(long, value_enum, default_value_t = MemoryRestart::Forget)]
+    memory_restart: MemoryRestart,
+
     /// Most buckets the memory store holds, and most lease records beside
     /// them, one caller's records never more than four times the room left
     /// free (see --callers); entries no longer kept are dropped first, then
@@ -130,6 +139,12 @@ struct Cli {
 
     #[command(flatten)]
     rlqs: RlqsArgs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MemoryRestart {
+    Reserve,
+    Forget,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -252,6 +267,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         timeout: cli.store_timeout,
         local_clock: cli.redis_clock == ClockChoice::Local,
         max_entries: cli.memory_max_buckets,
+        owe_earlier_grants: cli.memory_restart == MemoryRestart::Reserve,
     })?;
     let metrics = ServiceMetrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
     let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));

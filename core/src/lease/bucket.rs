@@ -81,10 +81,17 @@ fn word(bytes: &[u8], at: usize) -> Option<u64> {
 
 impl ServiceBucket {
     /// The stored bucket at `now` when it is of the limit's algorithm and
-    /// shape, else (never stored, expired, another layout, or another
-    /// shape: a state whose size depends on fields that a reload changed)
-    /// a fresh bucket.
+    /// shape; a bucket a store forgot (a [`super::restart::marker`]) owing
+    /// what allowances granted before it forgot may still spend; else
+    /// (never stored, expired, another layout, or another shape: a state
+    /// whose size depends on fields that a reload changed) a fresh bucket.
     pub fn load(limit: &KeyLimit<'_>, stored: Option<&[u8]>, now: Nanos) -> Self {
+        if let Some((started_at, key)) = super::restart::forgotten(stored) {
+            if let Some(owed) = super::restart::owed(limit, key, started_at, now) {
+                return owed;
+            }
+            return Self::load(limit, None, now);
+        }
         let (policy, tag) = (limit.policy, limit.tag);
         let len = policy.state_len();
         let readable = |first: u8| first == tag || (first == UNTAGGED && tag <= LAST_UNTAGGED_LAYOUT);

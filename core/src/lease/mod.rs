@@ -49,6 +49,7 @@ pub mod holding;
 pub mod overshoot;
 pub mod pool;
 pub mod refresh;
+pub mod restart;
 pub mod shares;
 pub mod sizing;
 #[cfg(test)]

@@ -64,8 +64,9 @@ pub struct Settings {
 }
 
 /// The longest lease lifetime: tokens should not outlive a proxy's view of
-/// the limit for long.
-pub const MAX_LEASE_TTL: Nanos = Nanos::from_secs(60);
+/// the limit for long. (What a restarted memory store owes a token bucket
+/// is bounded by it: the core's own copy of the bound.)
+pub const MAX_LEASE_TTL: Nanos = floodgate_core::lease::restart::LONGEST_LEASE_LIFETIME;
 
 /// The service: current limits, a store, metrics.
 #[derive(Debug)]

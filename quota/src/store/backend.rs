@@ -74,6 +74,10 @@ pub struct StoreOptions {
     pub local_clock: bool,
     /// `--memory-max-buckets`.
     pub max_entries: usize,
+    /// `--memory-restart reserve`: a memory store that starts counts what
+    /// grants made before it may still spend (see `LocalStore::after_restart`);
+    /// else it starts afresh.
+    pub owe_earlier_grants: bool,
 }
 
 /// How a backend is opened: at the address `--store` gave, with the options.

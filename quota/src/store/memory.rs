@@ -33,6 +33,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use floodgate_core::lease::restart;
 use floodgate_core::time::{Clock, Nanos};
 
 use super::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
@@ -44,7 +45,13 @@ pub const REGISTRATION: BackendRegistration = BackendRegistration {
     name: "memory",
     usage: "`memory`",
     accepts: |text| text == "memory",
-    open: |_, options: &StoreOptions| Ok(Arc::new(LocalStore::new(options.clock.clone(), options.max_entries))),
+    open: |_, options: &StoreOptions| {
+        let store = match options.owe_earlier_grants {
+            true => LocalStore::after_restart(options.clock.clone(), options.max_entries),
+            false => LocalStore::new(options.clock.clone(), options.max_entries),
+        };
+        Ok(Arc::new(store))
+    },
 };
 
 /// How the lease records' room is shared among callers (a caller: a peer
@@ -132,6 +139,11 @@ pub struct LocalStore {
     /// Live lease records per caller, in shards of their own (a leaf lock:
     /// never held while waiting for another).
     records_of: [Mutex<HashMap<Caller, usize>>; SHARDS],
+    /// When this store started, if it owes the limit what grants made
+    /// before it (by the process it replaced) may still spend: a key it
+    /// holds nothing for is read as forgotten then
+    /// (`floodgate_core::lease::restart`).
+    forgot_at: Option<Nanos>,
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -143,8 +155,24 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl LocalStore {
     /// A store reading time from `clock` and holding at most `max_entries`
     /// buckets, and as many lease records (entries past their keeping time
-    /// are dropped first; see [`LocalStore::sweep`]).
+    /// are dropped first; see [`LocalStore::sweep`]), that vouches for every
+    /// key: nothing was granted before it (a first start, or
+    /// `--memory-restart forget`).
     pub fn new(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        Self::with_start(clock, max_entries, None)
+    }
+
+    /// A store as [`LocalStore::new`] that starts where another store
+    /// stopped (a restarted service): it counts, in every key it holds
+    /// nothing for, what the allowances that store granted may still spend
+    /// (see `floodgate_core::lease::restart`), so every window after the
+    /// start admits at most its limit.
+    pub fn after_restart(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        let started = clock.now();
+        Self::with_start(clock, max_entries, Some(started))
+    }
+
+    fn with_start(clock: Arc<dyn Clock>, max_entries: usize, forgot_at: Option<Nanos>) -> Self {
         Self {
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
@@ -155,6 +183,7 @@ impl LocalStore {
             examined: AtomicUsize::new(0),
             sweep_at: AtomicUsize::new(0),
             records_of: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            forgot_at,
         }
     }
 
@@ -359,7 +388,19 @@ impl LocalStore {
                 guard.map.get(key).map(|e| e.value.clone())
             })
             .collect();
-        let (answer, writes) = decide(&values, now);
+        let (answer, writes) = match self.forgot_at {
+            // A key held nothing for is one this store forgot (only a
+            // bucket reads the marker as such; anything else as absent).
+            Some(started) => {
+                let seen: Vec<Option<Vec<u8>>> = values
+                    .iter()
+                    .zip(keys)
+                    .map(|(value, key)| value.clone().or_else(|| Some(restart::marker(key, started))))
+                    .collect();
+                decide(&seen, now)
+            }
+            None => decide(&values, now),
+        };
 
         let mut new = [0usize; 2];
         // New records, by their caller: each caller's share first.
