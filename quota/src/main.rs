@@ -257,7 +257,9 @@ async fn run(cli: Cli) -> Result<(), String> {
     let per_domain = domain_tokens(&cli.domain_token, &domains, cli.auth_token.as_deref())?;
     if !per_domain.is_empty() && auth_token.is_none() && cli.grpc.grpc_listen.is_some() {
         // The gRPC APIs know the service's token only: they would be open.
-        return Err("--domain-token with --grpc-listen needs --auth-token: RLS and RLQS take the service's token".into());
+        return Err(
+            "--domain-token with --grpc-listen needs --auth-token: RLS and RLQS take the service's token".into()
+        );
     }
     let tokens = Arc::new(Tokens::new(auth_token.clone(), per_domain));
     let rlqs_options = cli.rlqs.options(auth_token.clone())?;

@@ -616,11 +616,8 @@ impl ProbeSlots {
         }
         if held.places.len() >= PROBES {
             // The oldest place of the caller holding the most.
-            let (most, victim) = held
-                .places
-                .iter()
-                .map(|(_, c, _)| (count(*c, &held.places), *c))
-                .max_by_key(|(n, _)| *n)?;
+            let (most, victim) =
+                held.places.iter().map(|(_, c, _)| (count(*c, &held.places), *c)).max_by_key(|(n, _)| *n)?;
             if most < mine + 2 {
                 return None;
             }

@@ -395,7 +395,8 @@ async fn near_limit_notices_are_only_for_callers_of_their_domain() {
     let f = Fixture::with(Backend::Memory, NOTICED, options).await;
     f.clock.set(common::T0 + floodgate_core::time::SECOND.times(20));
     // A caller of edge reports alice near her limit: posted.
-    let (status, body) = lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a1", "alice@example.com", 9)).await;
+    let (status, body) =
+        lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a1", "alice@example.com", 9)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["leases"][0]["near_limit"], true);
     let (_, body) = lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a2", "carol", 0)).await;

@@ -237,8 +237,11 @@ async fn a_reload_that_drops_limits_is_refused_unless_the_operator_says_so() {
     std::fs::write(&path, TWO_KEYS.replace("requests_per_unit: 3", "requests_per_unit: 4")).unwrap();
     wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 1\n").await;
     // Said in the file: unlimited.
-    std::fs::write(&path, TWO_KEYS.replace("rate_limit: {unit: hour, requests_per_unit: 3}", "rate_limit: {unlimited: true}"))
-        .unwrap();
+    std::fs::write(
+        &path,
+        TWO_KEYS.replace("rate_limit: {unit: hour, requests_per_unit: 3}", "rate_limit: {unlimited: true}"),
+    )
+    .unwrap();
     wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 2\n").await;
     assert_eq!(login_code(&f).await, "unlimited");
     // Limited again, then dropped by SIGHUP's word.

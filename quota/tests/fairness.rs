@@ -290,7 +290,8 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
     let probe = {
         let store = store.clone();
         tokio::spawn(async move {
-            let granted = store.lease(&fresh_leases("probe", 1), SECOND).await.unwrap().unwrap()[0].clone().unwrap().granted;
+            let granted =
+                store.lease(&fresh_leases("probe", 1), SECOND).await.unwrap().unwrap()[0].clone().unwrap().granted;
             (granted, store.backend_as::<LocalStore>().unwrap().len())
         })
     };

@@ -220,8 +220,9 @@ async fn a_call_crossing_its_callers_share_answers_what_was_granted() {
     // Forty records: a caller alone holds at most 28 (four times the seven
     // left outside the reserve of five).
     let f = Fixture::with(Backend::Memory, HUGE, Options { max_buckets: 40, ..Options::default() }).await;
-    let leases: Vec<serde_json::Value> =
-        (0..40).map(|i| json!({"id": format!("x{i}"), "descriptor": [["k", format!("key{i}")]], "wanted": 3})).collect();
+    let leases: Vec<serde_json::Value> = (0..40)
+        .map(|i| json!({"id": format!("x{i}"), "descriptor": [["k", format!("key{i}")]], "wanted": 3}))
+        .collect();
     let call = json!({"domain": "test", "leases": leases});
     for attempt in 0..2 {
         let (status, body) = f.post("/v1/lease", &call).await;
@@ -229,7 +230,9 @@ async fn a_call_crossing_its_callers_share_answers_what_was_granted() {
         let grants = body["leases"].as_array().unwrap();
         let granted: Vec<&serde_json::Value> = grants.iter().filter(|g| g.get("refused").is_none()).collect();
         assert_eq!(granted.len(), 28, "attempt {attempt}: {body}");
-        assert!(granted.iter().all(|g| g["granted"] == 3 && g["replayed"].as_bool().unwrap_or(false) == (attempt == 1)));
+        assert!(granted
+            .iter()
+            .all(|g| g["granted"] == 3 && g["replayed"].as_bool().unwrap_or(false) == (attempt == 1)));
         for refused in grants.iter().skip(28) {
             assert_eq!(refused["granted"], 0, "{refused}");
             assert!(refused["refused"].as_str().unwrap().contains("lease records of this caller"), "{refused}");

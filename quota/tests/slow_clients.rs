@@ -494,9 +494,23 @@ async fn healthz_answers_while_reopened_silent_connections_beyond_the_cap_keep_c
         .timeout(Duration::from_secs(5))
         .build()
         .unwrap();
-    let floods: [&[&str]; 2] =
-        [&["127.0.0.5"], &["127.0.1.1", "127.0.1.2", "127.0.1.3", "127.0.1.4", "127.0.1.5", "127.0.1.6",
-            "127.0.1.7", "127.0.1.8", "127.0.1.9", "127.0.1.10", "127.0.1.11", "127.0.1.12"]];
+    let floods: [&[&str]; 2] = [
+        &["127.0.0.5"],
+        &[
+            "127.0.1.1",
+            "127.0.1.2",
+            "127.0.1.3",
+            "127.0.1.4",
+            "127.0.1.5",
+            "127.0.1.6",
+            "127.0.1.7",
+            "127.0.1.8",
+            "127.0.1.9",
+            "127.0.1.10",
+            "127.0.1.11",
+            "127.0.1.12",
+        ],
+    ];
     for addresses in floods {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let per_address = if addresses.len() == 1 { 40 } else { 4 };

@@ -59,7 +59,8 @@ impl Holding {
         }
         let word = |i: usize| -> Option<u64> { Some(u64::from_le_bytes(rest.get(i * 8..i * 8 + 8)?.try_into().ok()?)) };
         let terms = Terms::from_parts(word(0)?, word(1)?);
-        let held = Reservations { term: word(2)?, current: word(3)?, next: word(4)?, settled: word(5)?, at_start: word(6)? };
+        let held =
+            Reservations { term: word(2)?, current: word(3)?, next: word(4)?, settled: word(5)?, at_start: word(6)? };
         Some(Holding { terms, held })
     }
 

@@ -9,7 +9,7 @@
 //! windows beside what they spend (148 a second against a limit of 100, for
 //! a term). So a store that restarts gives every key it has no bucket for a
 //! *forgotten* bucket instead ([`marker`]: the key and when the store
-//! started), which [`ServiceBucket::load`] reads as a fresh bucket owing
+//! started), which `ServiceBucket::load` reads as a fresh bucket owing
 //! the most those allowances can hold ([`owed`]): the key's reservable
 //! share of each window (three quarters of a fixed window's limit; half the
 //! least of a token or leaky bucket's burst and what it earns in the
@@ -26,7 +26,7 @@
 //! owe nothing and start fresh.
 
 use super::allowance::{bucket_earned, bucket_reservable, share_of, Reservations, Terms, DEFAULT_TERM};
-use super::bucket::{KeyLimit, ServiceBucket};
+use crate::algorithm::Policy;
 use crate::time::Nanos;
 
 /// The longest lease lifetime the service grants (its `--lease-ttl` is at
@@ -61,24 +61,26 @@ pub fn forgotten(stored: Option<&[u8]>) -> Option<(Nanos, &str)> {
     Some((Nanos::from_nanos(u64::from_le_bytes(started)), key))
 }
 
-/// The bucket of `key` under `limit` at `now`, forgotten by a store that
-/// started at `started_at`: fresh at the start (or now, if earlier), owing
-/// the most the allowances granted before can hold from the window in
-/// progress then to the end of the term after it, each window's part
-/// counted at its start (as a bucket counts its allowances'
-/// reservations); `None` for an algorithm without allowances.
-pub fn owed(limit: &KeyLimit<'_>, key: &str, started_at: Nanos, now: Nanos) -> Option<ServiceBucket> {
-    let policy = limit.policy;
-    let started_at = started_at.min(now);
-    let mut bucket = ServiceBucket::load(limit, None, started_at);
-    let slot = policy.allowance_slot(&bucket.state, started_at)?;
-    let terms = Terms::new(limit.window(), DEFAULT_TERM, key);
+/// What the allowances of `key` (under `policy`, `limit` per `window`)
+/// granted before a store forgot its buckets at `started_at` may still
+/// spend, counted into `state`, a fresh bucket's state as of `started_at`:
+/// the most they can hold from the window in progress then to the end of
+/// the term after it, each window's part counted at its start (as a bucket
+/// counts its allowances' reservations); the reservations left as of `now`
+/// (`None`: an algorithm without allowances, or nothing left).
+pub fn owed(
+    policy: &dyn Policy,
+    (limit, window): (u64, Nanos),
+    key: &str,
+    state: &mut [u8],
+    started_at: Nanos,
+    now: Nanos,
+) -> Option<(Terms, Reservations)> {
+    let slot = policy.allowance_slot(state, started_at)?;
+    let terms = Terms::new(window, DEFAULT_TERM, key);
     let units = match slot.renews {
-        true => share_of(limit.limit),
-        false => bucket_reservable(
-            policy.capacity(),
-            bucket_earned(limit.limit, limit.window(), LONGEST_LEASE_LIFETIME),
-        ),
+        true => share_of(limit),
+        false => bucket_reservable(policy.capacity(), bucket_earned(limit, window, LONGEST_LEASE_LIFETIME)),
     };
     let held = Reservations {
         term: terms.of(slot.index),
@@ -87,13 +89,13 @@ pub fn owed(limit: &KeyLimit<'_>, key: &str, started_at: Nanos, now: Nanos) -> O
         settled: slot.index.saturating_sub(1),
         at_start: 0,
     };
-    let held = held.settle(policy, &terms, &mut bucket.state, now);
-    bucket.allowances = Some((terms, held)).filter(|(_, held)| !held.is_empty());
-    Some(bucket)
+    let held = held.settle(policy, &terms, state, now);
+    Some((terms, held)).filter(|(_, held)| !held.is_empty())
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::bucket::{KeyLimit, ServiceBucket};
     use super::super::testing::policy;
     use super::*;
     use crate::time::SECOND;

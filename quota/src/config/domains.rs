@@ -83,10 +83,8 @@ impl Domains {
                 continue;
             };
             for path in paths.iter().filter(|path| after.rule_on_path(path).is_none()) {
-                let entries: Vec<String> = path
-                    .iter()
-                    .map(|(key, value)| format!("{key}={}", value.as_deref().unwrap_or("*")))
-                    .collect();
+                let entries: Vec<String> =
+                    path.iter().map(|(key, value)| format!("{key}={}", value.as_deref().unwrap_or("*"))).collect();
                 dropped.push(format!("{name}: [{}]", entries.join(", ")));
             }
         }
@@ -115,7 +113,9 @@ mod tests {
         let before = domains(&[FULL]);
         assert_eq!(before.dropped_limits(&before), Vec::<String>::new());
         // The file cut after its first descriptor: two limits gone.
-        let cut = domains(&["domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n"]);
+        let cut = domains(&[
+            "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n",
+        ]);
         assert_eq!(before.dropped_limits(&cut), ["edge: [path=*, method=POST]", "edge: [path=/login]"]);
         // Said so: /login unlimited, the method rule under /login's own
         // entry is not a limit lost (any other path still has it).

@@ -187,7 +187,6 @@ impl LocalStore {
         }
     }
 
-
     fn records_of(&self, caller: Caller) -> MutexGuard<'_, HashMap<Caller, usize>> {
         // The modulo keeps the index below SHARDS, the array's length.
         let at = (self.hasher.hash_one(caller) % SHARDS as u64) as usize;
@@ -730,7 +729,10 @@ mod tests {
         for attempt in 0..2 {
             let answers = store.lease(&leases, SECOND).await.unwrap().unwrap();
             let refused = Err(StoreFailure::Full(crate::store::Room::CallerRecords));
-            assert!(answers[..8].iter().all(|a| a.as_ref().is_ok_and(|g| g.granted == 1 && g.replayed == (attempt == 1))), "{answers:?}");
+            assert!(
+                answers[..8].iter().all(|a| a.as_ref().is_ok_and(|g| g.granted == 1 && g.replayed == (attempt == 1))),
+                "{answers:?}"
+            );
             assert_eq!(answers[8..], [refused.clone(), refused], "{answers:?}");
             assert_eq!(memory(&store).len(), 1 + 8, "the bucket and eight records");
         }
