@@ -559,19 +559,24 @@ impl RedisStore {
             let Some(wake) = open.iter().map(|o| o.not_before).min() else { return Ok(()) };
             tokio::time::sleep_until(wake.into()).await;
             let at = Instant::now();
-            let (mut due, waiting): (Vec<Open>, Vec<Open>) = open.drain(..).partition(|o| o.not_before <= at);
-            *open = waiting;
+            // The batches due first; all of them stay in `open` while the
+            // script is out, so that a call that times out meanwhile finds
+            // them there to answer.
+            open.sort_by_key(|o| o.not_before > at);
+            let due = open.iter().take_while(|o| o.not_before <= at).count();
             // Redis's clock (estimated, checked by the script) or ours;
             // without one yet, the first round trip only reads.
             let now = match &self.options.clock {
                 Some(clock) => Some(clock.now()),
                 None => self.clocks.estimate(tag),
             };
-            for o in due.iter_mut() {
+            let sent_now = open.get_mut(..due).unwrap_or_default();
+            for o in sent_now.iter_mut() {
                 o.writes = now.map(|now| o.batch.decide(&values_of(&o.known), now));
                 o.attempts += 1;
             }
-            let invocation = self.invocation(&mut due, now, !cluster);
+            let invocation = self.invocation(sent_now, now, !cluster);
+            let sizes: Vec<usize> = sent_now.iter().map(|o| o.batch.keys.len()).collect();
             self.round_trips.fetch_add(1, Ordering::Relaxed);
             let mut sent = self.send(&mut conn, &invocation, false).await;
             if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
@@ -584,17 +589,10 @@ impl RedisStore {
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
                 sent = self.send(&mut conn, &invocation, true).await;
             }
-            let failed = |failure: StoreFailure, due: Vec<Open>, open: &mut Vec<Open>| {
-                open.extend(due);
-                Err(failure)
-            };
             let reply = match sent {
-                Err(e) if broken(&e) && !cluster => return failed(self.failed(unavailable(e)), due, open),
-                Err(e) => return failed(unavailable(e), due, open),
-                Ok(reply) => match parse(reply, &due.iter().map(|o| o.batch.keys.len()).collect::<Vec<_>>()) {
-                    Ok(reply) => reply,
-                    Err(e) => return failed(e, due, open),
-                },
+                Err(e) if broken(&e) && !cluster => return Err(self.failed(unavailable(e))),
+                Err(e) => return Err(unavailable(e)),
+                Ok(reply) => parse(reply, &sizes)?,
             };
             self.clock_seen(tag, reply.time);
             if let (Some(clock), Some(bound)) = (&self.options.clock, self.options.clock_bound) {
@@ -603,15 +601,15 @@ impl RedisStore {
                 let ours = clock.now();
                 let offset = ours.get() as i128 - reply.time.get() as i128;
                 if offset.unsigned_abs() > u128::from(bound.get()) {
-                    let off = StoreFailure::ClockOff {
+                    return Err(StoreFailure::ClockOff {
                         offset_ms: i64::try_from(offset / 1_000_000).unwrap_or(i64::MAX),
                         bound_ms: bound.get() / 1_000_000,
-                    };
-                    return failed(off, due, open);
+                    });
                 }
             }
             let mut garbled = false;
-            for (mut o, group) in due.into_iter().zip(reply.groups) {
+            let mut still = Vec::with_capacity(due);
+            for (mut o, group) in open.drain(..due).zip(reply.groups) {
                 let written = match group {
                     // A read is never written (no key has the version it sends).
                     Group::Written if o.writes.is_none() => {
@@ -652,9 +650,10 @@ impl RedisStore {
                 } else if o.attempts >= ATTEMPTS {
                     done.finish(o.batch, &Err(StoreFailure::Contended));
                 } else {
-                    open.push(o);
+                    still.push(o);
                 }
             }
+            open.extend(still);
             done.flush();
             if garbled {
                 return Err(bad_reply("cas.lua"));
