@@ -141,17 +141,17 @@ pub struct Rounds {
     groups: Mutex<HashMap<String, Gathering>>,
 }
 
-/// One group's batches waiting for a round, by call, and its rounds out.
+/// Batches waiting for a round, by call, and the order the calls take
+/// their turns in.
 #[derive(Default)]
-struct Gathering {
+struct Waiting {
     /// Each waiting call's batches, in order.
     calls: HashMap<u64, VecDeque<Batch>>,
-    /// The waiting calls in the order they take their turns.
+    /// The waiting calls, in the order they take their turns.
     turns: VecDeque<u64>,
-    in_flight: usize,
 }
 
-impl Gathering {
+impl Waiting {
     fn is_empty(&self) -> bool {
         self.calls.is_empty()
     }
@@ -167,34 +167,36 @@ impl Gathering {
         }
     }
 
-    /// The next round: one batch of each waiting call in turn, until it
-    /// holds [`ROUND_JOBS`] jobs (at least one batch, if any waits).
+    /// The next round: one batch of each waiting call in turn (a call with
+    /// more goes to the back), until it holds [`ROUND_JOBS`] jobs (at least
+    /// one batch, if any waits).
     fn round(&mut self) -> Vec<Batch> {
-        take_turns(&mut self.calls, &mut self.turns, ROUND_JOBS)
+        let mut round = Vec::new();
+        let mut jobs = 0;
+        while jobs < ROUND_JOBS {
+            let Some(call) = self.turns.pop_front() else { break };
+            let Some(queue) = self.calls.get_mut(&call) else { continue };
+            let Some(batch) = queue.pop_front() else {
+                self.calls.remove(&call);
+                continue;
+            };
+            jobs += batch.len().max(1);
+            round.push(batch);
+            if queue.is_empty() {
+                self.calls.remove(&call);
+            } else {
+                self.turns.push_back(call);
+            }
+        }
+        round
     }
 }
 
-/// Takes batches from `calls`, one of each call in the order of `turns`
-/// (a call with more goes to the back), until they hold `most` jobs.
-fn take_turns(calls: &mut HashMap<u64, VecDeque<Batch>>, turns: &mut VecDeque<u64>, most: usize) -> Vec<Batch> {
-    let mut round = Vec::new();
-    let mut jobs = 0;
-    while jobs < most {
-        let Some(call) = turns.pop_front() else { break };
-        let Some(queue) = calls.get_mut(&call) else { continue };
-        let Some(batch) = queue.pop_front() else {
-            calls.remove(&call);
-            continue;
-        };
-        jobs += batch.len().max(1);
-        round.push(batch);
-        if queue.is_empty() {
-            calls.remove(&call);
-        } else {
-            turns.push_back(call);
-        }
-    }
-    round
+/// One group's batches waiting for a round, and its rounds out.
+#[derive(Default)]
+struct Gathering {
+    waiting: Waiting,
+    in_flight: usize,
 }
 
 impl std::fmt::Debug for Rounds {
@@ -239,11 +241,11 @@ impl Rounds {
                     Some(gathering) => gathering,
                     None => groups.entry(batch.group.clone()).or_default(),
                 };
-                if gathering.is_empty() && gathering.in_flight < IN_FLIGHT {
+                if gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT {
                     gathering.in_flight += 1;
                     send.push(batch.group.clone());
                 }
-                gathering.push(batch);
+                gathering.waiting.push(batch);
             }
         }
         for group in send {
@@ -261,8 +263,8 @@ impl Rounds {
         tokio::spawn(async move {
             let (round, more) = match rounds.groups().get_mut(&group) {
                 Some(gathering) => {
-                    let round = gathering.round();
-                    let more = !gathering.is_empty() && gathering.in_flight < IN_FLIGHT;
+                    let round = gathering.waiting.round();
+                    let more = !gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT;
                     if more {
                         gathering.in_flight += 1;
                     }
@@ -284,11 +286,11 @@ impl Rounds {
             let mut groups = self.groups();
             let Some(gathering) = groups.get_mut(group) else { return };
             gathering.in_flight = gathering.in_flight.saturating_sub(1);
-            if !gathering.is_empty() && gathering.in_flight < IN_FLIGHT {
+            if !gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT {
                 gathering.in_flight += 1;
                 true
             } else {
-                if gathering.is_empty() && gathering.in_flight == 0 {
+                if gathering.waiting.is_empty() && gathering.in_flight == 0 {
                     // An idle group holds no entry (the domains' tags are few,
                     // but nothing bounds them).
                     groups.remove(group);
@@ -386,27 +388,17 @@ async fn drive(rounds: Arc<Rounds>, group: Option<String>, ready: Vec<Batch>) {
         done.answer();
         return;
     }
-    let mut calls: HashMap<u64, VecDeque<Batch>> = HashMap::new();
-    let mut turns = VecDeque::new();
-    let mut waiting = ready;
+    let mut waiting = Waiting::default();
+    let mut ready = ready;
     loop {
-        for batch in waiting.drain(..) {
-            let call = batch.call;
-            match calls.get_mut(&call) {
-                Some(queue) => queue.push_back(batch),
-                None => {
-                    calls.insert(call, VecDeque::from([batch]));
-                    turns.push_back(call);
-                }
-            }
-        }
-        let slice = take_turns(&mut calls, &mut turns, ROUND_JOBS);
+        ready.drain(..).for_each(|batch| waiting.push(batch));
+        let slice = waiting.round();
         if slice.is_empty() {
             break;
         }
         Arc::clone(&backend).run(slice, Arc::clone(&done)).await;
-        waiting = done.take_later();
-        if !calls.is_empty() || !waiting.is_empty() {
+        ready = done.take_later();
+        if !waiting.is_empty() || !ready.is_empty() {
             // Other tasks (another connection's call of one lease) run
             // before this one's next slice.
             tokio::task::yield_now().await;

@@ -15,10 +15,11 @@
 //! store transaction of the union of their keys (one round trip to Redis,
 //! one pass under the memory store's locks), decided in the order they
 //! arrived, each on what the ones before it left. So a hot key costs a store
-//! transaction per batch, not per request. Transactions submitted together
-//! (the leases of one call) that are ready at once form one **round**: the
-//! store runs its batches together (Redis: one script per slot), each
-//! batch's outcome its own.
+//! transaction per batch, not per request. Batches ready at once go to the
+//! store in **rounds** (`super::Rounds`: at most 64 jobs, the calls taking
+//! turns; Redis: one script per slot), each batch's outcome its own; the
+//! transactions one call submits (the leases of one call) are numbered as
+//! one call, so that its rounds take turns with other calls'.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};

@@ -14,10 +14,13 @@
 //! timeout). Keys share the domain's hash tag, so a transaction's keys sit in
 //! one Redis Cluster slot.
 //!
-//! A round of independent transactions (the leases of one call, batches
-//! freed together) goes in one script per hash tag: each transaction is a
-//! group of keys with its own compare-and-swap, written or answered on its
-//! own, so 200 leases cost one round trip and one lost race holds no other.
+//! A round of independent transactions (up to 64 of the leases of one call,
+//! or of several calls', batches freed together) goes in one script per
+//! hash tag: each transaction is a group of keys with its own
+//! compare-and-swap, written or answered on its own, so 64 leases cost one
+//! round trip and one lost race holds no other. A transaction that loses a
+//! race claims its keys' turn and goes again at once; one that meets
+//! another instance's turn waits a little, alone.
 //! With `--redis-clock local` the instance decides only while its clock is
 //! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script marks each key it
 //! writes, in the write itself (a field of this instance's holding the
