@@ -341,6 +341,7 @@ async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
             r#"floodgate_quota_tokens_returned_total{domain="test"} 0"#.to_string(),
             format!(r#"floodgate_quota_store_latency_seconds_count{{op="check",store="{store}"}} 0"#),
             r#"floodgate_quota_config_reloads_total{result="error"} 0"#.to_string(),
+            r#"floodgate_quota_config_reloads_total{result="refused"} 0"#.to_string(),
         ];
         expected.extend(
             failures
