@@ -122,8 +122,10 @@ struct Cli {
     /// the memory store's lease records, of a key's allowances, of a
     /// domain's notices. `peer`: each IPv4 address, each IPv6 /64. `none`:
     /// not at all (behind a proxy or load balancer that hides them).
-    #[arg(long, value_enum, default_value_t = Callers::Peer)]
-    callers: Callers,
+    /// Default: `peer`, or `none` with --max-connections-per-peer 0 (what
+    /// that flag meant before this one).
+    #[arg(long, value_enum)]
+    callers: Option<Callers>,
 
     /// After SIGTERM, how long requests in flight may take before the
     /// connections left are closed.
@@ -326,7 +328,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
         max_connections_per_peer: usize::try_from(cli.max_connections_per_peer).unwrap_or(usize::MAX),
         shutdown_deadline: cli.shutdown_deadline,
-        callers_by_peer: cli.callers == Callers::Peer,
+        callers_by_peer: match cli.callers {
+            Some(callers) => callers == Callers::Peer,
+            None => cli.max_connections_per_peer > 0,
+        },
     };
     let grpc = match cli.grpc.grpc_listen {
         Some(address) => {
