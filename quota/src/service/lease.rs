@@ -8,7 +8,7 @@ use floodgate_protocol::{
     check_descriptors, check_lease_id, Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport,
 };
 
-use super::{bad, check_units, ApiError, Service};
+use super::{bad, between_stages, check_units, ApiError, Service};
 use crate::config::{DescriptorRule, Domain, Limit};
 use crate::store::{bucket_key, lease_key, BucketLease, Caller, IdInUse, LeaseOutcome, StoreFailure};
 
@@ -179,10 +179,14 @@ impl Service {
     /// rate; their records are charged to the caller `from` (see [`Origin`]).
     pub async fn lease(&self, req: LeaseRequest, from: Origin) -> Result<LeaseResponse, ApiError> {
         validate(&req)?;
+        let count = req.leases.len();
+        let _turn = self.large_call(count).await;
+        between_stages(count).await;
         let domains = self.domains();
         let domain = self.domain(&domains, &req.domain)?;
         let ttl = self.settings.lease_ttl;
         let plan = Plan::of(domain, &req, from.caller);
+        between_stages(count).await;
         let outcomes = match plan.asks.is_empty() {
             true => Vec::new(),
             false => self
@@ -193,6 +197,7 @@ impl Service {
         if outcomes.len() != plan.asks.len() {
             return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into())));
         }
+        between_stages(count).await;
 
         let mut outcomes = outcomes.into_iter();
         let mut leases = Vec::with_capacity(plan.steps.len());
@@ -240,6 +245,8 @@ impl Service {
             true => self.notices.current(&domain.name, since_start),
             false => Vec::new(),
         };
+        // The answer is written out next (as JSON): a stage of its own.
+        between_stages(count).await;
         Ok(LeaseResponse { leases, near })
     }
 }
