@@ -1,7 +1,7 @@
 # Make targets of the quota service (floodgate-quota), included by the root
 # Makefile; paths are relative to the repository root.
 #   quota-test   every quota test suite, memory, Redis and Redis Cluster stores (needs redis-server and redis-cli on PATH)
-#   quota-bench  loopback benchmark: check and lease decisions/s and p99 (memory; 10⁶ buckets with room and full; Redis; Redis Cluster), gRPC RLS beside /v1/check, leases/s with 1, 10 and 200 leases a call, the hot-key fairness probe, RLQS reports/s with 100 streams x 1,000 buckets (RLQS_SIDE=1: the RLS/RLQS side-by-side, needs envoy), GET /healthz as the HTTP path's reference, and the table of targets (needs wrk, h2load, redis-server, redis-cli; ONLY=regex runs some rows)
+#   quota-bench  loopback benchmark: check and lease decisions/s and p99 (memory; 10⁶ buckets with room and full; Redis; Redis Cluster), gRPC RLS beside /v1/check, leases/s with 1, 10 and 200 leases a call, the hot-key fairness probe, a one-lease probe alone and beside calls of 512 leases (memory, Redis), RLQS reports/s with 100 streams x 1,000 buckets (RLQS_SIDE=1: the RLS/RLQS side-by-side, needs envoy), GET /healthz as the HTTP path's reference, and the table of targets (needs wrk, h2load, redis-server, redis-cli; ONLY=regex runs some rows)
 #   quota-run    the service with the memory store on 127.0.0.1:8081 and the sample limits
 
 QUOTA_CARGO ?= cargo

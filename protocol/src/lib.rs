@@ -248,6 +248,12 @@ pub struct LeaseGrant {
     /// is nothing to return. Absent (false): a lease.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub checked: bool,
+    /// Present when the service refused this lease without deciding it
+    /// (its caller holds its share of the service's lease records): why.
+    /// `granted` is 0 and `remaining` absent; ask again after `reset_ms`.
+    /// The call's other leases are answered as usual.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub refused: Option<String>,
 }
 
 /// Response of `POST /v1/lease`.

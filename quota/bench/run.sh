@@ -24,6 +24,14 @@
 # checks of [other, hot], calls of two leases and returns of the hot key's
 # leases (4 connections), alone and while 24 connections flood the hot key.
 #
+# Issue 34's rows: big-call fairness. A one-lease probe (probe1.lua: a
+# call of one lease of a fresh key, 2 connections) alone, then while 8
+# connections send calls of 512 leases of fresh keys (big.lua), memory (a
+# service of its own, with room for 4 x 10^6 records: the flood writes
+# hundreds of thousands a second, each kept 31 s) and Redis (the service of
+# the rows of many leases a call, with its own Redis). Target: the probe's
+# p99 flooded at most 3x its p99 alone, with 0 failures.
+#
 # Issue 32's rows: RLQS bucket reports decided per second on the service's
 # core, 100 streams (Envoys) each reporting the same 1,000 buckets, every
 # stream's next report sent as soon as its last is answered
@@ -139,8 +147,13 @@ start_service() {
   local binary=$1
   shift
   local peers=()
-  # (A compare binary of a release before the flag goes without it.)
-  [[ $("$binary" --help 2>/dev/null) == *--max-connections-per-peer* ]] && peers=(--max-connections-per-peer 0)
+  # (A compare binary of a release before the flag goes without it.) One
+  # address is not one caller here either: wrk's connections are many
+  # callers' load (--callers none, where the build has it).
+  local help
+  help=$("$binary" --help 2>/dev/null || true)
+  [[ $help == *--max-connections-per-peer* ]] && peers=(--max-connections-per-peer 0)
+  [[ $help == *--callers* ]] && peers+=(--callers none)
   (RUST_LOG=warn TOKIO_WORKER_THREADS=1 pin 0 "$binary" --config "$here/bench.yaml" --listen "127.0.0.1:$port" \
     "${peers[@]}" "$@") &
   pids+=($!)
@@ -178,6 +191,9 @@ start_service "$bin" --store "redis://127.0.0.1:$leases_redis_port/"
 redis_leases_service_port=$port
 start_service "$bin" --store "$cluster_url"
 cluster_port=$port
+# The big-call rows' memory service (see issue 34's rows above).
+start_service "$bin" --store memory --memory-max-buckets 4000000
+big_memory_port=$port
 compare_port=""
 if [ -n "$COMPARE_BIN" ]; then
   start_service "$COMPARE_BIN" --store "redis://127.0.0.1:$redis_port/"
@@ -282,6 +298,18 @@ fairness_rows() {
   wait "$flood" || true
 }
 
+# The big-call fairness probe alone, then while calls of 512 leases flood
+# the service: store label, port. The flood outlasts the probe.
+big_call_rows() {
+  wrk_row "$1 big calls: probe, alone" probe1 "$2" 2
+  (pin 1 wrk -t1 -c8 -d"$((${DURATION%s} + 1))s" -s "$here/big.lua" "http://127.0.0.1:$2" >/dev/null) &
+  local flood=$!
+  pids+=($flood)
+  sleep 0.3
+  wrk_row "$1 big calls: probe, 512-lease calls" probe1 "$2" 2
+  wait "$flood" || true
+}
+
 rls_ok() { curl -s "http://127.0.0.1:$memory_port/metrics" | awk -F' ' '/^floodgate_quota_requests_total\{endpoint="rls",status="OK"\}/ {print $2}'; }
 
 rows=(
@@ -306,6 +334,8 @@ rows=(
   "leases_row 'redis leases, 200 per call' $redis_leases_service_port 200"
   "fairness_rows memory $fairness_memory_port"
   "fairness_rows redis $redis_service_port"
+  "big_call_rows memory $big_memory_port"
+  "big_call_rows redis $redis_leases_service_port"
 )
 if [ -n "$compare_port" ]; then
   rows+=("wrk_row 'memory ($COMPARE_LABEL) check' check $compare_memory_port $CONNECTIONS")

@@ -106,3 +106,13 @@ for store in ("memory", "redis", *compared):
     failures = sum(rnd[flooded][3] + rnd[alone][3] for rnd in rounds.values() if flooded in rnd and alone in rnd)
     ok = value <= 3 and failures == 0
     print(f"{store + ' probe p99 ratio, failures ' + str(failures):58} {value:10.2f}  {verdict(ok)}")
+print()
+print(f"{'issue 34: big-call fairness (one-lease probe p99 with 512-lease calls / alone <= 3, 0 failures)':58}")
+for store in ("memory", "redis"):
+    alone, flooded = f"{store} big calls: probe, alone", f"{store} big calls: probe, 512-lease calls"
+    if not any(alone in rnd for rnd in rounds.values()):
+        continue
+    value = ratio(flooded, alone, 2)
+    failures = sum(rnd[flooded][3] + rnd[alone][3] for rnd in rounds.values() if flooded in rnd and alone in rnd)
+    ok = value <= 3 and failures == 0
+    print(f"{store + ' probe p99 ratio, failures ' + str(failures):58} {value:10.2f}  {verdict(ok)}")

@@ -14,19 +14,42 @@ use axum::Router;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::auth;
+use crate::auth::{Bearer, Tokens};
 use crate::server::BodyTimeout;
-use crate::service::{ApiError, Service};
+use crate::service::{ApiError, Origin, Service};
 use crate::store::Caller;
-use floodgate_protocol::{ErrorBody, MAX_BODY_BYTES};
+use floodgate_protocol::{CheckRequest, ErrorBody, LeaseRequest, ReturnRequest, MAX_BODY_BYTES};
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct AppState {
     /// The service.
     pub service: Arc<Service>,
-    /// With `Some`, API calls need `Authorization: Bearer <token>`.
-    pub auth_token: Option<Arc<str>>,
+    /// The bearer tokens API calls need (none: every domain open).
+    pub tokens: Arc<Tokens>,
+}
+
+/// A call of one domain.
+trait OfDomain {
+    fn domain(&self) -> &str;
+}
+
+impl OfDomain for CheckRequest {
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+}
+
+impl OfDomain for LeaseRequest {
+    fn domain(&self) -> &str {
+        &self.domain
+    }
+}
+
+impl OfDomain for ReturnRequest {
+    fn domain(&self) -> &str {
+        &self.domain
+    }
 }
 
 /// The router: `/v1/check`, `/v1/lease`, `/v1/return` (POST, JSON, behind
@@ -72,9 +95,19 @@ fn error(status: StatusCode, message: String) -> Response {
 /// A refusal before the service is asked: status and message.
 type Refusal = (StatusCode, String);
 
-fn authorize(state: &AppState, headers: &HeaderMap) -> Result<(), Refusal> {
-    auth::authorize(state.auth_token.as_deref(), headers)
-        .map_err(|refused| (StatusCode::UNAUTHORIZED, refused.message().to_string()))
+/// The call in `body`, admitted by the token in `headers` (a token that is
+/// none of the service's is refused before the body is read), and who its
+/// bearer is.
+fn admitted<T: DeserializeOwned + OfDomain>(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(T, Bearer), Refusal> {
+    let unauthorized = |refused: crate::auth::Refused| (StatusCode::UNAUTHORIZED, refused.message().to_string());
+    let bearer = state.tokens.bearer(headers).map_err(unauthorized)?;
+    let call: T = parse(body)?;
+    state.tokens.admit(&bearer, call.domain()).map_err(unauthorized)?;
+    Ok((call, bearer))
 }
 
 /// The server's body deadline, if that is why the body could not be read.
@@ -127,15 +160,16 @@ fn record(state: &AppState, endpoint: &str, response: Response) -> Response {
 }
 
 async fn check(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let response = match authorize(&state, &headers).and_then(|()| parse(body)) {
-        Ok(req) => outcome(state.service.check(req).await),
+    let response = match admitted::<CheckRequest>(&state, &headers, body) {
+        Ok((req, _)) => outcome(state.service.check(req).await),
         Err((status, message)) => error(status, message),
     };
     record(&state, "check", response)
 }
 
 /// A lease's records are charged to its caller (set by the server loop,
-/// absent where addresses do not tell callers apart).
+/// absent where addresses do not tell callers apart); a caller of the
+/// domain (see [`Tokens`]) reads and posts its notices.
 async fn lease(
     State(state): State<AppState>,
     caller: Option<Extension<Caller>>,
@@ -143,16 +177,19 @@ async fn lease(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let caller = caller.map(|Extension(caller)| caller);
-    let response = match authorize(&state, &headers).and_then(|()| parse(body)) {
-        Ok(req) => outcome(state.service.lease(req, caller).await),
+    let response = match admitted::<LeaseRequest>(&state, &headers, body) {
+        Ok((req, bearer)) => {
+            let origin = Origin { caller, of_domain: state.tokens.of_domain(&bearer, &req.domain) };
+            outcome(state.service.lease(req, origin).await)
+        }
         Err((status, message)) => error(status, message),
     };
     record(&state, "lease", response)
 }
 
 async fn give_back(State(state): State<AppState>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
-    let response = match authorize(&state, &headers).and_then(|()| parse(body)) {
-        Ok(req) => outcome(state.service.give_back(req).await),
+    let response = match admitted::<ReturnRequest>(&state, &headers, body) {
+        Ok((req, _)) => outcome(state.service.give_back(req).await),
         Err((status, message)) => error(status, message),
     };
     record(&state, "return", response)

@@ -1,5 +1,6 @@
 //! `floodgate-quota`: the central quota service's binary.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,6 +10,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use floodgate_core::time::parse_duration;
 use floodgate_core::time::{Clock, Nanos};
+use floodgate_quota::auth::Tokens;
 use floodgate_quota::clock::SystemClock;
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
@@ -50,6 +52,19 @@ struct Cli {
     #[arg(long, env = "FLOODGATE_QUOTA_TOKEN", hide_env_values = true, value_name = "TOKEN")]
     auth_token: Option<String>,
 
+    /// A domain's own token (repeat for several; the environment variable
+    /// takes them comma-separated): it admits that domain's JSON API calls
+    /// only, and only its bearer reads and posts the domain's near-limit
+    /// notices.
+    #[arg(
+        long,
+        env = "FLOODGATE_QUOTA_DOMAIN_TOKENS",
+        hide_env_values = true,
+        value_delimiter = ',',
+        value_name = "DOMAIN=TOKEN"
+    )]
+    domain_token: Vec<String>,
+
     /// How long leased tokens stay valid (at most 60s).
     #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
     lease_ttl: Duration,
@@ -67,10 +82,19 @@ struct Cli {
     #[arg(long, default_value = "1s", value_parser = duration, value_name = "DURATION")]
     reload_interval: Duration,
 
+    /// What a memory store that starts owes the limit: `forget` starts
+    /// afresh (every window after a restart admits at most 1.75 times its
+    /// limit until the term after the one in progress ends: its limit, and
+    /// what allowances granted before still spend); `reserve` counts, in
+    /// every key, what those allowances may still spend, so every such
+    /// window admits at most its limit (at a quarter of it meanwhile).
+    #[arg(long, value_enum, default_value_t = MemoryRestart::Forget)]
+    memory_restart: MemoryRestart,
+
     /// Most buckets the memory store holds, and most lease records beside
-    /// them, at most a sixteenth of those of one caller (peer address, while
-    /// --max-connections-per-peer is not 0); entries no longer kept are
-    /// dropped first, then new keys get 503.
+    /// them, one caller's records never more than four times the room left
+    /// free (see --callers); entries no longer kept are dropped first, then
+    /// new keys get 503.
     #[arg(long, default_value_t = 1_000_000)]
     memory_max_buckets: usize,
 
@@ -89,12 +113,19 @@ struct Cli {
     max_connections: u32,
 
     /// Most connections one peer address may hold open on each listener,
-    /// never more than half its cap; not 0, each peer address is also a
-    /// caller with its share of the memory store's lease records (0: neither
-    /// limit). Behind a proxy or load balancer every connection has its
-    /// address: set 0.
+    /// never more than half its cap (0: no limit). Behind a proxy or load
+    /// balancer every connection has its address: set 0.
     #[arg(long, default_value_t = 64)]
     max_connections_per_peer: u32,
+
+    /// How callers are told apart, for what they share: each one's part of
+    /// the memory store's lease records, of a key's allowances, of a
+    /// domain's notices. `peer`: each IPv4 address, each IPv6 /64. `none`:
+    /// not at all (behind a proxy or load balancer that hides them).
+    /// Default: `peer`, or `none` with --max-connections-per-peer 0 (what
+    /// that flag meant before this one).
+    #[arg(long, value_enum)]
+    callers: Option<Callers>,
 
     /// After SIGTERM, how long requests in flight may take before the
     /// connections left are closed.
@@ -113,6 +144,18 @@ struct Cli {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MemoryRestart {
+    Reserve,
+    Forget,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Callers {
+    Peer,
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ClockChoice {
     Redis,
     Local,
@@ -122,6 +165,33 @@ enum ClockChoice {
 enum LogFormat {
     Text,
     Json,
+}
+
+/// The domain tokens of `--domain-token`, checked: `DOMAIN=TOKEN`, a domain
+/// the limits files define, once each, every token its own (none the
+/// service's token, none another domain's).
+fn domain_tokens(
+    given: &[String],
+    domains: &Domains,
+    service: Option<&str>,
+) -> Result<HashMap<String, Arc<str>>, String> {
+    let mut tokens: HashMap<String, Arc<str>> = HashMap::new();
+    for (i, pair) in given.iter().enumerate() {
+        let Some((domain, token)) = pair.split_once('=').filter(|(d, t)| !d.is_empty() && !t.is_empty()) else {
+            return Err(format!("--domain-token #{}: expected DOMAIN=TOKEN", i + 1));
+        };
+        if domains.domain(domain).is_none() {
+            return Err(format!("--domain-token #{}: no limits file defines domain {domain:?}", i + 1));
+        }
+        if tokens.contains_key(domain) {
+            return Err(format!("--domain-token #{}: domain {domain:?} has a token already", i + 1));
+        }
+        if service == Some(token) || tokens.values().any(|t| **t == *token) {
+            return Err(format!("--domain-token #{}: each token must be its own (one token, one domain)", i + 1));
+        }
+        tokens.insert(domain.to_string(), Arc::from(token));
+    }
+    Ok(tokens)
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -186,6 +256,14 @@ async fn run(cli: Cli) -> Result<(), String> {
     }
     let domains = Domains::load(&cli.config).map_err(|e| format!("invalid config: {e}"))?;
     let auth_token: Option<Arc<str>> = cli.auth_token.clone().map(Arc::from);
+    let per_domain = domain_tokens(&cli.domain_token, &domains, cli.auth_token.as_deref())?;
+    if !per_domain.is_empty() && auth_token.is_none() && cli.grpc.grpc_listen.is_some() {
+        // The gRPC APIs know the service's token only: they would be open.
+        return Err(
+            "--domain-token with --grpc-listen needs --auth-token: RLS and RLQS take the service's token".into()
+        );
+    }
+    let tokens = Arc::new(Tokens::new(auth_token.clone(), per_domain));
     let rlqs_options = cli.rlqs.options(auth_token.clone())?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let store = cli.store.open(&StoreOptions {
@@ -193,13 +271,27 @@ async fn run(cli: Cli) -> Result<(), String> {
         timeout: cli.store_timeout,
         local_clock: cli.redis_clock == ClockChoice::Local,
         max_entries: cli.memory_max_buckets,
+        owe_earlier_grants: cli.memory_restart == MemoryRestart::Reserve,
     })?;
     let metrics = ServiceMetrics::new().map_err(|e| format!("cannot register metrics: {e}"))?;
     let service = Arc::new(Service::new(domains, store, metrics, Settings { lease_ttl }));
     tracing::info!(domains = service.domains().len(), store = service.store().name(), "limits loaded");
 
-    // Hot reload: a bad file is logged and counted, the old limits keep serving.
-    spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
+    // Hot reload: a bad file, or one that drops limits, is logged and
+    // counted, and the old limits keep serving; SIGHUP applies the files as
+    // they are.
+    let reloader = spawn_reloader(service.clone(), cli.config.clone(), cli.reload_interval);
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut hangups) => {
+            tokio::spawn(async move {
+                while hangups.recv().await.is_some() {
+                    tracing::info!("SIGHUP: applying the limits files as they are");
+                    reloader.apply_as_is();
+                }
+            });
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot listen for SIGHUP: limits that a reload drops need a restart"),
+    }
 
     // Idle buckets are dropped in the background so memory follows live keys.
     let sweeper = service.clone();
@@ -219,7 +311,7 @@ async fn run(cli: Cli) -> Result<(), String> {
     let listener =
         tokio::net::TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!(address = %local, auth = auth_token.is_some(), "listening");
+    tracing::info!(address = %local, auth = tokens.any(), "listening");
 
     // One signal stops both servers; it carries when it came, for the deadline.
     let (stop, stopped) = tokio::sync::watch::channel(None);
@@ -236,6 +328,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         max_connections: usize::try_from(cli.max_connections).unwrap_or(usize::MAX),
         max_connections_per_peer: usize::try_from(cli.max_connections_per_peer).unwrap_or(usize::MAX),
         shutdown_deadline: cli.shutdown_deadline,
+        callers_by_peer: match cli.callers {
+            Some(callers) => callers == Callers::Peer,
+            None => cli.max_connections_per_peer > 0,
+        },
     };
     let grpc = match cli.grpc.grpc_listen {
         Some(address) => {
@@ -263,7 +359,7 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         None => None,
     };
-    let state = AppState { service, auth_token };
+    let state = AppState { service, tokens };
     serve(listener, App::Http(router(state)), limits, until_stopped(stopped.clone())).await;
     if let Some(grpc) = grpc {
         // Both servers close what is left at the same deadline.

@@ -70,7 +70,7 @@ pub struct ServiceMetrics {
     pub store_errors: IntCounterVec,
     /// Store call latency by store and operation.
     pub store_latency: HistogramVec,
-    /// Config reloads by result (ok, error).
+    /// Config reloads by result (ok, error, refused: it would drop limits).
     pub reloads: IntCounterVec,
     /// RLQS streams open now.
     pub rlqs_streams: IntGauge,
@@ -156,7 +156,7 @@ impl ServiceMetrics {
         for op in ["check", "lease", "return"] {
             self.store_latency.with_label_values(&[store, op]);
         }
-        for result in ["ok", "error"] {
+        for result in ["ok", "error", "refused"] {
             self.reloads.with_label_values(&[result]);
         }
     }

@@ -69,6 +69,12 @@ pub struct Limits {
     pub max_connections_per_peer: usize,
     /// After the shutdown signal, how long requests in flight may take.
     pub shutdown_deadline: Duration,
+    /// Whether peer addresses tell callers apart (see [`Caller::of`]): each
+    /// request then carries its caller, whose share the service keeps of
+    /// what callers share (the memory store's lease records, a key's
+    /// allowances, a domain's notices). Off behind a proxy that gives every
+    /// caller its own address; independent of the per-peer connection cap.
+    pub callers_by_peer: bool,
 }
 
 impl Default for Limits {
@@ -79,6 +85,7 @@ impl Default for Limits {
             max_connections: 512,
             max_connections_per_peer: 64,
             shutdown_deadline: Duration::from_secs(10),
+            callers_by_peer: true,
         }
     }
 }
@@ -158,7 +165,7 @@ impl HttpBody for DeadlineBody {
 /// [`Limits::shutdown_deadline`] and closes what is left.
 pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: impl Future<Output = ()>) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let probes = Arc::new(Semaphore::new(PROBES));
+    let probes = Arc::new(ProbeSlots::default());
     let peers = Arc::new(Peers::default());
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
@@ -181,7 +188,7 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                 };
                 let Ok(permit) = permits.clone().try_acquire_owned() else {
                     match app {
-                        App::Http(_) => refuse_unless_health(stream, &probes, "the connection cap is reached"),
+                        App::Http(_) => refuse_unless_health(stream, peer.ip(), &probes, "the connection cap is reached"),
                         App::Grpc(_) => refuse(&stream, &app, "the connection cap is reached"),
                     }
                     continue;
@@ -189,7 +196,7 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                 let Some(slot) = Peers::take(&peers, peer.ip(), limits.peer_share()) else {
                     match app {
                         App::Http(_) => {
-                            refuse_unless_health(stream, &probes, "the peer holds its share of connections");
+                            refuse_unless_health(stream, peer.ip(), &probes, "the peer holds its share of connections");
                         }
                         App::Grpc(_) => refuse(&stream, &app, "the peer holds its share of connections"),
                     }
@@ -198,10 +205,9 @@ pub async fn serve(listener: TcpListener, app: App, limits: Limits, shutdown: im
                 let _ = stream.set_nodelay(true);
                 let held = Held { _permit: permit, _slot: slot };
                 let stopping = stopping.clone();
-                // Peer addresses tell callers apart only where per-peer
-                // shares are on (0: behind a proxy, every caller has the
-                // proxy's address).
-                let caller = (limits.peer_share() > 0).then_some(Caller(peer.ip()));
+                // Peer addresses tell callers apart unless told they do not
+                // (behind a proxy, every caller has the proxy's address).
+                let caller = limits.callers_by_peer.then(|| Caller::of(peer.ip()));
                 match &app {
                     App::Http(router) => {
                         connections.spawn(serve_http(stream, router.clone(), limits, stopping, held, caller))
@@ -555,17 +561,89 @@ fn refuse(stream: &TcpStream, app: &App, why: &str) {
 /// once: enough for probes, too few to matter as load.
 const PROBES: usize = 32;
 
+/// Most of [`PROBES`] one caller (a peer address, an IPv6 /64) holds: a
+/// client reopening silent connections beyond the caps as fast as they are
+/// dropped holds a few, never all (40 from one address, reopened, made
+/// every `/healthz` probe beyond the caps a `503`).
+const PROBES_PER_CALLER: usize = 4;
+
 /// How long a connection beyond the caps has to send its request line.
 const PROBE_READ: Duration = Duration::from_millis(250);
+
+/// The places of connections beyond the caps waiting for their request
+/// line: at most [`PROBES`], at most [`PROBES_PER_CALLER`] of one caller.
+/// When all are taken, a newcomer takes the place of the oldest waiting
+/// connection of the caller holding the most, if that caller holds at least
+/// two more than the newcomer's: so however many addresses a flood of
+/// silent connections comes from, each holds no more places than any other
+/// caller, and a probe from an address holding none finds one.
+#[derive(Debug, Default)]
+struct ProbeSlots {
+    held: Mutex<ProbesHeld>,
+}
+
+#[derive(Debug, Default)]
+struct ProbesHeld {
+    next: u64,
+    /// Each place: its number, its caller, and how to end its wait.
+    places: Vec<(u64, Caller, Option<tokio::sync::oneshot::Sender<()>>)>,
+}
+
+/// A connection's place among [`ProbeSlots`], given back when dropped.
+struct ProbePlace {
+    slots: Arc<ProbeSlots>,
+    id: u64,
+}
+
+impl Drop for ProbePlace {
+    fn drop(&mut self) {
+        let mut held = self.slots.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.places.retain(|(id, _, _)| *id != self.id);
+    }
+}
+
+impl ProbeSlots {
+    /// A place for a connection of `caller`, and what ends its wait early
+    /// (another caller took its place); `None` when it may have none.
+    fn take(slots: &Arc<ProbeSlots>, caller: Caller) -> Option<(ProbePlace, tokio::sync::oneshot::Receiver<()>)> {
+        let mut held = slots.held.lock().unwrap_or_else(|p| p.into_inner());
+        let count = |who: Caller, places: &[(u64, Caller, Option<tokio::sync::oneshot::Sender<()>>)]| {
+            places.iter().filter(|(_, c, _)| *c == who).count()
+        };
+        let mine = count(caller, &held.places);
+        if mine >= PROBES_PER_CALLER {
+            return None;
+        }
+        if held.places.len() >= PROBES {
+            // The oldest place of the caller holding the most.
+            let (most, victim) =
+                held.places.iter().map(|(_, c, _)| (count(*c, &held.places), *c)).max_by_key(|(n, _)| *n)?;
+            if most < mine + 2 {
+                return None;
+            }
+            let at = held.places.iter().position(|(_, c, _)| *c == victim)?;
+            let (_, _, evict) = held.places.remove(at);
+            if let Some(evict) = evict {
+                let _ = evict.send(());
+            }
+        }
+        let id = held.next;
+        held.next += 1;
+        let (evict, evicted) = tokio::sync::oneshot::channel();
+        held.places.push((id, caller, Some(evict)));
+        Some((ProbePlace { slots: Arc::clone(slots), id }, evicted))
+    }
+}
 
 /// Health is the process serving, not the connection load: a probe's
 /// `GET /healthz` is answered `200` even when the caps are full (a liveness
 /// probe must not restart a serving instance whose connections a flood
 /// holds). Beyond the caps a connection is given [`PROBE_READ`] to send its
-/// request line, one of [`PROBES`] at a time; `/healthz` gets `ok`, anything
-/// else (or nothing by then, or no place to wait) the refusal.
-fn refuse_unless_health(stream: TcpStream, probes: &Arc<Semaphore>, why: &'static str) {
-    let Ok(place) = Arc::clone(probes).try_acquire_owned() else {
+/// request line, in one of the [`ProbeSlots`]; `/healthz` gets `ok`,
+/// anything else (or nothing by then, or no place to wait, or its place
+/// taken by another caller's connection) the refusal.
+fn refuse_unless_health(stream: TcpStream, peer: IpAddr, probes: &Arc<ProbeSlots>, why: &'static str) {
+    let Some((place, evicted)) = ProbeSlots::take(probes, Caller::of(peer)) else {
         tracing::debug!(why, "connection refused");
         let _ = stream.try_write(REFUSAL);
         return;
@@ -573,7 +651,11 @@ fn refuse_unless_health(stream: TcpStream, probes: &Arc<Semaphore>, why: &'stati
     tokio::spawn(async move {
         let _place = place;
         let mut stream = stream;
-        if asks_for_health(&mut stream).await {
+        let health = tokio::select! {
+            health = asks_for_health(&mut stream) => health,
+            _ = evicted => false,
+        };
+        if health {
             use tokio::io::AsyncWriteExt;
             let _ = tokio::time::timeout(PROBE_READ, stream.write_all(HEALTHY)).await;
         } else {

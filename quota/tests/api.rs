@@ -341,6 +341,7 @@ async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
             r#"floodgate_quota_tokens_returned_total{domain="test"} 0"#.to_string(),
             format!(r#"floodgate_quota_store_latency_seconds_count{{op="check",store="{store}"}} 0"#),
             r#"floodgate_quota_config_reloads_total{result="error"} 0"#.to_string(),
+            r#"floodgate_quota_config_reloads_total{result="refused"} 0"#.to_string(),
         ];
         expected.extend(
             failures
@@ -350,8 +351,80 @@ async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
         for series in &expected {
             assert!(metrics.lines().any(|l| l == series), "{store}: no {series} in\n{metrics}");
         }
-        f.service.set_domains(common::domains("domain: added\n"));
+        f.service.set_domains(common::domains("domain: added\ndescriptors: []\n"));
         let metrics = f.metrics().await;
         assert!(metrics.contains(r#"floodgate_quota_tokens_granted_total{domain="added"} 0"#), "{metrics}");
     }
+}
+
+const NOTICED: &str = "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n---\ndomain: other\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 10}\n";
+
+/// A lease call of `domain` through `client` with `token`: its status and body.
+async fn lease_with(f: &Fixture, client: &reqwest::Client, token: &str, body: &Value) -> (u16, Value) {
+    let response =
+        client.post(format!("{}/v1/lease", f.base)).bearer_auth(token).json(body).send().await.expect("request");
+    (response.status().as_u16(), response.json().await.unwrap_or(Value::Null))
+}
+
+/// A lease of `user` in `domain` reporting `reported` units admitted
+/// without one, asking for the domain's notices.
+fn reporting(domain: &str, id: &str, user: &str, reported: u64) -> Value {
+    json!({"domain": domain, "notices": true,
+           "leases": [{"id": id, "descriptor": [["user", user]], "wanted": 0, "reported": reported}]})
+}
+
+fn noticed(body: &Value) -> Vec<String> {
+    body["near"].as_array().map_or(Vec::new(), |near| {
+        near.iter().map(|n| n["descriptor"][0][1].as_str().unwrap_or_default().to_string()).collect()
+    })
+}
+
+/// Issue 34, finding 8: near-limit notices name a domain's keys (a user's
+/// e-mail): only callers of that domain read them, those bearing the
+/// domain's own token (`--domain-token`). The service's one token still
+/// admits every domain's calls but reads (and posts) no domain's notices
+/// (before, any holder of it read every domain's), another domain's token
+/// is refused on this domain's calls, and one caller's bogus reports (32
+/// keys in one call) do not push the others' notices off the board.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn near_limit_notices_are_only_for_callers_of_their_domain() {
+    let options = Options {
+        auth_token: Some("service-secret"),
+        domain_tokens: vec![("edge", "edge-secret"), ("other", "other-secret")],
+        ..Options::default()
+    };
+    let f = Fixture::with(Backend::Memory, NOTICED, options).await;
+    f.clock.set(common::T0 + floodgate_core::time::SECOND.times(20));
+    // A caller of edge reports alice near her limit: posted.
+    let (status, body) =
+        lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a1", "alice@example.com", 9)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["leases"][0]["near_limit"], true);
+    let (_, body) = lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a2", "carol", 0)).await;
+    assert_eq!(noticed(&body), ["alice@example.com"], "a caller of edge reads edge's notices");
+    // The service's token: admitted, but reads no domain's notices, and
+    // what it reports is counted (and answered near) but posts nothing.
+    let (status, body) = lease_with(&f, &f.client, "service-secret", &reporting("edge", "s1", "bob", 9)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["leases"][0]["near_limit"], true, "its own key's state is its business");
+    assert_eq!(body.get("near"), None, "the service's token reads no domain's notices: {body}");
+    let (_, body) = lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a3", "carol", 0)).await;
+    assert_eq!(noticed(&body), ["alice@example.com"], "bob was not posted: {body}");
+    // Another domain's token: refused on edge's calls; its own board is its own.
+    let (status, body) = lease_with(&f, &f.client, "other-secret", &reporting("edge", "o1", "carol", 0)).await;
+    assert_eq!((status, body["error"].as_str()), (401, Some("this bearer token is another domain's")));
+    let (status, body) = lease_with(&f, &f.client, "other-secret", &reporting("other", "o2", "carol", 0)).await;
+    assert_eq!((status, noticed(&body)), (200, Vec::<String>::new()));
+    // A caller of edge from another address reports 32 bogus keys in one
+    // call: it takes the free places and then only its own; alice stays.
+    let bogus = Fixture::client_from("127.0.0.2");
+    let leases: Vec<Value> = (0..32)
+        .map(|i| json!({"id": format!("b{i}"), "descriptor": [["user", format!("bogus{i}")]], "wanted": 0, "reported": 10}))
+        .collect();
+    let (status, _) = lease_with(&f, &bogus, "edge-secret", &json!({"domain": "edge", "leases": leases})).await;
+    assert_eq!(status, 200);
+    let (_, body) = lease_with(&f, &f.client, "edge-secret", &reporting("edge", "a4", "carol", 0)).await;
+    let seen = noticed(&body);
+    assert_eq!(seen.len(), 32, "{seen:?}");
+    assert!(seen.contains(&"alice@example.com".to_string()), "the real notice stays: {seen:?}");
 }

@@ -877,6 +877,34 @@ async fn a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window(
     assert_eq!(f.check(check(json!([[["sws1", "s"]]]), 3)).await["allowed"], true);
 }
 
+/// Issue 34, finding 4: one caller asking for allowances of a key under
+/// several ids holds at most a quarter of its limit a window in all of
+/// them (the bound of one allowance): asked three times for 24 a window of
+/// 100 a second, it gets one allowance and then leases of one window
+/// (before: three allowances, 72 a window for the term, whatever it spent);
+/// another caller (another address) gets its own.
+async fn one_caller_holds_at_most_a_quarter_of_a_keys_limit_in_allowances(backend: Backend) {
+    let f = Fixture::new(backend, LIMITS).await;
+    // Late in a window: its pace tells, and leases of it are short.
+    f.clock.set(T0 + MS.times(900));
+    let ask = |id: &str| {
+        json!({"domain": "test", "leases": [{"id": id, "descriptor": [["sec", "k"]], "wanted": 100, "rate": 15.0,
+               "per_window": true}]})
+    };
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let grant = f.lease(ask(&format!("mine{i}"))).await["leases"][0].clone();
+        if grant.get("windows").is_some_and(|w| w.as_u64().unwrap() > 1) {
+            held.push(grant["granted"].as_u64().unwrap());
+        }
+    }
+    assert_eq!(held, [24], "one allowance of 24, then leases of one window");
+    let other = Fixture::client_from("127.0.0.2");
+    let (status, theirs) = f.post_from(&other, "/v1/lease", &ask("theirs")).await;
+    assert_eq!(status, 200, "{theirs}");
+    assert!(theirs["leases"][0]["windows"].as_u64().unwrap_or(0) > 1, "another caller's own allowance: {theirs}");
+}
+
 /// Whatever mix of checks, leases of the current window and leases ahead
 /// comes, over several windows: the grants and admissions counted in each
 /// window (leases ahead in the window they are for) never pass its limit.
@@ -972,6 +1000,7 @@ with_all_stores!(
     leases_ahead_replay_and_return_into_their_own_window,
     a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window,
     the_grants_and_checks_of_a_window_never_pass_its_limit,
+    one_caller_holds_at_most_a_quarter_of_a_keys_limit_in_allowances,
 );
 
 /// With Redis's own clock (the default), decisions still come out right and

@@ -184,3 +184,83 @@ async fn two_instances_race_on_one_key_through_one_round_trip() {
     assert!(round_trips > transactions, "the instances raced: {round_trips} round trips, {transactions} transactions");
     assert!(transactions < 3_200, "calls on the hot key were coalesced: {transactions} transactions for 3,200 calls");
 }
+
+const SHARED: &str = r#"
+domain: shared
+descriptors:
+  - key: k
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+"#;
+
+/// Keys every instance's calls lease and return.
+const KEYS: usize = 512;
+
+/// Three service instances on one Redis, two callers on each leasing all of
+/// 512 keys in one call and returning half of every lease in the next, all
+/// at once:
+/// every call is answered (instances writing the same keys take turns
+/// instead of racing: before, they lost every race to each other's rounds
+/// and a call in three timed out, with nothing at fault), and conservation
+/// is exact: every key holds what the answers say was granted and not
+/// given back. The functional tests' store timeout (2 s): what is counted
+/// is a 503 from instances that never stop racing, not a slow machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_leasing_the_same_512_keys_a_call_answer_every_call() {
+    const CALLS: usize = 3;
+    let redis = floodgate_e2e::RedisServer::start();
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        let options = common::Options { redis_time: true, ..common::Options::default() };
+        instances.push(Arc::new(Fixture::serve(Some(redis.url()), None, SHARED, options).await));
+    }
+    // Two callers on each instance.
+    let tasks: Vec<_> = (0..2 * instances.len())
+        .map(|n| {
+            let f = instances[n % instances.len()].clone();
+            tokio::spawn(async move {
+                let mut held = vec![0u64; KEYS];
+                let mut failures = Vec::new();
+                for call in 0..CALLS {
+                    let id = |i: usize| format!("i{n}-{call}-{i}");
+                    let leases: Vec<_> = (0..KEYS)
+                        .map(|i| json!({"id": id(i), "descriptor": [["k", format!("key{i}")]], "wanted": 10}))
+                        .collect();
+                    let (status, body) = f.post("/v1/lease", &json!({"domain": "shared", "leases": leases})).await;
+                    if status != 200 {
+                        failures.push(format!("lease: {status} {body}"));
+                        continue;
+                    }
+                    for (i, grant) in body["leases"].as_array().unwrap().iter().enumerate() {
+                        held[i] += grant["granted"].as_u64().unwrap();
+                    }
+                    let returns: Vec<_> = (0..KEYS).map(|i| json!({"id": id(i), "tokens": 5})).collect();
+                    let (status, body) = f.post("/v1/return", &json!({"domain": "shared", "returns": returns})).await;
+                    if status != 200 {
+                        failures.push(format!("return: {status} {body}"));
+                        continue;
+                    }
+                    for (i, back) in body["returned"].as_array().unwrap().iter().enumerate() {
+                        held[i] -= back.as_u64().unwrap();
+                    }
+                }
+                (held, failures)
+            })
+        })
+        .collect();
+    let mut held = vec![0u64; KEYS];
+    let mut failures = Vec::new();
+    for task in tasks {
+        let (mine, failed) = task.await.unwrap();
+        held.iter_mut().zip(mine).for_each(|(all, one)| *all += one);
+        failures.extend(failed);
+    }
+    assert!(failures.is_empty(), "{} of {} calls failed: {failures:#?}", failures.len(), 6 * 2 * CALLS);
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(32) {
+        let descriptors: Vec<_> = chunk.iter().map(|i| json!([["k", format!("key{i}")]])).collect();
+        let answer = instances[0].check(json!({"domain": "shared", "descriptors": descriptors, "hits": 0})).await;
+        for (i, result) in chunk.iter().zip(answer["results"].as_array().unwrap()) {
+            let used = 1_000_000_000 - result["remaining"].as_u64().unwrap();
+            assert_eq!(used, held[*i], "key{i}: the store's count is what the answers granted and took back");
+        }
+    }
+}

@@ -51,8 +51,8 @@ fn a_domain_defined_twice_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a.yaml");
     let b = dir.path().join("b.yaml");
-    std::fs::write(&a, "domain: edge\n").unwrap();
-    std::fs::write(&b, "domain: edge\n").unwrap();
+    std::fs::write(&a, "domain: edge\ndescriptors: []\n").unwrap();
+    std::fs::write(&b, "domain: edge\ndescriptors: []\n").unwrap();
     let message = Domains::load(&[a, b.clone()]).unwrap_err().to_string();
     assert!(message.contains("domain \"edge\" is defined in more than one file"), "{message}");
     assert!(message.starts_with(&b.display().to_string()), "{message}");
@@ -189,4 +189,69 @@ async fn memory_a_reload_changing_unit_or_algorithm_behaves_as_documented() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_reload_changing_unit_or_algorithm_behaves_as_documented() {
     a_reload_changing_unit_or_algorithm(Backend::Redis).await;
+}
+
+const TWO_KEYS: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n  - key: path\n    value: /login\n    rate_limit: {unit: hour, requests_per_unit: 3}\n";
+/// `TWO_KEYS` cut after its first descriptor: a prefix that parses.
+const FIRST_KEY: &str = "domain: test\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 5}\n";
+
+/// How `/login` is answered now.
+async fn login_code(f: &Fixture) -> String {
+    let r = f.check(json!({"domain": "test", "descriptors": [[["path", "/login"]]], "hits": 0})).await;
+    r["results"][0]["code"].as_str().unwrap().to_string()
+}
+
+/// Waits until `metric` shows (bounded: a wait, not a timed assertion).
+async fn wait_for_metric(f: &Fixture, metric: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f.metrics().await.contains(metric) {
+        assert!(Instant::now() < deadline, "{metric} never showed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 34, finding 6: a limits file cut short (written in two steps and
+/// read between them: a prefix that still parses) never leaves a limited
+/// key unlimited: the reload is refused (counted as `refused`, logged
+/// naming the descriptors) and the previous limits keep serving (before,
+/// the prefix was loaded and `/login` became `no_rule`: 175 leases and 128
+/// checks passed in 400 ms). The operator says so by marking the key
+/// `unlimited: true` (applied), or with `SIGHUP` (`apply_as_is`), which
+/// applies the files as they are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_drops_limits_is_refused_unless_the_operator_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("limits.yaml");
+    std::fs::write(&path, TWO_KEYS).unwrap();
+    let f = Fixture::new(Backend::Memory, TWO_KEYS).await;
+    let reloader = spawn_reloader(f.service.clone(), vec![path.clone()], Duration::from_millis(50));
+    std::fs::write(&path, FIRST_KEY).unwrap();
+    let deadline = Instant::now() + Duration::from_millis(500);
+    while Instant::now() < deadline {
+        assert_eq!(login_code(&f).await, "ok", "/login stays limited while the file is cut short");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"refused\"} 1\n").await;
+    assert_eq!(login_code(&f).await, "ok");
+    // The rest written: nothing is dropped, it applies.
+    std::fs::write(&path, TWO_KEYS.replace("requests_per_unit: 3", "requests_per_unit: 4")).unwrap();
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 1\n").await;
+    // Said in the file: unlimited.
+    std::fs::write(
+        &path,
+        TWO_KEYS.replace("rate_limit: {unit: hour, requests_per_unit: 3}", "rate_limit: {unlimited: true}"),
+    )
+    .unwrap();
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 2\n").await;
+    assert_eq!(login_code(&f).await, "unlimited");
+    // Limited again, then dropped by SIGHUP's word.
+    std::fs::write(&path, TWO_KEYS).unwrap();
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 3\n").await;
+    std::fs::write(&path, FIRST_KEY).unwrap();
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"refused\"} 2\n").await;
+    assert_eq!(login_code(&f).await, "ok");
+    reloader.apply_as_is();
+    wait_for_metric(&f, "floodgate_quota_config_reloads_total{result=\"ok\"} 4\n").await;
+    assert_eq!(login_code(&f).await, "no_rule", "applied as it is");
+    reloader.abort();
 }

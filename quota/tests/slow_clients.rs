@@ -453,3 +453,99 @@ async fn healthz_answers_while_the_connection_cap_is_full() {
     assert!(refused.is_err() || refused.unwrap().status().as_u16() == 503, "the API is still capped");
     drop(silent);
 }
+
+/// Silent connections from `address`, `count` of them at a time, each
+/// opened again as soon as the server drops it, until `stop`.
+fn reopened(
+    server: std::net::SocketAddr,
+    address: &str,
+    count: usize,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let local: std::net::SocketAddr = format!("{address}:0").parse().unwrap();
+    (0..count)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                    socket.bind(local).unwrap();
+                    let Ok(mut stream) = socket.connect(server).await else { continue };
+                    // Silent until the server answers or drops it.
+                    let mut buf = [0u8; 512];
+                    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+                }
+            })
+        })
+        .collect()
+}
+
+/// Issue 34, finding 2: `/healthz` answers while the connection cap is
+/// full and silent connections beyond it, reopened as fast as they are
+/// dropped, keep coming: 40 from one address (they held every one of the 32
+/// places beyond the caps, and every probe got the 503), then four from
+/// each of twelve addresses, more than the places (a newcomer takes the
+/// place of the caller holding the most). Every probe from another address
+/// is answered 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_while_reopened_silent_connections_beyond_the_cap_keep_coming() {
+    let limits = Limits { max_connections: 8, max_connections_per_peer: 2, ..Limits::default() };
+    let f = Fixture::with(Backend::Memory, LIMITS, Options { limits, ..Options::default() }).await;
+    let address: std::net::SocketAddr = f.base.trim_start_matches("http://").parse().unwrap();
+    let mut silent = Vec::new();
+    for peer in 1..=4 {
+        for _ in 0..2 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(format!("127.0.0.{peer}:0").parse().unwrap()).unwrap();
+            silent.push(socket.connect(address).await.unwrap());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let probe = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .local_address(Some("127.0.0.9".parse().unwrap()))
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let floods: [&[&str]; 2] = [
+        &["127.0.0.5"],
+        &[
+            "127.0.1.1",
+            "127.0.1.2",
+            "127.0.1.3",
+            "127.0.1.4",
+            "127.0.1.5",
+            "127.0.1.6",
+            "127.0.1.7",
+            "127.0.1.8",
+            "127.0.1.9",
+            "127.0.1.10",
+            "127.0.1.11",
+            "127.0.1.12",
+        ],
+    ];
+    for addresses in floods {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let per_address = if addresses.len() == 1 { 40 } else { 4 };
+        let tasks: Vec<_> = addresses.iter().flat_map(|a| reopened(address, a, per_address, &stop)).collect();
+        // The flood holds the places beyond the caps by now.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let mut statuses = Vec::new();
+        for _ in 0..20 {
+            let status = match probe.get(format!("{}/healthz", f.base)).send().await {
+                Ok(response) => response.status().as_u16(),
+                Err(_) => 0,
+            };
+            statuses.push(status);
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for task in tasks {
+            task.abort();
+        }
+        assert!(statuses.iter().all(|s| *s == 200), "{} addresses flooding: {statuses:?}", addresses.len());
+    }
+    drop(silent);
+}

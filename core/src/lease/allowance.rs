@@ -129,6 +129,14 @@ pub fn bucket_reservable(capacity: u64, earned: u64) -> u64 {
     capacity.min(earned) / 2
 }
 
+/// What a token or leaky bucket of `limit` per `period` earns in a lease
+/// lifetime `ttl` (at most a period's `limit`): the `earned` of
+/// [`bucket_reservable`].
+pub fn bucket_earned(limit: u64, period: Nanos, ttl: Nanos) -> u64 {
+    let earned = u128::from(limit) * u128::from(ttl.min(period).get()) / u128::from(period.get().max(1));
+    u64::try_from(earned).unwrap_or(u64::MAX)
+}
+
 /// Whether an allowance of `units` a slot fits a token bucket of which
 /// `used` is taken now, under `reservable` (see [`bucket_reservable`]): at
 /// most half of it, and the bucket at least half full.
@@ -298,6 +306,12 @@ impl Reservations {
             Some(1) => self.next,
             _ => 0,
         }
+    }
+
+    /// The reservations as of window `window`: those of terms that ended
+    /// are gone (a window before the current term changes nothing).
+    pub fn as_of(self, terms: &Terms, window: u64) -> Self {
+        self.rolled(terms.of(window))
     }
 
     /// Reserves `units` in each window of `first` to `last` after

@@ -7,6 +7,7 @@
 
 use super::allowance::{Reservations, Terms};
 use super::booking::{self, Booking};
+use super::restart;
 use crate::algorithm::{Decision, Policy};
 use crate::time::Nanos;
 
@@ -81,10 +82,23 @@ fn word(bytes: &[u8], at: usize) -> Option<u64> {
 
 impl ServiceBucket {
     /// The stored bucket at `now` when it is of the limit's algorithm and
-    /// shape, else (never stored, expired, another layout, or another
-    /// shape: a state whose size depends on fields that a reload changed)
-    /// a fresh bucket.
+    /// shape; a bucket a store forgot (a [`restart::marker`]) owing
+    /// what allowances granted before it forgot may still spend; else
+    /// (never stored, expired, another layout, or another shape: a state
+    /// whose size depends on fields that a reload changed) a fresh bucket.
     pub fn load(limit: &KeyLimit<'_>, stored: Option<&[u8]>, now: Nanos) -> Self {
+        if let Some((started_at, key)) = restart::forgotten(stored) {
+            // Fresh as the store started (or now, if earlier), owing what
+            // the allowances granted before may still spend.
+            let started_at = started_at.min(now);
+            let mut bucket = Self::load(limit, None, started_at);
+            let owed =
+                restart::owed(limit.policy, (limit.limit, limit.window()), key, &mut bucket.state, started_at, now);
+            return match owed {
+                Some(allowances) => ServiceBucket { allowances: Some(allowances), ..bucket },
+                None => Self::load(limit, None, now),
+            };
+        }
         let (policy, tag) = (limit.policy, limit.tag);
         let len = policy.state_len();
         let readable = |first: u8| first == tag || (first == UNTAGGED && tag <= LAST_UNTAGGED_LAYOUT);

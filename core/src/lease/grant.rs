@@ -10,8 +10,8 @@
 //! next window in [`super::booking`].
 
 use super::allowance::{
-    allowance_target, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of, Reservations,
-    Terms, DEFAULT_TERM,
+    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of,
+    Reservations, Terms, DEFAULT_TERM,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -297,8 +297,7 @@ fn allowance(
         (seen && far_below(units, pace.paced.saturating_add(own), limit.limit), share_of(limit.limit))
     } else {
         // A token bucket: see `bucket_reservable`.
-        let earned = u128::from(limit.limit) * u128::from(ttl.min(period).get()) / u128::from(period.get().max(1));
-        let reservable = bucket_reservable(policy.capacity(), u64::try_from(earned).unwrap_or(u64::MAX));
+        let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));
         (bucket_far_below(units, counted_now.saturating_add(own), policy.capacity(), reservable), reservable)
     };
     if !far || units > held.room(&terms, first, last, reservable) {

@@ -19,6 +19,10 @@
 //!   lease per term, not one per window;
 //! * [`booking`]: units of the next window taken before it starts (leases
 //!   ahead), and how a bucket holding them decides until then;
+//! * [`holding`]: what one caller holds of a key in allowances, and the
+//!   bound on it ([`holding::grant_held`]: [`grant`] with that bound);
+//! * [`restart`]: what a store that forgot its buckets (a memory store
+//!   restarted) counts for the allowances granted before it forgot;
 //! * [`shares`]: the same limits served to Envoy's own quota filter
 //!   (RLQS): a key's limit shared among the Envoys that report it, by
 //!   demand, as a token bucket each.
@@ -41,9 +45,11 @@ pub mod allowance;
 pub mod booking;
 pub mod bucket;
 pub mod grant;
+pub mod holding;
 pub mod overshoot;
 pub mod pool;
 pub mod refresh;
+pub mod restart;
 pub mod shares;
 pub mod sizing;
 #[cfg(test)]

@@ -25,7 +25,15 @@ pub(super) fn parse(origin: &str, text: &str) -> Result<Domain, LimitsError> {
         let message = strip_path(&strip_location(&inner.to_string()));
         LimitsError { origin: origin.to_string(), location, path, message }
     })?;
-    Ok(Domain { name: file.domain.0, root: Node { rule: None, children: file.descriptors.0 } })
+    let Some(descriptors) = file.descriptors else {
+        return Err(LimitsError::plain(
+            origin,
+            "descriptors is missing: a limits file lists its descriptors (`descriptors: []` for none), so that a \
+             file cut short while it is written is refused, not loaded without its limits"
+                .into(),
+        ));
+    };
+    Ok(Domain { name: file.domain.0, root: Node { rule: None, children: descriptors.0 } })
 }
 
 /// serde_norway appends " at line L column C"; the location is reported once,
@@ -46,12 +54,20 @@ fn strip_path(message: &str) -> String {
     }
 }
 
+/// A file must list its descriptors (`descriptors: []` for none): a file
+/// cut short after its `domain` line (written in two steps, read between
+/// them) is refused instead of loaded as a domain without limits.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileDoc {
     domain: DomainName,
-    #[serde(default)]
-    descriptors: Children,
+    #[serde(default, deserialize_with = "listed")]
+    descriptors: Option<Children>,
+}
+
+/// A `descriptors` field that is there (a list, or empty: `descriptors:`).
+fn listed<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Children>, D::Error> {
+    Children::deserialize(d).map(Some)
 }
 
 struct DomainName(String);

@@ -60,6 +60,56 @@ impl Domain {
     }
 }
 
+/// One entry of a path down the tree: a key and its value, or any value
+/// (a key-only entry).
+pub type PathEntry = (String, Option<String>);
+
+impl Domain {
+    /// Every path down the tree to a limited rule (`Limited`), in no
+    /// particular order.
+    pub fn limited_paths(&self) -> Vec<Vec<PathEntry>> {
+        let mut paths = Vec::new();
+        let mut path = Vec::new();
+        collect_limited(&self.root, &mut path, &mut paths);
+        paths
+    }
+
+    /// The rule a descriptor following `path` (a key-only entry: any value
+    /// this tree does not name) meets in this tree, if any.
+    pub fn rule_on_path(&self, path: &[PathEntry]) -> Option<&DescriptorRule> {
+        let mut node = &self.root;
+        for (key, value) in path {
+            let by_key = node.children.get(key)?;
+            node = match value {
+                Some(value) => by_key.values.get(value).or(by_key.any.as_ref())?,
+                None => by_key.any.as_ref()?,
+            };
+        }
+        if path.is_empty() {
+            return None;
+        }
+        node.rule.as_ref()
+    }
+}
+
+fn collect_limited(node: &Node, path: &mut Vec<PathEntry>, paths: &mut Vec<Vec<PathEntry>>) {
+    if let (Some(DescriptorRule::Limited { .. }), false) = (&node.rule, path.is_empty()) {
+        paths.push(path.clone());
+    }
+    for (key, entries) in &node.children {
+        if let Some(any) = &entries.any {
+            path.push((key.clone(), None));
+            collect_limited(any, path, paths);
+            path.pop();
+        }
+        for (value, child) in &entries.values {
+            path.push((key.clone(), Some(value.clone())));
+            collect_limited(child, path, paths);
+            path.pop();
+        }
+    }
+}
+
 impl Domain {
     /// The rule for a set of entries in no particular order (an RLQS bucket
     /// id is a map), and the order that matches it: the entries ordered as

@@ -8,7 +8,7 @@ use floodgate_protocol::{
     check_descriptors, check_lease_id, Code, LeaseGrant, LeaseRequest, LeaseResponse, LimitReport,
 };
 
-use super::{bad, check_units, ApiError, Service};
+use super::{bad, between_stages, check_units, ApiError, Service};
 use crate::config::{DescriptorRule, Domain, Limit};
 use crate::store::{bucket_key, lease_key, BucketLease, Caller, IdInUse, LeaseOutcome, StoreFailure};
 
@@ -100,6 +100,33 @@ fn answered(code: Code, wanted: u64, ttl: Nanos) -> LeaseGrant {
         replayed: false,
         near_limit: false,
         checked: false,
+        refused: None,
+    }
+}
+
+/// The wire answer of a lease under `limit` that the store refused without
+/// deciding it (`why`: its caller holds its share of the lease records):
+/// nothing granted, the rule's numbers without the bucket's state, and a
+/// lease lifetime `ttl` before asking again.
+fn refused(limit: &Limit, shadow: bool, ttl: Nanos, why: &StoreFailure) -> LeaseGrant {
+    LeaseGrant {
+        code: Code::Ok,
+        granted: 0,
+        valid_ms: 0,
+        starts_ms: 0,
+        report: LimitReport {
+            limit: Some(limit.limit()),
+            window_ms: Some(limit.period().ceil_millis()),
+            remaining: None,
+            reset_ms: Some(ttl.ceil_millis()),
+        },
+        window: None,
+        windows: 0,
+        shadow,
+        replayed: false,
+        near_limit: false,
+        checked: false,
+        refused: Some(why.to_string()),
     }
 }
 
@@ -126,6 +153,7 @@ impl LeaseOutcome {
             replayed: self.replayed,
             near_limit: self.near_limit,
             checked: self.checked,
+            refused: None,
         }
     }
 }
@@ -138,15 +166,31 @@ pub fn notice_until(outcome: &LeaseOutcome, reported: u64, limit: &Limit, now: N
     (outcome.near_limit && reported > 0).then(|| now + outcome.reset + limit.period())
 }
 
+/// Where a lease call comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Origin {
+    /// Its caller, where peers tell callers apart (see [`Caller`]): its
+    /// records and notices are charged to it.
+    pub caller: Option<Caller>,
+    /// It is a caller of the call's domain (its domain's token, or an open
+    /// domain; see `crate::auth::Tokens`): it reads the domain's near-limit
+    /// notices and what it reports posts to them.
+    pub of_domain: bool,
+}
+
 impl Service {
     /// `POST /v1/lease`: grant batches of tokens, sized to each caller's
-    /// rate; their records are charged to `caller` (see [`Caller`]).
-    pub async fn lease(&self, req: LeaseRequest, caller: Option<Caller>) -> Result<LeaseResponse, ApiError> {
+    /// rate; their records are charged to the caller `from` (see [`Origin`]).
+    pub async fn lease(&self, req: LeaseRequest, from: Origin) -> Result<LeaseResponse, ApiError> {
         validate(&req)?;
+        let count = req.leases.len();
+        let _turn = self.large_call(count).await;
+        between_stages(count).await;
         let domains = self.domains();
         let domain = self.domain(&domains, &req.domain)?;
         let ttl = self.settings.lease_ttl;
-        let plan = Plan::of(domain, &req, caller);
+        let plan = Plan::of(domain, &req, from.caller);
+        between_stages(count).await;
         let outcomes = match plan.asks.is_empty() {
             true => Vec::new(),
             false => self
@@ -157,6 +201,7 @@ impl Service {
         if outcomes.len() != plan.asks.len() {
             return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into())));
         }
+        between_stages(count).await;
 
         let mut outcomes = outcomes.into_iter();
         let mut leases = Vec::with_capacity(plan.steps.len());
@@ -174,12 +219,25 @@ impl Service {
                     let outcome = outcomes.next().ok_or_else(|| {
                         ApiError::Store(StoreFailure::Unavailable("store answered for fewer buckets".into()))
                     })?;
+                    let outcome = match outcome {
+                        Ok(outcome) => outcome,
+                        Err(why) => {
+                            // Refused on its own (the caller's share of the
+                            // records): the call's other leases stand.
+                            let store = self.store().name();
+                            self.metrics().store_errors.with_label_values(&[store, why.kind()]).inc();
+                            leases.push(refused(limit, *shadow, ttl, &why));
+                            continue;
+                        }
+                    };
                     self.count(&domain.name, "lease", if outcome.granted > 0 { "allowed" } else { "denied" });
                     if !outcome.replayed {
                         granted_total += outcome.granted;
                     }
                     if let Some(until) = notice_until(&outcome, lease.reported, limit, since_start) {
-                        self.notices.post(&domain.name, &lease.descriptor, until);
+                        if from.of_domain {
+                            self.notices.post_by(&domain.name, &lease.descriptor, until, from.caller, since_start);
+                        }
                     }
                     outcome.to_wire(limit, *shadow)
                 }
@@ -187,7 +245,12 @@ impl Service {
             leases.push(grant);
         }
         self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
-        let near = if req.notices { self.notices.current(&domain.name, since_start) } else { Vec::new() };
+        let near = match req.notices && from.of_domain {
+            true => self.notices.current(&domain.name, since_start),
+            false => Vec::new(),
+        };
+        // The answer is written out next (as JSON): a stage of its own.
+        between_stages(count).await;
         Ok(LeaseResponse { leases, near })
     }
 }

@@ -4,7 +4,7 @@
 
 mod lease;
 
-pub use lease::notice_until;
+pub use lease::{notice_until, Origin};
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -64,8 +64,9 @@ pub struct Settings {
 }
 
 /// The longest lease lifetime: tokens should not outlive a proxy's view of
-/// the limit for long.
-pub const MAX_LEASE_TTL: Nanos = Nanos::from_secs(60);
+/// the limit for long. (What a restarted memory store owes a token bucket
+/// is bounded by it: the core's own copy of the bound.)
+pub const MAX_LEASE_TTL: Nanos = floodgate_core::lease::restart::LONGEST_LEASE_LIFETIME;
 
 /// The service: current limits, a store, metrics.
 #[derive(Debug)]
@@ -80,6 +81,33 @@ pub struct Service {
     started: Instant,
     /// Keys found near their limit, for callers that admit keys without a lease.
     notices: NoticeBoard,
+    /// Turns of the calls of more than a round's items (see [`LargeCall`]).
+    large_calls: tokio::sync::Semaphore,
+}
+
+/// How many calls of more than a round's items ([`crate::store::ROUND_JOBS`])
+/// are decided at once; the others wait, in order, doing nothing (parsed
+/// already). A call of one lease then waits, at each of its turns on the
+/// event loop, behind a stage of two such calls, not of every one a flood
+/// has under way (eight connections sending calls of 512 leases kept the
+/// event loop's queue eight stages long). Two: one decided while the other
+/// has its round out at Redis.
+const LARGE_CALLS: usize = 2;
+
+/// A call of more than a round's items, holding one of the turns of
+/// [`LARGE_CALLS`] while it is decided (`None`: a small call needs none).
+pub(crate) type LargeCall<'a> = Option<tokio::sync::SemaphorePermit<'a>>;
+
+/// Lets the other tasks run before the next stage of a call of more than a
+/// round's items ([`crate::store::ROUND_JOBS`]): its reading, planning and
+/// answering are each a stretch of work the event loop cannot interrupt
+/// (hundreds of microseconds for 512 leases), and a call of one lease on
+/// another connection should wait for one such stretch of each call under
+/// way, not for all of them. A small call goes on without yielding.
+pub(crate) async fn between_stages(items: usize) {
+    if items > crate::store::ROUND_JOBS {
+        tokio::task::yield_now().await;
+    }
 }
 
 pub(crate) fn bad(message: impl Into<String>) -> ApiError {
@@ -107,7 +135,17 @@ impl Service {
             last_store_log: std::sync::atomic::AtomicU64::new(u64::MAX),
             started: Instant::now(),
             notices: NoticeBoard::default(),
+            large_calls: tokio::sync::Semaphore::new(LARGE_CALLS),
         }
+    }
+
+    /// A turn for a call of `items` if it is a large one (see [`LargeCall`]),
+    /// once its turn comes.
+    pub(crate) async fn large_call(&self, items: usize) -> LargeCall<'_> {
+        if items <= crate::store::ROUND_JOBS {
+            return None;
+        }
+        self.large_calls.acquire().await.ok()
     }
 
     /// The limits now in force.
@@ -265,6 +303,8 @@ impl Service {
             check_lease_id(&format!("returns[{i}].id"), &item.id).map_err(bad)?;
             check_units(&format!("returns[{i}].tokens"), item.tokens)?;
         }
+        let _turn = self.large_call(req.returns.len()).await;
+        between_stages(req.returns.len()).await;
         let domains = self.domains();
         let domain = self.domain(&domains, &req.domain)?;
         let items: Vec<LeaseReturn> = req
@@ -277,6 +317,7 @@ impl Service {
         if outcomes.len() != items.len() {
             return Err(ApiError::Store(StoreFailure::Unavailable("store answered for fewer leases".into())));
         }
+        between_stages(items.len()).await;
         let returned: Vec<u64> = outcomes.iter().map(|o| o.returned).collect();
         // A replay repeats what its return gave back: counted once, then.
         let new: u64 = outcomes.iter().filter(|o| !o.replayed).map(|o| o.returned).sum();

@@ -11,8 +11,8 @@ use floodgate_core::time::Nanos;
 use super::decide::{self, LeaseRecord};
 use super::lanes::Decider;
 use super::{
-    BucketCheck, BucketLease, CheckOutcome, IdInUse, LeaseAnswer, LeaseOutcome, LeaseReturn, QuotaStore, ReturnOutcome,
-    StoreFailure, Writes, LEASE_RECORD_MARGIN,
+    holding_key, BucketCheck, BucketLease, CheckOutcome, IdInUse, LeaseAnswer, LeaseOutcome, LeaseReturn, QuotaStore,
+    ReturnOutcome, Room, StoreFailure, Writes, LEASE_RECORD_MARGIN,
 };
 use crate::config::Limit;
 
@@ -38,15 +38,22 @@ impl QuotaStore {
     /// record (a returned one as holding nothing), unless it is of another
     /// bucket (then that lease takes nothing and the answer names it). Each
     /// lease is a transaction of its own, so the leases are independent: a
-    /// failure of one fails the call (the caller retries it with the same
-    /// ids, which replays the others), but never undoes or holds another.
-    /// Leases of one bucket are taken in order: the second sees what the
-    /// first took.
+    /// lease refused for want of room in its caller's share of the lease
+    /// records is answered so, on its own (a retry replays the others and
+    /// meets the same share); any other failure of one fails the call (the
+    /// caller retries it with the same ids, which replays the others), but
+    /// never undoes or holds another. Leases of one bucket are taken in
+    /// order: the second sees what the first took.
     pub async fn lease(&self, items: &[BucketLease], ttl: Nanos) -> Result<LeaseAnswer, StoreFailure> {
         let transactions = items
             .iter()
             .map(|item| {
-                let keys = vec![item.key.clone(), item.record.clone()];
+                let mut keys = vec![item.key.clone(), item.record.clone()];
+                // A caller that may hold an allowance has its holding of the
+                // key decided with it.
+                if let (true, Some(caller)) = (item.per_window, item.caller) {
+                    keys.push(holding_key(&item.key, caller));
+                }
                 let item = item.clone();
                 let decide: Decider<Option<LeaseOutcome>> =
                     Box::new(move |values, now| lease_on(&item, values, now, ttl));
@@ -56,11 +63,13 @@ impl QuotaStore {
         let mut grants = Vec::with_capacity(items.len());
         let mut in_use = None;
         for (index, answer) in self.transact(transactions).await.into_iter().enumerate() {
-            match answer? {
-                Some(grant) => grants.push(grant),
-                None => {
+            match answer {
+                Ok(Some(grant)) => grants.push(Ok(grant)),
+                Ok(None) => {
                     in_use.get_or_insert(IdInUse { index });
                 }
+                Err(refused @ StoreFailure::Full(Room::CallerRecords)) => grants.push(Err(refused)),
+                Err(failure) => return Err(failure),
             }
         }
         Ok(in_use.map_or(Ok(grants), Err))
@@ -147,7 +156,9 @@ fn check(items: &[BucketCheck], values: &[Option<Vec<u8>>], now: Nanos) -> (Chec
     (CheckOutcome { committed, decisions }, writes)
 }
 
-/// One lease on `[bucket, record]` (their stored values): its outcome and
+/// One lease on `[bucket, record]` (their stored values), and a third
+/// value, when given, of the caller's holding of the key (see
+/// [`super::holding_key`]; the item names the caller): its outcome and
 /// what to write to each; `None` when its id is recorded for another
 /// bucket (nothing taken). Every store runs it inside its transaction; the
 /// fleet simulation runs it on its own map.
@@ -157,7 +168,7 @@ pub fn lease_on(
     now: Nanos,
     ttl: Nanos,
 ) -> (Option<LeaseOutcome>, Writes) {
-    let (bucket, record) = (0, 1);
+    let (bucket, record, holding) = (0, 1, 2);
     let mut writes: Writes = vec![None; values.len()];
     if let Some(done) = LeaseRecord::live(stored(values, record), now) {
         if done.bucket != item.key {
@@ -188,8 +199,15 @@ pub fn lease_on(
         reported: item.reported,
         check: item.check,
     };
-    let decide::Leased { allotment: got, next } =
-        decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
+    let (decide::Leased { allotment: got, next }, held) = match (values.get(holding), item.caller) {
+        (Some(held), Some(caller)) => {
+            decide::lease_held(&item.limit, &item.key, stored(values, bucket), (held.as_deref(), caller), now, ask, ttl)
+        }
+        _ => (decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl), None),
+    };
+    if let (Some(slot), Some(held)) = (writes.get_mut(holding), held.filter(|_| got.granted > 0)) {
+        *slot = Some(held);
+    }
     // Reported units count even when nothing is granted.
     if got.granted > 0 || item.reported > 0 {
         if let Some(slot) = writes.get_mut(bucket) {

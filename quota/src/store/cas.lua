@@ -19,6 +19,8 @@
 --                    version written), so that a resend knows ('0': no marks)
 -- ARGV[6 + 2g]       group g's number of keys
 -- ARGV[7 + 2g]       '1': group g claims its keys' turn when not written
+--                    (all of them, or none while another instance holds
+--                    the turn of one)
 -- then, per key i (from A = 8 + 2G): ARGV[A + 5(i-1)] the version the
 --                    decision saw ('' = absent); + 1 the new version; + 2
 --                    the new value ('' = leave the key as it is, only check
@@ -27,9 +29,11 @@
 -- written (or found written by the first send: its first key written holds
 -- this instance's mark with the version this script writes there; the
 -- instance writes a key with one script at a time, and another instance's
--- write leaves this one's mark as it is), 0 when a key changed,
--- another instance has its turn, or the time was off; then, for each group
--- not written, each of its keys' v, n, t: what they hold, to decide again on.
+-- write leaves this one's mark as it is), 0 when a key changed or the time
+-- was off (and the turn, when claimed, is this instance's now: its next
+-- attempt goes at once), 2 when another instance holds the turn of one of
+-- its keys (its next attempt waits a little); then, for each group not
+-- written, each of its keys' v, n, t: what they hold, to decide again on.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 local groups = tonumber(ARGV[5])
@@ -94,17 +98,29 @@ for g = 1, groups do
       end
       status = 1
     else
+      -- Whose turn each key is: a claim takes every key of the group or
+      -- none (two instances each holding one key of the other's group
+      -- would wait for each other's turn to run out).
+      local blocked = false
       for i = first, last do
-        if ARGV[7 + 2 * g] == '1' then
-          local turn = redis.call('HMGET', KEYS[i], 'turn', 'turn_until')
-          if not turn[1] or turn[1] == ARGV[3] or tonumber(turn[2]) <= now then
-            redis.call('HSET', KEYS[i], 'turn', ARGV[3], 'turn_until', now + tonumber(ARGV[4]))
-            -- A key held only for a turn goes when the turn does.
-            if redis.call('PTTL', KEYS[i]) < 0 then
-              redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[4]) / 1000))
-            end
+        local turn = redis.call('HMGET', KEYS[i], 'turn', 'turn_until')
+        if turn[1] and turn[1] ~= ARGV[3] and tonumber(turn[2]) > now then
+          blocked = true
+          break
+        end
+      end
+      if blocked then
+        status = 2
+      elseif ARGV[7 + 2 * g] == '1' then
+        for i = first, last do
+          redis.call('HSET', KEYS[i], 'turn', ARGV[3], 'turn_until', now + tonumber(ARGV[4]))
+          -- A key held only for a turn goes when the turn does.
+          if redis.call('PTTL', KEYS[i]) < 0 then
+            redis.call('PEXPIRE', KEYS[i], math.ceil(tonumber(ARGV[4]) / 1000))
           end
         end
+      end
+      for i = first, last do
         local held = redis.call('HMGET', KEYS[i], 'v', 'n', 't')
         values[#values + 1] = held[1]
         values[#values + 1] = held[2]

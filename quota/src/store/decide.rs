@@ -10,6 +10,7 @@ use floodgate_core::lease;
 use floodgate_core::lease::bucket::ServiceBucket;
 pub use floodgate_core::lease::bucket::UNTAGGED;
 use floodgate_core::lease::grant::{grant, Allotment, Ask, Granted};
+use floodgate_core::lease::holding::{grant_held, Holding};
 use floodgate_core::time::Nanos;
 
 use crate::config::Limit;
@@ -89,6 +90,34 @@ pub fn lease(limit: &Limit, key: &str, stored: Option<&[u8]>, now: Nanos, ask: A
     let allotment = grant(&key_limit, key, ServiceBucket::load(&key_limit, stored, now), ask, now, ttl);
     let next = bucket_next(limit, &allotment.bucket, now);
     Leased { allotment, next }
+}
+
+/// A caller's holding of a key as stored (see
+/// `floodgate_core::lease::holding`), and the caller it is charged to.
+pub type HoldingOf<'a> = (Option<&'a [u8]>, Caller);
+
+/// Decides `ask` as [`lease`] does, for a caller whose holding of the key
+/// (its allowances of it) is `holding`: an allowance that would take the
+/// caller past its share of the key is not granted (a lease of one window
+/// instead). Also returns the holding's entry after it, when it changed.
+pub fn lease_held(
+    limit: &Limit,
+    key: &str,
+    stored: Option<&[u8]>,
+    (holding, owner): HoldingOf<'_>,
+    now: Nanos,
+    ask: Ask,
+    ttl: Nanos,
+) -> (Leased, Option<Next>) {
+    let key_limit = limit.key_limit();
+    let bucket = ServiceBucket::load(&key_limit, stored, now);
+    let (allotment, held) = grant_held(&key_limit, key, bucket, ask, Holding::decode(holding), now, ttl);
+    let next = bucket_next(limit, &allotment.bucket, now);
+    let held = held.and_then(|held| {
+        let idle_at = held.idle_at(key_limit.window())?;
+        Some(Next { bytes: held.encode(), idle_at, keep_until: idle_at, kind: Kind::Record, owner: Some(owner) })
+    });
+    (Leased { allotment, next }, held)
 }
 
 /// What a granted lease was, stored under its id so that a retry is answered

@@ -15,10 +15,11 @@
 //! store transaction of the union of their keys (one round trip to Redis,
 //! one pass under the memory store's locks), decided in the order they
 //! arrived, each on what the ones before it left. So a hot key costs a store
-//! transaction per batch, not per request. Transactions submitted together
-//! (the leases of one call) that are ready at once form one **round**: the
-//! store runs its batches together (Redis: one script per slot), each
-//! batch's outcome its own.
+//! transaction per batch, not per request. Batches ready at once go to the
+//! store in **rounds** (`super::Rounds`: at most 64 jobs, the calls taking
+//! turns; Redis: one script per slot), each batch's outcome its own; the
+//! transactions one call submits (the leases of one call) are numbered as
+//! one call, so that its rounds take turns with other calls'.
 
 use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, VecDeque};
@@ -57,6 +58,9 @@ pub struct Job {
     done: Done,
     /// When its caller stops waiting (`None`: it waits as long as it takes).
     deadline: Option<Instant>,
+    /// The call it is part of (numbered by [`Lanes::submit`]): rounds take
+    /// turns between calls (see `Rounds`).
+    call: u64,
 }
 
 /// Where a decision leaves its answer for the caller.
@@ -81,7 +85,7 @@ pub fn job<A: Send + 'static>(
         writes
     });
     let (done, outcome) = oneshot::channel();
-    (Job { keys, group, decide, done, deadline }, outcome, answer)
+    (Job { keys, group, decide, done, deadline, call: 0 }, outcome, answer)
 }
 
 /// The answer of a job once its outcome has come.
@@ -112,6 +116,8 @@ struct Waiting {
 #[derive(Default)]
 struct Queues {
     next: u64,
+    /// The number the next call submitted gets.
+    next_call: u64,
     /// By arrival number.
     waiting: HashMap<u64, Waiting>,
     /// By key hash; a lane neither held nor waited for is removed.
@@ -201,13 +207,17 @@ impl Lanes {
         self.hasher.hash_one(key)
     }
 
-    /// Queues `jobs` (in order) on their keys' lanes; returns the batches
-    /// that can start now (their lanes held until [`Lanes::release`]).
+    /// Queues `jobs` (in order), one call's, on their keys' lanes; returns
+    /// the batches that can start now (their lanes held until
+    /// [`Lanes::release`]).
     pub fn submit(&self, jobs: Vec<Job>) -> Vec<Batch> {
         let mut queues = lock(&self.queues);
+        let call = queues.next_call;
+        queues.next_call += 1;
         let mut touched = Vec::new();
         let mut keyless = Vec::new();
-        for job in jobs {
+        for mut job in jobs {
+            job.call = call;
             if job.keys.is_empty() {
                 // Nothing to wait for (and no lane that would ever start it).
                 keyless.push(Batch::new(vec![job], Vec::new()));
@@ -275,6 +285,8 @@ pub struct Batch {
     /// (Each caller stops waiting at its own: a call that joined a batch
     /// late is not cut short by an older one beside it.)
     pub deadline: Option<Instant>,
+    /// The call of its first job: the rounds take turns between calls.
+    pub call: u64,
 }
 
 impl Batch {
@@ -284,6 +296,7 @@ impl Batch {
     fn new(jobs: Vec<Job>, lanes: Vec<u64>) -> Self {
         let now = Instant::now();
         let group = jobs.first().map(|job| job.group.clone()).unwrap_or_default();
+        let call = jobs.first().map_or(0, |job| job.call);
         let (mut jobs, late): (Vec<Job>, Vec<Job>) =
             jobs.into_iter().partition(|job| job.deadline.is_none_or(|deadline| deadline > now));
         for job in late {
@@ -294,7 +307,7 @@ impl Batch {
             if let Some(job) = jobs.pop() {
                 // One job (the usual case): its keys, distinct, are the batch's.
                 let at = (0..job.keys.len()).collect();
-                return Batch { keys: job.keys, group, jobs: vec![(at, job.decide, job.done)], lanes, deadline };
+                return Batch { keys: job.keys, group, jobs: vec![(at, job.decide, job.done)], lanes, deadline, call };
             }
         }
         let mut keys: Vec<String> = Vec::new();
@@ -315,7 +328,7 @@ impl Batch {
                 (at, job.decide, job.done)
             })
             .collect();
-        Batch { keys, group, jobs, lanes, deadline }
+        Batch { keys, group, jobs, lanes, deadline, call }
     }
 
     /// Whether every job of it had timed out already.
@@ -356,7 +369,7 @@ impl Batch {
     /// to decide them alone when together they could not be (a memory
     /// store without room for all their new entries).
     pub fn split(self) -> Vec<Batch> {
-        let Batch { keys, group, jobs, lanes, deadline } = self;
+        let Batch { keys, group, jobs, lanes, deadline, call } = self;
         let count = jobs.len();
         let mut lanes = Some(lanes);
         jobs.into_iter()
@@ -365,7 +378,7 @@ impl Batch {
                 let mine: Vec<String> = at.iter().filter_map(|k| keys.get(*k).cloned()).collect();
                 let held = if i + 1 == count { lanes.take().unwrap_or_default() } else { Vec::new() };
                 let at = (0..mine.len()).collect();
-                Batch { keys: mine, group: group.clone(), jobs: vec![(at, decide, done)], lanes: held, deadline }
+                Batch { keys: mine, group: group.clone(), jobs: vec![(at, decide, done)], lanes: held, deadline, call }
             })
             .collect()
     }

@@ -6,11 +6,13 @@
 //!
 //! Room: `max_entries` buckets, and as many lease records beside them (so a
 //! flood of new buckets never leaves a lease on a live bucket without room
-//! for its record), at most a sixteenth of them charged to one caller (a
-//! peer address: so one client, leasing on one key or many, cannot take the
-//! records' room from every other client, while a key leased by a fleet of
-//! Envoys, each its own address, may hold as many records as the room). An
-//! entry keeps its place until its `keep_until`: a
+//! for its record). One caller's records (a peer address, an IPv6 /64; see
+//! [`CALLER_FACTOR`]) are never more than four times the room left free: a
+//! caller alone may use most of the room (a fleet behind one NAT address),
+//! and as callers fill it, each is held to the same share, the caller
+//! holding least always able to take the room that frees first; a key
+//! leased by a fleet of Envoys, each its own address, may hold as many
+//! records as the room. An entry keeps its place until its `keep_until`: a
 //! bucket while it is not idle and for one window after it was last used (a
 //! key in use keeps its slot even between its windows), a record while it
 //! counts. Only then is it dropped, to make room for a new key or by the
@@ -31,6 +33,7 @@ use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use floodgate_core::lease::restart;
 use floodgate_core::time::{Clock, Nanos};
 
 use super::backend::{Backend, BackendRegistration, BoxFuture, Finisher, StoreOptions};
@@ -42,11 +45,40 @@ pub const REGISTRATION: BackendRegistration = BackendRegistration {
     name: "memory",
     usage: "`memory`",
     accepts: |text| text == "memory",
-    open: |_, options: &StoreOptions| Ok(Arc::new(LocalStore::new(options.clock.clone(), options.max_entries))),
+    open: |_, options: &StoreOptions| {
+        let store = match options.owe_earlier_grants {
+            true => LocalStore::after_restart(options.clock.clone(), options.max_entries),
+            false => LocalStore::new(options.clock.clone(), options.max_entries),
+        };
+        Ok(Arc::new(store))
+    },
 };
 
-/// One caller's lease records are at most this part of the records' room.
-const CALLER_SHARE: usize = 16;
+/// How the lease records' room is shared among callers (a caller: a peer
+/// address, an IPv6 /64). The last [`RESERVE_DIVISOR`]th of the room is
+/// kept for callers holding few records (at most [`small_holding`]): a
+/// newcomer always finds room at once, however many callers filled the
+/// rest, unless a hundred and twenty-eight (at the default room) each hold
+/// a small caller's most. In the rest, a caller's records are at most
+/// [`CALLER_FACTOR`] times the part of it left free: a caller alone may
+/// hold seven tenths of the room (a fleet behind one NAT address), and as
+/// callers fill it, whoever holds least may take room first as records
+/// expire, so callers that all want more settle at the same share. (A fixed
+/// sixteenth per caller let sixteen addresses fill the room, locking out
+/// every other caller, and refused a fleet behind one NAT address above
+/// ~2,000 leases a second.)
+pub const CALLER_FACTOR: usize = 4;
+
+/// See [`CALLER_FACTOR`]: the reserve for callers holding few records.
+pub const RESERVE_DIVISOR: usize = 8;
+
+/// The most records a caller holds and still counts as holding few (see
+/// [`CALLER_FACTOR`]): a thousand and twenty-fourth of the room of
+/// `max_entries`, at least 8 (976 at the default room: a caller renewing
+/// 30 leases a second).
+pub fn small_holding(max_entries: usize) -> usize {
+    (max_entries / 1_024).max(8)
+}
 
 /// Shards: enough that unrelated keys rarely share a lock on two cores or
 /// twenty, few enough that a sweep visits them all in microseconds.
@@ -107,6 +139,11 @@ pub struct LocalStore {
     /// Live lease records per caller, in shards of their own (a leaf lock:
     /// never held while waiting for another).
     records_of: [Mutex<HashMap<Caller, usize>>; SHARDS],
+    /// When this store started, if it owes the limit what grants made
+    /// before it (by the process it replaced) may still spend: a key it
+    /// holds nothing for is read as forgotten then
+    /// (`floodgate_core::lease::restart`).
+    forgot_at: Option<Nanos>,
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -118,8 +155,24 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl LocalStore {
     /// A store reading time from `clock` and holding at most `max_entries`
     /// buckets, and as many lease records (entries past their keeping time
-    /// are dropped first; see [`LocalStore::sweep`]).
+    /// are dropped first; see [`LocalStore::sweep`]), that vouches for every
+    /// key: nothing was granted before it (a first start, or
+    /// `--memory-restart forget`).
     pub fn new(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        Self::with_start(clock, max_entries, None)
+    }
+
+    /// A store as [`LocalStore::new`] that starts where another store
+    /// stopped (a restarted service): it counts, in every key it holds
+    /// nothing for, what the allowances that store granted may still spend
+    /// (see `floodgate_core::lease::restart`), so every window after the
+    /// start admits at most its limit.
+    pub fn after_restart(clock: Arc<dyn Clock>, max_entries: usize) -> Self {
+        let started = clock.now();
+        Self::with_start(clock, max_entries, Some(started))
+    }
+
+    fn with_start(clock: Arc<dyn Clock>, max_entries: usize, forgot_at: Option<Nanos>) -> Self {
         Self {
             clock,
             shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
@@ -130,12 +183,8 @@ impl LocalStore {
             examined: AtomicUsize::new(0),
             sweep_at: AtomicUsize::new(0),
             records_of: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+            forgot_at,
         }
-    }
-
-    /// Most lease records charged to one caller.
-    pub fn records_per_caller(&self) -> usize {
-        (self.max_entries / CALLER_SHARE).max(1)
     }
 
     fn records_of(&self, caller: Caller) -> MutexGuard<'_, HashMap<Caller, usize>> {
@@ -144,13 +193,23 @@ impl LocalStore {
         self.records_of[at].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Takes places for `new` records of `caller` in its share, if it has them.
+    /// Takes places for `new` records of `caller` in its share, if it has
+    /// them (see [`CALLER_FACTOR`]): its records, with these, a small
+    /// holding, or at most [`CALLER_FACTOR`] times the room left free after
+    /// them outside the reserve.
     fn take_share(&self, caller: Caller, new: usize) -> bool {
-        let most = self.records_per_caller();
+        let all = self.held.records.load(Ordering::Relaxed).saturating_add(new);
         let mut counts = self.records_of(caller);
         let held = counts.get(&caller).copied().unwrap_or(0);
-        if held + new > most {
-            return false;
+        let after = held.saturating_add(new);
+        // A room too full for them is the room's refusal (see `reserve`),
+        // not this caller's.
+        if let Some(free) = self.max_entries.checked_sub(all) {
+            let outside = free.checked_sub(self.max_entries / RESERVE_DIVISOR);
+            let shared = outside.is_some_and(|outside| after <= outside.saturating_mul(CALLER_FACTOR));
+            if after > small_holding(self.max_entries) && !shared {
+                return false;
+            }
         }
         counts.insert(caller, held + new);
         true
@@ -328,7 +387,19 @@ impl LocalStore {
                 guard.map.get(key).map(|e| e.value.clone())
             })
             .collect();
-        let (answer, writes) = decide(&values, now);
+        let (answer, writes) = match self.forgot_at {
+            // A key held nothing for is one this store forgot (only a
+            // bucket reads the marker as such; anything else as absent).
+            Some(started) => {
+                let seen: Vec<Option<Vec<u8>>> = values
+                    .iter()
+                    .zip(keys)
+                    .map(|(value, key)| value.clone().or_else(|| Some(restart::marker(key, started))))
+                    .collect();
+                decide(&seen, now)
+            }
+            None => decide(&values, now),
+        };
 
         let mut new = [0usize; 2];
         // New records, by their caller: each caller's share first.
@@ -593,35 +664,38 @@ mod tests {
         }
     }
 
-    /// A caller's lease records take at most a sixteenth of the records'
-    /// room, on one bucket or many; records that expire give their places
-    /// back. Other callers lease on, the same buckets included.
+    /// A caller's lease records are at most four times the room left free
+    /// outside the reserve (an eighth), on one bucket or many: alone, 44 of
+    /// 64; records that expire give their places back. Other callers lease
+    /// on, the same buckets included.
     #[tokio::test]
     async fn one_callers_records_have_a_share_and_give_it_back() {
         let clock = Arc::new(FakeClock::new(T0));
         let store = store(&clock, 64);
         let ttl = SECOND;
         let (greedy, other) = (caller(1), caller(2));
-        for id in 0..4 {
+        for id in 0..44 {
             let bucket = if id % 2 == 0 { "hot" } else { "warm" };
-            assert_eq!(store.lease(&[lease(bucket, id, greedy)], ttl).await.unwrap().unwrap()[0].granted, 1);
+            let granted = store.lease(&[lease(bucket, id, greedy)], ttl).await.unwrap().unwrap()[0].clone();
+            assert_eq!(granted.map(|g| g.granted), Ok(1), "lease {id}");
         }
-        assert_eq!(memory(&store).records_per_caller(), 4);
         for bucket in ["hot", "cold"] {
             assert_eq!(
-                store.lease(&[lease(bucket, 4, greedy)], ttl).await,
+                store.lease(&[lease(bucket, 44, greedy)], ttl).await.unwrap().unwrap()[0],
                 Err(StoreFailure::Full(crate::store::Room::CallerRecords)),
                 "{bucket}: a new bucket too: the share is the caller's"
             );
         }
-        assert_eq!(store.lease(&[lease("hot", 5, other)], ttl).await.unwrap().unwrap()[0].granted, 1, "another caller");
+        let answer = store.lease(&[lease("hot", 52, other)], ttl).await.unwrap().unwrap();
+        assert_eq!(answer[0].clone().map(|g| g.granted), Ok(1), "another caller");
         // The records expire (the lease's second and 30 s more), and the
         // sweep (every 10 s) drops them wherever they are: a lease's own
         // transaction drops only what is due in the shards it locks, which
         // depend on the records' keys' hashes.
         clock.advance(SECOND.times(32));
         memory(&store).sweep();
-        assert_eq!(store.lease(&[lease("hot", 6, greedy)], ttl).await.unwrap().unwrap()[0].granted, 1, "room again");
+        let again = store.lease(&[lease("hot", 53, greedy)], ttl).await.unwrap().unwrap();
+        assert_eq!(again[0].clone().map(|g| g.granted), Ok(1), "room again");
     }
 
     /// One bucket leased by many callers holds as many records as the room:
@@ -632,8 +706,8 @@ mod tests {
         let store = store(&clock, 64);
         for id in 0..64 {
             let from = caller(u8::try_from(id / 4).unwrap());
-            let granted = store.lease(&[lease("hot", id, from)], SECOND).await.unwrap().unwrap()[0].granted;
-            assert_eq!(granted, 1, "lease {id}");
+            let granted = store.lease(&[lease("hot", id, from)], SECOND).await.unwrap().unwrap()[0].clone();
+            assert_eq!(granted.map(|g| g.granted), Ok(1), "lease {id}");
         }
         assert_eq!(
             store.lease(&[lease("hot", 64, caller(100))], SECOND).await,
@@ -642,17 +716,26 @@ mod tests {
         );
     }
 
-    /// Leases of one call are independent: six by a caller whose share has
-    /// room for four records are taken together, and without room for all,
-    /// each alone: four are granted (and the call fails for the other two).
+    /// Leases of one call are independent: ten by a caller alone in a room
+    /// of ten records are taken together, and without room for all, each
+    /// alone: eight are granted (a small holding; beyond it, four times what
+    /// the reserve leaves free), and the other two are refused as over the
+    /// caller's share, each on its own; a retry replays the eight and
+    /// refuses the two again.
     #[tokio::test]
     async fn leases_without_room_for_all_get_what_room_there_is() {
         let clock = Arc::new(FakeClock::new(T0));
-        let store = store(&clock, 64);
-        let leases: Vec<BucketLease> = (0..6).map(|id| lease("hot", id, caller(1))).collect();
-        assert_eq!(store.lease(&leases, SECOND).await, Err(StoreFailure::Full(crate::store::Room::CallerRecords)));
-        assert_eq!(memory(&store).len(), 1 + 4, "the bucket and four records");
-        let replayed = store.lease(&leases[..4], SECOND).await.unwrap().unwrap();
-        assert!(replayed.iter().all(|l| l.replayed && l.granted == 1), "{replayed:?}");
+        let store = store(&clock, 10);
+        let leases: Vec<BucketLease> = (0..10).map(|id| lease("hot", id, caller(1))).collect();
+        for attempt in 0..2 {
+            let answers = store.lease(&leases, SECOND).await.unwrap().unwrap();
+            let refused = Err(StoreFailure::Full(crate::store::Room::CallerRecords));
+            assert!(
+                answers[..8].iter().all(|a| a.as_ref().is_ok_and(|g| g.granted == 1 && g.replayed == (attempt == 1))),
+                "{answers:?}"
+            );
+            assert_eq!(answers[8..], [refused.clone(), refused], "{answers:?}");
+            assert_eq!(memory(&store).len(), 1 + 8, "the bucket and eight records");
+        }
     }
 }

@@ -17,7 +17,7 @@ mod memory;
 mod redis;
 mod shares;
 
-pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions};
+pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions, ROUND_JOBS};
 pub use self::calls::lease_on;
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
@@ -56,6 +56,20 @@ pub fn lease_key(domain: &str, id: &str) -> String {
     format!("fg:{{{domain}}}:lease:{id}")
 }
 
+/// The store key of what `caller` holds of the bucket `bucket` in
+/// allowances (see `floodgate_core::lease::holding`): in the bucket's hash
+/// tag, a hash of the caller (no address in a key name), then the bucket
+/// key's algorithm and descriptor.
+pub fn holding_key(bucket: &str, caller: Caller) -> String {
+    let (tag, rest) = bucket.split_once("}:").unwrap_or((bucket, ""));
+    let mut hasher = floodgate_core::hash::SipHasher::new(0x686f_6c64_696e_6773, 0x6f66_2063_616c_6c65);
+    match caller.0 {
+        IpAddr::V4(v4) => hasher.write(&v4.octets()),
+        IpAddr::V6(v6) => hasher.write(&v6.octets()),
+    }
+    format!("{tag}}}:hold:{:016x}:{rest}", hasher.finish())
+}
+
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketCheck {
@@ -70,12 +84,32 @@ pub struct BucketCheck {
 }
 
 /// Who a call comes from, as far as the service can tell callers apart: the
-/// peer address of its connection. A store of bounded room (the memory
-/// store) charges each lease record to its caller, so that one caller cannot
-/// take the room from every other one, while a hot key leased by a fleet
-/// of Envoys (each its own address) is not bounded as one caller.
+/// peer address of its connection, an IPv6 address by its /64 (a host is
+/// given a whole /64, so its addresses are one caller however many it
+/// uses). A store of bounded room (the memory store) charges each lease
+/// record to its caller, so that one caller cannot take the room from every
+/// other one, while a hot key leased by a fleet of Envoys (each its own
+/// address) is not bounded as one caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Caller(pub IpAddr);
+
+impl Caller {
+    /// The caller a connection from `address` is: an IPv4 address (also
+    /// written as an IPv4-mapped IPv6 one), or an IPv6 address's /64.
+    pub fn of(address: IpAddr) -> Self {
+        match address {
+            IpAddr::V4(v4) => Caller(IpAddr::V4(v4)),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Caller(IpAddr::V4(v4)),
+                None => {
+                    let mut octets = v6.octets();
+                    octets[8..].fill(0);
+                    Caller(IpAddr::V6(octets.into()))
+                }
+            },
+        }
+    }
+}
 
 /// One bucket of a lease.
 #[derive(Debug, Clone, PartialEq)]
@@ -136,10 +170,12 @@ pub struct LeaseOutcome {
     pub checked: bool,
 }
 
-/// What a lease call got: every lease's outcome, or, when a lease's id is
-/// that of a recorded lease of another bucket, which lease that is (and
-/// nothing was taken).
-pub type LeaseAnswer = Result<Vec<LeaseOutcome>, IdInUse>;
+/// What a lease call got: every lease's outcome (or, for a lease refused
+/// for want of room in its caller's share of the lease records, that
+/// refusal: nothing was taken for it), or, when a lease's id is that of a
+/// recorded lease of another bucket, which lease that is (and nothing was
+/// taken).
+pub type LeaseAnswer = Result<Vec<Result<LeaseOutcome, StoreFailure>>, IdInUse>;
 
 /// A lease whose id names a lease recorded for another bucket (another
 /// descriptor, or another rule's algorithm): not a retry of it. (Which
@@ -229,7 +265,7 @@ impl fmt::Display for StoreFailure {
             StoreFailure::Full(Room::CallerRecords) => write!(
                 f,
                 "the lease records of this caller (its peer address) fill its share of the memory store's room \
-                 for them (a sixteenth): its new leases are refused until some expire"
+                 for them (four times the room left free): its new leases are refused until some expire"
             ),
             StoreFailure::Contended => write!(f, "the store is busy: the buckets kept changing under every attempt"),
             StoreFailure::ClockOff { offset_ms, bound_ms } => write!(
@@ -422,6 +458,26 @@ mod tests {
         let refused = backend("memcached://h:1").unwrap_err();
         assert!(refused.starts_with("must be `memory` or a redis:// URL"), "{refused}");
         assert!(refused.contains("memcached"), "{refused}");
+    }
+
+    #[test]
+    fn a_caller_is_an_ipv4_address_or_an_ipv6_slash_64() {
+        let of = |text: &str| Caller::of(text.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])));
+        assert_eq!(of("10.0.0.7"), of("::ffff:10.0.0.7"), "an IPv4-mapped address is its IPv4 one");
+        assert_ne!(of("10.0.0.7"), of("10.0.0.8"));
+        assert_eq!(of("2001:db8:1:2::1"), of("2001:db8:1:2:ffff:ffff:ffff:ffff"), "one /64, one caller");
+        assert_eq!(of("2001:db8:1:2:3:4:5:6"), Caller("2001:db8:1:2::".parse().unwrap_or(IpAddr::from([0; 16]))));
+        assert_ne!(of("2001:db8:1:2::1"), of("2001:db8:1:3::1"), "another /64, another caller");
+    }
+
+    #[test]
+    fn a_holding_sits_beside_its_bucket_and_names_no_address() {
+        let caller = Caller::of(IpAddr::from([10, 0, 0, 7]));
+        let key = holding_key(r#"fg:{edge}:fw:[["user","a}:b"]]"#, caller);
+        assert!(key.starts_with("fg:{edge}:hold:") && key.ends_with(r#":fw:[["user","a}:b"]]"#), "{key}");
+        assert_eq!(group_of(&key), "edge");
+        assert!(!key.contains("10.0.0.7"));
+        assert_ne!(key, holding_key(r#"fg:{edge}:fw:[["user","a}:b"]]"#, Caller::of(IpAddr::from([10, 0, 0, 8]))));
     }
 
     #[test]

@@ -14,10 +14,13 @@
 //! timeout). Keys share the domain's hash tag, so a transaction's keys sit in
 //! one Redis Cluster slot.
 //!
-//! A round of independent transactions (the leases of one call, batches
-//! freed together) goes in one script per hash tag: each transaction is a
-//! group of keys with its own compare-and-swap, written or answered on its
-//! own, so 200 leases cost one round trip and one lost race holds no other.
+//! A round of independent transactions (up to 64 of the leases of one call,
+//! or of several calls', batches freed together) goes in one script per
+//! hash tag: each transaction is a group of keys with its own
+//! compare-and-swap, written or answered on its own, so 64 leases cost one
+//! round trip and one lost race holds no other. A transaction that loses a
+//! race claims its keys' turn and goes again at once; one that meets
+//! another instance's turn waits a little, alone.
 //! With `--redis-clock local` the instance decides only while its clock is
 //! within [`LOCAL_CLOCK_BOUND`] of Redis's. A script marks each key it
 //! writes, in the write itself (a field of this instance's holding the
@@ -96,11 +99,21 @@ const CLOCK_TOLERANCE_US: u64 = 100_000;
 const CACHE_SHARDS: usize = 64;
 const CACHE_PER_SHARD: usize = 1_024;
 
-/// After this many lost races in a row a decision claims its turn: for
-/// `TURN_US` the keys take no other instance's write, so an instance whose
-/// rival writes back to back is not starved.
-const CLAIM_AFTER: usize = 2;
-const TURN_US: u64 = 50_000;
+/// A decision that loses a race claims its keys' turn (all of them, or
+/// none while another instance holds one): until its next write, and at
+/// most `TURN_US`, they take no other instance's write, and its next
+/// attempt, sent at once, is written. So an instance whose rival writes back
+/// to back is not starved, and instances writing the same keys take turns
+/// instead of racing. (Claimed after two losses, instances writing the same
+/// keys in rounds of many transactions lost every race to each other, each
+/// round writing the keys the others had just read, and backed off until
+/// their calls timed out: three instances leasing 512 keys a call in
+/// common answered 503, with nothing at fault, for most calls.) Ten
+/// milliseconds: the holder writes within a round trip or two; a turn left
+/// by a call that timed out (or an instance that died) holds the others
+/// no longer than that (they were held 50 ms each time, which under load
+/// timed out more calls, which left more turns).
+const TURN_US: u64 = 10_000;
 
 /// A version no key ever has: sent to read keys without deciding.
 const NO_VERSION: &[u8] = b"?";
@@ -318,8 +331,11 @@ struct Reply {
 enum Group {
     /// Written (or, without writes, confirmed unchanged).
     Written,
-    /// Nothing written: the keys as they are.
-    Changed(Vec<Known>),
+    /// Nothing written: the keys as they are, and whether another
+    /// instance holds the turn of one of them (then this one waits a
+    /// little before it tries again; otherwise, its turn claimed, it tries
+    /// again at once).
+    Changed(Vec<Known>, bool),
 }
 
 /// Counters in Redis.
@@ -505,7 +521,8 @@ impl RedisStore {
                 }
             }
             let known = batch.keys.iter().map(|k| self.known.get(k)).collect();
-            open.push(Open { batch, known, lost: 0, writes: None, versions: Vec::new() });
+            let not_before = Instant::now();
+            open.push(Open { batch, known, lost: 0, attempts: 0, not_before, writes: None, versions: Vec::new() });
         }
         if open.is_empty() {
             done.flush();
@@ -533,25 +550,36 @@ impl RedisStore {
     }
 
     /// See [`RedisStore::run_group`]: the attempts, until every batch of
-    /// `open` is written (and handed to `done`) or one fails them all.
+    /// `open` is written (and handed to `done`), runs out of attempts (then
+    /// it alone is answered `contended`), or one failure fails them all.
+    /// Each attempt sends the batches due: one that met another instance's
+    /// turn waits a little first (and holds no other batch meanwhile).
     async fn attempts(&self, tag: &str, open: &mut Vec<Open>, done: &Finisher) -> Result<(), StoreFailure> {
         let cluster = matches!(self.client, Client::Cluster(_));
         let mut conn = self.connection().await?;
-        // Redis's clock (estimated, checked by the script) or ours.
-        let mut now = match &self.options.clock {
-            Some(clock) => Some(clock.now()),
-            None => self.clocks.estimate(tag),
-        };
         let mut resent = false;
-        for _ in 0..ATTEMPTS {
-            if open.is_empty() {
-                return Ok(());
-            }
-            for o in open.iter_mut() {
-                // Without a time yet, the first round trip only reads.
+        loop {
+            let Some(wake) = open.iter().map(|o| o.not_before).min() else { return Ok(()) };
+            tokio::time::sleep_until(wake.into()).await;
+            let at = Instant::now();
+            // The batches due first; all of them stay in `open` while the
+            // script is out, so that a call that times out meanwhile finds
+            // them there to answer.
+            open.sort_by_key(|o| o.not_before > at);
+            let due = open.iter().take_while(|o| o.not_before <= at).count();
+            // Redis's clock (estimated, checked by the script) or ours;
+            // without one yet, the first round trip only reads.
+            let now = match &self.options.clock {
+                Some(clock) => Some(clock.now()),
+                None => self.clocks.estimate(tag),
+            };
+            let sent_now = open.get_mut(..due).unwrap_or_default();
+            for o in sent_now.iter_mut() {
                 o.writes = now.map(|now| o.batch.decide(&values_of(&o.known), now));
+                o.attempts += 1;
             }
-            let invocation = self.invocation(open, now, !cluster);
+            let invocation = self.invocation(sent_now, now, !cluster);
+            let sizes: Vec<usize> = sent_now.iter().map(|o| o.batch.keys.len()).collect();
             self.round_trips.fetch_add(1, Ordering::Relaxed);
             let mut sent = self.send(&mut conn, &invocation, false).await;
             if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
@@ -567,7 +595,7 @@ impl RedisStore {
             let reply = match sent {
                 Err(e) if broken(&e) && !cluster => return Err(self.failed(unavailable(e))),
                 Err(e) => return Err(unavailable(e)),
-                Ok(reply) => parse(reply, &open.iter().map(|o| o.batch.keys.len()).collect::<Vec<_>>())?,
+                Ok(reply) => parse(reply, &sizes)?,
             };
             self.clock_seen(tag, reply.time);
             if let (Some(clock), Some(bound)) = (&self.options.clock, self.options.clock_bound) {
@@ -582,9 +610,9 @@ impl RedisStore {
                     });
                 }
             }
-            let mut still = Vec::with_capacity(open.len());
             let mut garbled = false;
-            for (mut o, group) in open.drain(..).zip(reply.groups) {
+            let mut still = Vec::with_capacity(due);
+            for (mut o, group) in open.drain(..due).zip(reply.groups) {
                 let written = match group {
                     // A read is never written (no key has the version it sends).
                     Group::Written if o.writes.is_none() => {
@@ -592,7 +620,7 @@ impl RedisStore {
                         false
                     }
                     Group::Written => true,
-                    Group::Changed(current) => {
+                    Group::Changed(current, blocked) => {
                         if applied(&current, &o.versions) {
                             true
                         } else {
@@ -603,6 +631,18 @@ impl RedisStore {
                             if o.writes.is_some() {
                                 o.lost += 1;
                             }
+                            // Another instance's turn: wait a random while
+                            // (longer after each loss, so the racers spread
+                            // out) for its write. Else this instance's turn
+                            // is claimed (or it only read): again at once.
+                            o.not_before = match blocked {
+                                true => {
+                                    let most = 100u64 << o.lost.clamp(1, 3);
+                                    let wait = RandomState::new().hash_one((o.lost, o.attempts)) % most;
+                                    Instant::now() + Duration::from_micros(wait)
+                                }
+                                false => Instant::now(),
+                            };
                             false
                         }
                     }
@@ -610,29 +650,17 @@ impl RedisStore {
                 if written {
                     self.remember(&o.batch.keys, o.writes.as_ref(), &o.versions);
                     done.finish(o.batch, &Ok(()));
+                } else if o.attempts >= ATTEMPTS {
+                    done.finish(o.batch, &Err(StoreFailure::Contended));
                 } else {
                     still.push(o);
                 }
             }
-            *open = still;
+            open.extend(still);
             done.flush();
             if garbled {
                 return Err(bad_reply("cas.lua"));
             }
-            now = Some(self.options.clock.as_ref().map_or(reply.time, |clock| clock.now()));
-            let lost = open.iter().map(|o| o.lost).max().unwrap_or(0);
-            if lost > 1 {
-                // Lost to another instance again: back off a random while,
-                // longer after each loss, so the racers spread out.
-                let most = 100u64 << lost.min(6);
-                let wait = RandomState::new().hash_one(lost) % most;
-                tokio::time::sleep(Duration::from_micros(wait)).await;
-            }
-        }
-        if open.is_empty() {
-            Ok(())
-        } else {
-            Err(StoreFailure::Contended)
         }
     }
 
@@ -688,7 +716,7 @@ impl RedisStore {
         command.arg(if mark { b"1".as_slice() } else { b"0".as_slice() });
         for o in open.iter() {
             command.arg(o.batch.keys.len());
-            command.arg(if writing(o) && o.lost >= CLAIM_AFTER { b"1".as_slice() } else { b"".as_slice() });
+            command.arg(if writing(o) { b"1".as_slice() } else { b"".as_slice() });
         }
         for o in open.iter_mut() {
             o.versions = Vec::with_capacity(o.known.len());
@@ -807,6 +835,10 @@ struct Open {
     batch: Batch,
     known: Vec<Known>,
     lost: usize,
+    /// Round trips it was sent in.
+    attempts: usize,
+    /// Not sent again before then (it met another instance's turn).
+    not_before: Instant,
     writes: Option<Writes>,
     versions: Vec<Option<Vec<u8>>>,
 }
@@ -868,7 +900,8 @@ fn parse(reply: Value, sizes: &[usize]) -> Result<Reply, StoreFailure> {
     let statuses = statuses.ok_or_else(|| bad_reply("cas.lua"))?;
     let mut groups = Vec::with_capacity(sizes.len());
     for (status, size) in statuses.iter().zip(sizes) {
-        if redis::from_redis_value::<i64>(status).map_err(unavailable)? == 1 {
+        let status = redis::from_redis_value::<i64>(status).map_err(unavailable)?;
+        if status == 1 {
             groups.push(Group::Written);
             continue;
         }
@@ -886,7 +919,7 @@ fn parse(reply: Value, sizes: &[usize]) -> Result<Reply, StoreFailure> {
                 Ok(Known { value: value.filter(|_| version.is_some()).map(|value| tagged(tag, value)), version })
             })
             .collect::<Result<Vec<Known>, StoreFailure>>()?;
-        groups.push(Group::Changed(known));
+        groups.push(Group::Changed(known, status == 2));
     }
     if !values.is_empty() {
         return Err(bad_reply("cas.lua"));

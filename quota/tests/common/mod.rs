@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
 use floodgate_e2e::{RedisCluster, RedisServer};
+use floodgate_quota::auth::Tokens;
 use floodgate_quota::config::Domains;
 use floodgate_quota::http::{router, AppState};
 use floodgate_quota::metrics::ServiceMetrics;
@@ -53,6 +54,8 @@ pub fn domains(yaml: &str) -> Domains {
 
 pub struct Options {
     pub auth_token: Option<&'static str>,
+    /// Domains' own tokens (`--domain-token`).
+    pub domain_tokens: Vec<(&'static str, &'static str)>,
     pub lease_ttl: Nanos,
     pub store_timeout: Duration,
     /// Use Redis's own clock instead of the manual one.
@@ -66,6 +69,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             auth_token: None,
+            domain_tokens: Vec::new(),
             lease_ttl: SECOND,
             // Ample for a loaded two-core CI machine: the functional tests
             // must not turn a slow moment into a 503. The outage tests,
@@ -113,7 +117,9 @@ impl Fixture {
         };
         let metrics = ServiceMetrics::new().expect("metrics");
         let service = Arc::new(Service::new(domains(yaml), store, metrics, Settings { lease_ttl: options.lease_ttl }));
-        let state = AppState { service: service.clone(), auth_token: options.auth_token.map(Arc::from) };
+        let domain_tokens = options.domain_tokens.iter().map(|(d, t)| (d.to_string(), Arc::from(*t))).collect();
+        let tokens = Tokens::new(options.auth_token.map(Arc::from), domain_tokens);
+        let state = AppState { service: service.clone(), tokens: Arc::new(tokens) };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let base = format!("http://{}", listener.local_addr().expect("addr"));
         let app = router(state);
