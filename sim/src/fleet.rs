@@ -571,6 +571,8 @@ impl Fleet<'_> {
         }
         let measuring = self.measuring(now);
         for (p, grant) in pending.iter().zip(grants) {
+            // The simulated service has no share of records to refuse for.
+            let grant = grant.map_err(|why| format!("the service refused a lease: {why}"))?;
             let entry = self.pools.entry((p.envoy, p.key)).or_default();
             let (applied, after) = self.pool.apply(entry.state, now, (p.refresh.claim.started, p.refresh.sent), &grant);
             entry.state = after;

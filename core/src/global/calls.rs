@@ -183,8 +183,11 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CallError> {
 /// A lease call's answer, read.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LeaseAnswer {
-    /// One grant per refresh, in order.
-    pub grants: Vec<GrantedLease>,
+    /// One grant per refresh, in order; `Err` carries why the service
+    /// refused that lease without deciding it (`LeaseGrant::refused`: its
+    /// caller holds its share of the service's lease records), which is
+    /// not a limit: the rule falls back as it would on a failed call.
+    pub grants: Vec<Result<GrantedLease, String>>,
     /// The near-limit notices it brought: each key
     /// ([`crate::lease::overshoot::notice_key`]) and for how long from now.
     pub near: Vec<(u64, Nanos)>,
@@ -209,13 +212,16 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
         .iter()
         .zip(refreshes)
         .map(|(grant, refresh)| {
+            if let Some(why) = &grant.refused {
+                return Err(why.clone());
+            }
             let window = Nanos::from_millis(grant.report.window_ms.unwrap_or(0));
             let (granted, unleased) = match grant.code {
                 // Not limited: as much as was asked, for as long as granted.
                 Code::Unlimited | Code::NoRule => (refresh.claim.wanted, 0),
                 Code::Ok | Code::OverLimit => (grant.granted, grant.report.remaining.unwrap_or(0)),
             };
-            GrantedLease {
+            Ok(GrantedLease {
                 lease: refresh.lease,
                 granted,
                 valid: Nanos::from_millis(grant.valid_ms),
@@ -231,7 +237,7 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 // Only a check asked for is taken for one: an answer that
                 // says so of a lease still returns what it leaves.
                 checked: grant.checked && refresh.claim.check,
-            }
+            })
         })
         .collect();
     Ok(LeaseAnswer { grants, near })
@@ -343,7 +349,7 @@ mod tests {
         assert_eq!(answer.near, vec![(bob, Nanos::from_millis(1500))]);
         assert_eq!(
             answer.grants,
-            vec![GrantedLease {
+            vec![Ok(GrantedLease {
                 lease: 9,
                 granted: 30,
                 valid: SECOND,
@@ -357,8 +363,20 @@ mod tests {
                 near_limit: true,
                 report_only: false,
                 checked: false,
-            }]
+            })]
         );
+    }
+
+    #[test]
+    fn a_refused_lease_is_read_as_refused_beside_the_calls_other_grants() {
+        let body = br#"{"leases": [
+            {"code": "ok", "granted": 0, "valid_ms": 0, "limit": 100, "window_ms": 1000, "reset_ms": 1000,
+             "refused": "the caller holds its share of the lease records"},
+            {"code": "ok", "granted": 7, "valid_ms": 1000, "limit": 100, "window_ms": 1000, "remaining": 50}]}"#;
+        let answer = read_leases(Some(200), body, &[refresh(1), refresh(2)]).unwrap();
+        assert_eq!(answer.grants[0], Err("the caller holds its share of the lease records".to_string()));
+        let second = answer.grants[1].clone().unwrap();
+        assert_eq!((second.lease, second.granted, second.unleased), (2, 7, 50));
     }
 
     #[test]

@@ -219,10 +219,28 @@ pub fn answered<H: QuotaHost>(host: &H, callout: Callout, status: Option<u16>, b
     }
 }
 
-/// Applies the grants of a lease call.
-pub fn leases_granted<H: QuotaHost>(host: &H, refreshes: &[Refresh], grants: Vec<GrantedLease>, now: Nanos) {
+/// Applies the grants of a lease call. A lease the service refused
+/// without deciding it ends its pool's claim and counts as a failed call
+/// for its rule (which falls back after enough of them), not as a limit.
+pub fn leases_granted<H: QuotaHost>(
+    host: &H,
+    refreshes: &[Refresh],
+    grants: Vec<Result<GrantedLease, String>>,
+    now: Nanos,
+) {
     let limiter = host.limiter();
     for (refresh, grant) in refreshes.iter().zip(grants) {
+        let grant = match grant {
+            Ok(grant) => grant,
+            Err(why) => {
+                host.callout_log().record(now, log::Level::Warn, || {
+                    format!("quota service refused a lease, its rule falls back: {why}")
+                });
+                limiter.abandon_lease(&host.store(), now, refresh, &mut host.counters());
+                record(host, now, refresh.rule, false);
+                continue;
+            }
+        };
         record(host, now, refresh.rule, true);
         host.count(Counter::TokensLeased, grant.granted);
         let applied = limiter.apply_lease(&host.store(), now, refresh, &grant, &mut host.counters());
@@ -373,5 +391,32 @@ mod tests {
         let _claims_again = worker.arrive(3, "a");
         assert_eq!(worker.handed.borrow().len(), 1, "the claim ended: the next request claims");
         assert!(!answer(&worker, 1, Some(200), Ok(ONE_TOKEN)), "the call was forgotten");
+    }
+
+    /// A lease the service refused without deciding it (its caller's share
+    /// of the lease records) is not a limit: the claim ends, so the next
+    /// request claims again, and the rule counts a failed call, falling
+    /// back as it would if the calls failed.
+    #[test]
+    fn a_refused_lease_ends_its_claim_and_counts_as_a_failed_call() {
+        const REFUSED: &[u8] = br#"{"leases": [{"code": "ok", "granted": 0, "valid_ms": 0, "limit": 100,
+            "window_ms": 60000, "reset_ms": 1000, "refused": "the caller holds its share of the lease records"}]}"#;
+        let worker = FakeWorker::new(GLOBAL);
+        let mut token = 0;
+        for request in 1..=10 {
+            let _waiting = worker.arrive(request, "a");
+            if worker.limiter.rules()[0].in_fallback() {
+                break;
+            }
+            let handed = std::mem::take(&mut *worker.handed.borrow_mut());
+            assert_eq!(handed.len(), 1, "request {request} claims: the last claim ended");
+            worker.callouts.borrow_mut().refresh(handed, worker.now());
+            send_queued(&worker);
+            token += 1;
+            assert!(answer(&worker, token, Some(200), Ok(REFUSED)));
+            worker.clock.advance(Nanos::from_millis(10));
+        }
+        assert!(worker.limiter.rules()[0].in_fallback(), "refused leases put the rule in its fall-back");
+        assert!(worker.modes_changed.get() >= 1);
     }
 }
