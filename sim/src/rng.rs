@@ -1,8 +1,17 @@
 //! The simulation's draws, on the core's deterministic generator: every run
 //! with the same seed draws the same traffic, delays and samples.
 
+use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
 use floodgate_core::rng::Rng;
 use floodgate_core::time::Nanos;
+
+/// A hash map whose iteration order is the same in every run (the
+/// standard map's hasher is seeded at random): sums over it are the same
+/// bytes every time.
+pub type Map<K, V> = HashMap<K, V, BuildHasherDefault<DefaultHasher>>;
 
 /// splitmix64: a good 64-bit hash of `x`, used for per-key draws that must
 /// not depend on the order keys are simulated in.
@@ -24,13 +33,28 @@ pub fn seeded(seed: u64) -> Rng {
     Rng::new(mix(seed) | 1)
 }
 
+/// The network between the Envoys and the quota service: one-way delays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// A datacenter: 0.5–2 ms nine times in ten, 2–5 ms otherwise (a tail:
+    /// a busy host, a slow path).
+    Datacenter,
+    /// Loopback on one machine, the quota service's own time included:
+    /// `low`–`high` microseconds, uniformly.
+    Loopback {
+        /// The shortest.
+        low: u64,
+        /// The longest.
+        high: u64,
+    },
+}
+
 /// The simulation's draws, on the core's generator.
 pub trait Traffic {
     /// An exponential gap at `rate` per second (steady random arrivals).
     fn gap(&mut self, rate: f64) -> Nanos;
-    /// A one-way network delay: 0.5–2 ms nine times in ten, 2–5 ms otherwise
-    /// (a tail: a busy host, a retransmission-free slow path).
-    fn delay(&mut self) -> Nanos;
+    /// A one-way delay of `network`.
+    fn delay(&mut self, network: Network) -> Nanos;
 }
 
 impl Traffic for Rng {
@@ -39,8 +63,12 @@ impl Traffic for Rng {
         Nanos::from_nanos((-(1.0 - u).ln() / rate * 1e9) as u64 + 1)
     }
 
-    fn delay(&mut self) -> Nanos {
-        let micros = if self.below(10) < 9 { 500 + self.below(1_500) } else { 2_000 + self.below(3_000) };
+    fn delay(&mut self, network: Network) -> Nanos {
+        let micros = match network {
+            Network::Datacenter if self.below(10) < 9 => 500 + self.below(1_500),
+            Network::Datacenter => 2_000 + self.below(3_000),
+            Network::Loopback { low, high } => low + self.below(high.saturating_sub(low).max(1)),
+        };
         Nanos::from_micros(micros)
     }
 }

@@ -1,0 +1,172 @@
+//! The calls model for a sampled fleet. A call carries whatever one worker
+//! holds when it leaves, so calls cannot be summed key by key: a sampled
+//! key's claims meet far fewer other claims in the simulation than in the
+//! real fleet. Instead the claims and returns the simulation queued (each
+//! standing for `weight` real ones of a real worker) are dealt to a few
+//! *virtual workers*, each getting the real worker's share of every kind —
+//! item `i` kept with probability `weight × V / W` (`V` virtual workers,
+//! `W` real ones), at its own instant and with its own timing — and each
+//! virtual worker batches them by the filter's rule ([`Batcher`], the one
+//! the simulation itself uses). The fleet's calls are the virtual workers'
+//! times `W / V`.
+//!
+//! What it assumes: that a real worker's items are a superposition of many
+//! keys' items, each like a simulated one of its stratum (so their
+//! instants, including those tied to window boundaries, are the simulated
+//! ones); the simulated answers' timing, which moves later claims, is the
+//! sampled fleet's. `make fleet-sim` checks it against fleets simulated
+//! without sampling (docs/benchmarks.md, "Fleet simulation").
+
+use floodgate_core::time::{Nanos, SECOND};
+
+use crate::calls::{Batcher, Timing};
+use crate::fleet::{CallSizes, Item};
+
+/// The most items the model replays (keeps its time small).
+const MAX_REPLAYED: f64 = 3_000_000.0;
+
+/// What the model says of a fleet's calls in `[from, until)`.
+#[derive(Debug, Clone, Default)]
+pub struct Modelled {
+    /// Calls by size, fleet-wide (weighted to the whole fleet).
+    pub calls: CallSizes,
+    /// Virtual workers replayed.
+    pub virtual_workers: u32,
+    /// Whether some item stood for more than one item per virtual worker
+    /// (copies at one instant share a call: the model undercounts there).
+    pub replicated: bool,
+}
+
+/// Replays `items` (in the order they were queued) over virtual workers
+/// standing for `workers` real ones; counts the calls that leave in
+/// `[from, until)`.
+pub fn calls(items: &[Item], workers: u32, from: Nanos, until: Nanos, seed: u64) -> Modelled {
+    let real = f64::from(workers.max(1));
+    let heaviest = items.iter().map(|i| i.weight).fold(1.0, f64::max);
+    let total: f64 = items.iter().map(|i| i.weight).sum();
+    let by_weight = (real / heaviest).floor().max(1.0);
+    let by_cost = (MAX_REPLAYED * real / total.max(1.0)).floor().max(1.0);
+    let virtual_workers = by_weight.min(by_cost).min(real) as u32;
+    let v = f64::from(virtual_workers);
+    let mut rng = crate::rng::seeded(seed ^ 0x7265_706c_6179);
+    let mut dealt: Vec<Vec<Item>> = vec![Vec::new(); virtual_workers as usize];
+    let mut replicated = false;
+    let span = (until - from) / SECOND;
+    for item in items {
+        let expected = item.weight * v / real;
+        let copies = expected.floor() as u64 + u64::from(rng.uniform() < expected.fract());
+        for copy in 0..copies {
+            let to = rng.below(u64::from(virtual_workers)) as usize;
+            let at = match copy {
+                0 => Some(item.at),
+                // Another key's item like it: shifted by whole seconds
+                // (its window boundaries stay boundaries), within the
+                // measured span; outside it, only the item itself.
+                _ if from <= item.at && item.at < until => {
+                    replicated = true;
+                    let shift = SECOND.times(1 + rng.below(span.saturating_sub(1).max(1)));
+                    Some(from + (item.at - from + shift) % (until - from))
+                }
+                _ => None,
+            };
+            let (Some(at), Some(list)) = (at, dealt.get_mut(to)) else { continue };
+            let moved = at.get().wrapping_sub(item.at.get());
+            let shift = |t: Nanos| Nanos::from_nanos(t.get().wrapping_add(moved));
+            let timing = item.timing.map(|t| Timing { not_before: shift(t.not_before), send_by: shift(t.send_by) });
+            list.push(Item { at, timing, weight: item.weight });
+        }
+    }
+    let mut calls = CallSizes::default();
+    let scale = real / v;
+    for list in &mut dealt {
+        list.sort_by_key(|i| i.at);
+        replay_worker(list, from, until, scale, &mut calls);
+    }
+    Modelled { calls, virtual_workers, replicated }
+}
+
+/// One virtual worker: its items in order, batched by the filter's rule;
+/// each call in `[from, until)` counted `scale` times.
+fn replay_worker(items: &[Item], from: Nanos, until: Nanos, scale: f64, calls: &mut CallSizes) {
+    let mut batcher: Batcher<(), ()> = Batcher::default();
+    let mut count = |batcher: &mut Batcher<(), ()>, now: Nanos| {
+        let out = batcher.take_outgoing(now);
+        if from <= now && now < until {
+            for leases in &out.leases {
+                calls.add(leases.len(), 0, scale);
+            }
+            for returns in &out.returns {
+                calls.add(0, returns.len(), scale);
+            }
+        }
+    };
+    for item in items {
+        while let Some(due) = batcher.hold_until().filter(|&h| h <= item.at) {
+            count(&mut batcher, due);
+        }
+        match item.timing {
+            Some(timing) => batcher.refresh(timing, (), item.at),
+            None => batcher.give_back((), item.at),
+        }
+        if batcher.has_outgoing(item.at) {
+            count(&mut batcher, item.at);
+        }
+    }
+    while let Some(due) = batcher.hold_until() {
+        count(&mut batcher, due);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use floodgate_core::lease::pool::MAX_BATCH_DELAY;
+    use floodgate_core::time::SECOND;
+
+    const T0: Nanos = Nanos::from_secs(1_000);
+
+    /// Items of weight 1 on one worker are replayed as they were: each
+    /// urgent claim a call, taking along what is held.
+    #[test]
+    fn one_worker_unweighted_is_the_rule_itself() {
+        let urgent = |ms| Item {
+            at: T0 + Nanos::from_millis(ms),
+            timing: Some(Timing { not_before: T0, send_by: T0 + Nanos::from_millis(ms) }),
+            weight: 1.0,
+        };
+        let held = |ms| Item {
+            at: T0 + Nanos::from_millis(ms),
+            timing: Some(Timing { not_before: T0, send_by: T0 + Nanos::from_millis(ms) + MAX_BATCH_DELAY }),
+            weight: 1.0,
+        };
+        let items = [held(0), urgent(5), held(100), held(105), urgent(500), Item { at: T0, timing: None, weight: 1.0 }];
+        let mut items = items.to_vec();
+        items.sort_by_key(|i| i.at);
+        let m = calls(&items, 1, T0, T0 + SECOND.times(5), 1);
+        assert_eq!(m.virtual_workers, 1);
+        // 5 ms: the held one and the return go along; 120 ms: the two held
+        // ones together; 500 ms: alone.
+        let (lease, returns) = m.calls.counts();
+        assert_eq!((lease, returns), (3.0, 1.0));
+        assert_eq!(m.calls.lease.get(&2), Some(&2.0));
+    }
+
+    /// Weighted items are dealt to the real share: 1,000 workers, items of
+    /// weight 100 replayed over 10 virtual workers, scaled back.
+    #[test]
+    fn weights_are_dealt_to_virtual_workers_and_scaled_back() {
+        let items: Vec<Item> = (0..20_000u64)
+            .map(|i| {
+                let at = T0 + Nanos::from_micros(i * 500);
+                Item { at, timing: Some(Timing { not_before: at, send_by: at }), weight: 100.0 }
+            })
+            .collect();
+        let m = calls(&items, 1_000, T0, T0 + SECOND.times(100), 3);
+        assert_eq!(m.virtual_workers, 10);
+        let (lease, _) = m.calls.counts();
+        // Every item is urgent: one call each, whatever the dealing.
+        assert!((lease / 2_000_000.0 - 1.0).abs() < 0.02, "{lease}");
+    }
+}
