@@ -132,7 +132,7 @@ test-deploy: deps-envoy deps-redis wasm
 
 lint: deps-rust
 	cargo fmt --all --check
-	@for src in core/src filter/src filter-common/src native/src protocol/src quota/src bench/src sim/src; do python3 scripts/module-graph.py $$src || exit 1; done
+	@for src in core/src filter/src filter-common/src native/src protocol/src quota/src bench/src sim/src tests/src chart/src; do python3 scripts/module-graph.py $$src || exit 1; done
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p floodgate-filter -p floodgate-filter-common -p floodgate-core -p floodgate-protocol --target wasm32-wasip1 -- -D warnings
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::envoy::{Envoy, EnvoyBucket, Filters};
+use crate::filters::{self, EnvoyBucket, Filters};
 use crate::load::{closed_loop, LoadResult};
 use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
@@ -46,7 +46,7 @@ fn limiters() -> [Limiter; 2] {
 /// One accuracy case on a fresh Envoy: the load's result and the connections
 /// each worker accepted during it.
 fn accuracy_case(s: &BenchSettings, limiter: &Limiter, keys: usize) -> (LoadResult, Vec<u64>) {
-    let envoy = Envoy::start(&format!("acc-{}-{keys}", limiter.name), &limiter.filters, &s.paths);
+    let envoy = filters::start(&format!("acc-{}-{keys}", limiter.name), &limiter.filters, &s.paths);
     let before = envoy.worker_connections();
     // Connection c starts at key c and steps through the keys, so every key
     // is sent on many connections, and so through both workers.

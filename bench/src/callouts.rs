@@ -1,9 +1,8 @@
 //! What a global-mode variant asked the quota service for, read from
 //! Envoy's and the service's counters.
 
+use floodgate_e2e::{Envoy, QuotaServer};
 use serde_json::{json, Value};
-
-use crate::envoy::{Envoy, QuotaProcess};
 
 /// What a global-mode variant asked the quota service for: the filter's own
 /// counters (`wasmcustom.floodgate.global.*`, and the rules' `fallback`
@@ -32,8 +31,8 @@ pub struct CalloutCounts {
 
 impl CalloutCounts {
     /// The counters now.
-    pub fn read(envoy: &Envoy, quota: &QuotaProcess) -> CalloutCounts {
-        let stats = envoy.stats();
+    pub fn read(envoy: &Envoy, quota: &QuotaServer) -> CalloutCounts {
+        let stats = envoy.stats_flushed();
         let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.global.{name}")).copied().unwrap_or(0);
         let fallback = stats
             .iter()

@@ -14,7 +14,7 @@
 
 mod accuracy;
 mod callouts;
-mod envoy;
+mod filters;
 mod global_report;
 mod latency;
 mod load;
@@ -112,7 +112,7 @@ const PARTS: [(&str, Part); 4] = [
 ];
 
 fn main() {
-    envoy::stop_envoys_on_panic();
+    floodgate_e2e::process::stop_processes_on_panic();
     let s = BenchSettings::from_env(&PARTS.map(|(name, _)| name));
     check_modules(&s);
     let date = shell("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]);

@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use floodgate_e2e::Envoy;
 use serde_json::{json, Value};
 
-use crate::envoy::{Envoy, Filters};
+use crate::filters::{self, Filters};
 use crate::load::{closed_loop, LoadResult};
 use crate::settings::BenchSettings;
 use crate::variants::PER_KEY;
@@ -38,7 +39,7 @@ fn memory_run(s: &BenchSettings, envoy: &Envoy) -> MemoryRun {
     // A second for start-up allocations to settle before the first reading.
     std::thread::sleep(Duration::from_secs(1));
     let before = envoy.memory();
-    eprintln!("memory: {}: {} distinct keys over {} connections", envoy.name, s.memory_keys, s.memory_connections);
+    eprintln!("memory: {}: {} distinct keys over {} connections", envoy.name(), s.memory_keys, s.memory_connections);
     let connections = s.memory_connections as u64;
     let key = move |c: usize, seq: u64| format!("client-{:07}", seq * connections + c as u64);
     let load = closed_loop(
@@ -78,13 +79,13 @@ pub fn memory(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Va
     // (max_keys 4: one group): the difference between the two Envoys is the
     // table, apart from Envoy, the VM and the module, which both carry.
     let control = {
-        let envoy = Envoy::start("mem-control", &filters(4), &s.paths);
+        let envoy = filters::start("mem-control", &filters(4), &s.paths);
         memory_run(s, &envoy)
     };
     let (fg, stats) = {
-        let envoy = Envoy::start("mem-floodgate", &filters(MEM_MAX_KEYS), &s.paths);
+        let envoy = filters::start("mem-floodgate", &filters(MEM_MAX_KEYS), &s.paths);
         let run = memory_run(s, &envoy);
-        (run, envoy.stats())
+        (run, envoy.stats_flushed())
     };
     let stat = |name: &str| stats.get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0);
     let counters = ["slot_evictions", "table_full", "store_errors", "corrupt_state", "allowed", "limited"];

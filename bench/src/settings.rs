@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::envoy::Paths;
+use crate::filters::Paths;
 use crate::load::WrkSettings;
 use crate::variants::{self, Variant, VARIANTS};
 

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use crate::envoy::{Envoy, EnvoyBucket, Filters};
+use crate::filters::{self, EnvoyBucket, Filters};
 use crate::settings::BenchSettings;
 
 /// Checks, before measuring anything, that variant (b)'s configuration really
@@ -13,7 +13,7 @@ use crate::settings::BenchSettings;
 /// still gets both of its 2.
 pub fn check_envoy_local(s: &BenchSettings, out: &mut String, raw: &mut BTreeMap<String, Value>) {
     let filters = Filters::EnvoyLocal(EnvoyBucket { max_tokens: 3, tokens_per_fill: 3, fill_interval: "60s" });
-    let envoy = Envoy::start("check-envoy-local", &filters, &s.paths);
+    let envoy = filters::start("check-envoy-local", &filters, &s.paths);
     let mut statuses = Vec::new();
     for key in ["key-a", "key-a", "key-a", "key-a", "key-a", "key-b", "key-b"] {
         // A new connection per request, so requests land on both workers.

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use floodgate_e2e::Envoy;
 use serde_json::{json, Value};
 
 use crate::callouts::CalloutCounts;
-use crate::envoy::Envoy;
 use crate::global_report;
 use crate::load::{self, wrk, WrkResult};
 use crate::results::{against_reference, columns, Results, VariantResult};
@@ -188,7 +188,7 @@ fn warnings(out: &mut String, results: &Results) {
 fn rls_answers(out: &mut String, rig: &Rig, results: &Results) {
     for (envoy, r) in rig.envoys.iter().zip(&results.0).filter(|(_, r)| r.variant.service == QuotaBackend::Rls) {
         let (id, ceiling) = (r.variant.id, r.variant.reference.unwrap_or_default());
-        let calls = envoy.stats().get("cluster.upstream.ratelimit.ok").copied().unwrap_or(0);
+        let calls = envoy.stats_flushed().get("cluster.upstream.ratelimit.ok").copied().unwrap_or(0);
         let _ = writeln!(
             out,
             "\n({id})/({ceiling}) = {}: Envoy's global ratelimit filter with one gRPC call to floodgate-quota per \

@@ -2,7 +2,7 @@
 //! everything the harness needs to know about it. The rest of the harness
 //! reads these fields and never tests a variant's id.
 
-use crate::envoy::{EnvoyBucket, Filters, HOT_KEY, PER_MINUTE_KEY};
+use crate::filters::{EnvoyBucket, Filters};
 use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 
 /// The API keys wrk and the latency client cycle through, and how many the
@@ -447,6 +447,14 @@ pub static VARIANTS: &[Variant] = &[
     },
 ];
 
+/// The descriptor entry (key, value) of the hot-key limit in the service's
+/// limits file, which Floodgate's hot-key global rules send.
+pub const HOT_KEY: (&str, &str) = ("route", "hot");
+
+/// The descriptor key of the service's key-only per-minute entry (fixed
+/// windows of a minute, 10⁹ each), which the per-minute global rules send.
+pub const PER_MINUTE_KEY: &str = "api_key_m";
+
 /// The fields of the host-call probes.
 const PROBE: Variant = Variant { probe: true, reference: Some("c"), ..ROW };
 
@@ -512,6 +520,8 @@ fn global_rule(quota: u16, name: &str, mode: &str, descriptors: &str, global_ext
 
 #[cfg(test)]
 mod tests {
+    use floodgate_core::config::Config;
+
     use super::*;
 
     fn find(id: &str) -> Option<&'static Variant> {
@@ -552,14 +562,18 @@ mod tests {
         }
     }
 
+    /// Every Floodgate variant's plugin configuration is one the filter
+    /// accepts: its own parser, the one `on_configure` runs, not only JSON.
     #[test]
     fn every_configuration_is_json() {
         let ports = Ports { upstream: 1, grpc: 2, quota_http: 3, long_lease_http: 4 };
+        let mut parsed = 0;
         for v in VARIANTS {
             if let Filters::Floodgate(config) | Filters::FloodgateGlobal { config, .. } = (v.filters)(&ports) {
-                serde_json::from_str::<serde_json::Value>(&config)
-                    .unwrap_or_else(|e| panic!("({}): {e}: {config}", v.id));
+                Config::parse(config.as_bytes()).unwrap_or_else(|e| panic!("({}): {e}: {config}", v.id));
+                parsed += 1;
             }
         }
+        assert!(parsed >= 10, "only {parsed} Floodgate variants");
     }
 }

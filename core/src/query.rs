@@ -152,12 +152,26 @@ mod tests {
 
     #[test]
     fn hostile_paths_never_panic() {
+        // Each path and name gives what the rules say, whatever its bytes: no
+        // `?`, no query; an empty name is an empty piece's, or one's before its
+        // `=`; bytes that are neither an escape nor UTF-8 stay as written.
+        // Every pair not listed has no value.
+        let found: &[(&[u8], &[u8], &[u8])] = &[
+            (b"?", b"", b""),
+            (b"?=", b"", b""),
+            (b"?&&&", b"", b""),
+            (b"?a=%\xff%", b"a", b"%\xff%"),
+            (b"\xff?\xff=\xff", b"\xff", b"\xff"),
+        ];
         let mut out = [0u8; 8];
         for path in [&b""[..], b"?", b"%", b"?%", b"?%4", b"?=", b"?&&&", b"?a=%\xff%", b"\xff?\xff=\xff"] {
             for name in [&b""[..], b"a", b"\xff"] {
-                if let Some(raw) = first_value(path, name) {
-                    decode_into(raw, &mut out);
-                }
+                let got = first_value(path, name).map(|raw| {
+                    let len = decode_into(raw, &mut out);
+                    out[..len].to_vec()
+                });
+                let want = found.iter().find(|(p, n, _)| *p == path && *n == name).map(|(_, _, value)| value.to_vec());
+                assert_eq!(got, want, "{:?} in {:?}", String::from_utf8_lossy(name), String::from_utf8_lossy(path));
             }
         }
     }

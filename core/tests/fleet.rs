@@ -61,6 +61,7 @@ impl Service {
             window: claim.window,
             per_window: claim.per_window,
             reported: claim.reported,
+            check: claim.check,
         };
         let got = grant(&self.limit(), "k", self.load(now), ask, now, TTL);
         if got.granted > 0 {
@@ -85,6 +86,7 @@ impl Service {
             reset: Nanos::from_millis(got.decision.reset.ceil_millis()),
             near_limit: got.near_limit,
             report_only: false,
+            checked: got.checked,
         }
     }
 

@@ -167,6 +167,14 @@ pub struct LeaseWant {
     /// lease. Absent (0): nothing to report.
     #[serde(skip_serializing_if = "is_zero", default)]
     pub reported: u64,
+    /// A request waits for these tokens at a pool that holds none, and the
+    /// pool's pace says a lease would expire unspent (a thin pair): decide
+    /// `wanted` as a check does — taken now or refused, with no lease record
+    /// and nothing to return ([`LeaseGrant::checked`]). Absent (false): a
+    /// lease, as before this field existed (a service that predates it
+    /// leases `wanted` tokens, which the waiting request spends).
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub check: bool,
 }
 
 /// `POST /v1/lease`.
@@ -235,6 +243,11 @@ pub struct LeaseGrant {
     /// admitting it without a lease (an overshoot budget) should stop.
     #[serde(skip_serializing_if = "std::ops::Not::not", default)]
     pub near_limit: bool,
+    /// Decided as a check ([`LeaseWant::check`]): `granted` tokens were
+    /// taken for the request that waits, no lease was recorded, and there
+    /// is nothing to return. Absent (false): a lease.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub checked: bool,
 }
 
 /// Response of `POST /v1/lease`.
@@ -341,6 +354,17 @@ pub fn check_descriptors<'a>(
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_check_is_asked_and_answered_only_when_set() {
+        let want: LeaseWant = serde_json::from_str(r#"{"id": "a", "descriptor": [["k", "v"]], "wanted": 1}"#).unwrap();
+        assert!(!want.check, "absent: a lease");
+        assert!(!serde_json::to_string(&want).unwrap().contains("check"), "not written when false");
+        let asked = LeaseWant { check: true, ..want };
+        assert!(serde_json::to_string(&asked).unwrap().contains(r#""check":true"#));
+        let grant: LeaseGrant = serde_json::from_str(r#"{"code": "ok", "granted": 1, "valid_ms": 5}"#).unwrap();
+        assert!(!grant.checked, "absent: a lease, as an older service answers");
+    }
 
     #[test]
     fn never_is_an_explicit_null_and_reads_back_as_never() {

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use common::{Backend, Fixture, T0};
 use floodgate_core::algorithm::{Decision, Grant, Params, Policy, Registration, Release};
+use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, Nanos, SECOND};
 use floodgate_quota::config::offered_algorithms;
 use serde_json::{json, Value};
@@ -881,13 +882,8 @@ async fn a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window(
 /// window (leases ahead in the window they are for) never pass its limit.
 async fn the_grants_and_checks_of_a_window_never_pass_its_limit(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
-    let mut seed = 0x2545_f491_4f6c_dd1du64;
-    let mut random = move |n: u64| {
-        seed ^= seed >> 12;
-        seed ^= seed << 25;
-        seed ^= seed >> 27;
-        seed.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    };
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
+    let mut random = move |n: u64| rng.below(n);
     let mut counted: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     f.clock.set(T0 + MS.times(3));
     for _ in 0..240 {

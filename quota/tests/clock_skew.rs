@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_core::time::{Clock, Nanos};
+use floodgate_e2e::RedisServer;
 use floodgate_protocol::CheckRequest;
 use floodgate_quota::clock::SystemClock;
 use floodgate_quota::metrics::ServiceMetrics;
@@ -47,7 +48,7 @@ fn instance(url: &str, ahead: Nanos) -> Service {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_whose_clock_is_off_refuses_to_decide_and_the_limit_holds() {
-    let redis = common::RedisServer::start();
+    let redis = RedisServer::start();
     let on_time = instance(&redis.url(), Nanos::ZERO);
     // Two hourly windows ahead.
     let off = instance(&redis.url(), Nanos::from_secs(2 * 3_600));

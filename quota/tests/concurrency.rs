@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{Backend, Fixture};
+use floodgate_e2e::RedisServer;
 use serde_json::json;
 
 const LIMITS: &str = r#"
@@ -136,7 +137,7 @@ async fn two_instances_race_on_one_key_through_one_round_trip() {
     use floodgate_quota::config::Limit;
     use floodgate_quota::store::{BucketCheck, QuotaStore, RedisOptions, RedisStore};
 
-    let redis = common::RedisServer::start();
+    let redis = RedisServer::start();
     let instance = || {
         let options = RedisOptions::redis_clock(std::time::Duration::from_secs(5));
         Arc::new(RedisStore::new(&redis.url(), options).unwrap())

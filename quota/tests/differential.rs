@@ -14,11 +14,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{RedisServer, T0};
+use common::T0;
 use floodgate_core::algorithm::Registration;
 use floodgate_core::bounds::MAX_AMOUNT;
 use floodgate_core::rng::Rng;
 use floodgate_core::time::{Clock, FakeClock, Nanos, SECOND};
+use floodgate_e2e::RedisServer;
 use floodgate_quota::config::{offered_algorithms, Limit};
 use floodgate_quota::store::{BucketCheck, BucketLease, LeaseReturn, LocalStore, QuotaStore, RedisOptions, RedisStore};
 
@@ -169,12 +170,34 @@ async fn memory_and_redis_stores_answer_identically_across_the_whole_range() {
                             (0, 0) if !leases.is_empty() => {
                                 let record = recent(&mut rng, &leases).record;
                                 let caller = None;
-                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
+                                BucketLease {
+                                    key,
+                                    limit,
+                                    wanted,
+                                    rate,
+                                    window,
+                                    per_window,
+                                    reported,
+                                    record,
+                                    caller,
+                                    check: false,
+                                }
                             }
                             (0, _) if !leases.is_empty() => recent(&mut rng, &leases),
                             _ => {
                                 let (record, caller) = (new, None);
-                                BucketLease { key, limit, wanted, rate, window, per_window, reported, record, caller }
+                                BucketLease {
+                                    key,
+                                    limit,
+                                    wanted,
+                                    rate,
+                                    window,
+                                    per_window,
+                                    reported,
+                                    record,
+                                    caller,
+                                    check: false,
+                                }
                             }
                         }
                     })

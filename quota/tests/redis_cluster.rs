@@ -11,7 +11,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Fixture, Options, RedisCluster};
+use common::{Fixture, Options};
+use floodgate_e2e::redis::{RedisCluster, CLUSTER_NODE_TIMEOUT_MS};
 use serde_json::{json, Value};
 
 fn limits(domain: &str) -> String {
@@ -165,7 +166,7 @@ async fn the_master_of_a_domain_stopped_gives_503_then_serves_again_by_itself() 
     f.cluster.as_mut().unwrap().stop_node(owner);
     assert_unavailable(&f, "unavailable").await;
     // Past the node timeout the other masters mark it failed; still 503.
-    tokio::time::sleep(Duration::from_millis(common::CLUSTER_NODE_TIMEOUT_MS * 2)).await;
+    tokio::time::sleep(Duration::from_millis(CLUSTER_NODE_TIMEOUT_MS * 2)).await;
     let (status, body) = f.post("/v1/check", &check("test", json!([[["k", "a"]]]))).await;
     assert_eq!(status, 503, "{body}");
 
@@ -195,7 +196,7 @@ async fn a_frozen_master_times_out_then_serves_when_thawed() {
     // the count survived. The check that timed out was sent (a decision is
     // one round trip) and may have run when the master woke up: a 503 means
     // "maybe applied", never more than once.
-    assert!(started.elapsed() < Duration::from_millis(common::CLUSTER_NODE_TIMEOUT_MS), "the test itself was slow");
+    assert!(started.elapsed() < Duration::from_millis(CLUSTER_NODE_TIMEOUT_MS), "the test itself was slow");
     let r = wait_until_serving(&f).await;
     let remaining = r["results"][0]["remaining"].as_u64().unwrap();
     assert!(remaining == 1 || remaining == 0, "{r}");

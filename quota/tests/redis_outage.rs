@@ -8,7 +8,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Backend, Fixture, Options, RedisServer};
+use common::{Backend, Fixture, Options};
+use floodgate_e2e::{free_port, RedisServer};
 use floodgate_quota::server::Limits;
 use serde_json::{json, Value};
 
@@ -87,7 +88,7 @@ async fn a_frozen_redis_times_out_cleanly_and_recovers() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_started_before_redis_serves_once_redis_is_up() {
-    let mut redis = RedisServer::stopped_on(common::free_port());
+    let mut redis = RedisServer::stopped_on(free_port());
     let f = Fixture::serve(Some(redis.url()), None, LIMITS, options()).await;
     assert_unavailable(&f).await;
     redis.restart();
@@ -118,7 +119,10 @@ async fn used_up_then_redis_killed_and_restarted(redis: RedisServer) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_shipped_redis_conf_counts_survive_a_redis_crash() {
-    let r = used_up_then_redis_killed_and_restarted(RedisServer::start_persistent()).await;
+    let r = used_up_then_redis_killed_and_restarted(RedisServer::start_persistent(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("redis.conf"),
+    ))
+    .await;
     assert_eq!(r["allowed"], false, "the 1000 used before the restart still count: {r}");
     assert_eq!(r["results"][0]["remaining"], 0, "{r}");
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use floodgate_core::time::{Clock, FakeClock, SECOND};
+use floodgate_e2e::RedisServer;
 use floodgate_quota::config::Limit;
 use floodgate_quota::store::{BucketCheck, QuotaStore, RedisOptions, RedisStore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -63,7 +64,7 @@ async fn proxy(listener: TcpListener, to: u16, armed: Arc<AtomicBool>, between: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resent_script_makes_its_first_sends_decision() {
-    let redis = common::RedisServer::start();
+    let redis = RedisServer::start();
     let port: u16 = redis.url().trim_start_matches("redis://127.0.0.1:").trim_end_matches('/').parse().unwrap();
     let clock = Arc::new(FakeClock::new(common::T0));
     let limit = Limit::new("fixed_window", 10, SECOND.times(3_600), "{}").unwrap();

@@ -196,7 +196,7 @@ fn one_service(backend: u16) {
     let grpc = free_port();
     let mut service = quota(grpc, "memory");
     let envoys: Vec<Envoy> =
-        (0..3).map(|_| Envoy::start_bootstrap(|port, admin| bootstrap(port, admin, grpc, backend))).collect();
+        (0..3).map(|_| Envoy::start_bootstrap(move |port, admin| bootstrap(port, admin, grpc, backend))).collect();
     let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
     let load = Load::start(&ports, TENANTS, &skewed());
 
@@ -251,7 +251,7 @@ fn two_services_on_redis(backend: u16) {
     let (_a, _b) = (quota(grpc_a, &store), quota(grpc_b, &store));
     let envoys: Vec<Envoy> = [grpc_a, grpc_a, grpc_b]
         .into_iter()
-        .map(|grpc| Envoy::start_bootstrap(|port, admin| bootstrap(port, admin, grpc, backend)))
+        .map(|grpc| Envoy::start_bootstrap(move |port, admin| bootstrap(port, admin, grpc, backend)))
         .collect();
     let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
     let load = Load::start(&ports, TENANTS, &skewed());

@@ -125,8 +125,9 @@ fn header<'a>(response: &'a HttpResponse, name: &str) -> &'a str {
 fn envoys_ratelimit_filter_uses_the_grpc_api() {
     let (_runtime, backend_port) = backend();
     let mut quota = Quota::start();
-    let open = Envoy::start_bootstrap(|port, admin| bootstrap(port, admin, quota.grpc, backend_port, false));
-    let deny = Envoy::start_bootstrap(|port, admin| bootstrap(port, admin, quota.grpc, backend_port, true));
+    let grpc = quota.grpc;
+    let open = Envoy::start_bootstrap(move |port, admin| bootstrap(port, admin, grpc, backend_port, false));
+    let deny = Envoy::start_bootstrap(move |port, admin| bootstrap(port, admin, grpc, backend_port, true));
 
     // Exactly 3 for alice (a bucket of 3 per hour), then 429s.
     let answers: Vec<HttpResponse> = (0..5).map(|_| get(&open, "/items", Some("alice"))).collect();

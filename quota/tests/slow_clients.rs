@@ -357,23 +357,35 @@ fn one_peer_cannot_hold_the_connection_cap() {
     let binary = Binary::start(1024, &["--max-connections", "50", "--header-read-timeout", "2s"]);
     let address = binary.address.clone();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A connection the server has neither refused nor closed a second after
+    // it was opened is one the server holds: it refuses at accept, within a
+    // moment, and holds the rest until the 2 s header timeout.
+    const SETTLED: Duration = Duration::from_secs(1);
     let flood = {
         let (address, stop) = (address.clone(), stop.clone());
         std::thread::spawn(move || {
-            let mut open = half_sent(&address, 55);
+            let now = Instant::now();
+            let mut open: Vec<(TcpStream, Instant)> = half_sent(&address, 55).into_iter().map(|s| (s, now)).collect();
+            let mut most_held = 0;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // Reconnect whatever the server closed, at once.
-                for stream in &mut open {
+                // Reconnect whatever the server closed, at once; count what it holds.
+                let mut held = 0;
+                for (stream, opened) in &mut open {
                     stream.set_nonblocking(true).unwrap();
                     let mut buf = [0u8; 512];
                     // Refused (a 503), cut off or reset: anything but "nothing yet".
                     let done = !matches!(stream.read(&mut buf), Err(e) if e.kind() == ErrorKind::WouldBlock);
                     if done {
                         *stream = half_sent(&address, 1).pop().unwrap();
+                        *opened = Instant::now();
+                    } else if opened.elapsed() >= SETTLED {
+                        held += 1;
                     }
                 }
+                most_held = most_held.max(held);
                 std::thread::sleep(Duration::from_millis(10));
             }
+            most_held
         })
     };
     std::thread::sleep(Duration::from_millis(500));
@@ -399,8 +411,11 @@ fn one_peer_cannot_hold_the_connection_cap() {
         statuses
     });
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    flood.join().unwrap();
+    let most_held = flood.join().unwrap();
     assert!(answered.iter().all(|s| *s == 200), "requests from another peer: {answered:?}");
+    // Its share, and no more: the flood did fill it.
+    assert!(most_held <= 25, "127.0.0.1 held {most_held} connections at once, over its share of 25");
+    assert!(most_held >= 20, "127.0.0.1 held at most {most_held} connections: the flood never filled its share");
 }
 
 /// Issue 22, finding 3: `/healthz` answers while the connection cap is full

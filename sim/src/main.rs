@@ -10,7 +10,6 @@
 //!     floodgate-fleet-sim [RESULTS_DIR] [PLOT_SVG]
 
 mod calls;
-mod chart;
 mod fleet;
 mod grid;
 mod keys;
@@ -25,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use floodgate_chart::{Axis, Figure, Legend, Mark, Panel, Scale};
 use floodgate_core::lease::overshoot::worst_case_over;
 use floodgate_core::time::SECOND;
 
@@ -97,7 +97,7 @@ fn main() -> Result<(), String> {
         csv.push('\n');
     }
     std::fs::write(format!("{dir}/fleet-sim.csv"), csv).map_err(|e| e.to_string())?;
-    let svg = plot_calls(&runs);
+    let svg = plot_calls(&runs).to_svg();
     if let Some(parent) = std::path::Path::new(&plot).parent() {
         std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
     }
@@ -200,11 +200,13 @@ fn report(runs: &[Run], budget: f64) -> String {
 }
 
 /// Calls per request by fleet size at 1,000 requests a second per Envoy:
-/// one line per key count and balancer, and check mode's one per request.
-fn plot_calls(runs: &[Run]) -> String {
-    let mut series = Vec::new();
+/// one line per key count and balancer (dashed: key-affine), and check
+/// mode's one call per request.
+fn plot_calls(runs: &[Run]) -> Figure {
+    const COLORS: [&str; 4] = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
+    let mut lines = Vec::new();
     for balancer in grid::BALANCERS {
-        for &keys in &KEY_COUNTS {
+        for (&keys, color) in KEY_COUNTS.iter().zip(COLORS) {
             let points = runs
                 .iter()
                 .filter(|r| {
@@ -212,13 +214,97 @@ fn plot_calls(runs: &[Run]) -> String {
                 })
                 .map(|r| (f64::from(r.outcome.envoys), report::lease_figures(r).calls_per_request()))
                 .collect();
-            let short = if balancer == Balancer::Uniform { "uniform" } else { "affine" };
-            series.push(chart::Series { label: format!("{short}, {} keys", report::si(keys as f64)), points });
+            lines.push(Mark::Line {
+                legend: Legend::new(format!("{}, {} keys", balancer.label(), report::si(keys as f64)), color),
+                points,
+                step: false,
+                dashed: balancer == Balancer::KeyAffine,
+                width: 2.0,
+                markers: true,
+            });
         }
     }
-    series.push(chart::Series {
-        label: "check mode".into(),
+    lines.push(Mark::Line {
+        legend: Legend::new("check mode", "#7f7f7f"),
         points: FLEETS.iter().map(|&n| (f64::from(n), 1.0)).collect(),
+        step: false,
+        dashed: false,
+        width: 1.0,
+        markers: false,
     });
-    chart::log_log("Quota service calls per request (fleet simulation, 1,000 req/s per Envoy)", "Envoys", "calls per request", &series)
+    Figure {
+        title: "Quota service calls per request, strict lease mode (fleet simulation, 1,000 req/s per Envoy)".into(),
+        subtitle: Vec::new(),
+        x: Axis::new("Envoys", Scale::Log),
+        plot_height: 360.0,
+        panels: vec![Panel { y: Axis::new("calls per request", Scale::Log), marks: lines }],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use floodgate_core::time::Nanos;
+
+    use crate::fleet::{default_quota, simulate, table_groups, FleetConfig};
+    use crate::keys::{Envoys, Key, Shape};
+    use crate::rng::Network;
+
+    /// Three Envoys, a few keys of each shape, some limited below their
+    /// demand, for a few seconds: no window lets more through fleet-wide
+    /// than its limit, and a request waits only where its pair is cold.
+    #[test]
+    fn a_small_fleet_never_passes_a_limit_and_waits_only_at_cold_pairs() {
+        let shapes = [Shape::PerSecond, Shape::PerMinute, Shape::Bucket];
+        let keys: Vec<Key> = (0..18)
+            .map(|i| {
+                let shape = shapes[i % 3];
+                let rate = [0.5, 2.0, 8.0, 20.0, 40.0, 3.0][i % 6];
+                let over = i % 6 == 4;
+                let per_period = shape.period().events_at(rate);
+                let limit = if over { per_period / 2.0 } else { per_period * 3.0 + 5.0 };
+                Key::new(i, rate, shape, limit.ceil() as u64, over, Envoys::All).unwrap()
+            })
+            .collect();
+        let config = FleetConfig {
+            name: "test".into(),
+            envoys: 3,
+            total_keys: keys.len() as u64,
+            keys,
+            exact: true,
+            table_groups: table_groups(1.0),
+            warmup: Nanos::from_secs(2),
+            measure: Nanos::from_secs(10),
+            after: Nanos::ZERO,
+            restart_at: None,
+            seed: 7,
+            allowances: true,
+            overshoot: None,
+            check_baseline: true,
+            record_items: false,
+            network: Network::Datacenter,
+            quota: default_quota(),
+        };
+        let out = simulate(&config).unwrap();
+        assert!(out.windows_checked > 100, "{out:?}");
+        assert_eq!((out.over_before, out.over_after), (0, 0), "{out:?}");
+        assert!(out.waited > 0.0, "cold pairs wait");
+        // Leases of one window: a request waits only at a cold pair, or at
+        // one whose lease went to the one request it had seen, when the
+        // key's tokens were no longer plentiful. An allowance sized
+        // λ + 2√λ + 1 runs dry in a window now and then, and its requests
+        // wait for a lease of that window. No wait lasts the whole
+        // `max_wait`.
+        assert_eq!(out.waited_warm_under, 0.0, "warm waits: {out:?}");
+        assert!(out.waited_after_one * 100.0 <= 2.0 * out.requests, "{out:?}");
+        assert!(out.waited_dry_allowance * 100.0 <= 3.0 * out.requests, "{out:?}");
+        assert_eq!(out.waited_out, 0.0, "{out:?}");
+        // Check mode on the same requests: every one asked, none over.
+        let check = out.check.as_ref().unwrap();
+        assert_eq!(check.requests, out.requests);
+        assert_eq!(check.over, 0, "{check:?}");
+        let again = simulate(&config).unwrap();
+        assert_eq!((again.requests, again.sim_leases, again.waited), (out.requests, out.sim_leases, out.waited));
+    }
 }

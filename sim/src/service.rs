@@ -118,6 +118,7 @@ impl SimulatedService {
                 window: want.window,
                 per_window: want.per_window && self.allowances,
                 reported: want.reported,
+                check: want.check,
                 record: record_key.clone(),
                 caller: None,
             };

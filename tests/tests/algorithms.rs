@@ -9,7 +9,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{assert_both_workers_served, hammer, Conn, Envoy, HttpResponse, Setup, FAULT_DELAY_FROM_HEADER};
+use floodgate_e2e::bootstrap::fault_delay_from_header;
+use floodgate_e2e::{assert_both_workers_served, hammer, Conn, Envoy, HttpResponse, Setup};
 
 /// A request: path and headers.
 type Request = (&'static str, Vec<(&'static str, String)>);
@@ -169,7 +170,7 @@ const IN_FLIGHT: &str = "wasmcustom.floodgate.rule.slots.in_flight";
 
 fn slow_upstream(config: &str) -> Envoy {
     let mut setup = Setup::new(config);
-    setup.extra_http_filters = FAULT_DELAY_FROM_HEADER.to_string();
+    setup.filters_after.push(fault_delay_from_header());
     Envoy::start(&setup)
 }
 

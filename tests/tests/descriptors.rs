@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use floodgate_e2e::{assert_both_workers_served, hammer_with, Envoy, Issuer, QuotaServer, Setup, Shot};
-use serde_json::json;
+use serde_json::{json, Value};
 
 /// The status counts of one label of a [`hammer_with`] run.
 fn count(seen: &HashMap<String, HashMap<u16, usize>>, label: &str, status: u16) -> usize {
@@ -85,7 +85,7 @@ fn jwt_rules() -> String {
 fn jwt_claims_limit_each_user_exactly_across_both_workers() {
     let issuer = Issuer::generate();
     let mut setup = Setup::new(&jwt_rules());
-    setup.filters_before = issuer.jwt_authn_filter("/api");
+    setup.filters_before.push(issuer.jwt_authn_filter("/api"));
     let envoy = Envoy::start(&setup);
     let users: Vec<String> = (0..5).map(|u| format!("user-{u}")).collect();
     let tokens: Vec<Vec<u8>> = users.iter().map(|u| bearer(&issuer.token(json!({"sub": u})))).collect();
@@ -163,18 +163,16 @@ fn jwt_claims_limit_each_user_exactly_across_both_workers() {
 
 /// Two routes with names, metadata and clusters of their own, and a
 /// direct-response route with none.
-const ROUTES: &str = r#"              - name: search
-                match: {prefix: "/search"}
-                metadata: {filter_metadata: {floodgate: {tier: gold}}}
-                route: {cluster: svc-search}
-              - name: orders
-                match: {prefix: "/orders"}
-                metadata: {filter_metadata: {floodgate: {tier: bronze}}}
-                route: {cluster: svc-orders}
-              - name: static
-                match: {prefix: "/"}
-                direct_response: {status: 200, body: {inline_string: "static"}}
-"#;
+fn routes() -> Vec<Value> {
+    vec![
+        json!({"name": "search", "match": {"prefix": "/search"},
+               "metadata": {"filter_metadata": {"floodgate": {"tier": "gold"}}}, "route": {"cluster": "svc-search"}}),
+        json!({"name": "orders", "match": {"prefix": "/orders"},
+               "metadata": {"filter_metadata": {"floodgate": {"tier": "bronze"}}}, "route": {"cluster": "svc-orders"}}),
+        json!({"name": "static", "match": {"prefix": "/"},
+               "direct_response": {"status": 200, "body": {"inline_string": "static"}}}),
+    ]
+}
 
 #[test]
 fn route_name_route_metadata_and_cluster_pick_each_routes_limit() {
@@ -188,7 +186,7 @@ fn route_name_route_metadata_and_cluster_pick_each_routes_limit() {
                                        "metadata_key": {"key": "floodgate", "path": [{"key": "tier"}]}}}]},
         {"name": "per-cluster", "limit": 1000, "period": "1h", "descriptors": [{"destination_cluster": {}}]}]}"#;
     let mut setup = Setup::new(config).with_upstream(&["svc-search", "svc-orders"]);
-    setup.routes = Some(ROUTES.to_string());
+    setup.routes = Some(routes());
     let envoy = Envoy::start(&setup);
     let seen = hammer_with(&envoy, 6, 8, |client, i| {
         let path = ["/search/q", "/orders/1", "/about"][(client + i) % 3];
@@ -212,29 +210,25 @@ fn route_name_route_metadata_and_cluster_pick_each_routes_limit() {
 fn a_route_changed_by_an_earlier_filter_is_not_what_the_rule_sees() {
     let config = r#"{"rules": [{"name": "route-b", "match": {"route_name": "b"}, "limit": 1, "period": "1h"}]}"#;
     let mut setup = Setup::new(config).with_upstream(&["svc-a", "svc-b"]);
-    setup.routes = Some(
-        r#"              - name: b
-                match: {prefix: "/", headers: [{name: x-route, string_match: {exact: b}}]}
-                route: {cluster: svc-b}
-                response_headers_to_add: [{header: {key: x-served-by, value: b}}]
-              - name: a
-                match: {prefix: "/"}
-                route: {cluster: svc-a}
-                response_headers_to_add: [{header: {key: x-served-by, value: a}}]
-"#
-        .into(),
-    );
-    setup.filters_before = r#"          - name: envoy.filters.http.lua
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
-              default_source_code:
-                inline_string: |
-                  function envoy_on_request(handle)
-                    local route = handle:headers():get("x-lua-route")
-                    if route ~= nil then handle:headers():replace("x-route", route) end
-                  end
-"#
-    .into();
+    setup.routes = Some(vec![
+        json!({"name": "b", "match": {"prefix": "/", "headers": [{"name": "x-route", "string_match": {"exact": "b"}}]},
+               "route": {"cluster": "svc-b"},
+               "response_headers_to_add": [{"header": {"key": "x-served-by", "value": "b"}}]}),
+        json!({"name": "a", "match": {"prefix": "/"}, "route": {"cluster": "svc-a"},
+               "response_headers_to_add": [{"header": {"key": "x-served-by", "value": "a"}}]}),
+    ]);
+    let lua = "function envoy_on_request(handle)
+  local route = handle:headers():get(\"x-lua-route\")
+  if route ~= nil then handle:headers():replace(\"x-route\", route) end
+end
+";
+    setup.filters_before.push(json!({
+        "name": "envoy.filters.http.lua",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": lua},
+        },
+    }));
     let envoy = Envoy::start(&setup);
     let mut conn = envoy.connect();
     let direct: Vec<_> = (0..3).map(|_| conn.get("/", &[("x-route", b"b")])).collect();
@@ -254,15 +248,17 @@ fn dynamic_metadata_from_header_to_metadata_keys_a_rule() {
         "descriptors": [{"metadata": {"descriptor_key": "tenant",
                                       "metadata_key": {"key": "tenants", "path": [{"key": "id"}]}}}]}]}"#;
     let mut setup = Setup::new(config);
-    setup.filters_before = r#"          - name: envoy.filters.http.header_to_metadata
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
-              request_rules:
-              - header: x-tenant
-                on_header_present: {metadata_namespace: tenants, key: id, type: STRING}
-                remove: true
-"#
-    .into();
+    setup.filters_before.push(json!({
+        "name": "envoy.filters.http.header_to_metadata",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config",
+            "request_rules": [{
+                "header": "x-tenant",
+                "on_header_present": {"metadata_namespace": "tenants", "key": "id", "type": "STRING"},
+                "remove": true,
+            }],
+        },
+    }));
     let envoy = Envoy::start(&setup);
     let seen = hammer_with(&envoy, 8, 9, |client, i| {
         let tenant = ["acme", "globex", ""][(client + i) % 3];

@@ -6,6 +6,7 @@
 use std::fs;
 
 use floodgate_e2e::{assert_both_workers_served, hammer, repo_root, validate, Envoy, Setup, Update};
+use serde_json::json;
 
 const PER_KEY_TOKEN: &str = r#"{"rules": [{"name": "per-key", "match": {"path_prefix": "/api"},
     "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}],
@@ -239,8 +240,8 @@ fn invalid_plugin_configs_are_refused_and_name_the_field() {
     ] {
         let json = fs::read_to_string(fixtures.join(format!("{name}.json"))).unwrap();
         let expected = fs::read_to_string(fixtures.join(format!("{name}.error"))).unwrap();
-        let config = dir.join(format!("{name}.yaml"));
-        fs::write(&config, Setup::new(json.trim()).bootstrap(1, 2)).unwrap();
+        let config = dir.join(format!("{name}.json"));
+        fs::write(&config, Setup::new(json.trim()).bootstrap(1, 2).to_string()).unwrap();
         let output = validate(&config);
         let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
         assert!(!output.status.success(), "{name}: envoy accepted the config");
@@ -248,8 +249,8 @@ fn invalid_plugin_configs_are_refused_and_name_the_field() {
     }
     // Not only validation: a real start is refused too.
     let json = fs::read_to_string(fixtures.join("zero-limit.json")).unwrap();
-    let config = dir.join("start.yaml");
-    fs::write(&config, Setup::new(json.trim()).bootstrap(0, 0)).unwrap();
+    let config = dir.join("start.json");
+    fs::write(&config, Setup::new(json.trim()).bootstrap(0, 0).to_string()).unwrap();
     let output = std::process::Command::new(floodgate_e2e::envoy_bin())
         .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "error", "-c"])
         .arg(&config)
@@ -271,9 +272,8 @@ fn hostile_requests_never_break_a_worker() {
                          {"masked_remote_address": {"v4_prefix_mask_len": 24}}],
          "limit": 1000, "period": "1h"}]}"#;
     let mut setup = Setup::new(config);
-    setup.hcm_extra =
-        "          max_request_headers_kb: 1024\n          common_http_protocol_options: {max_headers_count: 6000}"
-            .into();
+    setup.manager_fields.insert("max_request_headers_kb".into(), json!(1024));
+    setup.manager_fields.insert("common_http_protocol_options".into(), json!({"max_headers_count": 6000}));
     let mut envoy = Envoy::start(&setup);
     let huge = vec![b'a'; 100 * 1024];
     let many: Vec<(String, Vec<u8>)> = (0..5000).map(|i| (format!("x-h-{i}"), format!("v{i}").into_bytes())).collect();

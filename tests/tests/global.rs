@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Conn, Envoy, QuotaServer, RedisServer, Setup, Update};
+use floodgate_e2e::{AdmissionLog, Conn, Envoy, QuotaServer, RedisServer, Setup, Update};
 
 /// Limits of the domain `edge`:
 /// - `route=api`: 30 per hour, a token bucket holding 30 (no refill within a test);
@@ -201,38 +201,6 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000}
 ";
 
-/// Connection-manager fields that log every admitted request (status 200)
-/// to `path`: the instant Envoy began to answer it (the stream's start plus
-/// the time to the response's first byte, which a direct response sends as
-/// soon as the filter lets the request through), in nanoseconds.
-fn admissions_logged_to(path: &std::path::Path) -> String {
-    format!(
-        r#"          access_log:
-          - name: envoy.access_loggers.file
-            filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: e2e.admitted}}}}}}}}
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: {path}
-              log_format: {{text_format_source: {{inline_string: "%START_TIME(%s.%9f)% %COMMON_DURATION(DS_RX_BEG:DS_TX_BEG:ns)%\n"}}}}"#,
-        path = path.display()
-    )
-}
-
-/// The admission instants (ns since the epoch) in an access log of
-/// [`admissions_logged_to`].
-fn admissions(path: &std::path::Path) -> Vec<u64> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .map(|line| {
-            let (start, to_answer) = line.split_once(' ').unwrap_or_else(|| panic!("bad log line {line:?}"));
-            let (secs, nanos) = start.split_once('.').unwrap();
-            secs.parse::<u64>().unwrap() * 1_000_000_000
-                + nanos.parse::<u64>().unwrap()
-                + to_answer.parse::<u64>().unwrap()
-        })
-        .collect()
-}
-
 /// Issue 15: per-second fixed windows, counted window by window. Three
 /// Envoys with two workers each, far more demand than the limit of 100 a
 /// second, for 22 s: by the instant each Envoy let a request through, no
@@ -245,15 +213,18 @@ fn admissions(path: &std::path::Path) -> Vec<u64> {
 #[test]
 fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
     let service = QuotaServer::start(SECOND_WINDOWS, "memory");
-    let logs: Vec<std::path::PathBuf> = (0..3)
-        .map(|i| std::env::temp_dir().join(format!("floodgate-windows-{}-{i}.log", std::process::id())))
+    let logs: Vec<AdmissionLog> = (0..3)
+        .map(|i| {
+            let path = std::env::temp_dir().join(format!("floodgate-windows-{}-{i}.log", std::process::id()));
+            AdmissionLog::new(&path, None)
+        })
         .collect();
     let heavy = plugin(Some("second"), "lease", r#""deny""#);
     let envoys: Vec<Envoy> = logs
         .iter()
         .map(|log| {
             let mut setup = Setup::new(&heavy).with_cluster("floodgate-quota", &[service.port]);
-            setup.hcm_extra = admissions_logged_to(log);
+            setup.manager_fields.insert("access_log".into(), log.access_log());
             Envoy::start(&setup)
         })
         .collect();
@@ -287,8 +258,8 @@ fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
     let mut per_second = std::collections::BTreeMap::<u64, u64>::new();
     let mut logged = 0;
     for log in &logs {
-        for at in admissions(log) {
-            *per_second.entry(at / 1_000_000_000).or_default() += 1;
+        for admission in log.read() {
+            *per_second.entry(admission.at_ns / 1_000_000_000).or_default() += 1;
             logged += 1;
         }
     }

@@ -8,13 +8,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use floodgate_e2e::{Conn, Envoy, QuotaServer, RedisServer, Setup};
+use floodgate_core::rng::Rng;
+use floodgate_e2e::{AdmissionLog, Conn, Envoy, QuotaServer, RedisServer, Setup};
 
 /// Per user: 40 a second and 600 a minute, fixed windows (the limits
 /// file's default algorithm); `user_s=hot` and `user_m=hot` alike.
@@ -60,35 +60,21 @@ const USERS: usize = 300;
 /// Requests a second each client thread sends; two threads an Envoy.
 const PER_THREAD: u64 = 150;
 
-/// An access log of admitted requests: the instant Envoy began to answer
-/// (the stream's start plus the time to the first byte of the direct
-/// response), in ns since the epoch, and the user.
-fn admissions_logged_to(path: &Path) -> String {
-    format!(
-        r#"          access_log:
-          - name: envoy.access_loggers.file
-            filter: {{status_code_filter: {{comparison: {{op: EQ, value: {{default_value: 200, runtime_key: e2e.admitted}}}}}}}}
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog
-              path: {path}
-              log_format: {{text_format_source: {{inline_string: "%START_TIME(%s.%9f)% %COMMON_DURATION(DS_RX_BEG:DS_TX_BEG:ns)% %REQ(X-USER)%\n"}}}}"#,
-        path = path.display()
-    )
-}
-
 /// Three Envoys running `plugin` against the service on `port`, each
-/// logging its admissions to a file of its own named by `label`: the logs,
-/// the Envoys and their ports.
-fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<PathBuf>, Vec<Envoy>, Vec<u16>) {
-    let logs: Vec<PathBuf> = (0..3)
-        .map(|i| std::env::temp_dir().join(format!("floodgate-{label}-{}-{i}.log", std::process::id())))
+/// logging its admissions, with the user (`x-user`), to a file of its own
+/// named by `label`: the logs, the Envoys and their ports.
+fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<AdmissionLog>, Vec<Envoy>, Vec<u16>) {
+    let logs: Vec<AdmissionLog> = (0..3)
+        .map(|i| {
+            let path = std::env::temp_dir().join(format!("floodgate-{label}-{}-{i}.log", std::process::id()));
+            AdmissionLog::new(&path, Some("x-user"))
+        })
         .collect();
     let envoys: Vec<Envoy> = logs
         .iter()
         .map(|log| {
-            let _ = std::fs::remove_file(log);
             let mut setup = Setup::new(plugin).with_cluster("floodgate-quota", &[port]);
-            setup.hcm_extra = admissions_logged_to(log);
+            setup.manager_fields.insert("access_log".into(), log.access_log());
             Envoy::start(&setup)
         })
         .collect();
@@ -97,20 +83,11 @@ fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<PathBuf>, Vec<Env
 }
 
 /// `(instant ns, user)` of every admission in the logs.
-fn admissions(paths: &[PathBuf]) -> Vec<(u64, String)> {
-    let mut out = Vec::new();
-    for path in paths {
-        for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
-            let mut fields = line.split(' ');
-            let (start, to_answer, user) = (fields.next().unwrap(), fields.next().unwrap(), fields.next().unwrap());
-            let (secs, nanos) = start.split_once('.').unwrap();
-            let at = secs.parse::<u64>().unwrap() * 1_000_000_000
-                + nanos.parse::<u64>().unwrap()
-                + to_answer.parse::<u64>().unwrap();
-            out.push((at, user.to_string()));
-        }
-    }
-    out
+fn admissions(logs: &[AdmissionLog]) -> Vec<(u64, String)> {
+    logs.iter()
+        .flat_map(AdmissionLog::read)
+        .map(|admission| (admission.at_ns, admission.header.expect("the user is logged")))
+        .collect()
 }
 
 /// Admissions per (user, window of `window_ns`).
@@ -155,14 +132,13 @@ fn paced(ports: &[u16], run_for: Duration, user: fn(u64) -> String) -> Seen {
             thread::spawn(move || {
                 let mut conn = Conn::open(port).unwrap();
                 let mut seen = Seen::default();
-                let mut random = 0x9e37_79b9_7f4a_7c15u64 ^ (n as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                // Odd, so never the generator's one stuck state.
+                let mut random =
+                    Rng::new((0x9e37_79b9_7f4a_7c15u64 ^ (n as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1);
                 let period = Duration::from_nanos(1_000_000_000 / PER_THREAD);
                 let mut next = Instant::now();
                 while !stop.load(Ordering::Relaxed) {
-                    random ^= random << 13;
-                    random ^= random >> 7;
-                    random ^= random << 17;
-                    let name = user(random);
+                    let name = user(random.next_u64());
                     match conn.try_request("GET", "/", &[("x-user", name.as_bytes())]) {
                         Ok(r) if r.status == 200 => seen.admitted += 1,
                         Ok(r) if r.status == 429 => seen.limited += 1,

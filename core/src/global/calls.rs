@@ -128,6 +128,7 @@ impl QuotaService {
                     window: r.claim.window,
                     per_window: r.claim.per_window,
                     reported: r.claim.reported,
+                    check: r.claim.check,
                 })
                 .collect(),
             notices: refreshes.iter().any(|r| r.claim.wants_notices),
@@ -227,6 +228,9 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
                 reset: Nanos::from_millis(grant.report.reset_ms.unwrap_or(0)),
                 near_limit: grant.near_limit,
                 report_only: refresh.claim.wanted == 0,
+                // Only a check asked for is taken for one: an answer that
+                // says so of a lease still returns what it leaves.
+                checked: grant.checked && refresh.claim.check,
             }
         })
         .collect();
@@ -305,6 +309,7 @@ mod tests {
                 per_window: true,
                 reported: 2,
                 wants_notices: true,
+                check: false,
             },
             sent: Nanos::ZERO,
             lease,
@@ -351,6 +356,7 @@ mod tests {
                 reset: SECOND.times(5),
                 near_limit: true,
                 report_only: false,
+                checked: false,
             }]
         );
     }

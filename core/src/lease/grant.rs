@@ -33,6 +33,9 @@ pub struct Ask {
     pub per_window: bool,
     /// Units it admitted without a lease, to count first.
     pub reported: u64,
+    /// A request waits for `wanted` at a cold pool: decide them as a check
+    /// (see [`grant`]).
+    pub check: bool,
 }
 
 /// What an ask got, and the bucket after it.
@@ -61,6 +64,8 @@ pub struct Allotment {
     /// The bucket after the grant and the report (store it when either
     /// took something).
     pub bucket: ServiceBucket,
+    /// The ask was decided as a check: nothing to record, nothing to return.
+    pub checked: bool,
 }
 
 /// Decides `ask` on `bucket`, the bucket of `key` under `limit`, at `now`,
@@ -71,6 +76,11 @@ pub struct Allotment {
 /// counts in windows, whatever its limit says (they were admitted); by any
 /// other as far as the bucket holds them. The answer says whether the key
 /// is then near its limit.
+///
+/// A cold pair's wait (`check`) is decided as check mode decides a request:
+/// `wanted` taken now or refused, valid as a lease of the window that counts
+/// now would be; the store keeps no record of it, so it costs one bucket
+/// write and nothing to return.
 ///
 /// A caller that can hold one (`per_window`) gets an allowance when the
 /// bucket is a fixed window (or a token bucket's slot) far enough below
@@ -112,6 +122,9 @@ fn count_reported(limit: &KeyLimit<'_>, bucket: &mut ServiceBucket, now: Nanos, 
 /// An allowance, a lease ahead or a lease of this window, once reports are
 /// counted (see [`grant`]).
 fn decide(limit: &KeyLimit<'_>, key: &str, bucket: ServiceBucket, now: Nanos, ask: Ask, ttl: Nanos) -> Allotment {
+    if ask.check {
+        return check(limit, bucket, now, ask.wanted, ttl);
+    }
     if ask.per_window {
         if let Some(allotted) = allowance(limit, key, &bucket, now, (ask.rate, ask.window), ttl) {
             return allotted;
@@ -125,6 +138,15 @@ fn decide(limit: &KeyLimit<'_>, key: &str, bucket: ServiceBucket, now: Nanos, as
         }
     }
     of_window(limit, bucket, now, (ask.wanted, ask.rate), ttl)
+}
+
+/// `cost` units decided as a check, for a request that waits (see [`grant`]).
+fn check(limit: &KeyLimit<'_>, mut bucket: ServiceBucket, now: Nanos, cost: u64, ttl: Nanos) -> Allotment {
+    let counted = limit.policy.counting_window(&bucket.state, now);
+    let (window, valid) = counted.map_or((0, ttl), |counted| (counted.index, ttl.min(counted.end - now)));
+    let decision = bucket.decide(limit, now, cost);
+    let granted = if decision.allowed() { cost } else { 0 };
+    Allotment { granted, decision, window, windows: 0, starts_at: now, valid, near_limit: false, bucket, checked: true }
 }
 
 /// A lease of the window that counts now: sized by [`lease_target`] to the
@@ -181,7 +203,17 @@ fn of_window(
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
     bucket.paced_until = pace.after(granted, now);
-    Allotment { granted, decision: d, window, windows: 0, starts_at: now, valid, near_limit: false, bucket }
+    Allotment {
+        granted,
+        decision: d,
+        window,
+        windows: 0,
+        starts_at: now,
+        valid,
+        near_limit: false,
+        bucket,
+        checked: false,
+    }
 }
 
 /// Whether the fixed window that counts now, `used` of its limit so far, is
@@ -290,7 +322,17 @@ fn allowance(
     let starts_at = if ahead { counted.end } else { now };
     let valid = (counted.end + period.times(last - counted.index)) - now;
     let windows = last - first + 1;
-    Some(Allotment { granted: units, decision, window: first, windows, starts_at, valid, near_limit: false, bucket })
+    Some(Allotment {
+        granted: units,
+        decision,
+        window: first,
+        windows,
+        starts_at,
+        valid,
+        near_limit: false,
+        bucket,
+        checked: false,
+    })
 }
 
 /// A lease ahead: tokens of the window starting at `next.starts` (within a
@@ -332,7 +374,7 @@ fn ahead(
     let decision = Decision::admit(then.remaining, (next.starts - now) + then.reset);
     let (starts_at, valid) = (next.starts, (next.starts - now) + usable);
     let window = next.window.index;
-    Allotment { granted, decision, window, windows: 0, starts_at, valid, near_limit: false, bucket }
+    Allotment { granted, decision, window, windows: 0, starts_at, valid, near_limit: false, bucket, checked: false }
 }
 
 /// A lease as its record keeps it, for [`give_back`].

@@ -105,5 +105,6 @@ pub(super) fn lease(id: u64, granted: u64) -> GrantedLease {
         reset: SECOND.times(30),
         near_limit: false,
         report_only: false,
+        checked: false,
     }
 }

@@ -280,6 +280,7 @@ mod tests {
             per_window: true,
             reported: 0,
             wants_notices: false,
+            check: false,
         };
         Refresh { rule: 0, group: 0, fingerprint: lease, claim, sent: T0, lease, descriptor: Vec::new() }
     }

@@ -46,6 +46,7 @@ impl Plan {
                         window: lease.window,
                         per_window: lease.per_window,
                         reported: lease.reported,
+                        check: lease.check,
                         record: lease_key(&domain.name, &lease.id),
                         caller,
                     });
@@ -98,6 +99,7 @@ fn answered(code: Code, wanted: u64, ttl: Nanos) -> LeaseGrant {
         shadow: false,
         replayed: false,
         near_limit: false,
+        checked: false,
     }
 }
 
@@ -123,6 +125,7 @@ impl LeaseOutcome {
             shadow,
             replayed: self.replayed,
             near_limit: self.near_limit,
+            checked: self.checked,
         }
     }
 }

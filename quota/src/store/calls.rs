@@ -176,6 +176,7 @@ pub fn lease_on(
             starts: done.granted_at - now,
             replayed: true,
             near_limit: near_limit(d.remaining, item.limit.policy().capacity()),
+            checked: false,
         };
         return (Some(outcome), writes);
     }
@@ -185,6 +186,7 @@ pub fn lease_on(
         window: item.window,
         per_window: item.per_window,
         reported: item.reported,
+        check: item.check,
     };
     let decide::Leased { allotment: got, next } =
         decide::lease(&item.limit, &item.key, stored(values, bucket), now, ask, ttl);
@@ -194,7 +196,7 @@ pub fn lease_on(
             *slot = Some(next);
         }
     }
-    if got.granted > 0 {
+    if got.granted > 0 && !got.checked {
         let done = LeaseRecord::of(&item.key, &item.limit, &got, now, LEASE_RECORD_MARGIN);
         if let Some(slot) = writes.get_mut(record) {
             *slot = Some(done.to_next(item.caller));
@@ -210,6 +212,7 @@ pub fn lease_on(
         starts: got.starts_at - now,
         replayed: false,
         near_limit: got.near_limit,
+        checked: got.checked,
     };
     (Some(outcome), writes)
 }

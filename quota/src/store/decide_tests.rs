@@ -8,7 +8,7 @@ use floodgate_core::time::SECOND;
 const NOW: Nanos = Nanos::from_secs(1_700_002_800);
 
 fn ask(wanted: u64, rate: Option<f64>, window: Option<u64>, per_window: bool) -> Ask {
-    Ask { wanted, rate, window, per_window, reported: 0 }
+    Ask { wanted, rate, window, per_window, reported: 0, check: false }
 }
 
 fn ms(n: u64) -> Nanos {
@@ -530,4 +530,37 @@ fn no_window_ever_passes_its_limit_under_allowances_leases_checks_and_returns() 
     }
     assert!(usable.values().any(|&u| u >= 60), "the limit was approached: {:?}", usable.values().max());
     assert!(allowances > 100, "allowances were granted: {allowances}");
+}
+
+/// A cold pair's wait is decided as a check: its cost taken from the
+/// bucket (one write), no lease record, no allowance even if asked, and
+/// refused as a check is once the window is spent.
+#[test]
+fn a_check_ask_takes_its_cost_and_records_nothing() {
+    let window = limit("fixed_window", 2, SECOND, "{}");
+    let item = |id: &str| crate::store::BucketLease {
+        key: "fg:{edge}:fw:[[\"k\",\"v\"]]".into(),
+        limit: window.clone(),
+        wanted: 1,
+        rate: Some(1.0),
+        window: None,
+        per_window: true,
+        reported: 0,
+        record: format!("fg:{{edge}}:lease:{id}"),
+        caller: None,
+        check: true,
+    };
+    let mut bucket: Option<Vec<u8>> = None;
+    for (id, admitted) in [("a", true), ("b", true), ("c", false)] {
+        let (outcome, writes) = crate::store::lease_on(&item(id), &[bucket.clone(), None], NOW, SECOND);
+        let outcome = outcome.unwrap();
+        assert!(outcome.checked, "{id}");
+        assert_eq!((outcome.granted > 0, outcome.windows), (admitted, 0), "{id}: a check, not an allowance");
+        assert_eq!(writes.get(1), Some(&None), "{id}: no lease record");
+        if let Some(Some(next)) = writes.first() {
+            bucket = Some(next.bytes.clone());
+        }
+        assert!(outcome.valid <= SECOND, "{id}: good until the window ends at the latest");
+    }
+    assert_eq!(peek(&window, bucket.as_deref(), NOW).remaining, 0, "two checks counted, the third refused");
 }

@@ -587,6 +587,7 @@ mod tests {
             window: None,
             per_window: false,
             reported: 0,
+            check: false,
             record: format!("lease:{id}"),
             caller: from,
         }

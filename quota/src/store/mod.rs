@@ -96,6 +96,9 @@ pub struct BucketLease {
     /// Units the caller admitted without a lease, counted before the lease
     /// is decided (see `decide::lease`).
     pub reported: u64,
+    /// A cold pair's wait: `wanted` decided as a check, with no record
+    /// (see `floodgate_core::lease::grant::grant`).
+    pub check: bool,
     /// See [`lease_key`]: where the grant is recorded, atomically with it. A
     /// lease whose record exists is not granted again but answered from it.
     pub record: String,
@@ -129,6 +132,8 @@ pub struct LeaseOutcome {
     pub replayed: bool,
     /// The key has used most of its limit (see `decide::Leased::near_limit`).
     pub near_limit: bool,
+    /// Decided as a check: nothing was recorded, nothing is to be returned.
+    pub checked: bool,
 }
 
 /// What a lease call got: every lease's outcome, or, when a lease's id is

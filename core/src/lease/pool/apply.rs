@@ -46,6 +46,10 @@ pub struct GrantedLease {
     /// The claim only reported units admitted without a lease and asked
     /// for none (`wanted` 0): its `granted` 0 denies nothing.
     pub report_only: bool,
+    /// The service decided the claim's tokens as a check ([`Claim::check`]):
+    /// no lease was recorded, so what the waiting request does not spend
+    /// is not returned.
+    pub checked: bool,
 }
 
 /// Unspent tokens of replaced leases that the pool does not keep.
@@ -140,7 +144,8 @@ impl LeasePool {
         };
         let after = PoolState {
             lease: Lease {
-                id: grant.lease,
+                // Tokens taken as a check have no record to return them to.
+                id: if grant.checked { 0 } else { grant.lease },
                 tokens: grant.granted,
                 leased_at: now,
                 starts_at,

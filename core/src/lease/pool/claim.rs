@@ -44,6 +44,13 @@ pub struct Claim {
     /// The pool's rule admits keys without a lease (an overshoot budget):
     /// its call asks for the service's near-limit notices.
     pub wants_notices: bool,
+    /// A cold pair's wait: the request that made the claim waits at a pool
+    /// that holds nothing, and nothing else has been spent since the pool's
+    /// rate observation began (a pair that saw no request for a whole
+    /// horizon, or a new one), so a lease would likely expire unspent. The
+    /// service decides `wanted` (this request's cost) as a check: taken or
+    /// refused, with no lease record and nothing to return.
+    pub check: bool,
 }
 
 /// A key whose service had at least this share of its limit left unleased
@@ -127,12 +134,45 @@ impl LeasePool {
             true => state.claims.renewal_until = send_by + self.claim_ttl,
             false => state.claims.refresh_until = now + self.claim_ttl,
         }
-        let wanted = self.refresh.wanted(rate, usable).max(cost);
         let lease = &state.lease;
+        let wants_notices = self.overshoot.is_some();
+        // A cold pair: only the request that waits has come since the
+        // observation began. Asking for the pool's pace would lease tokens
+        // that expire unspent (and cost a record and a return); asking for
+        // an allowance would reserve them in every window of a term.
+        let cold = unmet > 0 && seen.spent == 0 && usable == 0 && window.is_none() && !lease.pending(now);
+        if cold && !state.windows_left() {
+            let (per_window, reported, check) = (false, 0, true);
+            let wanted = cost;
+            return Some(Claim {
+                started: now,
+                wanted,
+                rate,
+                window,
+                send_by,
+                not_before,
+                per_window,
+                reported,
+                wants_notices,
+                check,
+            });
+        }
+        let wanted = self.refresh.wanted(rate, usable).max(cost);
         let known = now - seen.since >= RATE_FLOOR || (lease.id != 0 && now - lease.leased_at >= RATE_FLOOR);
         let per_window = state.allowance.per_window > 0 || known;
-        let wants_notices = self.overshoot.is_some();
-        Some(Claim { started: now, wanted, rate, window, send_by, not_before, per_window, reported: 0, wants_notices })
+        let (reported, check) = (0, false);
+        Some(Claim {
+            started: now,
+            wanted,
+            rate,
+            window,
+            send_by,
+            not_before,
+            per_window,
+            reported,
+            wants_notices,
+            check,
+        })
     }
 
     /// Whether a refresh is due at `now` at `rate`, for which window

@@ -114,9 +114,10 @@ impl LeasePool {
     pub fn take_unspent(&self, state: PoolState, now: Nanos) -> ([(u64, u64); 2], PoolState) {
         let [held, current] = state.unspent(now);
         let state = state.rolled(now);
-        let held = if held.1 > 0 { held } else { (0, 0) };
+        // Lease 0 has no record to give back to (tokens taken as a check).
+        let held = if held.1 > 0 && held.0 != 0 { held } else { (0, 0) };
         let allowance = current.0 != 0 && state.windows_left();
-        let current = if current.1 > 0 || allowance { current } else { (0, 0) };
+        let current = if (current.1 > 0 && current.0 != 0) || allowance { current } else { (0, 0) };
         let unspent = [held, current];
         let mut emptied = state;
         emptied.lease.tokens = 0;

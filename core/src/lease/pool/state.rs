@@ -13,7 +13,8 @@ use crate::time::Nanos;
 /// The lease in place.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Lease {
-    /// Its id (0: none yet).
+    /// Its id (0: none yet, or tokens the service decided as a check,
+    /// which have no record to return them to).
     pub id: u64,
     /// Its unspent tokens.
     pub tokens: u64,

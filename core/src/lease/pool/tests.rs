@@ -42,6 +42,7 @@ fn grant(lease: u64, granted: u64) -> GrantedLease {
         reset: SECOND.times(30),
         near_limit: false,
         report_only: false,
+        checked: false,
     }
 }
 
@@ -826,4 +827,68 @@ fn a_pool_whose_budget_is_in_use_is_not_idle() {
         out
     };
     assert_eq!(p.decode(&bytes), Some(state), "the budget's use is stored with the pool");
+}
+
+/// A request that waits at a pool that has seen nothing else (a new pair,
+/// or one revived after a horizon without requests) asks for its own cost
+/// as a check: no allowance, no pace to lease ahead of.
+#[test]
+fn a_cold_pairs_wait_is_asked_as_a_check_of_its_own_cost() {
+    let p = pool();
+    let (spend, claim, _) = p.spend(p.fresh(T0), T0, 3);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.unwrap();
+    assert!(claim.check, "a new pair: {claim:?}");
+    assert_eq!((claim.wanted, claim.per_window, claim.send_by), (3, false, T0));
+    // Revived after a minute without requests: cold again.
+    let revived = with(leased(0), |s| {
+        s.rate.spent = 1_000;
+        s.rate.since = T0 - SECOND.times(10);
+    });
+    let (_, claim, _) = p.spend(revived, T0 + SECOND.times(60), 1);
+    assert!(claim.unwrap().check, "revived after a horizon without tokens");
+}
+
+/// A pool that has seen a request since its observation began leases at
+/// its pace, as before: its requests come often enough for a lease.
+#[test]
+fn a_pool_that_has_seen_another_request_leases_at_its_pace() {
+    let p = pool();
+    // Its lease spent, its rate observation has seen five requests.
+    let seen = with(leased(5), |s| {
+        s.lease.tokens = 0;
+        s.rate.spent = 5;
+        s.rate.since = T0;
+    });
+    let (spend, claim, _) = p.spend(seen, T0 + MS.times(500), 1);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.unwrap();
+    assert!(!claim.check, "{claim:?}");
+    assert!(claim.wanted > 1, "the pace's worth: {}", claim.wanted);
+}
+
+/// The tokens of a check go to the request that waits, and never back to
+/// the service: there is no lease record to return them to.
+#[test]
+fn a_checks_tokens_are_spent_by_the_waiter_and_never_returned() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let checked = GrantedLease { checked: true, ..grant(7, 1) };
+    let (applied, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
+    assert_eq!(applied, Applied::Replaced(Leftover::default()));
+    assert_eq!((state.lease.id, state.lease.tokens), (0, 1), "no id: nothing to return to");
+    let (spend, again, spent) = p.spend(state, T0 + MS.times(2), 1);
+    assert!(matches!(spend, Spend::Taken(_)));
+    assert_eq!(again, None, "the waiter alone: no second call");
+    // Unspent (the waiter left), it is not handed back, now or when replaced.
+    assert_eq!(p.take_unspent(state, T0 + MS.times(2)).0, [(0, 0), (0, 0)]);
+    let (_, claim, _) = p.spend(spent, T0 + MS.times(500), 1);
+    let claim = claim.unwrap();
+    let (applied, _) = p.apply(state, T0 + MS.times(501), sent(claim.started), &grant(8, 5));
+    assert_eq!(applied, Applied::Replaced(Leftover::default()), "the check's token is not returned");
+    // A refused check denies here until the service's reset, as a lease of none does.
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let refused = GrantedLease { checked: true, ..grant(9, 0) };
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &refused);
+    assert!(matches!(p.spend(state, T0 + MS.times(2), 1).0, Spend::Denied(_)));
 }

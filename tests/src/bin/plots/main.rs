@@ -12,15 +12,14 @@
 //! one) is one entry in [`CASES`]; one the filter does not know yet is
 //! skipped, and the run says so.
 
-mod chart;
-
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use chart::{number, Figure, Legend, Mark, Panel};
+use floodgate_chart::{number, Axis, Figure, Legend, Mark, Panel, Scale};
+use floodgate_e2e::bootstrap::fault_fixed_delay;
 use floodgate_e2e::{repo_root, validate, Conn, Envoy, Setup};
 use serde_json::{json, Map, Value};
 
@@ -239,17 +238,7 @@ impl Case {
         rule.insert("name".into(), json!("plot"));
         let mut setup = Setup::new(&json!({ "rules": [rule] }).to_string());
         if let Upstream::Slow { millis } = self.upstream {
-            setup.extra_http_filters = format!(
-                r#"          - name: envoy.filters.http.fault
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault
-              delay:
-                fixed_delay: {}.{:03}s
-                percentage: {{numerator: 100, denominator: HUNDRED}}
-"#,
-                millis / 1000,
-                millis % 1000
-            );
+            setup.filters_after.push(fault_fixed_delay(millis));
         }
         Ok(setup)
     }
@@ -334,7 +323,8 @@ impl Run {
                 x_max,
             ));
         }
-        let mut panels = vec![Panel { y_label: format!("requests sent per {BUCKET} s"), marks: bars }];
+        let mut panels =
+            vec![Panel { y: Axis::new(format!("requests sent per {BUCKET} s"), Scale::Linear), marks: bars }];
 
         match case.upstream {
             Upstream::Direct => {
@@ -360,9 +350,10 @@ impl Run {
                         step: false,
                         dashed: true,
                         width: 2.0,
+                        markers: false,
                     });
                 }
-                panels.push(Panel { y_label: "requests so far".into(), marks });
+                panels.push(Panel { y: Axis::new("requests so far", Scale::Linear), marks });
             }
             Upstream::Slow { .. } => {
                 let mut marks = vec![Mark::Line {
@@ -371,11 +362,12 @@ impl Run {
                     step: true,
                     dashed: false,
                     width: 2.0,
+                    markers: false,
                 }];
                 if let Some(limit) = case.number("limit") {
                     marks.push(reference(format!("limit, {}", number(limit)), limit, x_max));
                 }
-                panels.push(Panel { y_label: "requests in flight".into(), marks });
+                panels.push(Panel { y: Axis::new("requests in flight", Scale::Linear), marks });
             }
         }
 
@@ -386,7 +378,7 @@ impl Run {
             if let Some(max_delay) = case.duration("max_delay") {
                 marks.push(reference(format!("max_delay, {} s", number(max_delay)), max_delay, x_max));
             }
-            panels.push(Panel { y_label: "wait before the upstream (s)".into(), marks });
+            panels.push(Panel { y: Axis::new("wait before the upstream (s)", Scale::Linear), marks });
         }
 
         let mut subtitle = vec![describe_script(), format!("{}; Envoy's counters agree", Totals::of(requests))];
@@ -399,8 +391,7 @@ impl Run {
         Figure {
             title: format!("{}  {}", case.name, case.rule),
             subtitle,
-            x_max,
-            x_step: WINDOW.as_secs_f64(),
+            x: time_axis(x_max),
             plot_height: 180.0,
             panels,
         }
@@ -411,9 +402,9 @@ impl Run {
 /// know the algorithm (`envoy --mode validate` runs the filter's
 /// configuration check); an error for any other refusal.
 fn refusal(case: &Case, setup: &Setup, scratch: &Path) -> Result<Option<String>, String> {
-    let file = scratch.join(format!("{}.yaml", case.name));
+    let file = scratch.join(format!("{}.json", case.name));
     // Validation binds no port: any numbers do.
-    write(&file, &setup.bootstrap(10000, 10001))?;
+    write(&file, &setup.bootstrap(10000, 10001).to_string())?;
     let output = validate(&file);
     if output.status.success() {
         return Ok(None);
@@ -569,7 +560,7 @@ fn cumulative(label: &str, color: &'static str, times: impl Iterator<Item = f64>
     let mut points = vec![(0.0, 0.0)];
     points.extend(times.iter().enumerate().map(|(i, t)| (*t, (i + 1) as f64)));
     points.push((x_max, times.len() as f64));
-    Mark::Line { legend: Legend::new(label, color), points, step: true, dashed: false, width: 2.0 }
+    Mark::Line { legend: Legend::new(label, color), points, step: true, dashed: false, width: 2.0, markers: false }
 }
 
 /// Admitted requests between their send time and their answer, as steps.
@@ -587,6 +578,12 @@ fn in_flight(requests: &[Request]) -> Vec<(f64, f64)> {
     points
 }
 
+/// Every figure's x axis: seconds from the script's start to `x_max`, a
+/// tick on each window.
+fn time_axis(x_max: f64) -> Axis {
+    Axis::new("time (s)", Scale::Fixed { max: x_max, step: WINDOW.as_secs_f64() })
+}
+
 /// A dashed horizontal line at `value`.
 fn reference(label: String, value: f64, x_max: f64) -> Mark {
     Mark::Line {
@@ -595,6 +592,7 @@ fn reference(label: String, value: f64, x_max: f64) -> Mark {
         step: false,
         dashed: true,
         width: 2.0,
+        markers: false,
     }
 }
 
@@ -620,6 +618,7 @@ fn overview(runs: &[&Run], x_max: f64) -> Figure {
                 step: true,
                 dashed: false,
                 width: 2.0,
+                markers: false,
             }];
             if let Some((limit, period)) = case.number("limit").zip(case.duration("period")) {
                 let per_bucket = limit * OVERVIEW_BUCKET / period;
@@ -629,7 +628,7 @@ fn overview(runs: &[&Run], x_max: f64) -> Figure {
                     x_max,
                 ));
             }
-            Panel { y_label: format!("per {OVERVIEW_BUCKET} s"), marks }
+            Panel { y: Axis::new(format!("per {OVERVIEW_BUCKET} s"), Scale::Linear), marks }
         })
         .collect();
     let mut subtitle = vec![describe_script()];
@@ -637,8 +636,7 @@ fn overview(runs: &[&Run], x_max: f64) -> Figure {
     Figure {
         title: "The rate algorithms under the same traffic".into(),
         subtitle,
-        x_max,
-        x_step: WINDOW.as_secs_f64(),
+        x: time_axis(x_max),
         plot_height: 70.0,
         panels,
     }
