@@ -119,6 +119,14 @@ pub struct Item {
     pub timing: Option<Timing>,
     /// Real items it stands for (its key's `pair_weight`).
     pub weight: f64,
+    /// The (Envoy, key) pair whose item it is: a pair's items stay
+    /// together in the model (a return follows its own lease's answer).
+    pub pair: u64,
+}
+
+/// The pair `(envoy, key)` as one number.
+fn pair_id(envoy: u32, key: u32) -> u64 {
+    (u64::from(envoy) << 32) | u64::from(key)
 }
 
 /// The calls a fleet made in its measured span, by size: `(leases or
@@ -148,6 +156,21 @@ impl CallSizes {
     }
 }
 
+/// What one simulated key did in the measured span (weighted).
+#[derive(Debug, Clone, Copy)]
+pub struct KeyCounts {
+    /// Its real rate (requests a second, fleet-wide).
+    pub rate: f64,
+    /// How it is limited.
+    pub shape: Shape,
+    /// Requests.
+    pub requests: f64,
+    /// Leases its pools asked for.
+    pub leases: f64,
+    /// Units admitted in the windows that lie in the measured span.
+    pub admitted: f64,
+}
+
 /// Requests decided in check mode beside the leases: the same arrivals,
 /// one call each. Weighted by what each request stands for.
 #[derive(Debug, Clone, Default)]
@@ -164,6 +187,8 @@ pub struct CheckOutcome {
     pub windows_checked: u64,
     /// See [`CheckOutcome::windows_checked`].
     pub over: u64,
+    /// Token buckets' spans over their own bound (`burst + rate × span`).
+    pub over_bucket: u64,
     /// Keys limited below their demand: admitted, and what each window's
     /// arrivals could use.
     pub excess: (f64, f64),
@@ -281,9 +306,8 @@ pub struct FleetOutcome {
     pub excess_limit: f64,
     /// See [`FleetOutcome::excess_limit`].
     pub excess_usable: f64,
-    /// Per simulated key: its real rate, its shape, requests and leases
-    /// asked for (measured, weighted).
-    pub per_key: Vec<(f64, Shape, f64, f64)>,
+    /// Per simulated key, in its order: what it did in the measured span.
+    pub per_key: Vec<KeyCounts>,
     /// Requests admitted without a lease (an overshoot budget), weighted.
     pub unleased: f64,
     /// Requests of keys whose demand is below their limit, and those of
@@ -335,6 +359,9 @@ struct Pending {
     refresh: Refresh,
 }
 
+/// Whose pool a refresh of a call in flight is: `(envoy, key)`.
+type Owner = (u32, u32);
+
 /// A return on its way: `(lease, tokens)` and the key it is of.
 type Return = (u64, u64, u32);
 
@@ -345,17 +372,19 @@ struct Waiter {
     worker: u32,
     since: Nanos,
     deadline: Nanos,
+    /// Its worker's next refill tick, when it is looked at again.
+    tick_at: Nanos,
 }
 
 #[derive(Debug)]
 enum InFlight {
-    Leases { worker: u32, pending: Vec<Pending>, answer: Vec<u8> },
+    Leases { worker: u32, owners: Vec<Owner>, refreshes: Vec<Refresh>, answer: Vec<u8> },
     Returns { body: Vec<u8>, weight: f64 },
 }
 
 /// What a spend on a pool found: the outcome, the claim it made, and the
-/// pool before and after.
-type Spent = (Spend, Option<Claim>, PoolState, PoolState);
+/// pool before it.
+type Spent = (Spend, Option<Claim>, PoolState);
 
 struct Fleet<'a> {
     config: &'a FleetConfig,
@@ -372,6 +401,8 @@ struct Fleet<'a> {
     seq: u64,
     /// Per Envoy: its table's groups (absent: empty).
     tables: Vec<Map<u32, Vec<u8>>>,
+    /// A group's bytes, reused from one update to the next.
+    scratch: Vec<u8>,
     /// Per (Envoy, key): the waiting requests.
     pool_waiters: Map<(u32, u32), Vec<u64>>,
     workers: Vec<Batcher<Pending, Return>>,
@@ -440,7 +471,12 @@ impl Fleet<'_> {
         let group = self.table.group_of(fingerprint);
         let pool = self.pool;
         let tables = self.tables.get_mut(envoy as usize)?;
-        let stored = tables.get(&group).cloned().unwrap_or_else(|| self.table.empty_group());
+        let mut stored = std::mem::take(&mut self.scratch);
+        stored.clear();
+        match tables.get(&group) {
+            Some(bytes) => stored.extend_from_slice(bytes),
+            None => stored.extend_from_slice(&self.table.empty_group()),
+        }
         let step = self.table.update(stored, fingerprint, now, |slot| {
             let state = pool.decode(slot).unwrap_or_else(|| pool.fresh(now));
             let (value, after) = op(state);
@@ -448,8 +484,17 @@ impl Fleet<'_> {
             (value, after != state)
         });
         let slot = match step {
-            Step::Write(bytes, slot) => {
-                tables.insert(group, bytes);
+            Step::Write(mut bytes, slot) => {
+                match tables.get_mut(&group) {
+                    // The old bytes become the next update's scratch.
+                    Some(old) => {
+                        std::mem::swap(old, &mut bytes);
+                        self.scratch = bytes;
+                    }
+                    None => {
+                        tables.insert(group, bytes);
+                    }
+                }
                 slot
             }
             Step::Keep(slot) => slot,
@@ -471,7 +516,7 @@ impl Fleet<'_> {
                 before.without_lease.strict_until = before.without_lease.strict_until.max(until);
             }
             let (spend, claim, after) = pool.spend(before, now, 1);
-            ((spend, claim, before, after), after)
+            ((spend, claim, before), after)
         })
     }
 
@@ -557,7 +602,7 @@ impl Fleet<'_> {
                 self.check.waits.add((there + back).as_millis_f64(), w);
             }
         }
-        let Some((spend, claim, before, after)) = self.spend(envoy, key, now) else {
+        let Some((spend, claim, before)) = self.spend(envoy, key, now) else {
             // No room in the Envoy's table: the rule's failure mode (allow).
             if measuring {
                 self.out.table_full += w;
@@ -582,16 +627,17 @@ impl Fleet<'_> {
                 if measuring {
                     self.classify_wait(key, &before, now, w);
                 }
+                // Decided again on every refill tick of its worker (a
+                // lease ahead that starts, an allowance's next window,
+                // another worker's answer; its wait's end), and at once
+                // when its own worker applies an answer for its pool.
                 let deadline = now + self.quota.max_wait;
                 let id = self.next_id;
                 self.next_id += 1;
-                self.waiters.insert(id, Waiter { envoy, key, worker, since: now, deadline });
+                let tick_at = next_tick(worker, now);
+                self.waiters.insert(id, Waiter { envoy, key, worker, since: now, deadline, tick_at });
                 self.pool_waiters.entry((envoy, key)).or_default().push(id);
-                self.at(deadline, Event::Retry(id));
-                if after.lease.starts_at > now && after.lease.starts_at < deadline {
-                    // A lease ahead in place: it counts from its start.
-                    self.at(after.lease.starts_at, Event::Retry(id));
-                }
+                self.at(tick_at, Event::Retry(id));
             }
         }
         if let Some(claim) = claim {
@@ -636,7 +682,7 @@ impl Fleet<'_> {
         }
         let timing = Timing { not_before: claim.not_before, send_by: claim.send_by };
         if self.config.record_items {
-            self.out.items.push(Item { at: now, timing: Some(timing), weight });
+            self.out.items.push(Item { at: now, timing: Some(timing), weight, pair: pair_id(envoy, key) });
         }
         let descriptor = self.key(key).map(|k| k.descriptor.clone()).unwrap_or_default();
         let fingerprint = self.key(key).map_or(0, Key::fingerprint);
@@ -650,7 +696,7 @@ impl Fleet<'_> {
 
     /// Queues a return as `Callouts::give_back` does (`lease` 0: nothing;
     /// no tokens: an allowance's later windows are freed).
-    fn give_back(&mut self, worker: u32, key: u32, lease: u64, tokens: u64, now: Nanos) {
+    fn give_back(&mut self, worker: u32, envoy: u32, key: u32, lease: u64, tokens: u64, now: Nanos) {
         if lease == 0 {
             return;
         }
@@ -659,7 +705,7 @@ impl Fleet<'_> {
             self.out.return_items += weight;
         }
         if self.config.record_items {
-            self.out.items.push(Item { at: now, timing: None, weight });
+            self.out.items.push(Item { at: now, timing: None, weight, pair: pair_id(envoy, key) });
         }
         if let Some(w) = self.workers.get_mut(worker as usize) {
             w.give_back((lease, tokens, key), now);
@@ -692,21 +738,21 @@ impl Fleet<'_> {
         let out = w.take_outgoing(now);
         self.schedule_flush(worker);
         let measuring = self.measuring(now);
-        for mut pending in out.leases {
-            pending.iter_mut().for_each(|p| p.refresh.sent = now);
-            let refreshes: Vec<Refresh> = pending.iter().map(|p| p.refresh.clone()).collect();
+        for pending in out.leases {
+            let owners: Vec<Owner> = pending.iter().map(|p| (p.envoy, p.key)).collect();
+            let refreshes: Vec<Refresh> = pending.into_iter().map(|p| Refresh { sent: now, ..p.refresh }).collect();
             let body = self.quota.lease_call(&refreshes).body;
             if measuring {
                 self.out.sim_lease_calls += 1;
-                self.out.sim_leases += pending.len() as u64;
-                self.out.sim_calls.add(pending.len(), 0, 1.0);
-                let mean_w = pending.iter().map(|p| self.pair_weight(p.key)).sum::<f64>() / pending.len() as f64;
+                self.out.sim_leases += owners.len() as u64;
+                self.out.sim_calls.add(owners.len(), 0, 1.0);
+                let mean_w = owners.iter().map(|&(_, k)| self.pair_weight(k)).sum::<f64>() / owners.len() as f64;
                 let items = body.len().saturating_sub(self.empty_lease.0);
                 self.out.item_bytes += items as f64 * mean_w;
             }
             let id = self.next_id;
             self.next_id += 1;
-            self.calls.insert(id, InFlight::Leases { worker, pending, answer: body });
+            self.calls.insert(id, InFlight::Leases { worker, owners, refreshes, answer: body });
             let delay = self.delay();
             self.at(now + delay, Event::AtService(id));
         }
@@ -733,11 +779,11 @@ impl Fleet<'_> {
         let measuring = self.measuring(now);
         let keys = &self.config.keys;
         match self.calls.get_mut(&id) {
-            Some(InFlight::Leases { pending, answer, .. }) => {
+            Some(InFlight::Leases { owners, answer, .. }) => {
                 let (body, writes) = self.service.lease(keys, answer, now)?;
                 if measuring {
                     let weight = |k: u32| keys.get(k as usize).map_or(1.0, |k| k.pair_weight);
-                    let mean_w = pending.iter().map(|p| weight(p.key)).sum::<f64>() / pending.len().max(1) as f64;
+                    let mean_w = owners.iter().map(|&(_, k)| weight(k)).sum::<f64>() / owners.len().max(1) as f64;
                     let items = body.len().saturating_sub(self.empty_lease.1);
                     self.out.item_bytes += items as f64 * mean_w;
                     self.out.writes += writes.values as f64 * mean_w;
@@ -765,11 +811,12 @@ impl Fleet<'_> {
     }
 
     fn answered(&mut self, id: u64, now: Nanos) -> Result<(), String> {
-        let Some(InFlight::Leases { worker, pending, answer }) = self.calls.remove(&id) else { return Ok(()) };
-        let refreshes: Vec<Refresh> = pending.iter().map(|p| p.refresh.clone()).collect();
+        let Some(InFlight::Leases { worker, owners, refreshes, answer }) = self.calls.remove(&id) else {
+            return Ok(());
+        };
         let answer = read_leases(Some(200), &answer, &refreshes).map_err(|e| e.to_string())?;
         // The Envoy's near set, as `Limiter::heard_near` keeps it.
-        if let Some(envoy) = pending.first().map(|p| p.envoy) {
+        if let Some(&(envoy, _)) = owners.first() {
             if let Some(near) = self.near.get_mut(envoy as usize) {
                 for &(key, span) in &answer.near {
                     near.heard(key, now + span, now);
@@ -778,40 +825,51 @@ impl Fleet<'_> {
         }
         let measuring = self.measuring(now);
         let pool = self.pool;
-        for (p, grant) in pending.iter().zip(answer.grants) {
-            let claim = (p.refresh.claim.started, p.refresh.sent);
+        for ((&(envoy, key), refresh), grant) in owners.iter().zip(&refreshes).zip(answer.grants) {
+            let claim = (refresh.claim.started, refresh.sent);
             let applied =
-                self.on_pool(p.envoy, p.key, now, |state| pool.apply(state, now, claim, &grant)).unwrap_or(Applied::Stale);
+                self.on_pool(envoy, key, now, |state| pool.apply(state, now, claim, &grant)).unwrap_or(Applied::Stale);
             match applied {
                 Applied::Replaced(left) => {
                     if measuring {
-                        self.out.expired_tokens += left.expired as f64 * self.pair_weight(p.key);
+                        self.out.expired_tokens += left.expired as f64 * self.pair_weight(key);
                     }
                     for (lease, tokens) in left.returns {
-                        self.give_back(worker, p.key, lease, tokens, now);
+                        self.give_back(worker, envoy, key, lease, tokens, now);
                     }
                 }
-                Applied::Stale if grant.granted > 0 => self.give_back(worker, p.key, grant.lease, grant.granted, now),
+                // Tokens taken as a check have no record to go back to.
+                Applied::Stale if grant.granted > 0 && !grant.checked => {
+                    self.give_back(worker, envoy, key, grant.lease, grant.granted, now)
+                }
                 Applied::Stale | Applied::Duplicate | Applied::Reported => {}
             }
-            // The waiting requests go on: those of the worker that got the
-            // answer just after it is applied (`finish_due`), the other
-            // worker's on its next refill tick.
-            let waiting = self.pool_waiters.remove(&(p.envoy, p.key)).unwrap_or_default();
+            // The waiting requests of the worker that got the answer go on
+            // just after it is applied (`finish_due`); the other worker's
+            // on its next refill tick.
+            let waiting = self.pool_waiters.remove(&(envoy, key)).unwrap_or_default();
             for waiter in waiting {
-                let on = self.waiters.get(&waiter).map_or(worker, |w| w.worker);
-                let at = if on == worker { now + RESUME_AFTER } else { next_tick(on, now) };
-                self.at(at, Event::Retry(waiter));
+                if self.waiters.get(&waiter).is_some_and(|w| w.worker == worker) {
+                    self.at(now + RESUME_AFTER, Event::Retry(waiter));
+                }
             }
         }
         self.maybe_send(worker, now);
         Ok(())
     }
 
-    /// A waiting request decided again: when its pool got an answer, when
-    /// a lease ahead starts, or when its wait is over.
+    /// A waiting request decided again: on its worker's refill tick (past
+    /// its deadline: waited out), or when its worker applied an answer for
+    /// its pool.
     fn retry(&mut self, id: u64, now: Nanos) {
         let Some(waiter) = self.waiters.get(&id).copied() else { return };
+        if now == waiter.tick_at {
+            let tick_at = next_tick(waiter.worker, now);
+            if let Some(w) = self.waiters.get_mut(&id) {
+                w.tick_at = tick_at;
+            }
+            self.at(tick_at, Event::Retry(id));
+        }
         let over = now >= waiter.deadline;
         let measuring = self.measuring(waiter.since);
         let w = self.request_weight(waiter.key);
@@ -824,7 +882,7 @@ impl Fleet<'_> {
                 self.admit(waiter.key, now);
                 (true, None)
             }
-            Some((spend, claim, _, _)) => {
+            Some((spend, claim, _)) => {
                 let done = match spend {
                     Spend::Taken(_) => {
                         self.admit(waiter.key, now);
@@ -1001,8 +1059,7 @@ impl Fleet<'_> {
                 if let Some(times) = self.check_bucket_times.get_mut(index) {
                     judge_bucket(times, key.limit, &mut check_spans);
                 }
-                check.windows_checked += check_spans.iter().map(|s| s.checked).sum::<u64>();
-                check.over += check_spans.iter().map(|s| s.over_own).sum::<u64>();
+                check.over_bucket += check_spans.iter().map(|s| s.over_own).sum::<u64>();
             }
             // Utilisation under excess: every measured window of a key
             // whose demand is above its limit by design, against what that
@@ -1032,7 +1089,18 @@ impl Fleet<'_> {
             .keys
             .iter()
             .zip(&self.counts)
-            .map(|(k, &(requests, leases))| (k.rate / k.scale, k.shape, requests, leases))
+            .zip(&self.admitted)
+            .map(|((k, &(requests, leases)), windows)| {
+                let period = k.shape.period();
+                let measured = (self.from / period..self.until / period).filter_map(|w| windows.get(&w)).sum::<u64>();
+                KeyCounts {
+                    rate: k.rate / k.scale,
+                    shape: k.shape,
+                    requests,
+                    leases,
+                    admitted: measured as f64 * k.request_weight,
+                }
+            })
             .collect();
         if self.config.check_baseline {
             out.check = Some(check);
@@ -1117,6 +1185,7 @@ pub fn simulate(config: &FleetConfig) -> Result<FleetOutcome, String> {
         queue: BinaryHeap::new(),
         seq: 0,
         tables: vec![Map::default(); envoys],
+        scratch: Vec::new(),
         pool_waiters: Map::default(),
         workers: (0..workers).map(|_| Batcher::default()).collect(),
         next_flush: vec![None; workers],

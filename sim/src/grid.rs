@@ -37,16 +37,14 @@ pub const RESTART_AT: Nanos = Nanos::from_nanos(2_500_000_000);
 
 /// Simulated requests a second a configuration may have (the budget that
 /// keeps `make fleet-sim` within minutes); `FLEET_SIM_BUDGET` overrides it.
-pub const BUDGET: f64 = 12_000.0;
-
-/// The fewest virtual workers the calls model replays (a sampled pair may
-/// stand for at most `W / MIN_VIRTUAL` real ones).
-pub const MIN_VIRTUAL: f64 = 8.0;
+pub const BUDGET: f64 = 10_000.0;
 
 /// One configuration's outcome with what the report needs beside it.
 #[derive(Debug, Clone)]
 pub struct Run {
-    /// The grid's traffic, if it is a grid run.
+    /// Whether it is one of the grid's runs.
+    pub in_grid: bool,
+    /// Its traffic, if it is of the grid's kind.
     pub traffic: Option<Traffic>,
     /// How it was sampled.
     pub plan: Plan,
@@ -74,20 +72,36 @@ impl Run {
 /// A configuration to run, and how to finish it into a [`Run`].
 #[derive(Debug, Clone)]
 pub struct Job {
-    /// The simulation's configuration.
+    /// The simulation's configuration (a grid run's keys are drawn when it
+    /// runs: a million keys take hundreds of megabytes).
     pub config: FleetConfig,
-    /// See [`Run::traffic`].
+    /// See [`Run::traffic`]; a grid run's keys are `traffic` sampled by
+    /// `plan` from `seed`.
     pub traffic: Option<Traffic>,
     /// See [`Run::plan`].
     pub plan: Plan,
+    /// The keys' seed.
+    pub seed: u64,
     /// Replay the calls model (always for a sampled fleet).
     pub model: bool,
+    /// Simulated requests a second.
+    pub simulated_rate: f64,
+    /// One of the grid's runs.
+    pub in_grid: bool,
 }
 
 impl Job {
     /// Simulates, then models the calls if asked.
     pub fn run(&self) -> Result<Run, String> {
-        let outcome = simulate(&self.config)?;
+        let drawn;
+        let config = match (&self.traffic, self.config.keys.is_empty()) {
+            (Some(traffic), true) => {
+                drawn = FleetConfig { keys: keys::fleet(traffic, &self.plan, self.seed)?, ..self.config.clone() };
+                &drawn
+            }
+            _ => &self.config,
+        };
+        let outcome = simulate(config)?;
         let from = fleet::measure_from();
         let modelled = self.model.then(|| {
             let workers = self.config.envoys * WORKERS;
@@ -96,9 +110,10 @@ impl Job {
         let mut outcome = outcome;
         outcome.items = Vec::new();
         Ok(Run {
+            in_grid: self.in_grid,
             traffic: self.traffic,
             plan: self.plan,
-            simulated_rate: keys::simulated_rate(&self.config.keys),
+            simulated_rate: self.simulated_rate,
             table_groups: self.config.table_groups,
             outcome,
             modelled,
@@ -108,34 +123,26 @@ impl Job {
     /// A rough cost, to start the longest first.
     pub fn cost(&self) -> f64 {
         let secs = (self.config.warmup + self.config.measure + self.config.after).as_secs_f64();
-        keys::simulated_rate(&self.config.keys) * secs
+        self.simulated_rate * secs
     }
-}
 
-/// The share of the real fleet's pairs a simulation holds, for the tables'
-/// size: simulated requests over the real ones (a uniform balancer's pairs
-/// come and go with requests), simulated keys over the real ones under a
-/// key-affine one (a key keeps its one pair).
-fn simulated_share(keys: &[Key], balancer: Balancer) -> f64 {
-    match balancer {
-        Balancer::Uniform => {
-            let real: f64 = keys.iter().map(|k| k.rate * k.request_weight).sum();
-            keys::simulated_rate(keys) / real.max(1e-9)
-        }
-        Balancer::KeyAffine => keys.len() as f64 / keys.iter().map(|k| k.key_weight).sum::<f64>().max(1.0),
+    /// A job of `config`'s own keys.
+    fn of(config: FleetConfig, model: bool) -> Job {
+        let simulated_rate = keys::simulated_rate(&config.keys);
+        Job { config, traffic: None, plan: Plan::EXACT, seed: 0, model, simulated_rate, in_grid: false }
     }
 }
 
 /// A grid configuration: `traffic` sampled by `plan`.
 pub fn job(name: String, traffic: Traffic, plan: Plan, seed: u64) -> Result<Job, String> {
-    let keys = keys::fleet(&traffic, &plan, seed)?;
+    let sample = keys::sample(&traffic, &plan, seed);
     let exact = plan.is_exact(&traffic);
     let config = FleetConfig {
         name,
         envoys: traffic.envoys,
         total_keys: traffic.keys,
-        table_groups: fleet::table_groups(simulated_share(&keys, traffic.balancer)),
-        keys,
+        table_groups: fleet::table_groups(sample.pair_share),
+        keys: Vec::new(),
         exact,
         warmup: WARMUP,
         measure: MEASURE,
@@ -149,7 +156,7 @@ pub fn job(name: String, traffic: Traffic, plan: Plan, seed: u64) -> Result<Job,
         network: Network::Datacenter,
         quota: default_quota(),
     };
-    Ok(Job { config, traffic: Some(traffic), plan, model: !exact })
+    Ok(Job { config, traffic: Some(traffic), plan, seed, model: !exact, simulated_rate: sample.rate, in_grid: false })
 }
 
 /// The name of a grid configuration.
@@ -165,10 +172,9 @@ pub fn grid(budget: f64) -> Result<Vec<Job>, String> {
             for &envoys in &FLEETS {
                 for &balancer in &BALANCERS {
                     let traffic = Traffic { envoys, per_envoy, keys, balancer };
-                    let max_weight = f64::INFINITY;
                     let seed = SEED ^ keys;
-                    let plan = keys::plan_for(&traffic, budget, max_weight, seed)?;
-                    jobs.push(job(name_of(&traffic), traffic, plan, seed)?);
+                    let plan = keys::plan_for(&traffic, budget, seed)?;
+                    jobs.push(Job { in_grid: true, ..job(name_of(&traffic), traffic, plan, seed)? });
                 }
             }
         }
@@ -189,8 +195,7 @@ pub fn sampling_check() -> Result<Vec<Job>, String> {
         let traffic = Traffic { envoys, per_envoy, keys, balancer };
         let seed = SEED ^ keys ^ 0x636b;
         let whole = job(format!("check-whole-{}", balancer.label()), traffic, Plan::EXACT, seed)?;
-        let max_weight = f64::INFINITY;
-        let plan = keys::plan_for(&traffic, traffic.fleet_rate() / 8.0, max_weight, seed)?;
+        let plan = keys::plan_for(&traffic, traffic.fleet_rate() / 8.0, seed)?;
         let sampled = job(format!("check-sampled-{}", balancer.label()), traffic, plan, seed)?;
         jobs.push(whole);
         jobs.push(sampled);
@@ -204,7 +209,7 @@ pub fn sampling_check() -> Result<Vec<Job>, String> {
 /// carries several leases).
 pub fn e2e() -> Result<Vec<Job>, String> {
     let keys = keys::flat(300, 3.0, 40)?;
-    let sampled = keys::every_nth(&keys, 10);
+    let sampled = keys::every_nth(&keys, 10)?;
     let config = |name: &str, keys: Vec<Key>, exact: bool| FleetConfig {
         name: name.into(),
         envoys: 3,
@@ -224,10 +229,7 @@ pub fn e2e() -> Result<Vec<Job>, String> {
         network: Network::Datacenter,
         quota: default_quota(),
     };
-    Ok(vec![
-        Job { config: config("e2e-whole", keys, true), traffic: None, plan: Plan::EXACT, model: true },
-        Job { config: config("e2e-sampled", sampled, false), traffic: None, plan: Plan::EXACT, model: true },
-    ])
+    Ok(vec![Job::of(config("e2e-whole", keys, true), true), Job::of(config("e2e-sampled", sampled, false), true)])
 }
 
 /// Fleet sizes of the overshoot table (3: the end-to-end test's).
@@ -263,7 +265,7 @@ pub fn overshoot() -> Result<Vec<Job>, String> {
                 network: Network::Datacenter,
                 quota: default_quota(),
             };
-            jobs.push(Job { config, traffic: None, plan: Plan::EXACT, model: false });
+            jobs.push(Job::of(config, false));
         }
     }
     Ok(jobs)

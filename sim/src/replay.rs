@@ -21,6 +21,7 @@ use floodgate_core::time::{Nanos, SECOND};
 
 use crate::calls::{Batcher, Timing};
 use crate::fleet::{CallSizes, Item};
+use crate::rng::Map;
 
 /// The most items the model replays (keeps its time small).
 const MAX_REPLAYED: f64 = 3_000_000.0;
@@ -48,32 +49,43 @@ pub fn calls(items: &[Item], workers: u32, from: Nanos, until: Nanos, seed: u64)
     let by_cost = (MAX_REPLAYED * real / total.max(1.0)).floor().max(1.0);
     let virtual_workers = by_weight.min(by_cost).min(real) as u32;
     let v = f64::from(virtual_workers);
-    let mut rng = crate::rng::seeded(seed ^ 0x7265_706c_6179);
+    // Each pair's items go together: to a virtual worker drawn for the
+    // pair, as many copies as its weight asks, each copy of the pair's
+    // whole stream shifted by its own whole number of seconds.
     let mut dealt: Vec<Vec<Item>> = vec![Vec::new(); virtual_workers as usize];
     let mut replicated = false;
     let span = (until - from) / SECOND;
+    let mut copies_of: Map<u64, Vec<(usize, Nanos)>> = Map::default();
     for item in items {
-        let expected = item.weight * v / real;
-        let copies = expected.floor() as u64 + u64::from(rng.uniform() < expected.fract());
-        for copy in 0..copies {
-            let to = rng.below(u64::from(virtual_workers)) as usize;
-            let at = match copy {
-                0 => Some(item.at),
-                // Another key's item like it: shifted by whole seconds
-                // (its window boundaries stay boundaries), within the
-                // measured span; outside it, only the item itself.
-                _ if from <= item.at && item.at < until => {
-                    replicated = true;
-                    let shift = SECOND.times(1 + rng.below(span.saturating_sub(1).max(1)));
-                    Some(from + (item.at - from + shift) % (until - from))
-                }
-                _ => None,
+        let copies = copies_of.entry(item.pair).or_insert_with(|| {
+            let mut rng = crate::rng::seeded(seed ^ crate::rng::mix(item.pair ^ 0x7265_706c_6179));
+            let expected = item.weight * v / real;
+            let count = expected.floor() as u64 + u64::from(rng.uniform() < expected.fract());
+            (0..count)
+                .map(|copy| {
+                    let to = rng.below(u64::from(virtual_workers)) as usize;
+                    let shift = if copy == 0 { Nanos::ZERO } else { SECOND.times(1 + rng.below(span.saturating_sub(1).max(1))) };
+                    (to, shift)
+                })
+                .collect()
+        });
+        for &(to, shift) in copies.iter() {
+            // Another pair's item like it, shifted by whole seconds (its
+            // window boundaries stay boundaries), within the measured span;
+            // outside it, only the item itself.
+            let at = if shift == Nanos::ZERO {
+                item.at
+            } else if from <= item.at && item.at < until {
+                replicated = true;
+                from + (item.at - from + shift) % (until - from)
+            } else {
+                continue;
             };
-            let (Some(at), Some(list)) = (at, dealt.get_mut(to)) else { continue };
+            let Some(list) = dealt.get_mut(to) else { continue };
             let moved = at.get().wrapping_sub(item.at.get());
             let shift = |t: Nanos| Nanos::from_nanos(t.get().wrapping_add(moved));
             let timing = item.timing.map(|t| Timing { not_before: shift(t.not_before), send_by: shift(t.send_by) });
-            list.push(Item { at, timing, weight: item.weight });
+            list.push(Item { at, timing, ..*item });
         }
     }
     let mut calls = CallSizes::default();
@@ -135,13 +147,15 @@ mod tests {
             at: T0 + Nanos::from_millis(ms),
             timing: Some(Timing { not_before: T0, send_by: T0 + Nanos::from_millis(ms) }),
             weight: 1.0,
+            pair: ms,
         };
         let held = |ms| Item {
             at: T0 + Nanos::from_millis(ms),
             timing: Some(Timing { not_before: T0, send_by: T0 + Nanos::from_millis(ms) + MAX_BATCH_DELAY }),
             weight: 1.0,
+            pair: ms,
         };
-        let items = [held(0), urgent(5), held(100), held(105), urgent(500), Item { at: T0, timing: None, weight: 1.0 }];
+        let items = [held(0), urgent(5), held(100), held(105), urgent(500), Item { at: T0, timing: None, weight: 1.0, pair: 7 }];
         let mut items = items.to_vec();
         items.sort_by_key(|i| i.at);
         let m = calls(&items, 1, T0, T0 + SECOND.times(5), 1);
@@ -160,7 +174,7 @@ mod tests {
         let items: Vec<Item> = (0..20_000u64)
             .map(|i| {
                 let at = T0 + Nanos::from_micros(i * 500);
-                Item { at, timing: Some(Timing { not_before: at, send_by: at }), weight: 100.0 }
+                Item { at, timing: Some(Timing { not_before: at, send_by: at }), weight: 100.0, pair: i }
             })
             .collect();
         let m = calls(&items, 1_000, T0, T0 + SECOND.times(100), 3);

@@ -76,8 +76,12 @@ pub struct Figures {
     pub waited: f64,
     /// Waits' p50, p90, p99 (ms), of the requests that waited.
     pub waits: [f64; 3],
-    /// Fixed windows (and bucket spans) over their limit before the restart.
+    /// Fixed windows over their limit before the restart.
     pub over: u64,
+    /// Token buckets over their own bound (`burst + rate × span`, spans of
+    /// 1 s and 10 s) before the restart, and over the leased bound (`+ rate
+    /// × lease lifetime`).
+    pub over_bucket: (u64, u64),
     /// Admitted ÷ what each window's arrivals could use, keys limited below their demand.
     pub used: Option<f64>,
     /// Service cores, memory store and Redis.
@@ -103,7 +107,10 @@ pub fn lease_figures(run: &Run) -> Figures {
     let o = &run.outcome;
     let calls = run.calls();
     let (lease, returns) = calls.counts();
-    let over = o.over_before + o.bucket_spans.iter().map(|s| s.over_own).sum::<u64>();
+    let over_bucket = (
+        o.bucket_spans.iter().map(|s| s.over_own).sum::<u64>(),
+        o.bucket_spans.iter().map(|s| s.over_leased).sum::<u64>(),
+    );
     Figures {
         requests: o.requests / o.secs,
         lease_calls: lease / o.secs,
@@ -112,7 +119,8 @@ pub fn lease_figures(run: &Run) -> Figures {
         writes: o.writes / o.secs,
         waited: o.waited / o.requests.max(1e-9),
         waits: o.waits.quantiles(),
-        over,
+        over: o.over_before,
+        over_bucket,
         used: (o.excess_usable > 0.0).then(|| o.excess_admitted / o.excess_usable),
         cores: [MEMORY.cores_for_calls(calls, o.secs), REDIS.cores_for_calls(calls, o.secs)],
         bytes: bytes(o, calls),
@@ -133,6 +141,7 @@ pub fn check_figures(run: &Run) -> Option<Figures> {
         waited: 1.0,
         waits: c.waits.quantiles(),
         over: c.over,
+        over_bucket: (c.over_bucket, c.over_bucket),
         used: (c.excess.1 > 0.0).then(|| c.excess.0 / c.excess.1),
         cores: [MEMORY.cores_for_checks(checks), REDIS.cores_for_checks(checks)],
         bytes: 0.0,
@@ -173,7 +182,8 @@ fn waits(f: &Figures) -> String {
 /// The grid's runs of `per_envoy` requests a second per Envoy, paired:
 /// the uniform balancer's run and the key-affine one's of each size.
 fn pairs(runs: &[Run], per_envoy: f64) -> Vec<(&Run, Option<&Run>)> {
-    let grid: Vec<&Run> = runs.iter().filter(|r| r.traffic.is_some_and(|t| t.per_envoy == per_envoy)).collect();
+    let grid: Vec<&Run> =
+        runs.iter().filter(|r| r.in_grid && r.traffic.is_some_and(|t| t.per_envoy == per_envoy)).collect();
     grid.iter()
         .filter(|r| r.traffic.is_some_and(|t| t.balancer == Balancer::Uniform))
         .map(|u| {
@@ -197,7 +207,7 @@ fn size(run: &Run) -> (u32, String) {
 /// before the restart, utilisation under excess demand.
 pub fn judging_table(runs: &[Run], per_envoy: f64) -> String {
     let mut md = String::from(
-        "| Envoys | keys | requests/s | check: calls/req | writes/req | uniform leases: calls/req | leases/req | writes/req | key-affine leases: calls/req | writes/req | windows over, before the restart (check / uniform / key-affine) | used under excess demand (check / uniform / key-affine) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| Envoys | keys | requests/s | check: calls/req | writes/req | uniform leases: calls/req | leases/req | writes/req | key-affine leases: calls/req | writes/req | fixed windows over, before the restart (check / uniform / key-affine) | buckets over `burst + rate × span` (check / uniform / key-affine) | used under excess demand (check / uniform / key-affine) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for (u, a) in pairs(runs, per_envoy) {
         let (envoys, keys) = size(u);
@@ -206,7 +216,7 @@ pub fn judging_table(runs: &[Run], per_envoy: f64) -> String {
         let affine = a.map(lease_figures).unwrap_or_default();
         let _ = writeln!(
             md,
-            "| {envoys} | {keys} | {} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} | {} / {} / {} | {} / {} / {} |",
+            "| {envoys} | {keys} | {} | {:.2} | {:.2} | {:.3} | {:.3} | {:.2} | {:.3} | {:.2} | {} / {} / {} | {} / {} / {} | {} / {} / {} |",
             si(lease.requests),
             check.calls_per_request(),
             check.writes_per_request(),
@@ -218,6 +228,9 @@ pub fn judging_table(runs: &[Run], per_envoy: f64) -> String {
             check.over,
             lease.over,
             affine.over,
+            check.over_bucket.0,
+            lease.over_bucket.0,
+            affine.over_bucket.0,
             pct_or_dash(check.used),
             pct_or_dash(lease.used),
             pct_or_dash(affine.used),
@@ -389,29 +402,37 @@ pub fn sampling_check(whole: &Run, sampled: &Run) -> String {
     md
 }
 
-/// The calls model against the calls simulated: the same items replayed.
+/// The calls model against the calls simulated: the model fed every item
+/// of the whole run (each standing for itself) and fed a sample's.
 pub fn calls_check(whole: &Run, sampled: &Run) -> String {
     let simulated = whole.outcome.sim_calls.counts();
+    let all = whole.modelled.as_ref().map_or((0.0, 0.0), |m| m.calls.counts());
     let modelled = sampled.modelled.as_ref().map_or((0.0, 0.0), |m| m.calls.counts());
     let secs = whole.outcome.secs;
     let per_call = |leases: f64, calls: f64| if calls > 0.0 { leases / calls } else { 0.0 };
-    let mut md = String::from("| figure | simulated whole | modelled from a sample | difference |\n|---|---:|---:|---:|\n");
-    compare(&mut md, "lease calls/s", simulated.0 / secs, modelled.0 / secs, 2);
-    compare(&mut md, "return calls/s", simulated.1 / secs, modelled.1 / secs, 2);
-    compare(
+    let mut md = String::from(
+        "| figure | simulated whole | modelled from all its items | difference | modelled from a sample | difference |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    let line = |md: &mut String, what: &str, whole: f64, all: f64, sample: f64| {
+        let diff = |x: f64| if whole.abs() > 1e-12 { format!("{:+.1} %", 100.0 * (x / whole - 1.0)) } else { "–".into() };
+        let _ = writeln!(md, "| {what} | {whole:.2} | {all:.2} | {} | {sample:.2} | {} |", diff(all), diff(sample));
+    };
+    line(&mut md, "lease calls/s", simulated.0 / secs, all.0 / secs, modelled.0 / secs);
+    line(&mut md, "return calls/s", simulated.1 / secs, all.1 / secs, modelled.1 / secs);
+    line(
         &mut md,
         "leases/lease call",
         per_call(whole.outcome.leases, simulated.0),
+        per_call(whole.outcome.leases, all.0),
         per_call(sampled.outcome.leases, modelled.0),
-        2,
     );
     md
 }
 
-/// Calls per request, thin pairs: leases per request by key rate and fleet
-/// size, uniform balancer, every key count of a size together, beside
-/// `m = r·L/N` (a pair's requests per lease lifetime).
-pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64) -> String {
+/// Leases per request by key rate and fleet size under `balancer`, every
+/// key count of a size together, beside `m = r·L/N` (a uniform balancer's
+/// pair's requests per lease lifetime; a key-affine pair sees `r·L`).
+pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64, balancer: Balancer) -> String {
     let mut out = String::new();
     let ttl = LEASE_TTL.as_secs_f64();
     let _ = write!(out, "| rate r (req/s, keys within ×√10) |");
@@ -423,17 +444,17 @@ pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64) -
     out.push('\n');
     let uniform: Vec<&Run> = runs
         .iter()
-        .filter(|r| r.traffic.is_some_and(|t| t.balancer == Balancer::Uniform && t.per_envoy == per_envoy))
+        .filter(|r| r.in_grid && r.traffic.is_some_and(|t| t.balancer == balancer && t.per_envoy == per_envoy))
         .collect();
     for &r in rates {
         let _ = write!(out, "| {r} |");
         for &n in fleets {
             let (mut requests, mut leases) = (0.0, 0.0);
             for run in uniform.iter().filter(|run| run.outcome.envoys == n) {
-                for &(rate, _, q, l) in &run.outcome.per_key {
-                    if rate >= r / 10f64.sqrt() && rate < r * 10f64.sqrt() {
-                        requests += q;
-                        leases += l;
+                for k in &run.outcome.per_key {
+                    if k.rate >= r / 10f64.sqrt() && k.rate < r * 10f64.sqrt() {
+                        requests += k.requests;
+                        leases += k.leases;
                     }
                 }
             }
