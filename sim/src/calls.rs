@@ -79,7 +79,8 @@ impl<L, R> Batcher<L, R> {
     pub fn has_outgoing(&self, now: Nanos) -> bool {
         !self.now.is_empty()
             || self.hold_until.is_some_and(|until| until <= now)
-            || (self.held.len() >= MAX_ITEMS && self.held.iter().filter(|(t, _)| t.not_before <= now).count() >= MAX_ITEMS)
+            || (self.held.len() >= MAX_ITEMS
+                && self.held.iter().filter(|(t, _)| t.not_before <= now).count() >= MAX_ITEMS)
             || self.returns.len() >= MAX_ITEMS
     }
 

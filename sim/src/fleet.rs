@@ -466,7 +466,13 @@ impl Fleet<'_> {
     /// `spend_pool` and `apply_lease` do: its own entry, or a fresh one in
     /// a free or idle slot of its group, written back only if it changed.
     /// `None` when the group has no room (every entry live).
-    fn on_pool<T>(&mut self, envoy: u32, key: u32, now: Nanos, op: impl FnOnce(PoolState) -> (T, PoolState)) -> Option<T> {
+    fn on_pool<T>(
+        &mut self,
+        envoy: u32,
+        key: u32,
+        now: Nanos,
+        op: impl FnOnce(PoolState) -> (T, PoolState),
+    ) -> Option<T> {
         let fingerprint = self.key(key)?.fingerprint();
         let group = self.table.group_of(fingerprint);
         let pool = self.pool;

@@ -496,8 +496,9 @@ mod tests {
         let per_pair_real = t.rate_of(1) / 10_000.0;
         assert!((hottest.rate / f64::from(count) - per_pair_real).abs() < 1e-9);
         assert_eq!(hottest.pair_weight, hottest.request_weight);
-        let affine = fleet(&Traffic { balancer: Balancer::KeyAffine, ..t }, &Plan { per_stratum: 64, rate_cap: 1_000.0 }, 3)
-            .unwrap();
+        let affine =
+            fleet(&Traffic { balancer: Balancer::KeyAffine, ..t }, &Plan { per_stratum: 64, rate_cap: 1_000.0 }, 3)
+                .unwrap();
         assert!((affine[0].rate - 1_000.0).abs() < 1e-9);
         assert_eq!(affine[0].pair_weight, 1.0, "one pair, whatever its rate");
         assert_eq!((affine[0].shape, affine[0].over), (hottest.shape, hottest.over), "the same key");

@@ -25,21 +25,21 @@ use floodgate_fleet_sim::report;
 /// Runs `jobs` on two threads (the machine's cores), the costliest first;
 /// results in the jobs' order.
 fn run_all(jobs: &[Job]) -> Result<Vec<Run>, String> {
-    let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by(|&a, &b| jobs[b].cost().total_cmp(&jobs[a].cost()));
+    let mut order: Vec<(usize, &Job)> = jobs.iter().enumerate().collect();
+    order.sort_by(|(_, a), (_, b)| b.cost().total_cmp(&a.cost()));
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Result<Run, String>>>> = Mutex::new(vec![None; jobs.len()]);
     std::thread::scope(|scope| {
         for _ in 0..2 {
-            scope.spawn(|| loop {
-                let Some(&i) = order.get(next.fetch_add(1, Ordering::SeqCst)) else { break };
-                let Some(job) = jobs.get(i) else { break };
-                let started = Instant::now();
-                let run = job.run();
-                eprintln!("fleet-sim: {} in {:.1} s", job.config.name, started.elapsed().as_secs_f64());
-                if let Ok(mut results) = results.lock() {
-                    if let Some(slot) = results.get_mut(i) {
-                        *slot = Some(run);
+            scope.spawn(|| {
+                while let Some(&(i, job)) = order.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    let started = Instant::now();
+                    let run = job.run();
+                    eprintln!("fleet-sim: {} in {:.1} s", job.config.name, started.elapsed().as_secs_f64());
+                    if let Ok(mut results) = results.lock() {
+                        if let Some(slot) = results.get_mut(i) {
+                            *slot = Some(run);
+                        }
                     }
                 }
             });

@@ -64,7 +64,11 @@ pub fn calls(items: &[Item], workers: u32, from: Nanos, until: Nanos, seed: u64)
             (0..count)
                 .map(|copy| {
                     let to = rng.below(u64::from(virtual_workers)) as usize;
-                    let shift = if copy == 0 { Nanos::ZERO } else { SECOND.times(1 + rng.below(span.saturating_sub(1).max(1))) };
+                    let shift = if copy == 0 {
+                        Nanos::ZERO
+                    } else {
+                        SECOND.times(1 + rng.below(span.saturating_sub(1).max(1)))
+                    };
                     (to, shift)
                 })
                 .collect()
@@ -155,7 +159,14 @@ mod tests {
             weight: 1.0,
             pair: ms,
         };
-        let items = [held(0), urgent(5), held(100), held(105), urgent(500), Item { at: T0, timing: None, weight: 1.0, pair: 7 }];
+        let items = [
+            held(0),
+            urgent(5),
+            held(100),
+            held(105),
+            urgent(500),
+            Item { at: T0, timing: None, weight: 1.0, pair: 7 },
+        ];
         let mut items = items.to_vec();
         items.sort_by_key(|i| i.at);
         let m = calls(&items, 1, T0, T0 + SECOND.times(5), 1);
@@ -182,5 +193,42 @@ mod tests {
         let (lease, _) = m.calls.counts();
         // Every item is urgent: one call each, whatever the dealing.
         assert!((lease / 2_000_000.0 - 1.0).abs() < 0.02, "{lease}");
+    }
+
+    /// A whole fleet's own items, each standing for itself, replayed over
+    /// as many virtual workers as it has real ones: the model gives the
+    /// calls the simulation made, within a few percent (items are dealt to
+    /// workers by pair, not to the worker that made them).
+    #[test]
+    fn a_whole_fleets_items_replay_to_its_own_calls() {
+        use crate::fleet::{default_quota, measure_from, simulate, table_groups, FleetConfig};
+        use crate::rng::Network;
+        let config = FleetConfig {
+            name: "replay".into(),
+            envoys: 3,
+            total_keys: 120,
+            keys: crate::keys::flat(120, 3.0, 40).unwrap(),
+            exact: true,
+            table_groups: table_groups(1.0),
+            warmup: SECOND.times(40),
+            measure: SECOND.times(30),
+            after: Nanos::ZERO,
+            restart_at: None,
+            seed: 5,
+            allowances: true,
+            overshoot: None,
+            check_baseline: false,
+            record_items: true,
+            network: Network::Datacenter,
+            quota: default_quota(),
+        };
+        let out = simulate(&config).unwrap();
+        let from = measure_from();
+        let m = calls(&out.items, 6, from, from + config.measure, 5);
+        let (simulated, modelled) = (out.sim_calls.counts(), m.calls.counts());
+        assert!(simulated.0 > 100.0 && simulated.1 > 20.0, "{simulated:?}");
+        for (s, m) in [(simulated.0, modelled.0), (simulated.1, modelled.1)] {
+            assert!((m / s - 1.0).abs() < 0.1, "simulated {simulated:?}, modelled {modelled:?}");
+        }
     }
 }

@@ -17,8 +17,6 @@ use crate::stats::Tally;
 /// and 200 leases a call.
 #[derive(Debug, Clone, Copy)]
 pub struct Throughput {
-    /// The store's name.
-    pub store: &'static str,
     /// `/v1/check` calls a second (one descriptor each).
     pub checks: f64,
     /// `(leases per call, leases a second)`.
@@ -27,11 +25,11 @@ pub struct Throughput {
 
 /// The memory store (`memory check`, `memory leases, N per call`).
 pub const MEMORY: Throughput =
-    Throughput { store: "memory", checks: 71_110.0, leases: [(1.0, 55_060.0), (10.0, 178_091.0), (200.0, 367_868.0)] };
+    Throughput { checks: 71_110.0, leases: [(1.0, 55_060.0), (10.0, 178_091.0), (200.0, 367_868.0)] };
 /// Redis (`redis check`, `redis leases, N per call`); a Redis Cluster
 /// shard serves one domain's keys alike (they share its hash tag).
 pub const REDIS: Throughput =
-    Throughput { store: "Redis", checks: 44_238.0, leases: [(1.0, 33_332.0), (10.0, 64_609.0), (200.0, 80_264.0)] };
+    Throughput { checks: 44_238.0, leases: [(1.0, 33_332.0), (10.0, 64_609.0), (200.0, 80_264.0)] };
 
 impl Throughput {
     /// Seconds of a service core one call of `items` leases takes: the
@@ -49,7 +47,8 @@ impl Throughput {
 
     /// Service cores `calls` over `secs` seconds need.
     pub fn cores_for_calls(&self, calls: &CallSizes, secs: f64) -> f64 {
-        let busy: f64 = calls.lease.iter().chain(calls.returns.iter()).map(|(&k, &n)| n * self.call_secs(k as f64)).sum();
+        let busy: f64 =
+            calls.lease.iter().chain(calls.returns.iter()).map(|(&k, &n)| n * self.call_secs(k as f64)).sum();
         busy / secs
     }
 
@@ -188,9 +187,9 @@ fn pairs(runs: &[Run], per_envoy: f64) -> Vec<(&Run, Option<&Run>)> {
         .filter(|r| r.traffic.is_some_and(|t| t.balancer == Balancer::Uniform))
         .map(|u| {
             let same = |r: &&&Run| {
-                r.traffic.zip(u.traffic).is_some_and(|(a, b)| {
-                    a.balancer == Balancer::KeyAffine && a.envoys == b.envoys && a.keys == b.keys
-                })
+                r.traffic
+                    .zip(u.traffic)
+                    .is_some_and(|(a, b)| a.balancer == Balancer::KeyAffine && a.envoys == b.envoys && a.keys == b.keys)
             };
             (*u, grid.iter().find(same).copied())
         })
@@ -377,7 +376,8 @@ fn compare(md: &mut String, what: &str, whole: f64, sampled: f64, digits: usize)
 /// The sampled run against the whole one: every figure the grid reports.
 pub fn sampling_check(whole: &Run, sampled: &Run) -> String {
     let (w, s) = (lease_figures(whole), lease_figures(sampled));
-    let mut md = String::from("| figure | simulated whole | sampled as the grid samples | difference |\n|---|---:|---:|---:|\n");
+    let mut md =
+        String::from("| figure | simulated whole | sampled as the grid samples | difference |\n|---|---:|---:|---:|\n");
     compare(&mut md, "requests/s", w.requests, s.requests, 0);
     compare(&mut md, "calls/request", w.calls_per_request(), s.calls_per_request(), 4);
     compare(&mut md, "lease calls/s", w.lease_calls, s.lease_calls, 1);
@@ -394,11 +394,7 @@ pub fn sampling_check(whole: &Run, sampled: &Run) -> String {
     if let (Some(wc), Some(sc)) = (check_figures(whole), check_figures(sampled)) {
         compare(&mut md, "check mode: writes/request", wc.writes_per_request(), sc.writes_per_request(), 4);
     }
-    let _ = writeln!(
-        md,
-        "| windows over before the restart (as simulated) | {} | {} | |",
-        w.over, s.over
-    );
+    let _ = writeln!(md, "| windows over before the restart (as simulated) | {} | {} | |", w.over, s.over);
     md
 }
 
@@ -414,7 +410,8 @@ pub fn calls_check(whole: &Run, sampled: &Run) -> String {
         "| figure | simulated whole | modelled from all its items | difference | modelled from a sample | difference |\n|---|---:|---:|---:|---:|---:|\n",
     );
     let line = |md: &mut String, what: &str, whole: f64, all: f64, sample: f64| {
-        let diff = |x: f64| if whole.abs() > 1e-12 { format!("{:+.1} %", 100.0 * (x / whole - 1.0)) } else { "–".into() };
+        let diff =
+            |x: f64| if whole.abs() > 1e-12 { format!("{:+.1} %", 100.0 * (x / whole - 1.0)) } else { "–".into() };
         let _ = writeln!(md, "| {what} | {whole:.2} | {all:.2} | {} | {sample:.2} | {} |", diff(all), diff(sample));
     };
     line(&mut md, "lease calls/s", simulated.0 / secs, all.0 / secs, modelled.0 / secs);
@@ -435,14 +432,16 @@ pub fn calls_check(whole: &Run, sampled: &Run) -> String {
 pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64, balancer: Balancer) -> String {
     let mut out = String::new();
     let ttl = LEASE_TTL.as_secs_f64();
+    let affine = balancer == Balancer::KeyAffine;
     let _ = write!(out, "| rate r (req/s, keys within ×√10) |");
     for n in fleets {
-        let _ = write!(out, " N = {n}: leases/request (m = r·L/N) |");
+        let m = if affine { "m = r·L" } else { "m = r·L/N" };
+        let _ = write!(out, " N = {n}: leases/request ({m}) |");
     }
     out.push_str("\n|---|");
     out.push_str(&"---:|".repeat(fleets.len()));
     out.push('\n');
-    let uniform: Vec<&Run> = runs
+    let of_balancer: Vec<&Run> = runs
         .iter()
         .filter(|r| r.in_grid && r.traffic.is_some_and(|t| t.balancer == balancer && t.per_envoy == per_envoy))
         .collect();
@@ -450,7 +449,7 @@ pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64, b
         let _ = write!(out, "| {r} |");
         for &n in fleets {
             let (mut requests, mut leases) = (0.0, 0.0);
-            for run in uniform.iter().filter(|run| run.outcome.envoys == n) {
+            for run in of_balancer.iter().filter(|run| run.outcome.envoys == n) {
                 for k in &run.outcome.per_key {
                     if k.rate >= r / 10f64.sqrt() && k.rate < r * 10f64.sqrt() {
                         requests += k.requests;
@@ -458,7 +457,8 @@ pub fn thin_pairs(runs: &[Run], rates: &[f64], fleets: &[u32], per_envoy: f64, b
                     }
                 }
             }
-            let m = r * ttl / f64::from(n);
+            // A pair's requests per lease lifetime.
+            let m = if affine { r * ttl } else { r * ttl / f64::from(n) };
             if requests <= 0.0 {
                 let _ = write!(out, " – (m = {m}) |");
             } else {

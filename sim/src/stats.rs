@@ -15,33 +15,6 @@ impl Tally {
         self.total += weight;
     }
 
-    /// The observations' total weight.
-    pub fn weight(&self) -> f64 {
-        self.total
-    }
-
-    /// Samples kept (as simulated).
-    pub fn len(&self) -> usize {
-        self.samples.len()
-    }
-
-    /// The weighted `p`-quantile (`p` in `[0, 1]`): the least value whose
-    /// cumulative weight reaches `p` of the total; 0 when empty.
-    pub fn percentile(&self, p: f64) -> f64 {
-        let mut sorted = self.samples.clone();
-        sorted.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let total: f64 = sorted.iter().map(|s| f64::from(s.1)).sum();
-        let goal = p.clamp(0.0, 1.0) * total;
-        let mut seen = 0.0;
-        for (value, weight) in &sorted {
-            seen += f64::from(*weight);
-            if seen >= goal {
-                return f64::from(*value);
-            }
-        }
-        sorted.last().map_or(0.0, |s| f64::from(s.0))
-    }
-
     /// The weighted `p50`, `p90` and `p99`.
     pub fn quantiles(&self) -> [f64; 3] {
         let mut sorted = self.samples.clone();
@@ -73,9 +46,10 @@ mod tests {
         let mut t = Tally::default();
         t.add(1.0, 1.0);
         t.add(10.0, 9.0);
-        assert_eq!(t.percentile(0.5), 10.0);
-        assert_eq!(t.percentile(0.05), 1.0);
         assert_eq!(t.quantiles(), [10.0, 10.0, 10.0]);
-        assert_eq!(Tally::default().percentile(0.5), 0.0);
+        let mut u = Tally::default();
+        (1..=100).for_each(|i| u.add(f64::from(i), 1.0));
+        assert_eq!(u.quantiles(), [50.0, 90.0, 99.0]);
+        assert_eq!(Tally::default().quantiles(), [0.0; 3]);
     }
 }

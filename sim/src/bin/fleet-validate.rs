@@ -92,7 +92,8 @@ fn paced(shape: Shape, ports: Vec<u16>, stop: Arc<AtomicBool>) -> Vec<thread::Jo
             let stop = Arc::clone(&stop);
             thread::spawn(move || {
                 let mut conn = Conn::open(port).unwrap();
-                let mut random = Rng::new((0x9e37_79b9_7f4a_7c15u64 ^ (n as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1);
+                let mut random =
+                    Rng::new((0x9e37_79b9_7f4a_7c15u64 ^ (n as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9)) | 1);
                 let period = Duration::from_secs_f64(1.0 / per_thread);
                 let mut next = Instant::now();
                 let mut failed = 0;
@@ -130,7 +131,10 @@ struct Counters {
 
 fn counters(service: &QuotaServer, envoys: &[Envoy]) -> Counters {
     let fleet = |name: &str| -> f64 {
-        envoys.iter().map(|e| e.stats_now().get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0) as f64).sum()
+        envoys
+            .iter()
+            .map(|e| e.stats_now().get(&format!("wasmcustom.floodgate.{name}")).copied().unwrap_or(0) as f64)
+            .sum()
     };
     // The filter hands its counts to Envoy on each worker's tick (100 ms).
     thread::sleep(Duration::from_millis(250));
@@ -153,7 +157,8 @@ fn real(shape: &Shape) -> Result<Figures, String> {
     let envoys: Vec<Envoy> = logs
         .iter()
         .map(|log| {
-            let mut setup = Setup::new(&shape.plugin("floodgate-quota")).with_cluster("floodgate-quota", &[service.port]);
+            let mut setup =
+                Setup::new(&shape.plugin("floodgate-quota")).with_cluster("floodgate-quota", &[service.port]);
             setup.manager_fields.insert("access_log".into(), access_log(log));
             Envoy::start(&setup)
         })
