@@ -43,36 +43,47 @@ pub struct Modelled {
 /// `[from, until)`.
 pub fn calls(items: &[Item], workers: u32, from: Nanos, until: Nanos, seed: u64) -> Modelled {
     let real = f64::from(workers.max(1));
-    let heaviest = items.iter().map(|i| i.weight).fold(1.0, f64::max);
+    // As many virtual workers as the real ones, unless that replays more
+    // than `MAX_REPLAYED` items.
     let total: f64 = items.iter().map(|i| i.weight).sum();
-    let by_weight = (real / heaviest).floor().max(1.0);
     let by_cost = (MAX_REPLAYED * real / total.max(1.0)).floor().max(1.0);
-    let virtual_workers = by_weight.min(by_cost).min(real) as u32;
+    let virtual_workers = by_cost.min(real) as u32;
     let v = f64::from(virtual_workers);
-    // Each pair's items go together: to a virtual worker drawn for the
-    // pair, as many copies as its weight asks, each copy of the pair's
-    // whole stream shifted by its own whole number of seconds.
+    // Each pair's items go together, as many copies of its whole stream as
+    // its weight asks: chosen systematically along the pairs ordered by
+    // how many items they have (a running sum of the copies each asks, cut
+    // at whole numbers from a random start), so that busy and quiet pairs
+    // are kept in proportion; each copy to a virtual worker drawn for it,
+    // each but the first shifted by its own whole number of seconds.
     let mut dealt: Vec<Vec<Item>> = vec![Vec::new(); virtual_workers as usize];
     let mut replicated = false;
     let span = (until - from) / SECOND;
-    let mut copies_of: Map<u64, Vec<(usize, Nanos)>> = Map::default();
+    let mut pairs: Map<u64, (f64, u64)> = Map::default();
     for item in items {
-        let copies = copies_of.entry(item.pair).or_insert_with(|| {
-            let mut rng = crate::rng::seeded(seed ^ crate::rng::mix(item.pair ^ 0x7265_706c_6179));
-            let expected = item.weight * v / real;
-            let count = expected.floor() as u64 + u64::from(rng.uniform() < expected.fract());
-            (0..count)
-                .map(|copy| {
-                    let to = rng.below(u64::from(virtual_workers)) as usize;
-                    let shift = if copy == 0 {
-                        Nanos::ZERO
-                    } else {
-                        SECOND.times(1 + rng.below(span.saturating_sub(1).max(1)))
-                    };
-                    (to, shift)
-                })
-                .collect()
-        });
+        let entry = pairs.entry(item.pair).or_insert((item.weight, 0));
+        entry.1 += 1;
+    }
+    let mut order: Vec<(u64, f64, u64)> = pairs.into_iter().map(|(pair, (w, n))| (pair, w, n)).collect();
+    order.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.total_cmp(&b.1)).then(a.0.cmp(&b.0)));
+    let mut running = crate::rng::unit(seed ^ 0x7265_706c_6179);
+    let mut copies_of: Map<u64, Vec<(usize, Nanos)>> = Map::default();
+    for (pair, weight, _) in order {
+        let expected = weight * v / real;
+        let count = ((running + expected).floor() - running.floor()) as u64;
+        running += expected;
+        let mut rng = crate::rng::seeded(seed ^ crate::rng::mix(pair ^ 0x7265_706c_6179));
+        let copies = (0..count)
+            .map(|copy| {
+                let to = rng.below(u64::from(virtual_workers)) as usize;
+                let shift =
+                    if copy == 0 { Nanos::ZERO } else { SECOND.times(1 + rng.below(span.saturating_sub(1).max(1))) };
+                (to, shift)
+            })
+            .collect();
+        copies_of.insert(pair, copies);
+    }
+    for item in items {
+        let Some(copies) = copies_of.get(&item.pair) else { continue };
         for &(to, shift) in copies.iter() {
             // Another pair's item like it, shifted by whole seconds (its
             // window boundaries stay boundaries), within the measured span;
