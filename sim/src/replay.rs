@@ -189,21 +189,26 @@ mod tests {
         assert_eq!(m.calls.lease.get(&2), Some(&2.0));
     }
 
-    /// Weighted items are dealt to the real share: 1,000 workers, items of
-    /// weight 100 replayed over 10 virtual workers, scaled back.
+    /// Weighted items are dealt to the real share and scaled back: 1,000
+    /// workers, 20,000 items standing for 100 each, replayed over as many
+    /// virtual workers as real ones (2 million items, within the model's
+    /// budget); standing for 1,000 each, over as many as the budget allows.
     #[test]
     fn weights_are_dealt_to_virtual_workers_and_scaled_back() {
-        let items: Vec<Item> = (0..20_000u64)
-            .map(|i| {
-                let at = T0 + Nanos::from_micros(i * 500);
-                Item { at, timing: Some(Timing { not_before: at, send_by: at }), weight: 100.0, pair: i }
-            })
-            .collect();
-        let m = calls(&items, 1_000, T0, T0 + SECOND.times(100), 3);
-        assert_eq!(m.virtual_workers, 10);
-        let (lease, _) = m.calls.counts();
-        // Every item is urgent: one call each, whatever the dealing.
-        assert!((lease / 2_000_000.0 - 1.0).abs() < 0.02, "{lease}");
+        for (weight, workers) in [(100.0, 1_000), (1_000.0, 150)] {
+            let items: Vec<Item> = (0..20_000u64)
+                .map(|i| {
+                    let at = T0 + Nanos::from_micros(i * 500);
+                    Item { at, timing: Some(Timing { not_before: at, send_by: at }), weight, pair: i }
+                })
+                .collect();
+            let m = calls(&items, 1_000, T0, T0 + SECOND.times(100), 3);
+            assert_eq!(m.virtual_workers, workers, "weight {weight}");
+            let (lease, _) = m.calls.counts();
+            // Every item is urgent: one call each, whatever the dealing.
+            let expected = 20_000.0 * weight;
+            assert!((lease / expected - 1.0).abs() < 0.02, "weight {weight}: {lease}");
+        }
     }
 
     /// A whole fleet's own items, each standing for itself, replayed over
