@@ -15,7 +15,7 @@ ENVOY_BIN ?= $(shell python3 -c 'import sysconfig; print(sysconfig.get_path("scr
 export ENVOY_BIN
 
 .PHONY: help deps deps-rust deps-envoy deps-redis deps-node deps-fuzz deps-wasm-test wasm native demo test test-e2e-native test-core-wasm lint fuzz fuzz-quick bench plots clean
-.PHONY: images image-wasm image-quota test-manifests test-deploy core-bench fleet-sim
+.PHONY: images image-wasm image-quota test-manifests test-deploy core-bench fleet-sim fleet-validate
 
 FUZZ_TARGETS := config descriptors state
 FUZZ_SECONDS ?= 20
@@ -31,6 +31,7 @@ help:
 	@echo "make test-e2e-native  the Envoy end-to-end suites against the native build only"
 	@echo "make bench   run the benchmarks (filter against Envoy's local_ratelimit, then the quota service, then the fleet simulation)"
 	@echo "make fleet-sim  simulate fleets of 10-10,000 Envoys over 10^3-10^6 keys against the quota service's decisions"
+	@echo "make fleet-validate  the simulation beside real Envoys (3 and 6) and a real quota service on this machine"
 	@echo "make fuzz    fuzz each target for 5 minutes"
 	@echo "make images  build the wasm module's OCI image (for Istio) and the quota service's image"
 	@echo "make plots   draw each algorithm under the same traffic through a real Envoy (docs/plots/)"
@@ -179,12 +180,22 @@ bench: deps-envoy deps-redis
 core-bench:
 	cargo bench -p floodgate-core --bench hot_path -- --warm-up-time 1 --measurement-time 3
 
-# Fleets of 10 to 10,000 simulated Envoys over 10^3 to 10^6 keys: the real
-# lease pools against the quota service's real decisions on a virtual clock
-# (sim/; docs/benchmarks.md, "Fleet simulation"). A few minutes on 2 cores.
+# Fleets of 10 to 10,000 simulated Envoys over 10^3 to 10^6 keys at 100 and
+# 1,000 requests a second per Envoy, uniform and key-affine balancers: the
+# real lease pools in the real tables against the quota service's real
+# decisions on a virtual clock, check mode beside them (sim/;
+# docs/benchmarks.md, "Fleet simulation"). About 10-15 minutes on 2 cores.
 # The report and CSV go to target/fleet-sim/, the plot to docs/plots/.
 fleet-sim:
-	cargo run --quiet --release -p floodgate-fleet-sim -- target/fleet-sim docs/plots/fleet-sim.svg
+	cargo run --quiet --release -p floodgate-fleet-sim --bin floodgate-fleet-sim -- target/fleet-sim docs/plots/fleet-sim.svg
+
+# The simulation checked against real runs: 3 and 6 Envoys (2 workers each)
+# and a real floodgate-quota on loopback, paced clients, one global rule; the
+# same shape simulated; both printed side by side. About 2 minutes.
+fleet-validate: deps-envoy wasm
+	cargo build --quiet --release -p floodgate-quota --bin floodgate-quota
+	FLOODGATE_QUOTA_BIN=target/release/floodgate-quota \
+	  cargo run --quiet --release -p floodgate-fleet-sim --bin fleet-validate
 
 # The README's "Choosing an algorithm" pictures: one scripted traffic through
 # a real Envoy per algorithm (tests/src/bin/plots/), about 3 minutes.

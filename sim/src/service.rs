@@ -1,12 +1,11 @@
 //! The quota service as the simulation runs it: a store that is only bytes
 //! under keys (what Redis or the memory store holds), and the service's own
-//! decision code (`floodgate_quota::store::decide`), called as
-//! `quota/src/store/mod.rs` calls it, each lease's record written beside
-//! its bucket. Calls arrive as the JSON bodies the filter builds and
-//! answers leave as the JSON the service writes (`quota/src/service.rs`),
-//! so their sizes are the real ones.
-
-use std::collections::HashMap;
+//! decision code called as `quota/src/store/calls.rs` calls it — each lease
+//! by `lease_on` (its record written beside its bucket), each return by
+//! `decide::give_back`, each check by `decide::check`. Lease calls arrive as
+//! the JSON bodies the filter builds and answers leave as the JSON the
+//! service writes (`LeaseOutcome::to_wire`), so their sizes are the real
+//! ones. Every value written is counted: the store writes a call costs.
 
 use floodgate_core::time::Nanos;
 use floodgate_protocol::{LeaseRequest, LeaseResponse, ReturnRequest, ReturnResponse};
@@ -16,6 +15,7 @@ use floodgate_quota::store::decide::{self, LeaseRecord};
 use floodgate_quota::store::{lease_key, lease_on, BucketLease, Next};
 
 use crate::keys::{Key, DOMAIN};
+use crate::rng::Map;
 
 /// One stored value: its bytes, when the store may forget it (Redis's time
 /// to live, from the decision's `idle_at`), and the simulated key it
@@ -27,10 +27,17 @@ struct Entry {
     key: usize,
 }
 
+/// What the store did for a call, as simulated (unweighted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Writes {
+    /// Values written (a bucket, a lease record).
+    pub values: u64,
+}
+
 /// The service's store and settings.
 #[derive(Debug)]
 pub struct SimulatedService {
-    store: HashMap<String, Entry>,
+    store: Map<String, Entry>,
     /// How long leased tokens stay valid (`--lease-ttl`, 1 s by default).
     ttl: Nanos,
     /// Whether a lease that asks `per_window` may get an allowance (false:
@@ -48,7 +55,7 @@ fn key_of(descriptor: &[(String, String)]) -> Option<usize> {
 impl SimulatedService {
     /// An empty store; leases valid `ttl`; allowances granted if `allowances`.
     pub fn new(ttl: Nanos, allowances: bool) -> Self {
-        SimulatedService { store: HashMap::new(), ttl, allowances, notices: NoticeBoard::default() }
+        SimulatedService { store: Map::default(), ttl, allowances, notices: NoticeBoard::default() }
     }
 
     /// The bytes stored under `key` at `now` (an entry past its time to live is gone).
@@ -57,7 +64,12 @@ impl SimulatedService {
     }
 
     fn put(&mut self, key: &str, next: Next, owner: usize) {
-        self.store.insert(key.to_string(), Entry { bytes: next.bytes, idle_at: next.idle_at, key: owner });
+        match self.store.get_mut(key) {
+            Some(entry) => *entry = Entry { bytes: next.bytes, idle_at: next.idle_at, key: owner },
+            None => {
+                self.store.insert(key.to_string(), Entry { bytes: next.bytes, idle_at: next.idle_at, key: owner });
+            }
+        }
     }
 
     /// A restart of a service with the memory store: everything is forgotten.
@@ -70,34 +82,30 @@ impl SimulatedService {
         self.store.retain(|_, e| e.idle_at > now);
     }
 
-    /// Bytes of keys and values held at `now`, each entry weighted by its
-    /// key's sampling weight: `(weighted, as simulated)`.
-    pub fn size(&self, keys: &[Key], now: Nanos) -> (f64, u64) {
-        let mut weighted = 0.0;
-        let mut raw = 0;
+    /// Bytes of keys and values held at `now`, each entry weighted by what
+    /// it stands for (a bucket by its key's `key_weight`, a lease record by
+    /// its `pair_weight`): all of it, and the lease records' part.
+    pub fn size(&self, keys: &[Key], now: Nanos) -> (f64, f64) {
+        let (mut all, mut records) = (0.0, 0.0);
         for (name, entry) in self.store.iter().filter(|(_, e)| e.idle_at > now) {
-            let bytes = (name.len() + entry.bytes.len()) as u64;
-            raw += bytes;
-            weighted += bytes as f64 * keys.get(entry.key).map_or(1.0, |k| k.weight);
+            let bytes = (name.len() + entry.bytes.len()) as f64;
+            // A lease record's first byte is its tag, 255.
+            let record = entry.bytes.first() == Some(&u8::MAX);
+            let weight = keys.get(entry.key).map_or(1.0, |k| if record { k.pair_weight } else { k.key_weight });
+            all += bytes * weight;
+            if record {
+                records += bytes * weight;
+            }
         }
-        (weighted, raw)
+        (all, records)
     }
 
-    /// Bytes of the lease records held at `now` (their first byte is the
-    /// record tag, 255), weighted as [`SimulatedService::size`].
-    pub fn records_size(&self, keys: &[Key], now: Nanos) -> f64 {
-        self.store
-            .iter()
-            .filter(|(_, e)| e.idle_at > now && e.bytes.first() == Some(&u8::MAX))
-            .map(|(name, e)| (name.len() + e.bytes.len()) as f64 * keys.get(e.key).map_or(1.0, |k| k.weight))
-            .sum()
-    }
-
-    /// `POST /v1/lease`: the request body in, the response body out, as
-    /// `SimulatedService::lease` and the store's `lease` decide it.
-    pub fn lease(&mut self, keys: &[Key], body: &[u8], now: Nanos) -> Result<Vec<u8>, String> {
+    /// `POST /v1/lease`: the request body in, the response body out, each
+    /// lease decided by the store's `lease_on`; and the values written.
+    pub fn lease(&mut self, keys: &[Key], body: &[u8], now: Nanos) -> Result<(Vec<u8>, Writes), String> {
         let request: LeaseRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
         let mut leases = Vec::with_capacity(request.leases.len());
+        let mut writes = Writes::default();
         for want in &request.leases {
             let index = key_of(&want.descriptor).ok_or("a lease of an unknown descriptor")?;
             let key = keys.get(index).ok_or("a lease of an unknown key")?;
@@ -115,10 +123,11 @@ impl SimulatedService {
                 caller: None,
             };
             let values = [&key.bucket, &record_key].map(|at| self.get(at, now).map(<[u8]>::to_vec));
-            let (outcome, writes) = lease_on(&item, &values, now, self.ttl);
+            let (outcome, next) = lease_on(&item, &values, now, self.ttl);
             let outcome = outcome.ok_or("a lease id recorded for another key")?;
-            for (at, next) in [&key.bucket, &record_key].into_iter().zip(writes) {
+            for (at, next) in [&key.bucket, &record_key].into_iter().zip(next) {
                 if let Some(next) = next {
+                    writes.values += 1;
                     self.put(at, next, index);
                 }
             }
@@ -128,15 +137,18 @@ impl SimulatedService {
             leases.push(outcome.to_wire(&key.rule, false));
         }
         let near = if request.notices { self.notices.current(DOMAIN, now) } else { Vec::new() };
-        serde_json::to_vec(&LeaseResponse { leases, near }).map_err(|e| e.to_string())
+        let body = serde_json::to_vec(&LeaseResponse { leases, near }).map_err(|e| e.to_string())?;
+        Ok((body, writes))
     }
 
     /// `POST /v1/return`: as the store's `give_back` (without its retry
-    /// loop: nothing else writes meanwhile).
-    pub fn give_back(&mut self, body: &[u8], now: Nanos) -> Result<(Vec<u8>, u64), String> {
+    /// loop: nothing else writes meanwhile). The answer, the tokens given
+    /// back and the values written.
+    pub fn give_back(&mut self, body: &[u8], now: Nanos) -> Result<(Vec<u8>, u64, Writes), String> {
         let request: ReturnRequest = serde_json::from_slice(body).map_err(|e| e.to_string())?;
         let mut returned = Vec::with_capacity(request.returns.len());
         let mut replayed = Vec::with_capacity(request.returns.len());
+        let mut writes = Writes::default();
         for item in &request.returns {
             let record_key = lease_key(DOMAIN, &item.id);
             let owner = self.store.get(&record_key).map_or(0, |e| e.key);
@@ -149,10 +161,12 @@ impl SimulatedService {
             let again = done.returned;
             if !again {
                 done.returned = true;
+                writes.values += 1;
                 self.put(&record_key, done.to_next(None), owner);
             }
             if let Some(next) = next {
                 let bucket = done.bucket.clone();
+                writes.values += 1;
                 self.put(&bucket, next, owner);
             }
             returned.push(back);
@@ -160,6 +174,22 @@ impl SimulatedService {
         }
         let total = returned.iter().sum();
         let body = serde_json::to_vec(&ReturnResponse { returned, replayed }).map_err(|e| e.to_string())?;
-        Ok((body, total))
+        Ok((body, total, writes))
+    }
+
+    /// `POST /v1/check` of one request of `key` (check mode: one
+    /// descriptor, one unit): whether it was admitted, and the values
+    /// written (the store writes an admitting bucket that changed).
+    pub fn check(&mut self, keys: &[Key], index: usize, now: Nanos) -> (bool, Writes) {
+        let Some(key) = keys.get(index) else { return (false, Writes::default()) };
+        let stored = self.get(&key.bucket, now);
+        let (decision, next) = decide::check(&key.rule, stored, now, 1);
+        let changed = stored != Some(next.bytes.as_slice());
+        if decision.allowed() && changed {
+            let bucket = key.bucket.clone();
+            self.put(&bucket, next, index);
+            return (true, Writes { values: 1 });
+        }
+        (decision.allowed(), Writes::default())
     }
 }

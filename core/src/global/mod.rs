@@ -17,3 +17,9 @@
 pub mod calls;
 pub mod fallback;
 pub mod settings;
+
+/// How often a worker looks again at the pools its paused requests wait on
+/// (its tick while any waits for a refill): an answer refills a pool on the
+/// worker that asked, and a request paused on another worker sees the new
+/// tokens on its own next tick.
+pub const REFILL_TICK: crate::time::Nanos = crate::time::Nanos::from_millis(2);
