@@ -88,6 +88,9 @@ pub enum Filters {
         config: String,
         /// floodgate-quota's `--listen` port.
         quota: u16,
+        /// Proxied to the upstream on this port, as [`Filters::EnvoyGlobal`]
+        /// is (`None`: a `direct_response`).
+        upstream: Option<u16>,
     },
     /// The host-call probe with this configuration (`<call>=<repeats>`).
     Probe(String),
@@ -197,7 +200,11 @@ impl Filters {
                 vec![cluster("upstream", &[*upstream], "1s", false), cluster("floodgate_quota", &[*grpc], "1s", true)]
             }
             // The filter's callouts are HTTP/1.1, as in the end-to-end tests.
-            Filters::FloodgateGlobal { quota, .. } => vec![cluster("floodgate-quota", &[*quota], "1s", false)],
+            Filters::FloodgateGlobal { quota, upstream, .. } => {
+                let mut clusters = vec![cluster("floodgate-quota", &[*quota], "1s", false)];
+                clusters.extend(upstream.map(|port| cluster("upstream", &[port], "1s", false)));
+                clusters
+            }
             _ => Vec::new(),
         }
     }
@@ -212,7 +219,9 @@ pub fn bootstrap(filters: &Filters, paths: &Paths, port: u16, admin_port: u16) -
     listener.manager.insert("use_remote_address".into(), json!(true));
     listener.http_filters = filters.http_filters(paths);
     match filters {
-        Filters::Routed { .. } => listener.routes = vec![route_to("upstream")],
+        Filters::Routed { .. } | Filters::FloodgateGlobal { upstream: Some(_), .. } => {
+            listener.routes = vec![route_to("upstream")]
+        }
         Filters::EnvoyGlobal { .. } => {
             listener.routes = vec![route_to("upstream")];
             listener.rate_limits = vec![per_key_action()];

@@ -291,6 +291,24 @@ pub static VARIANTS: &[Variant] = &[
         default: true,
         ..ROW
     },
+    // Check mode on (r)'s path: per key, proxied to the upstream Envoy,
+    // asking the same service process. (gc) answers directly, so its
+    // ratio to (r) also carries the upstream hop's cost; this one does not.
+    Variant {
+        id: "gcu",
+        label: "Floodgate global, check mode, per key, proxied to an upstream Envoy",
+        filters: |p| {
+            let per_key = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
+            proxied_to(global_rule(Module::Wasm, p.quota_http, "per-key", "check", per_key, ""), p.upstream)
+        },
+        proxied: true,
+        service: QuotaBackend::Leases,
+        reference: Some("r"),
+        latency: true,
+        default: true,
+        targets: &[throughput_ratio(31, "r", Bound::AtLeast(0.9))],
+        ..ROW
+    },
     // Floodgate's global mode (issue 7) against floodgate-quota's HTTP API
     // (the process of (r)), the limit in the service's limits file far
     // above the load: the cost of global decisions, not of limiting. Each
@@ -575,6 +593,18 @@ fn global_rule(module: Module, quota: u16, name: &str, mode: &str, descriptors: 
                "global": {{"cluster": "floodgate-quota", "domain": "bench"{global_extra}}}}}"#
         ),
         quota,
+        upstream: None,
+    }
+}
+
+/// `filters`, proxied to the upstream Envoy on `upstream` instead of
+/// answering directly.
+fn proxied_to(filters: Filters, upstream: u16) -> Filters {
+    match filters {
+        Filters::FloodgateGlobal { module, config, quota, .. } => {
+            Filters::FloodgateGlobal { module, config, quota, upstream: Some(upstream) }
+        }
+        other => other,
     }
 }
 
@@ -605,7 +635,7 @@ mod tests {
 
     #[test]
     fn the_default_list_is_the_one_make_bench_always_ran() {
-        assert_eq!(default_ids(), "a,b,c,nc,d,nd,d2,e,f,db,u,r,dk,gk,dt,gt,gtm,gct,i,gl,gc,ni,ngl,ngc");
+        assert_eq!(default_ids(), "a,b,c,nc,d,nd,d2,e,f,db,u,r,gcu,dk,gk,dt,gt,gtm,gct,i,gl,gc,ni,ngl,ngc");
     }
 
     #[test]
