@@ -1,6 +1,5 @@
-//! The global-mode table (issue 7): each Floodgate global-mode variant
-//! beside its local reference, with what it asked the quota service for;
-//! then its targets.
+//! The global-mode table: each Floodgate global-mode variant beside its local
+//! reference, with what it asked the quota service for; then its targets.
 
 use std::fmt::Write as _;
 

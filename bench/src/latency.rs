@@ -1,7 +1,6 @@
-//! The latency part (issue 15): sequential requests on one keep-alive
-//! connection, one variant after another, round by round; percentiles of
-//! each run, their medians over rounds, ratios to each variant's reference,
-//! and the targets.
+//! The latency part: sequential requests on one keep-alive connection, one
+//! variant after another, round by round; percentiles of each run, their
+//! medians over rounds, ratios to each variant's reference, and the targets.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -1,9 +1,9 @@
-//! Floodgate's benchmark (issue 4): per-request cost against no filter,
-//! Envoy's own `local_ratelimit` and a no-op wasm filter; latency of every
-//! path on one connection; accuracy under load on both workers; memory with
-//! a million distinct clients. Prints markdown tables with the issues'
-//! targets and writes the raw numbers as JSON. It measures and reports; it
-//! asserts nothing about time.
+//! Floodgate's benchmark: per-request cost against no filter, Envoy's own
+//! `local_ratelimit` and a no-op wasm filter; latency of every path on one
+//! connection; accuracy under load on both workers; memory with a million
+//! distinct clients. Prints markdown tables with the speed targets and writes
+//! the raw numbers as JSON. It measures and reports; it asserts nothing about
+//! time.
 //!
 //! Run it through `make -f bench/bench.mk filter-bench` (or `filter-bench-quick`);
 //! the environment variables it reads are listed in [`BenchSettings::from_env`].

@@ -9,8 +9,8 @@ use crate::targets::{Bound, Measure, ReportTable, RoundFigure, Target};
 /// many-keys variants use.
 pub const KEYS: u32 = 16;
 pub const MANY_KEYS: u32 = 1000;
-/// The long tail of issue 21: wrk's throughput spread over these keys gives
-/// each about one or two requests a second.
+/// The long tail: wrk's throughput spread over these keys gives each about one
+/// or two requests a second.
 pub const LONG_TAIL_KEYS: u32 = 10_000;
 
 /// Seconds of load before each round of the long-tail rows: a pool asks for
@@ -126,18 +126,19 @@ const fn p99_ratio(issue: u32, against: &'static str, bound: Bound) -> Target {
     Target::new(issue, Measure::Ratio { metric: RoundFigure::P99, against }, bound)
 }
 
-/// Issue 7's lease-mode targets at steady load: callouts per request.
+/// The lease-mode targets at steady load: callouts per request (leases exist
+/// to keep the service off the request path).
 const LEASE_CALLOUTS: Target = Target::new(7, Measure::Value(RoundFigure::CalloutsSteady), Bound::AtMost(0.02));
 
-/// Issue 15's targets with per-second windows.
+/// A target measured with per-second windows.
 const fn per_second(target: Target) -> Target {
     Target { quota_unit: Some("second"), ..target }
 }
 
-/// Issue 21's targets on a long-tail lease variant: against the local
-/// reference (dt) and the check-mode variant (gct), and what it asked the
-/// service for at steady load. `quota_unit`: the `BENCH_QUOTA_UNIT` its
-/// windows follow, if they do.
+/// The targets of a long-tail lease variant: against the local reference (dt)
+/// and the check-mode variant (gct), and what it asked the service for at
+/// steady load. `quota_unit`: the `BENCH_QUOTA_UNIT` its windows follow, if
+/// they do.
 const fn long_tail(quota_unit: Option<&'static str>) -> [Target; 5] {
     [
         Target { quota_unit, ..throughput_ratio(21, "dt", Bound::AtLeast(0.85)) },
@@ -148,10 +149,10 @@ const fn long_tail(quota_unit: Option<&'static str>) -> [Target; 5] {
     ]
 }
 
-/// Every variant, in the order they run each round: issue 4's (a)–(f),
-/// Envoy's global filter against the quota service with its ceiling
-/// (issue 10), Floodgate's global mode with its local references (issue 7),
-/// then opt-in diagnostics.
+/// Every variant, in the order they run each round: the local references and
+/// Floodgate's local mode (a)–(f), Envoy's global filter against the quota
+/// service with its ceiling, Floodgate's global mode with its local
+/// references, then opt-in diagnostics.
 pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "a",
@@ -182,7 +183,7 @@ pub static VARIANTS: &[Variant] = &[
         default: true,
         ..ROW
     },
-    // The native build's floor: a dynamic module that does nothing (issue 33).
+    // The native build's floor: a dynamic module that does nothing.
     Variant {
         id: "nc",
         label: "no-op native filter (dynamic module)",
@@ -201,8 +202,8 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.90)), p99_ratio(14, "c", Bound::AtMost(1.20))],
         ..ROW
     },
-    // (d) in the native build, beside Envoy's own per-descriptor limiter
-    // (b) and the wasm build (d) on the same key and load (issue 33).
+    // (d) in the native build, beside Envoy's own per-descriptor limiter (b)
+    // and the wasm build (d) on the same key and load.
     Variant {
         id: "nd",
         label: "Floodgate native, per key, never limits",
@@ -252,7 +253,7 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[throughput_ratio(14, "c", Bound::AtLeast(0.80))],
         ..ROW
     },
-    // Issue 14's opt-in per-worker batches on one hot key.
+    // The opt-in per-worker batches on one hot key.
     Variant {
         id: "db",
         label: "Floodgate, per key, per-worker batches of 16, one hot key",
@@ -309,11 +310,11 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[throughput_ratio(31, "r", Bound::AtLeast(0.9))],
         ..ROW
     },
-    // Floodgate's global mode (issue 7) against floodgate-quota's HTTP API
-    // (the process of (r)), the limit in the service's limits file far
-    // above the load: the cost of global decisions, not of limiting. Each
-    // beside its local reference: (dk) for (gk), (dt) for (gt), (gtm) and
-    // (gct), (i) for (gl), (gc).
+    // Floodgate's global mode against floodgate-quota's HTTP API (the process
+    // of (r)), the limit in the service's limits file far above the load: the
+    // cost of global decisions, not of limiting. Each beside its local
+    // reference: (dk) for (gk), (dt) for (gt), (gtm) and (gct), (i) for (gl),
+    // (gc).
     Variant {
         id: "dk",
         label: "Floodgate local as (d), 1000 keys",
@@ -338,12 +339,11 @@ pub static VARIANTS: &[Variant] = &[
         ],
         ..ROW
     },
-    // The long tail (issue 21): 10,000 keys, each asked for once or twice a
-    // second, beside their local reference (dt); the lease variants also
-    // against check mode (gct), which asks the service on every request.
-    // (gt) and (gct) use the service's `api_key` entry, fixed windows of
-    // `BENCH_QUOTA_UNIT` (a second by default), as (gk); (gtm) its
-    // per-minute entry.
+    // The long tail: 10,000 keys, each asked for once or twice a second,
+    // beside their local reference (dt); the lease variants also against check
+    // mode (gct), which asks the service on every request. (gt) and (gct) use
+    // the service's `api_key` entry, fixed windows of `BENCH_QUOTA_UNIT` (a
+    // second by default), as (gk); (gtm) its per-minute entry.
     Variant {
         id: "dt",
         label: "Floodgate local, 10,000 keys",
@@ -428,8 +428,8 @@ pub static VARIANTS: &[Variant] = &[
         ],
         ..ROW
     },
-    // The native build's global mode on the hot key (issue 33), beside
-    // (gl) and (gc), with its own local reference (ni), as (i) is theirs.
+    // The native build's global mode on the hot key, beside (gl) and (gc),
+    // with its own local reference (ni), as (i) is theirs.
     Variant {
         id: "ni",
         label: "Floodgate native, one global bucket (hot key)",

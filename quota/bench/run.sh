@@ -2,8 +2,9 @@
 # Loopback benchmark of floodgate-quota: decisions per second and latency of
 # /v1/check and /v1/lease with the memory store (and, with 10⁶ buckets, one
 # with room and one full), with Redis and with a three-master Redis Cluster,
-# and Envoy's rate limit service API over gRPC beside /v1/check; then the
-# table of issue 16's targets, as ratios measured in the same run.
+# and Envoy's rate limit service API over gRPC beside /v1/check; then the table
+# of the service's targets (Redis against memory, a full store against one with
+# room), as ratios measured in the same run.
 #
 # Pinning: every service runs with one tokio worker thread
 # (TOKIO_WORKER_THREADS=1) under `taskset -c 0`, the load generators (wrk,
@@ -19,28 +20,30 @@
 # gives medians over the rounds of the figures and of the per-round ratios.
 # Everything listens on 127.0.0.1 only; every row is bounded by DURATION.
 #
-# Issue 22's rows: leases per second when each call carries 1, 10 or 200
-# leases (memory, Redis), and the hot-key fairness probe (memory, Redis):
-# checks of [other, hot], calls of two leases and returns of the hot key's
-# leases (4 connections), alone and while 24 connections flood the hot key.
+# Calls of many leases and hot keys: leases per second when each call carries
+# 1, 10 or 200 leases (memory, Redis), and the hot-key fairness probe (memory,
+# Redis), so that a flooded key does not starve other calls touching it: checks
+# of [other, hot], calls of two leases and returns of the hot key's leases (4
+# connections), alone and while 24 connections flood the hot key.
 #
-# Issue 34's rows: big-call fairness. A one-lease probe (probe1.lua: a
-# call of one lease of a fresh key, 2 connections) alone, then while 8
-# connections send calls of 512 leases of fresh keys (big.lua), memory (a
-# service of its own, with room for 4 x 10^6 records: the flood writes
-# hundreds of thousands a second, each kept 31 s) and Redis (the service of
-# the rows of many leases a call, with its own Redis). Target: the probe's
-# p99 flooded at most 3x its p99 alone, with 0 failures.
+# Big-call fairness (calls of 512 leases once took a one-lease probe's p50 from
+# 1 ms to 152 ms on Redis). A one-lease probe (probe1.lua: a call of one lease
+# of a fresh key, 2 connections) alone, then while 8 connections send calls of
+# 512 leases of fresh keys (big.lua), memory (a service of its own, with room
+# for 4 x 10^6 records: the flood writes hundreds of thousands a second, each
+# kept 31 s) and Redis (the service of the rows of many leases a call, with its
+# own Redis). Target: the probe's p99 flooded at most 3x its p99 alone, with 0
+# failures.
 #
-# Issue 32's rows: RLQS bucket reports decided per second on the service's
-# core, 100 streams (Envoys) each reporting the same 1,000 buckets, every
-# stream's next report sent as soon as its last is answered
+# RLQS (Envoy's rate_limit_quota filter): bucket reports decided per second on
+# the service's core, 100 streams (Envoys) each reporting the same 1,000
+# buckets, every stream's next report sent as soon as its last is answered
 # (floodgate-rlqs-load, pinned with the other load generators), memory and
 # Redis; p50/p99 are those of an answer (a stream's report of its 1,000
-# buckets, sent to assigned). RLQS_STREAMS and RLQS_BUCKETS change the
-# shape (RLQS_STREAMS=2 RLQS_BUCKETS=10 for a smoke run). The side-by-side
-# of Envoy's RLS path and RLQS on one load is `side_by_side.sh` (needs
-# envoy): RLQS_SIDE=1 runs it after the rounds.
+# buckets, sent to assigned). RLQS_STREAMS and RLQS_BUCKETS change the shape
+# (RLQS_STREAMS=2 RLQS_BUCKETS=10 for a smoke run). The side-by-side of Envoy's
+# RLS path and RLQS on one load is `side_by_side.sh` (needs envoy): RLQS_SIDE=1
+# runs it after the rounds.
 #
 # The HTTP reference row: GET /healthz on the memory service, with the
 # check row's connections and pinning: the service's own HTTP path (accept,
@@ -191,7 +194,7 @@ start_service "$bin" --store "redis://127.0.0.1:$leases_redis_port/"
 redis_leases_service_port=$port
 start_service "$bin" --store "$cluster_url"
 cluster_port=$port
-# The big-call rows' memory service (see issue 34's rows above).
+# The big-call rows' memory service (see big-call fairness above).
 start_service "$bin" --store memory --memory-max-buckets 4000000
 big_memory_port=$port
 compare_port=""

@@ -1,6 +1,6 @@
 """Prints the quota benchmark's table from its rows (round|label|rate|p50|p99
 |non-2xx): per row the medians over the rounds, with the range of the rate
-and of p99, and the ratios the targets of issue 16 are stated in, each the
+and of p99, and the ratios the service's targets are stated in, each the
 median of the per-round ratios (rows of one round ran within a minute or
 two of each other, so the ratios mean more than the absolute figures on a
 shared machine).

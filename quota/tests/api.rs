@@ -318,10 +318,11 @@ fn the_binary_serves_and_stops_on_sigterm() {
     assert!(rest.iter().any(|l| l.contains("\"stopped\"")), "{rest:?}");
 }
 
-/// Issue 16: a fresh instance's first scrape already lists every counter and
-/// histogram family at 0 (per configured domain where it has a domain
-/// label), so dashboards and alerts on rates or absent series work from a
-/// restart on; a domain added by a reload gets its series too.
+/// A fresh instance's first scrape already lists every counter and histogram
+/// family at 0 (per configured domain where it has a domain label), so
+/// dashboards and alerts on rates or absent series work from a restart on (an
+/// empty page until the first request left them blank); a domain added by a
+/// reload gets its series too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_is_exported_at_zero_from_the_first_scrape() {
     for (backend, store, failures) in [
@@ -379,13 +380,13 @@ fn noticed(body: &Value) -> Vec<String> {
     })
 }
 
-/// Issue 34, finding 8: near-limit notices name a domain's keys (a user's
-/// e-mail): only callers of that domain read them, those bearing the
-/// domain's own token (`--domain-token`). The service's one token still
-/// admits every domain's calls but reads (and posts) no domain's notices
-/// (before, any holder of it read every domain's), another domain's token
-/// is refused on this domain's calls, and one caller's bogus reports (32
-/// keys in one call) do not push the others' notices off the board.
+/// Near-limit notices name a domain's keys (a user's e-mail): only callers of
+/// that domain read them, those bearing the domain's own token
+/// (`--domain-token`). The service's one token still admits every domain's
+/// calls but reads (and posts) no domain's notices (before, any holder of it
+/// read every domain's), another domain's token is refused on this domain's
+/// calls, and one caller's bogus reports (32 keys in one call) do not push the
+/// others' notices off the board.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn near_limit_notices_are_only_for_callers_of_their_domain() {
     let options = Options {

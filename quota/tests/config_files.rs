@@ -210,14 +210,13 @@ async fn wait_for_metric(f: &Fixture, metric: &str) {
     }
 }
 
-/// Issue 34, finding 6: a limits file cut short (written in two steps and
-/// read between them: a prefix that still parses) never leaves a limited
-/// key unlimited: the reload is refused (counted as `refused`, logged
-/// naming the descriptors) and the previous limits keep serving (before,
-/// the prefix was loaded and `/login` became `no_rule`: 175 leases and 128
-/// checks passed in 400 ms). The operator says so by marking the key
-/// `unlimited: true` (applied), or with `SIGHUP` (`apply_as_is`), which
-/// applies the files as they are.
+/// A limits file cut short (written in two steps and read between them: a
+/// prefix that still parses) never leaves a limited key unlimited: the reload
+/// is refused (counted as `refused`, logged naming the descriptors) and the
+/// previous limits keep serving (before, the prefix was loaded and `/login`
+/// became `no_rule`: 175 leases and 128 checks passed in 400 ms). The operator
+/// says so by marking the key `unlimited: true` (applied), or with `SIGHUP`
+/// (`apply_as_is`), which applies the files as they are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_drops_limits_is_refused_unless_the_operator_says_so() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,10 +1,11 @@
-//! Issue 22, finding 1: a hot key flooded on one instance must not starve
-//! that instance's other calls touching it. Checks of `[other, hot]`, calls
-//! carrying two leases (one on the hot key), and returns of the hot key's
-//! leases run while 48 tasks flood the hot key on the same instance, with
-//! the production `--store-timeout` (250 ms): every one of them is answered
-//! (no 503). Counts only: speed belongs in the benchmark (`make quota-bench`'s
-//! fairness rows).
+//! A hot key flooded on one instance must not starve that instance's other
+//! calls touching it (on Redis they lost every race to the hot key's batches:
+//! 23 of 57 checks of `[other, hot]` answered 503, before every key a call
+//! touches was ordered fairly). Checks of `[other, hot]`, calls carrying two
+//! leases (one on the hot key), and returns of the hot key's leases run while
+//! 48 tasks flood the hot key on the same instance, with the production
+//! `--store-timeout` (250 ms): every one of them is answered (no 503). Counts
+//! only: speed belongs in the benchmark (`make quota-bench`'s fairness rows).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

@@ -1,12 +1,11 @@
-//! Issue 34, finding 3: what a restarted memory store owes the limit. The
-//! allowances it granted before are still spent by their holders until
-//! their terms end; started afresh (`--memory-restart forget`, the
-//! default), the store admits its whole limit in each of those windows
-//! beside them, at most 1.75 times the limit, the bound the README states
-//! (148 a second against 100 was measured, for a term); with
-//! `--memory-restart reserve`, every window after the restart admits at
-//! most its limit, what the earlier allowances spend included. Counted on a
-//! manual clock.
+//! What a restarted memory store owes the limit. The allowances it granted
+//! before are still spent by their holders until their terms end; started
+//! afresh (`--memory-restart forget`, the default), the store admits its whole
+//! limit in each of those windows beside them, at most 1.75 times the limit,
+//! the bound the README states (148 a second against 100 was measured, for a
+//! term); with `--memory-restart reserve`, every window after the restart
+//! admits at most its limit, what the earlier allowances spend included.
+//! Counted on a manual clock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

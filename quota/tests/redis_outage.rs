@@ -201,12 +201,12 @@ async fn used(f: &Fixture) -> u64 {
     }
 }
 
-/// Finding 1 of issue 10: a Redis call that timed out (503) still runs when
-/// Redis wakes up. Retrying a return or a lease with its id must then be
-/// harmless, so that the 200 answers always account for what was taken.
-/// (The return bodies also carry the old `descriptor`/`window` fields, which
-/// the service ignores: the old protocol accepted the same requests, and
-/// applied the return twice.)
+/// A Redis call that timed out (503) still runs when Redis wakes up. Retrying
+/// a return or a lease with its id must then be harmless, so that the 200
+/// answers always account for what was taken (a retried return was once
+/// applied twice). (The return bodies also carry the old `descriptor`/`window`
+/// fields, which the service ignores: the old protocol accepted the same
+/// requests, and applied the return twice.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_return_or_lease_is_safe_to_retry() {
     let f = Fixture::with(Backend::Redis, LIMITS, options()).await;
@@ -239,17 +239,17 @@ async fn a_timed_out_return_or_lease_is_safe_to_retry() {
     // timed-out call or by its retry, never both), the second lease's grant;
     // the 503'd check may or may not have taken its 5 (never more).
     assert!(after == 20 + granted || after == 25 + granted, "used {after}, granted {granted}, returned {returned}");
-    // Issue 22, finding 5: whichever applied it, the retry says what the
-    // return gave back (the timed-out call's answer never arrived).
+    // Whichever applied it, the retry says what the return gave back (the
+    // timed-out call's answer never arrived, so the caller learns it here).
     assert_eq!(returned, 10, "the retry repeats what the return gave back");
     let again = f.give_back(give_back).await;
     assert_eq!((again["returned"][0].clone(), again["replayed"][0].clone()), (json!(10), json!(true)), "once");
     assert_eq!(used(&f).await, after);
 }
 
-/// Issue 16, finding 4: a Redis killed with SIGKILL refuses connections, and
-/// calls say so at once: `unavailable`, not a `timeout` after waiting out the
-/// store timeout in reconnection attempts.
+/// A Redis killed with SIGKILL refuses connections, and calls say so at once:
+/// `unavailable`, not a `timeout` after waiting out the store timeout in
+/// reconnection attempts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_redis_is_unavailable_at_once_not_a_timeout() {
     let mut f = Fixture::with(Backend::Redis, LIMITS, options()).await;

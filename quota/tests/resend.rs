@@ -1,9 +1,9 @@
-//! Issue 22, finding 5: a script resent after a dropped connection makes the
-//! decision its first send made, even when another instance wrote the keys
-//! in between. A proxy between the service and Redis forwards the first
-//! script, lets another instance check the same key once Redis has applied
-//! it, then drops the connection before the reply: the service resends on a
-//! new connection, and the key counts two checks, not three.
+//! A script resent after a dropped connection makes the decision its first
+//! send made (else one check may count twice), even when another instance
+//! wrote the keys in between. A proxy between the service and Redis forwards
+//! the first script, lets another instance check the same key once Redis has
+//! applied it, then drops the connection before the reply: the service resends
+//! on a new connection, and the key counts two checks, not three.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

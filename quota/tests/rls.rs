@@ -290,10 +290,10 @@ async fn stops_on_its_shutdown_signal() {
     assert!(tokio::net::TcpStream::connect(rls.address).await.is_err(), "no longer listening");
 }
 
-/// Issue 16, finding 5: a message that does not decode is the caller's
-/// mistake, `INVALID_ARGUMENT` naming what is wrong (it was `INTERNAL`), and
-/// every call is counted in `requests_total{endpoint="rls"}`, those and
-/// `UNAUTHENTICATED` ones included.
+/// A message that does not decode is the caller's mistake, `INVALID_ARGUMENT`
+/// naming what is wrong (it was `INTERNAL`), and every call is counted in
+/// `requests_total{endpoint="rls"}`, those and `UNAUTHENTICATED` ones
+/// included.
 #[tokio::test]
 async fn malformed_messages_are_invalid_argument_and_every_call_is_counted() {
     let (fixture, rls, _client) =

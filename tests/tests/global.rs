@@ -206,15 +206,14 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000}
 ";
 
-/// Issue 15: per-second fixed windows, counted window by window. Three
-/// Envoys with two workers each, far more demand than the limit of 100 a
-/// second, for 22 s: by the instant each Envoy let a request through, no
-/// second ever admits more than 100 fleet-wide, and every whole second
-/// uses at least 90. A fourth Envoy, far below its own limit, switches
-/// from one second's lease to the next without waiting: once warmed up, its
-/// requests wait for a refresh only in the moment an answer takes to
-/// arrive, not once a second as they would if a lease ended with its window
-/// and the next were asked for only then.
+/// Per-second fixed windows, counted window by window. Three Envoys with two
+/// workers each, far more demand than the limit of 100 a second, for 22 s: by
+/// the instant each Envoy let a request through, no second ever admits more
+/// than 100 fleet-wide, and every whole second uses at least 90. A fourth
+/// Envoy, far below its own limit, switches from one second's lease to the
+/// next without waiting: once warmed up, its requests wait for a refresh only
+/// in the moment an answer takes to arrive, not once a second as they would if
+/// a lease ended with its window and the next were asked for only then.
 #[test]
 fn per_second_windows_hold_window_by_window_and_are_leased_ahead() {
     let service = QuotaServer::start(SECOND_WINDOWS, "memory");

@@ -1,4 +1,4 @@
-//! End to end, global mode for the long tail (issue 21): three real Envoys
+//! End to end, global mode for the long tail: three real Envoys
 //! (two workers each) and the real quota service on loopback, hundreds of
 //! per-user keys at a few requests a second each, spread over the Envoys as
 //! a load balancer spreads them, under per-second and per-minute fixed
