@@ -15,14 +15,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use floodgate_e2e::{Conn, Envoy, QuotaServer};
+use floodgate_e2e::{free_port, Conn, Envoy, QuotaServer};
 
 /// The limit of a tenant in the example's limits file, a second.
 const LIMIT: f64 = 50.0;
@@ -31,10 +30,6 @@ const INTERVAL: u64 = 5;
 
 fn example(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name)
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// The example bootstrap with its ports replaced; each must occur once.
