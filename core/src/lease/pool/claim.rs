@@ -70,16 +70,10 @@ pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 /// old when a request waits at it, and has seen no other request since its
 /// rate observation began, is a cold pair's: the request is decided as a
 /// check ([`Claim::check`]). A pair seen again sooner leases at its pace:
-/// at three Envoys, a key of a request a second each is one (most of its
-/// gaps are under two seconds); at a hundred, a key of two requests a
-/// second is not (its pairs meet again every 50 s or so). Two, not more: a
-/// pair back after three to ten horizons spends a lease's first token and
-/// lets the rest expire or go back (a record, a return: four store writes
-/// for one request where a check writes one); the fleet simulation's store
-/// writes per request at 10 Envoys × 10⁴ keys went from 1.06 (ten
-/// horizons) to 0.90, under check mode's 0.94, for the same calls and
-/// waits on the three-Envoy long tail.
-pub const THIN_HORIZONS: u64 = 2;
+/// at three Envoys, a key of a request a second each is one (its requests'
+/// waits stay as they were before checks); at a hundred, a key of two
+/// requests a second is not (its pairs meet again every 50 s or so).
+pub const THIN_HORIZONS: u64 = 10;
 
 /// The longest an allowance's renewal is held back from the start of the
 /// allowance's last window, to share a call with other pools' renewals (one

@@ -923,13 +923,13 @@ fn a_pair_back_soon_after_its_check_leases() {
     let checked = GrantedLease { checked: true, ..grant(7, 1) };
     let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
     let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
-    // Back 1.9 s later: its observation starts afresh (a horizon without
-    // tokens), but its check was under two horizons ago.
-    let (spend, claim, _) = p.spend(state, T0 + Nanos::from_millis(1_900), 1);
+    // Back 9 s later: its observation starts afresh (a horizon without
+    // tokens), but its check was under ten horizons ago.
+    let (spend, claim, _) = p.spend(state, T0 + SECOND.times(9), 1);
     assert_eq!(spend, Spend::Empty);
     let claim = claim.unwrap();
     assert!(!claim.check && claim.per_window, "{claim:?}");
-    // Back 2.1 s later: cold again.
-    let (_, claim, _) = p.spend(state, T0 + Nanos::from_millis(2_100), 1);
+    // Back 11 s later: cold again.
+    let (_, claim, _) = p.spend(state, T0 + SECOND.times(11), 1);
     assert!(claim.unwrap().check);
 }
