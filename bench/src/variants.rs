@@ -310,6 +310,21 @@ pub static VARIANTS: &[Variant] = &[
         targets: &[throughput_ratio(31, "r", Bound::AtLeast(0.9))],
         ..ROW
     },
+    // (gcu) in the native build: what the wasm floor costs check mode.
+    Variant {
+        id: "ngcu",
+        label: "Floodgate native global, check mode, per key, proxied to an upstream Envoy",
+        filters: |p| {
+            let per_key = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
+            proxied_to(global_rule(Module::Native, p.quota_http, "per-key", "check", per_key, ""), p.upstream)
+        },
+        proxied: true,
+        service: QuotaBackend::Leases,
+        reference: Some("r"),
+        latency: true,
+        default: true,
+        ..ROW
+    },
     // Floodgate's global mode against floodgate-quota's HTTP API (the process
     // of (r)), the limit in the service's limits file far above the load: the
     // cost of global decisions, not of limiting. Each beside its local
@@ -635,7 +650,7 @@ mod tests {
 
     #[test]
     fn the_default_list_is_the_one_make_bench_always_ran() {
-        assert_eq!(default_ids(), "a,b,c,nc,d,nd,d2,e,f,db,u,r,gcu,dk,gk,dt,gt,gtm,gct,i,gl,gc,ni,ngl,ngc");
+        assert_eq!(default_ids(), "a,b,c,nc,d,nd,d2,e,f,db,u,r,gcu,ngcu,dk,gk,dt,gt,gtm,gct,i,gl,gc,ni,ngl,ngc");
     }
 
     #[test]
