@@ -560,7 +560,14 @@ impl RedisStore {
         let mut resent = false;
         loop {
             let Some(wake) = open.iter().map(|o| o.not_before).min() else { return Ok(()) };
-            tokio::time::sleep_until(wake.into()).await;
+            // Only a batch that met another instance's turn has a wake
+            // ahead. A deadline already passed is not awaited: tokio's timer
+            // rounds it up to its next millisecond tick, which cost every
+            // attempt up to a millisecond (a lone probe's p50 went from
+            // 0.5 ms to 4.4 ms on Redis).
+            if wake > Instant::now() {
+                tokio::time::sleep_until(wake.into()).await;
+            }
             let at = Instant::now();
             // The batches due first; all of them stay in `open` while the
             // script is out, so that a call that times out meanwhile finds
