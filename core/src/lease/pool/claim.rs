@@ -156,28 +156,17 @@ impl LeasePool {
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
         let cold = unmet > 0 && seen.spent == 0 && long_ago && usable == 0 && window.is_none() && !lease.pending(now);
-        if cold && !state.windows_left() {
-            let (per_window, reported, check) = (false, 0, true);
-            let wanted = cost;
-            return Some(Claim {
-                started: now,
-                wanted,
-                rate,
-                window,
-                send_by,
-                not_before,
-                per_window,
-                reported,
-                wants_notices,
-                check,
-            });
-        }
-        let wanted = self.refresh.wanted(rate, usable).max(cost);
-        // A check counts as a lease here: the pair has been seen that long.
-        let known =
-            now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
-        let per_window = state.allowance.per_window > 0 || known;
-        let (reported, check) = (0, false);
+        // A cold pair asks for the waiting request's cost alone, as a check;
+        // any other claim leases at its pace.
+        let check = cold && !state.windows_left();
+        let (wanted, per_window) = if check {
+            (cost, false)
+        } else {
+            // A check counts as a lease here: the pair has been seen that long.
+            let known = now - seen.since >= RATE_FLOOR
+                || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
+            (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known)
+        };
         Some(Claim {
             started: now,
             wanted,
@@ -186,7 +175,7 @@ impl LeasePool {
             send_by,
             not_before,
             per_window,
-            reported,
+            reported: 0,
             wants_notices,
             check,
         })
