@@ -298,10 +298,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "gcu",
         label: "Floodgate global, check mode, per key, proxied to an upstream Envoy",
-        filters: |p| {
-            let per_key = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
-            proxied_to(global_rule(Module::Wasm, p.quota_http, "per-key", "check", per_key, ""), p.upstream)
-        },
+        filters: |p| per_key_check_proxied(Module::Wasm, p),
         proxied: true,
         service: QuotaBackend::Leases,
         reference: Some("r"),
@@ -314,10 +311,7 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "ngcu",
         label: "Floodgate native global, check mode, per key, proxied to an upstream Envoy",
-        filters: |p| {
-            let per_key = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
-            proxied_to(global_rule(Module::Native, p.quota_http, "per-key", "check", per_key, ""), p.upstream)
-        },
+        filters: |p| per_key_check_proxied(Module::Native, p),
         proxied: true,
         service: QuotaBackend::Leases,
         reference: Some("r"),
@@ -612,12 +606,14 @@ fn global_rule(module: Module, quota: u16, name: &str, mode: &str, descriptors: 
     }
 }
 
-/// `filters`, proxied to the upstream Envoy on `upstream` instead of
-/// answering directly.
-fn proxied_to(filters: Filters, upstream: u16) -> Filters {
-    match filters {
+/// A check-mode rule per `x-api-key` value in build `module`, proxied to
+/// the upstream Envoy as (r) is: (r)'s path with Floodgate in place of
+/// Envoy's `ratelimit` filter.
+fn per_key_check_proxied(module: Module, p: &Ports) -> Filters {
+    let per_key = r#"[{"request_headers": {"header_name": "x-api-key", "descriptor_key": "api_key"}}]"#;
+    match global_rule(module, p.quota_http, "per-key", "check", per_key, "") {
         Filters::FloodgateGlobal { module, config, quota, .. } => {
-            Filters::FloodgateGlobal { module, config, quota, upstream: Some(upstream) }
+            Filters::FloodgateGlobal { module, config, quota, upstream: Some(p.upstream) }
         }
         other => other,
     }
