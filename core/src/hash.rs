@@ -56,29 +56,36 @@ impl SipHasher {
     pub fn write(&mut self, bytes: &[u8]) {
         self.length = self.length.wrapping_add(bytes.len() as u64);
         let mut rest = bytes;
-        while let Some((&byte, tail)) = rest.split_first() {
-            if self.tail_len == 0 && rest.len() >= 8 {
-                let (word, tail) = rest.split_at(8);
-                let mut raw = [0u8; 8];
-                raw.copy_from_slice(word);
-                self.compress(u64::from_le_bytes(raw));
-                rest = tail;
-                continue;
+        // A word begun by an earlier write is completed first.
+        if self.tail_len > 0 {
+            let (head, after) = rest.split_at(rest.len().min(8 - self.tail_len));
+            self.push_tail(head);
+            rest = after;
+            if self.tail_len < 8 {
+                return;
             }
+            let word = self.tail;
+            self.compress(word);
+            self.tail = 0;
+            self.tail_len = 0;
+        }
+        let mut words = rest.chunks_exact(8);
+        for word in &mut words {
+            let mut raw = [0u8; 8];
+            raw.copy_from_slice(word);
+            self.compress(u64::from_le_bytes(raw));
+        }
+        self.push_tail(words.remainder());
+    }
+
+    /// Appends fewer than eight bytes, in all, to the word being built.
+    fn push_tail(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
             self.tail |= u64::from(byte) << (8 * self.tail_len);
             self.tail_len += 1;
-            if self.tail_len == 8 {
-                let word = self.tail;
-                self.compress(word);
-                self.tail = 0;
-                self.tail_len = 0;
-            }
-            rest = tail;
         }
     }
 
-    /// Feeds a byte string with its length first, so that the sequence of
-    /// fields ("ab", "c") never hashes like ("a", "bc").
     pub fn write_field(&mut self, bytes: &[u8]) {
         self.write(&(bytes.len() as u64).to_le_bytes());
         self.write(bytes);
@@ -129,11 +136,14 @@ mod tests {
         let input: Vec<u8> = (0..40u8).collect();
         let mut whole = reference();
         whole.write(&input);
-        let mut pieces = reference();
-        for chunk in input.chunks(3) {
-            pieces.write(chunk);
+        let whole = whole.finish();
+        for size in 1..=17 {
+            let mut pieces = reference();
+            for chunk in input.chunks(size) {
+                pieces.write(chunk);
+            }
+            assert_eq!(whole, pieces.finish(), "pieces of {size} bytes");
         }
-        assert_eq!(whole.finish(), pieces.finish());
     }
 
     #[test]

@@ -38,6 +38,11 @@ pub struct HeaderBlock {
 }
 
 impl HeaderBlock {
+    /// True when there is no field.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     /// The fields, in order, as (name, value).
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, &str)> + Clone {
         self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice(start, end)))

@@ -34,10 +34,16 @@ impl<const N: usize> InlineText<N> {
 
     /// Appends `text`, or returns false and appends nothing if it does not fit.
     pub fn push_str(&mut self, text: &str) -> bool {
-        let end = self.len + text.len();
+        self.push_utf8(text.as_bytes())
+    }
+
+    /// Appends `bytes`, which must be valid UTF-8 (every caller passes a
+    /// `str`'s bytes or ASCII), or returns false and appends nothing.
+    fn push_utf8(&mut self, bytes: &[u8]) -> bool {
+        let end = self.len + bytes.len();
         match self.bytes.get_mut(self.len..end) {
             Some(room) => {
-                room.copy_from_slice(text.as_bytes());
+                room.copy_from_slice(bytes);
                 self.len = end;
                 true
             }
@@ -58,7 +64,7 @@ impl<const N: usize> InlineText<N> {
             }
         }
         // Digits are ASCII.
-        self.push_str(std::str::from_utf8(&digits[at..]).unwrap_or(""))
+        self.push_utf8(digits.get(at..).unwrap_or_default())
     }
 
     /// The text from byte `start` to byte `end`.

@@ -1,7 +1,8 @@
 //! The request as the core reads it ([`Request`]), over Envoy's dynamic
-//! module ABI: each header and attribute is asked of Envoy at most once,
-//! when a rule first needs it, and read where Envoy keeps it — nothing is
-//! copied.
+//! module ABI: each attribute is asked of Envoy at most once, when a rule
+//! first needs it, the headers all at once when a rule first needs one
+//! (one pass over Envoy's map costs less than one lookup by name), and
+//! everything is read where Envoy keeps it — nothing is copied.
 
 use floodgate_core::descriptor::{Attribute, HeaderId, Request};
 use floodgate_core::metadata::{Found, MetadataKey, MetadataSource, Wanted};
@@ -15,7 +16,8 @@ type Read<'f> = Option<Option<&'f [u8]>>;
 pub struct StreamRequest<'f> {
     filter: &'f Filter<'f>,
     names: &'f [String],
-    headers: Vec<Read<'f>>,
+    /// The first value of each of `names`, once read.
+    headers: Option<Vec<Option<&'f [u8]>>>,
     remote_address: Read<'f>,
     attributes: [Read<'f>; Attribute::COUNT],
 }
@@ -24,8 +26,22 @@ impl<'f> StreamRequest<'f> {
     /// The request of `filter`'s stream, whose headers rules name by their
     /// place in `names`.
     pub fn new(filter: &'f Filter<'f>, names: &'f [String]) -> Self {
-        StreamRequest { filter, names, headers: Vec::new(), remote_address: None, attributes: [None; Attribute::COUNT] }
+        StreamRequest { filter, names, headers: None, remote_address: None, attributes: [None; Attribute::COUNT] }
     }
+}
+
+/// The first value of each of `names` (lower case, as Envoy keeps header
+/// names) among the request's headers, in one pass over them.
+fn first_values<'f>(filter: &'f Filter<'f>, names: &[String]) -> Vec<Option<&'f [u8]>> {
+    let mut values = vec![None; names.len()];
+    filter.each_request_header(|name, value| {
+        for (wanted, found) in names.iter().zip(values.iter_mut()) {
+            if found.is_none() && wanted.as_bytes() == name {
+                *found = Some(value);
+            }
+        }
+    });
+    values
 }
 
 /// The attribute Envoy serves for `attribute`, if it serves one as a string.
@@ -42,12 +58,9 @@ fn attribute_id(attribute: Attribute) -> Option<AttributeId> {
 
 impl Request for StreamRequest<'_> {
     fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
-        let name = self.names.get(id.0)?;
-        if self.headers.len() < self.names.len() {
-            self.headers.resize(self.names.len(), None);
-        }
-        let filter = self.filter;
-        *self.headers.get_mut(id.0)?.get_or_insert_with(|| filter.request_header(name))
+        let (filter, names) = (self.filter, self.names);
+        let headers = self.headers.get_or_insert_with(|| first_values(filter, names));
+        headers.get(id.0).copied().flatten()
     }
 
     /// `source.address`: the downstream remote address Envoy settled on, as

@@ -163,7 +163,7 @@ impl Stream {
     pub fn on_response_headers(&self, filter: &mut Filter<'_>) {
         let headers = {
             let state = self.state.borrow();
-            if state.stage == Stage::Limited || state.headers.iter().next().is_none() {
+            if state.stage == Stage::Limited || state.headers.is_empty() {
                 return;
             }
             state.headers.clone()

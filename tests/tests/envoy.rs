@@ -135,6 +135,28 @@ fn a_later_rule_denial_does_not_consume_earlier_rules() {
 }
 
 #[test]
+fn a_repeated_header_keys_by_its_first_value_and_pseudo_headers_are_read() {
+    let config = r#"{"rules": [{"name": "per-key-and-method", "descriptors": [
+        {"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}},
+        {"request_headers": {"header_name": ":method", "descriptor_key": "m"}}], "limit": 2, "period": "1h"}]}"#;
+    let envoy = Envoy::start(&Setup::new(config));
+    let mut conn = envoy.connect();
+    let twice: &[(&str, &[u8])] = &[("x-api-key", b"a"), ("x-api-key", b"b")];
+    assert_eq!(conn.get("/", twice).status, 200);
+    assert_eq!(conn.get("/", twice).status, 200);
+    // Both went to ("a", GET): its bucket is spent, ("b", GET)'s and ("a", DELETE)'s are not.
+    assert_eq!(conn.get("/", &[("x-api-key", b"a")]).status, 429);
+    assert_eq!(conn.get("/", &[("x-api-key", b"b")]).status, 200);
+    assert_eq!(conn.request("DELETE", "/", &[("x-api-key", b"a")]).status, 200);
+    // Behind 40 other headers (more than the native build reads on its stack).
+    let names: Vec<String> = (0..40).map(|i| format!("x-filler-{i}")).collect();
+    let mut many: Vec<(&str, &[u8])> = names.iter().map(|n| (n.as_str(), &b"v"[..])).collect();
+    many.push(("x-api-key", b"b"));
+    assert_eq!(conn.get("/", &many).status, 200);
+    assert_eq!(conn.get("/", &[("x-api-key", b"b")]).status, 429);
+}
+
+#[test]
 fn limited_responses_carry_ietf_headers_and_retry_after() {
     let config = r#"{"rules": [{"name": "hourly", "limit": 3, "period": "1h",
         "descriptors": [{"request_headers": {"header_name": "x-api-key", "descriptor_key": "k"}}]}]}"#;

@@ -59,6 +59,11 @@ pub struct EnvoyHeader {
     value_length: usize,
 }
 
+impl EnvoyHeader {
+    const EMPTY: EnvoyHeader =
+        EnvoyHeader { key_ptr: ptr::null(), key_length: 0, value_ptr: ptr::null(), value_length: 0 };
+}
+
 /// A C enum of the ABI (passed and returned as a 32-bit integer).
 pub(super) type AbiEnum = u32;
 
@@ -178,13 +183,11 @@ extern "C" {
         value: u64,
     ) -> AbiEnum;
 
-    fn envoy_dynamic_module_callback_http_get_header(
+    fn envoy_dynamic_module_callback_http_get_headers_size(filter: *mut c_void, header_type: AbiEnum) -> usize;
+    fn envoy_dynamic_module_callback_http_get_headers(
         filter: *mut c_void,
         header_type: AbiEnum,
-        key: ModuleBuffer,
-        result: *mut EnvoyBuffer,
-        index: usize,
-        optional_size: *mut usize,
+        result: *mut EnvoyHeader,
     ) -> bool;
     fn envoy_dynamic_module_callback_http_add_header(
         filter: *mut c_void,
@@ -572,36 +575,56 @@ impl Filter<'_> {
         Filter { envoy, _hook: PhantomData }
     }
 
-    /// The first value of request header `name` (lower case; pseudo-headers
-    /// such as `:path` too), as bytes; `None` when absent.
-    pub fn request_header(&self, name: &str) -> Option<&[u8]> {
-        let mut value = EnvoyBuffer::EMPTY;
-        // SAFETY: `envoy` is this hook's stream; the key is read during the
-        // call; `value` and the (null) size pointer are valid. What Envoy
-        // lends stays valid until the hook ends or a header is changed,
-        // which `&mut self` methods rule out while `&self` is borrowed.
-        let found = unsafe {
-            envoy_dynamic_module_callback_http_get_header(
-                self.envoy,
-                REQUEST_HEADER,
-                ModuleBuffer::of(name.as_bytes()),
-                &mut value,
-                0,
-                ptr::null_mut(),
-            )
+    /// Lends every request header (pseudo-headers such as `:path` too,
+    /// names in lower case) to `visit`, in Envoy's order, so the first value
+    /// of a repeated header comes first. The whole map is read in two calls:
+    /// Envoy's lookup of one header by name costs about as much as copying
+    /// out every header of a typical request.
+    pub fn each_request_header<'s>(&'s self, mut visit: impl FnMut(&'s [u8], &'s [u8])) {
+        /// Requests with up to this many headers are read into the stack.
+        const ON_STACK: usize = 32;
+        // SAFETY: `envoy` is this hook's stream.
+        let count = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.envoy, REQUEST_HEADER) };
+        let mut on_stack = [EnvoyHeader::EMPTY; ON_STACK];
+        let mut on_heap = Vec::new();
+        let headers = match on_stack.get_mut(..count) {
+            Some(headers) => headers,
+            None => {
+                on_heap.resize(count, EnvoyHeader::EMPTY);
+                on_heap.as_mut_slice()
+            }
         };
-        // SAFETY: as above.
-        unsafe { lent(found, value) }
+        // SAFETY: `headers` has room for the `count` headers Envoy has just
+        // counted (nothing changes the map between the two calls: both run
+        // in this hook, on its worker). What Envoy lends stays valid until
+        // the hook ends or a header is changed, which `&mut self` methods
+        // rule out while `&self` is borrowed.
+        if !unsafe { envoy_dynamic_module_callback_http_get_headers(self.envoy, REQUEST_HEADER, headers.as_mut_ptr()) }
+        {
+            return;
+        }
+        for header in headers.iter() {
+            // SAFETY: as above.
+            let (name, value) = unsafe {
+                (
+                    lent(true, buffer(header.key_ptr, header.key_length)),
+                    lent(true, buffer(header.value_ptr, header.value_length)),
+                )
+            };
+            if let (Some(name), Some(value)) = (name, value) {
+                visit(name, value);
+            }
+        }
     }
 
     /// A string attribute of the stream; `None` when Envoy has none.
     pub fn attribute(&self, id: AttributeId) -> Option<&[u8]> {
         let mut value = EnvoyBuffer::EMPTY;
-        // SAFETY: as for `request_header`.
+        // SAFETY: as for `each_request_header`.
         let found = unsafe {
             envoy_dynamic_module_callback_http_filter_get_attribute_string(self.envoy, id as AbiEnum, &mut value)
         };
-        // SAFETY: as for `request_header`.
+        // SAFETY: as for `each_request_header`.
         unsafe { lent(found, value) }
     }
 
@@ -609,7 +632,7 @@ impl Filter<'_> {
     /// metadata; `None` when absent or not a string.
     pub fn metadata_string(&self, source: MetadataSource, namespace: &str, key: &str) -> Option<&[u8]> {
         let mut value = EnvoyBuffer::EMPTY;
-        // SAFETY: as for `request_header`.
+        // SAFETY: as for `each_request_header`.
         let found = unsafe {
             envoy_dynamic_module_callback_http_get_metadata_string(
                 self.envoy,
@@ -619,7 +642,7 @@ impl Filter<'_> {
                 &mut value,
             )
         };
-        // SAFETY: as for `request_header`.
+        // SAFETY: as for `each_request_header`.
         unsafe { lent(found, value) }
     }
 
