@@ -35,12 +35,15 @@
 # own Redis). Target: the probe's p99 flooded at most 3x its p99 alone, with 0
 # failures.
 #
-# RLQS (Envoy's rate_limit_quota filter): bucket reports decided per second on
+# RLQS (Envoy's rate_limit_quota filter): bucket reports answered per second on
 # the service's core, 100 streams (Envoys) each reporting the same 1,000
 # buckets, every stream's next report sent as soon as its last is answered
 # (floodgate-rlqs-load, pinned with the other load generators), memory and
 # Redis; p50/p99 are those of an answer (a stream's report of its 1,000
-# buckets, sent to assigned). RLQS_STREAMS and RLQS_BUCKETS change the shape
+# buckets, sent to assigned); the last column is the bucket reports left
+# unanswered (not decided within --store-timeout; a report not answered in
+# 6 s is counted unanswered whole and the stream sends its next, as an
+# Envoy does: the run goes on). RLQS_STREAMS and RLQS_BUCKETS change the shape
 # (RLQS_STREAMS=2 RLQS_BUCKETS=10 for a smoke run). The side-by-side of Envoy's
 # RLS path and RLQS on one load is `side_by_side.sh` (needs envoy): RLQS_SIDE=1
 # runs it after the rounds.
@@ -279,14 +282,16 @@ leases_row() {
 }
 
 # RLQS reports per second: label, gRPC port. The rate is bucket reports
-# decided a second; p50/p99 those of a stream's whole report.
+# answered a second; p50/p99 those of a stream's answer to its whole report;
+# the last column (non-2xx elsewhere) the bucket reports left unanswered
+# (the store did not decide them in time: the Envoy keeps its assignment).
 rlqs_row() {
-  local out rate p50 p99
+  local out rate p50 p99 unanswered
   out=$(pin 1 "$rlqs_load" --target "127.0.0.1:$2" --streams "$RLQS_STREAMS" --buckets "$RLQS_BUCKETS" \
     --duration "${DURATION%s}")
-  read -r rate p50 p99 <<<"$out"
-  echo "$round|$1|$rate|$p50|$p99|0" >>"$scratch/rows"
-  printf '%-34s %12s %10s %10s %8s\n' "$1" "$rate" "$p50" "$p99" 0
+  read -r rate p50 p99 unanswered <<<"$out"
+  echo "$round|$1|$rate|$p50|$p99|${unanswered:-0}" >>"$scratch/rows"
+  printf '%-34s %12s %10s %10s %8s\n' "$1" "$rate" "$p50" "$p99" "${unanswered:-0}"
 }
 
 # The fairness probe alone, then while the hot key is flooded: store label,

@@ -186,9 +186,9 @@ fn options() -> RlqsOptions {
     RlqsOptions::default()
 }
 
-async fn shares_follow_demand(backend: Backend) {
+async fn shares_follow_demand(backend: Backend, options: RlqsOptions) {
     let fixture = Fixture::new(backend, LIMITS).await;
-    let server = Server::start(fixture.service.clone(), options()).await;
+    let server = Server::start(fixture.service.clone(), options).await;
     let (mut a, mut b) = (server.envoy().await, server.envoy().await);
     let tenant = [("tenant", "acme")];
     // A bucket's first report (at once, over no time) gets no answer: the
@@ -220,12 +220,19 @@ async fn shares_follow_demand(backend: Backend) {
 
 #[tokio::test]
 async fn shares_follow_demand_in_memory() {
-    shares_follow_demand(Backend::Memory).await;
+    shares_follow_demand(Backend::Memory, options()).await;
 }
 
 #[tokio::test]
 async fn shares_follow_demand_on_redis() {
-    shares_follow_demand(Backend::Redis).await;
+    shares_follow_demand(Backend::Redis, options()).await;
+}
+
+/// With room for one bucket report in the store at a time, a report of
+/// more goes alone, and is decided as any other.
+#[tokio::test]
+async fn shares_follow_demand_on_redis_one_report_in_flight() {
+    shares_follow_demand(Backend::Redis, RlqsOptions { reports_in_flight: 1, ..options() }).await;
 }
 
 /// Two service instances on one Redis read and write one table: an Envoy

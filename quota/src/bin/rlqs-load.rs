@@ -3,9 +3,20 @@
 //! to a service, each reporting the same `--buckets` buckets of `--domain`
 //! (`{<key>: b<i>}`), as a fleet of Envoys sharing its tenants does, and
 //! sends each stream's next report as soon as the last one is answered,
-//! for `--duration`. Prints one line: bucket reports decided a second, and
+//! for `--duration`. Prints one line: bucket reports answered a second,
 //! the p50 and p99 of an answer (a report of every bucket of a stream,
-//! from sending it to its assignments), in milliseconds.
+//! from sending it to its assignments), in milliseconds, and the bucket
+//! reports left unanswered.
+//!
+//! The service answers only the buckets it decided: a report whose
+//! buckets the store could not decide in time (`--store-timeout`) is
+//! answered in part, or not at all (the Envoy keeps its assignments). A
+//! report not answered within `--answer-timeout` is counted unanswered,
+//! whole, and the stream goes on with its next one, as an Envoy does at its
+//! next interval; so the run reports what happened instead of waiting for
+//! an answer that will not come. (An answer that came later than that
+//! would be taken for the next report's: the timeout is well above the
+//! time the service takes to answer or give up, its store timeout.)
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -40,6 +51,10 @@ struct Args {
     /// How long to report, in seconds.
     #[arg(long, default_value_t = 5)]
     duration: u64,
+    /// How long to wait for a report's answer before counting it
+    /// unanswered and sending the next, in milliseconds.
+    #[arg(long, default_value_t = 6000)]
+    answer_timeout: u64,
 }
 
 struct Outgoing(mpsc::Receiver<RateLimitQuotaUsageReports>);
@@ -64,8 +79,17 @@ fn report(args: &Args, elapsed: i64, round: u64) -> RateLimitQuotaUsageReports {
     RateLimitQuotaUsageReports { domain: args.domain.clone(), bucket_quota_usages: usages }
 }
 
-/// One stream: its answers' latencies, in microseconds.
-async fn stream(args: &Args, until: Instant) -> Result<Vec<u64>, String> {
+/// What one stream saw: its answers' latencies (microseconds), the bucket
+/// reports answered, and those not.
+#[derive(Default)]
+struct Seen {
+    latencies: Vec<u64>,
+    answered: u64,
+    unanswered: u64,
+}
+
+/// One stream.
+async fn stream(args: &Args, until: Instant) -> Result<Seen, String> {
     let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", args.target))
         .await
         .map_err(|e| e.to_string())?
@@ -76,19 +100,27 @@ async fn stream(args: &Args, until: Instant) -> Result<Vec<u64>, String> {
     sender.send(report(args, 0, 0)).await.map_err(|e| e.to_string())?;
     let mut answers =
         client.stream_rate_limit_quotas(Outgoing(receiver)).await.map_err(|e| e.to_string())?.into_inner();
-    let mut latencies = Vec::new();
+    let mut seen = Seen::default();
+    let buckets = u64::try_from(args.buckets).unwrap_or(u64::MAX);
+    let wait = Duration::from_millis(args.answer_timeout);
     let mut round = 1;
     while Instant::now() < until {
         let sent = Instant::now();
         sender.send(report(args, 5, round)).await.map_err(|e| e.to_string())?;
-        match answers.message().await {
-            Ok(Some(_)) => latencies.push(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX)),
-            Ok(None) => return Err("the stream ended".into()),
-            Err(status) => return Err(format!("{status:?}")),
+        match tokio::time::timeout(wait, answers.message()).await {
+            Ok(Ok(Some(answer))) => {
+                seen.latencies.push(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX));
+                let actions = u64::try_from(answer.bucket_action.len()).unwrap_or(u64::MAX).min(buckets);
+                seen.answered += actions;
+                seen.unanswered += buckets - actions;
+            }
+            Ok(Ok(None)) => return Err("the stream ended".into()),
+            Ok(Err(status)) => return Err(format!("{status:?}")),
+            Err(_) => seen.unanswered += buckets,
         }
         round += 1;
     }
-    Ok(latencies)
+    Ok(seen)
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -97,17 +129,20 @@ async fn main() -> Result<(), String> {
     let started = Instant::now();
     let until = started + Duration::from_secs(args.duration);
     let tasks: Vec<_> = (0..args.streams).map(|_| tokio::spawn(stream(args, until))).collect();
-    let mut latencies = Vec::new();
+    let mut all = Seen::default();
     for task in tasks {
-        latencies.extend(task.await.map_err(|e| e.to_string())??);
+        let seen = task.await.map_err(|e| e.to_string())??;
+        all.latencies.extend(seen.latencies);
+        all.answered += seen.answered;
+        all.unanswered += seen.unanswered;
     }
     let seconds = started.elapsed().as_secs_f64();
+    let mut latencies = all.latencies;
     latencies.sort_unstable();
     let pick = |q: f64| {
         let at = ((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1));
         latencies.get(at).map_or(f64::NAN, |us| *us as f64 / 1000.0)
     };
-    let reports = latencies.len() as f64 * args.buckets as f64;
-    println!("{:.2} {:.2}ms {:.2}ms", reports / seconds, pick(0.50), pick(0.99));
+    println!("{:.2} {:.2}ms {:.2}ms {}", all.answered as f64 / seconds, pick(0.50), pick(0.99), all.unanswered);
     Ok(())
 }

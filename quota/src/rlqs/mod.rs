@@ -38,7 +38,7 @@ use self::stream::Stream;
 use crate::auth::authorize;
 use crate::metrics::rlqs_code;
 use crate::service::Service;
-use crate::store::{StoreFailure, Timings};
+use crate::store::{ShareReports, StoreFailure, Timings};
 
 /// The method this service answers.
 pub const STREAM_RATE_LIMIT_QUOTAS: &str =
@@ -77,6 +77,14 @@ pub struct RlqsArgs {
     /// abandoned (the Envoy forgets it until its next request).
     #[arg(long, default_value = "60s", value_parser = duration, value_name = "DURATION")]
     pub rlqs_abandon_after: Duration,
+
+    /// Most bucket reports of all streams in the store at once; the
+    /// reports past them wait their turn (first come, first served) before
+    /// their --store-timeout starts, so that a backlog is decided in time
+    /// a part at a time instead of every report running out of time. A
+    /// report of more buckets than this goes alone.
+    #[arg(long, default_value_t = 12000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rlqs_reports_in_flight: u32,
 }
 
 impl RlqsArgs {
@@ -99,6 +107,7 @@ impl RlqsArgs {
                 max_buckets: usize::try_from(self.rlqs_max_buckets).unwrap_or(usize::MAX),
             },
             timings: Timings { report_interval: interval, ttl, abandon_after: Nanos::from(self.rlqs_abandon_after) },
+            reports_in_flight: usize::try_from(self.rlqs_reports_in_flight).unwrap_or(usize::MAX),
         })
     }
 }
@@ -133,6 +142,8 @@ pub struct RlqsOptions {
     pub limits: StreamLimits,
     /// The shares' timings.
     pub timings: Timings,
+    /// Most bucket reports in the store at once (`--rlqs-reports-in-flight`).
+    pub reports_in_flight: usize,
 }
 
 impl Default for RlqsOptions {
@@ -145,6 +156,7 @@ impl Default for RlqsOptions {
                 ttl: Nanos::from_secs(15),
                 abandon_after: Nanos::from_secs(60),
             },
+            reports_in_flight: 12000,
         }
     }
 }
@@ -166,6 +178,13 @@ pub struct Shared {
     started: Instant,
     /// Ends every stream (shutdown).
     stop: watch::Sender<bool>,
+    /// Coalesces the streams' reports of each bucket into one store
+    /// transaction at a time.
+    reports: Arc<ShareReports>,
+    /// Bucket reports in the store at once: one permit each.
+    in_flight: Arc<Semaphore>,
+    /// The permits `in_flight` started with.
+    in_flight_most: usize,
 }
 
 impl Shared {
@@ -173,6 +192,26 @@ impl Shared {
         let second = self.started.elapsed().as_secs();
         if self.last_log.swap(second, Ordering::Relaxed) != second {
             tracing::warn!(error = %failure, "RLQS report not decided: the Envoy keeps its last assignment (logged at most once a second)");
+        }
+    }
+
+    /// Waits for room for `buckets` bucket reports in the store (all of it
+    /// for a report larger than that), first come first served, for at
+    /// most a report interval: a report still waiting then is not decided
+    /// (the Envoy keeps its assignment, and its next report is on its way).
+    /// A store that waits as long as its decisions take (memory: no
+    /// `--store-timeout`) has no deadline to meet: nothing is held back.
+    async fn turn_in_store(&self, buckets: usize) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, StoreFailure> {
+        if self.service.store().backend().deadline().is_none() {
+            return Ok(None);
+        }
+        let wanted = u32::try_from(buckets.clamp(1, self.in_flight_most)).unwrap_or(u32::MAX);
+        match tokio::time::timeout(Duration::from(self.timings.report_interval), self.in_flight.acquire_many(wanted))
+            .await
+        {
+            Ok(Ok(permit)) => Ok(Some(permit)),
+            Ok(Err(_)) => Err(StoreFailure::Unavailable("the service is shutting down".into())),
+            Err(_) => Err(StoreFailure::Timeout),
         }
     }
 
@@ -212,6 +251,9 @@ impl RlqsService {
             last_log: AtomicU64::new(u64::MAX),
             started: Instant::now(),
             stop: watch::channel(false).0,
+            reports: Arc::new(ShareReports::default()),
+            in_flight: Arc::new(Semaphore::new(options.reports_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
+            in_flight_most: options.reports_in_flight.clamp(1, Semaphore::MAX_PERMITS),
         });
         Self { shared, auth_token: options.auth_token }
     }

@@ -125,7 +125,10 @@ impl Stream {
         if !reports.is_empty() {
             let store = self.shared.service.store();
             let started = Instant::now();
-            let decided = store.report_shares(&reports).await;
+            let decided = match self.shared.turn_in_store(reports.len()).await {
+                Ok(_permit) => self.shared.reports.report(store, reports).await,
+                Err(failure) => vec![Err(failure); reports.len()],
+            };
             metrics.store_latency.with_label_values(&[store.name(), "rlqs"]).observe(started.elapsed().as_secs_f64());
             let mut decided = decided.into_iter();
             for slot in answers.iter_mut().filter(|a| a.is_none()) {

@@ -23,7 +23,7 @@ pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
 pub use self::memory::LocalStore;
 pub use self::redis::{RedisOptions, RedisStore, CLUSTER_SCHEME};
-pub use self::shares::{shares_key, ShareReport, Timings};
+pub use self::shares::{shares_key, ShareAnswer, ShareReport, ShareReports, Timings};
 
 use std::fmt;
 use std::net::IpAddr;
