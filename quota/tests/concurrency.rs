@@ -185,6 +185,50 @@ async fn two_instances_race_on_one_key_through_one_round_trip() {
     assert!(transactions < 3_200, "calls on the hot key were coalesced: {transactions} transactions for 3,200 calls");
 }
 
+/// A service core too busy to read Redis's reply for a while must not
+/// leave its estimate of Redis's clock behind by that while: the script
+/// refuses a decision on a time more than 100 ms from Redis's, so an
+/// estimate behind by the time a reply waited had every write of a
+/// saturated instance refused until its deadline. Here the one thread of
+/// the runtime is blocked while a call's reply waits; the next call is
+/// still written at its first attempt.
+#[tokio::test(flavor = "current_thread")]
+async fn a_reply_read_late_does_not_put_the_clock_estimate_behind() {
+    use floodgate_core::time::SECOND;
+    use floodgate_quota::config::Limit;
+    use floodgate_quota::store::{BucketCheck, QuotaStore, RedisOptions, RedisStore};
+
+    let redis = RedisServer::start();
+    let options = RedisOptions::redis_clock(std::time::Duration::from_secs(5));
+    let instance = Arc::new(RedisStore::new(&redis.url(), options).unwrap());
+    let store = Arc::new(QuotaStore::new(instance.clone()));
+    let limit = Limit::new("token_bucket", 1_000, SECOND.times(3_600), "{}").unwrap();
+    let item = [BucketCheck { key: "fg:{late}:tb:one".into(), limit, cost: 1, shadow: false }];
+    // The first call reads Redis's clock; the second has an estimate.
+    for _ in 0..2 {
+        assert!(store.check(&item).await.unwrap().committed);
+    }
+    let late = tokio::spawn({
+        let (store, item) = (store.clone(), item.clone());
+        async move { store.check(&item).await.unwrap().committed }
+    });
+    // The call is sent (a few turns of the runtime) to a Redis frozen for
+    // the first 30 ms of the 300 the thread is busy: Redis reads its clock
+    // 30 ms after the send, and the reply waits 270 ms to be read.
+    redis.pause();
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    redis.resume();
+    std::thread::sleep(std::time::Duration::from_millis(270));
+    assert!(late.await.unwrap());
+    let before = instance.round_trips();
+    assert!(store.check(&item).await.unwrap().committed);
+    let after = instance.round_trips();
+    assert_eq!(after.1 - before.1, 1, "written at the first attempt");
+}
+
 const SHARED: &str = r#"
 domain: shared
 descriptors:

@@ -588,6 +588,7 @@ impl RedisStore {
             let invocation = self.invocation(sent_now, now, !cluster);
             let sizes: Vec<usize> = sent_now.iter().map(|o| o.batch.keys.len()).collect();
             self.round_trips.fetch_add(1, Ordering::Relaxed);
+            let mut sent_at = Instant::now();
             let mut sent = self.send(&mut conn, &invocation, false).await;
             if matches!(&sent, Err(e) if broken(e)) && !cluster && !resent {
                 // Redis dropped the connection (a restart): the same script
@@ -597,6 +598,7 @@ impl RedisStore {
                 resent = true;
                 conn = self.connect().await?;
                 self.round_trips.fetch_add(1, Ordering::Relaxed);
+                sent_at = Instant::now();
                 sent = self.send(&mut conn, &invocation, true).await;
             }
             let reply = match sent {
@@ -604,7 +606,7 @@ impl RedisStore {
                 Err(e) => return Err(unavailable(e)),
                 Ok(reply) => parse(reply, &sizes)?,
             };
-            self.clock_seen(tag, reply.time);
+            self.clock_seen(tag, reply.time, sent_at);
             if let (Some(clock), Some(bound)) = (&self.options.clock, self.options.clock_bound) {
                 // This instance decides on its own clock: only while it is
                 // within the bound of Redis's (see `LOCAL_CLOCK_BOUND`).
@@ -671,9 +673,15 @@ impl RedisStore {
         }
     }
 
-    fn clock_seen(&self, tag: &str, time: Nanos) {
+    /// Redis's `time`, read by a script sent at `sent_at`. Redis read it
+    /// between the send and the reply's reading; taken as read at the send,
+    /// the estimate runs ahead by the way there (a round trip at most), not
+    /// behind by the time the reply waited to be read: on a service core
+    /// busy for longer than the script's tolerance, estimates that far
+    /// behind had every write refused as untimely, until its deadline.
+    fn clock_seen(&self, tag: &str, time: Nanos, sent_at: Instant) {
         if self.options.clock.is_none() {
-            self.clocks.seen(tag, time, Instant::now());
+            self.clocks.seen(tag, time, sent_at);
         }
     }
 
