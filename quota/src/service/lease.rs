@@ -2,6 +2,8 @@
 //! lease by lease against the limits, asked of the store in one call, and
 //! each outcome turned into its wire answer.
 
+use std::collections::HashMap;
+
 use floodgate_core::time::Nanos;
 use floodgate_protocol::MAX_LEASES;
 use floodgate_protocol::{
@@ -69,9 +71,13 @@ impl Plan {
 /// descriptor, id, count or rate, or an id given twice.
 fn validate(req: &LeaseRequest) -> Result<(), ApiError> {
     check_descriptors("leases", MAX_LEASES, req.leases.iter().map(|l| &l.descriptor)).map_err(bad)?;
+    // Each id's first place: a set, not a look back at every lease before
+    // (that was 130,000 comparisons for a call of 512, a stretch of the
+    // event loop every other call waited behind).
+    let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(req.leases.len());
     for (i, lease) in req.leases.iter().enumerate() {
         check_lease_id(&format!("leases[{i}].id"), &lease.id).map_err(bad)?;
-        if let Some(first) = req.leases[..i].iter().position(|l| l.id == lease.id) {
+        if let Some(first) = first_of.insert(lease.id.as_str(), i) {
             return Err(bad(format!("leases[{i}].id repeats leases[{first}].id: each lease needs its own id")));
         }
         check_units(&format!("leases[{i}].wanted"), lease.wanted)?;

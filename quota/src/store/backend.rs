@@ -107,7 +107,7 @@ pub struct BackendRegistration {
 const IN_FLIGHT: usize = 2;
 
 /// Most calls (jobs) one round decides: a bound on the work of one script
-/// (and, in memory, of one slice of a task's turn), so that a call of
+/// (in memory, see [`INLINE_SLICE_JOBS`]), so that a call of
 /// hundreds of leases is decided in rounds that take turns with other
 /// calls' instead of in one script every other call of its slot waits
 /// behind. A call of one lease then waits for at most the rounds out and
@@ -123,14 +123,15 @@ pub const ROUND_JOBS: usize = 64;
 /// it runs; a batch made ready while that many are out joins the next
 /// round, sent when one answers (when the backend first calls
 /// [`Finisher::flush`]). A round holds at most [`ROUND_JOBS`] calls' jobs,
-/// taken in turns from the calls waiting (one batch of each call in turn),
-/// so a call's place in the next round does not depend on how many leases
-/// the other calls carry. A lone call so never waits for the event loop's
+/// taken in turns from the calls waiting (one batch of each call in turn,
+/// the small calls' turns first; see [`LARGE_BESIDE_SMALL`]), so a call's
+/// place in the next round does not depend on how many leases the other
+/// calls carry. A lone call so never waits for the event loop's
 /// turn to end (the flood's calls of that turn gathered with it, which cost
 /// the hot-key fairness probe ×5 its p99), and a busy store still sends one
 /// script per answer, not one per call. A store whose rounds end at once
 /// (the memory store's) runs them on the caller's task instead, a slice of
-/// at most [`ROUND_JOBS`] at a time, letting other tasks run between
+/// at most [`INLINE_SLICE_JOBS`] at a time, letting other tasks run between
 /// slices.
 pub struct Rounds {
     backend: Arc<dyn Backend>,
@@ -140,14 +141,38 @@ pub struct Rounds {
     groups: Mutex<HashMap<String, Gathering>>,
 }
 
+/// Most jobs of large calls (of more than [`ROUND_JOBS`] jobs) in a round
+/// that carries a small call's: the small call's script (or, in memory, the
+/// slice it waits behind) is then a quarter of a full round, and the large
+/// calls still have these many jobs of every round, however many small
+/// calls wait (their starvation bound: small calls take at most
+/// `ROUND_JOBS - LARGE_BESIDE_SMALL` jobs of a round while large ones wait).
+pub const LARGE_BESIDE_SMALL: usize = 16;
+
+/// Most jobs a store whose rounds run on the caller's task (the memory
+/// store's) decides before letting the other tasks run: a slice of a call
+/// of 512 leases is then a stretch of tens of microseconds, not the
+/// hundreds a slice of [`ROUND_JOBS`] took (on one core, a call of one
+/// lease waits behind a slice of each large call under way).
+pub const INLINE_SLICE_JOBS: usize = 16;
+
+/// Whether a call of `jobs` jobs is large: it takes its turns after the
+/// small calls' (see [`Waiting::round`]).
+fn large(jobs: usize) -> bool {
+    jobs > ROUND_JOBS
+}
+
 /// Batches waiting for a round, by call, and the order the calls take
-/// their turns in.
+/// their turns in: small calls' turns first, then large calls'.
 #[derive(Default)]
 struct Waiting {
     /// Each waiting call's batches, in order.
     calls: HashMap<u64, VecDeque<Batch>>,
-    /// The waiting calls, in the order they take their turns.
-    turns: VecDeque<u64>,
+    /// The waiting small calls (at most [`ROUND_JOBS`] jobs), in the order
+    /// they take their turns.
+    small: VecDeque<u64>,
+    /// The waiting large calls, in the order they take their turns.
+    large: VecDeque<u64>,
 }
 
 impl Waiting {
@@ -156,38 +181,60 @@ impl Waiting {
     }
 
     fn push(&mut self, batch: Batch) {
-        let call = batch.call;
+        let (call, is_large) = (batch.call, large(batch.call_jobs));
         match self.calls.get_mut(&call) {
             Some(queue) => queue.push_back(batch),
             None => {
                 self.calls.insert(call, VecDeque::from([batch]));
-                self.turns.push_back(call);
+                match is_large {
+                    true => self.large.push_back(call),
+                    false => self.small.push_back(call),
+                }
             }
         }
     }
 
-    /// The next round: one batch of each waiting call in turn (a call with
-    /// more goes to the back), until it holds [`ROUND_JOBS`] jobs (at least
-    /// one batch, if any waits).
-    fn round(&mut self) -> Vec<Batch> {
+    /// The next round of at most `most` jobs (at least one batch, if any
+    /// waits): one batch of each waiting small call in turn (a call with
+    /// more goes to the back), then of each large call in turn. Beside a
+    /// small call's batch the large calls take at most
+    /// [`LARGE_BESIDE_SMALL`] jobs, and while large calls wait the small
+    /// ones leave them that many: a call of one lease waits behind a round
+    /// of a quarter of the jobs, and large calls are never starved.
+    fn round(&mut self, most: usize) -> Vec<Batch> {
         let mut round = Vec::new();
+        let beside = LARGE_BESIDE_SMALL.min(most);
+        let small_most = if self.large.is_empty() { most } else { most - beside };
+        Self::take_turns(&mut self.calls, &mut self.small, small_most, &mut round);
+        let large_most = if round.is_empty() { most } else { beside };
+        Self::take_turns(&mut self.calls, &mut self.large, large_most, &mut round);
+        round
+    }
+
+    /// Adds to `round` one batch of each call of `turns` in turn until it
+    /// holds `most` jobs of them (at least one batch, if any waits).
+    fn take_turns(
+        calls: &mut HashMap<u64, VecDeque<Batch>>,
+        turns: &mut VecDeque<u64>,
+        most: usize,
+        round: &mut Vec<Batch>,
+    ) {
         let mut jobs = 0;
-        while jobs < ROUND_JOBS {
-            let Some(call) = self.turns.pop_front() else { break };
-            let Some(queue) = self.calls.get_mut(&call) else { continue };
+        while jobs < most.max(1) {
+            let Some(call) = turns.pop_front() else { break };
+            let Some(queue) = calls.get_mut(&call) else { continue };
             let Some(batch) = queue.pop_front() else {
-                self.calls.remove(&call);
+                calls.remove(&call);
                 continue;
             };
             jobs += batch.len().max(1);
             round.push(batch);
             if queue.is_empty() {
-                self.calls.remove(&call);
+                calls.remove(&call);
             } else {
-                self.turns.push_back(call);
+                turns.push_back(call);
             }
         }
-        round
     }
 }
 
@@ -262,7 +309,7 @@ impl Rounds {
         tokio::spawn(async move {
             let (round, more) = match rounds.groups().get_mut(&group) {
                 Some(gathering) => {
-                    let round = gathering.waiting.round();
+                    let round = gathering.waiting.round(ROUND_JOBS);
                     let more = !gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT;
                     if more {
                         gathering.in_flight += 1;
@@ -364,7 +411,7 @@ impl Finisher {
 
 /// Runs `ready` as one round and then whatever it made ready and did not
 /// hand on (an inline store's rounds: everything they make ready, in slices
-/// of at most [`ROUND_JOBS`] jobs taken in turns between calls, with the
+/// of at most [`INLINE_SLICE_JOBS`] jobs taken in turns between calls, with the
 /// task yielding between slices, so that a call of hundreds of leases
 /// holds the thread no longer than a slice at a time; a group's rounds:
 /// into the group's next round); a group's round that ended without
@@ -391,7 +438,7 @@ async fn drive(rounds: Arc<Rounds>, group: Option<String>, ready: Vec<Batch>) {
     let mut ready = ready;
     loop {
         ready.drain(..).for_each(|batch| waiting.push(batch));
-        let slice = waiting.round();
+        let slice = waiting.round(INLINE_SLICE_JOBS);
         if slice.is_empty() {
             break;
         }
@@ -596,6 +643,124 @@ mod tests {
         gated.gate.add_permits(1_000);
         probe.await.unwrap().unwrap();
         for call in flood {
+            call.await.unwrap().unwrap();
+        }
+    }
+
+    /// Small calls first, large ones beside them held to a quarter of a
+    /// round: a call of one lease made while calls of 192 wait goes first
+    /// in the next round sent, with at most `LARGE_BESIDE_SMALL` of their
+    /// jobs (the last pass filled its round to `ROUND_JOBS` with them, and
+    /// the probe's script was a full round's).
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_small_call_goes_first_and_large_calls_take_a_quarter_of_its_round() {
+        let (gated, lanes, rounds) = store();
+        let mut flood = Vec::new();
+        for name in ["a", "b", "c"] {
+            flood.extend(big_call(&lanes, &rounds, name, 3 * ROUND_JOBS).await);
+            settle().await;
+        }
+        let probe = call(&lanes, &rounds, "probe").await;
+        settle().await;
+        gated.gate.add_permits(1);
+        settle().await;
+        let sent = gated.sent();
+        let round = &sent[IN_FLIGHT];
+        assert_eq!(round.first().map(String::as_str), Some("probe"), "the small call goes first: {round:?}");
+        assert_eq!(round.len(), 1 + LARGE_BESIDE_SMALL, "large calls' jobs beside it: {round:?}");
+        // Once no small call waits, the large calls fill their rounds again.
+        gated.gate.add_permits(1);
+        settle().await;
+        let sizes: Vec<usize> = gated.sent().iter().map(Vec::len).collect();
+        assert_eq!(sizes.get(IN_FLIGHT + 1), Some(&ROUND_JOBS), "rounds of {sizes:?} jobs");
+        gated.gate.add_permits(1_000);
+        probe.await.unwrap().unwrap();
+        for call in flood {
+            call.await.unwrap().unwrap();
+        }
+    }
+
+    /// Small calls never starve large ones: however many wait, a round
+    /// leaves `LARGE_BESIDE_SMALL` of its jobs to the large calls waiting.
+    #[tokio::test(flavor = "current_thread")]
+    async fn many_small_calls_leave_large_calls_their_share_of_a_round() {
+        let (gated, lanes, rounds) = store();
+        let mut out = Vec::new();
+        for i in 0..IN_FLIGHT {
+            out.push(call(&lanes, &rounds, &format!("first{i}")).await);
+            settle().await;
+        }
+        let big = big_call(&lanes, &rounds, "big", 2 * ROUND_JOBS).await;
+        let mut small = Vec::new();
+        for i in 0..2 * ROUND_JOBS {
+            small.push(call(&lanes, &rounds, &format!("s{i}")).await);
+        }
+        settle().await;
+        gated.gate.add_permits(1);
+        settle().await;
+        let sent = gated.sent();
+        let round = &sent[IN_FLIGHT];
+        let large = round.iter().filter(|key| key.starts_with("big")).count();
+        assert_eq!(large, LARGE_BESIDE_SMALL, "the large call's share: {round:?}");
+        assert_eq!(round.len(), ROUND_JOBS, "a round stays bounded: {round:?}");
+        gated.gate.add_permits(1_000);
+        for call in out.into_iter().chain(big).chain(small) {
+            call.await.unwrap().unwrap();
+        }
+    }
+
+    /// A store whose rounds end at once, recording each slice's size.
+    #[derive(Debug, Default)]
+    struct Inline {
+        slices: Mutex<Vec<usize>>,
+    }
+
+    impl Backend for Inline {
+        fn name(&self) -> &'static str {
+            "inline"
+        }
+        fn failure_kinds(&self) -> &'static [&'static str] {
+            &[]
+        }
+        fn deadline(&self) -> Option<Instant> {
+            None
+        }
+        fn run(self: Arc<Self>, round: Vec<Batch>, done: Arc<Finisher>) -> BoxFuture<'static, ()> {
+            self.slices.lock().unwrap().push(round.iter().map(Batch::len).sum());
+            for batch in round {
+                done.finish(batch, &Ok(()));
+            }
+            Box::pin(std::future::ready(()))
+        }
+        fn ping(&self) -> BoxFuture<'_, Result<(), StoreFailure>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn inline(&self) -> bool {
+            true
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    /// A store whose rounds run on the caller's task decides a large call
+    /// in slices of at most `INLINE_SLICE_JOBS` jobs, yielding between them:
+    /// a task spawned before the call runs before its last slice (the last
+    /// pass ran slices of `ROUND_JOBS`).
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_inline_store_decides_a_large_call_in_short_slices() {
+        let inline = Arc::new(Inline::default());
+        let lanes = Arc::new(Lanes::default());
+        let rounds = Rounds::new(Arc::clone(&inline) as Arc<dyn Backend>, Arc::clone(&lanes));
+        let seen = Arc::clone(&inline);
+        let other = tokio::spawn(async move { seen.slices.lock().unwrap().len() });
+        let settled = big_call(&lanes, &rounds, "k", 8 * ROUND_JOBS).await;
+        let slices = inline.slices.lock().unwrap().clone();
+        assert!(slices.iter().all(|jobs| *jobs <= INLINE_SLICE_JOBS), "slices of {slices:?} jobs");
+        assert_eq!(slices.iter().sum::<usize>(), 8 * ROUND_JOBS);
+        let before_it_ran = other.await.unwrap();
+        assert!(before_it_ran < slices.len(), "another task ran after {before_it_ran} of {} slices", slices.len());
+        for call in settled {
             call.await.unwrap().unwrap();
         }
     }

@@ -61,6 +61,9 @@ pub struct Job {
     /// The call it is part of (numbered by [`Lanes::submit`]): rounds take
     /// turns between calls (see `Rounds`).
     call: u64,
+    /// How many jobs its call submitted: a call of many goes after the
+    /// small ones in a round (see `Rounds`).
+    call_jobs: usize,
 }
 
 /// Where a decision leaves its answer for the caller.
@@ -85,7 +88,7 @@ pub fn job<A: Send + 'static>(
         writes
     });
     let (done, outcome) = oneshot::channel();
-    (Job { keys, group, decide, done, deadline, call: 0 }, outcome, answer)
+    (Job { keys, group, decide, done, deadline, call: 0, call_jobs: 1 }, outcome, answer)
 }
 
 /// The answer of a job once its outcome has come.
@@ -214,10 +217,12 @@ impl Lanes {
         let mut queues = lock(&self.queues);
         let call = queues.next_call;
         queues.next_call += 1;
+        let call_jobs = jobs.len();
         let mut touched = Vec::new();
         let mut keyless = Vec::new();
         for mut job in jobs {
             job.call = call;
+            job.call_jobs = call_jobs;
             if job.keys.is_empty() {
                 // Nothing to wait for (and no lane that would ever start it).
                 keyless.push(Batch::new(vec![job], Vec::new()));
@@ -287,6 +292,8 @@ pub struct Batch {
     pub deadline: Option<Instant>,
     /// The call of its first job: the rounds take turns between calls.
     pub call: u64,
+    /// How many jobs that call submitted (see `Rounds`: small calls first).
+    pub call_jobs: usize,
 }
 
 impl Batch {
@@ -297,6 +304,7 @@ impl Batch {
         let now = Instant::now();
         let group = jobs.first().map(|job| job.group.clone()).unwrap_or_default();
         let call = jobs.first().map_or(0, |job| job.call);
+        let call_jobs = jobs.first().map_or(1, |job| job.call_jobs);
         let (mut jobs, late): (Vec<Job>, Vec<Job>) =
             jobs.into_iter().partition(|job| job.deadline.is_none_or(|deadline| deadline > now));
         for job in late {
@@ -307,7 +315,15 @@ impl Batch {
             if let Some(job) = jobs.pop() {
                 // One job (the usual case): its keys, distinct, are the batch's.
                 let at = (0..job.keys.len()).collect();
-                return Batch { keys: job.keys, group, jobs: vec![(at, job.decide, job.done)], lanes, deadline, call };
+                return Batch {
+                    keys: job.keys,
+                    group,
+                    jobs: vec![(at, job.decide, job.done)],
+                    lanes,
+                    deadline,
+                    call,
+                    call_jobs,
+                };
             }
         }
         let mut keys: Vec<String> = Vec::new();
@@ -328,7 +344,7 @@ impl Batch {
                 (at, job.decide, job.done)
             })
             .collect();
-        Batch { keys, group, jobs, lanes, deadline, call }
+        Batch { keys, group, jobs, lanes, deadline, call, call_jobs }
     }
 
     /// Whether every job of it had timed out already.
@@ -369,7 +385,7 @@ impl Batch {
     /// to decide them alone when together they could not be (a memory
     /// store without room for all their new entries).
     pub fn split(self) -> Vec<Batch> {
-        let Batch { keys, group, jobs, lanes, deadline, call } = self;
+        let Batch { keys, group, jobs, lanes, deadline, call, call_jobs } = self;
         let count = jobs.len();
         let mut lanes = Some(lanes);
         jobs.into_iter()
@@ -378,7 +394,15 @@ impl Batch {
                 let mine: Vec<String> = at.iter().filter_map(|k| keys.get(*k).cloned()).collect();
                 let held = if i + 1 == count { lanes.take().unwrap_or_default() } else { Vec::new() };
                 let at = (0..mine.len()).collect();
-                Batch { keys: mine, group: group.clone(), jobs: vec![(at, decide, done)], lanes: held, deadline, call }
+                Batch {
+                    keys: mine,
+                    group: group.clone(),
+                    jobs: vec![(at, decide, done)],
+                    lanes: held,
+                    deadline,
+                    call,
+                    call_jobs,
+                }
             })
             .collect()
     }
