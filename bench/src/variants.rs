@@ -214,6 +214,15 @@ pub static VARIANTS: &[Variant] = &[
         ..ROW
     },
     Variant {
+        id: "nd2",
+        label: "Floodgate native as (nd), no headers on allowed",
+        filters: |_| {
+            native(&format!(r#"{{"rules": [{}], "response": {{"headers_on_allowed": false}}}}"#, per_key_rule()))
+        },
+        reference: Some("b"),
+        ..ROW
+    },
+    Variant {
         id: "d2",
         label: "Floodgate as (d), no headers on allowed",
         filters: |_| {
