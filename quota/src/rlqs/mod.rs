@@ -241,6 +241,7 @@ impl RlqsService {
             );
             hasher.finish()
         };
+        let in_flight_most = options.reports_in_flight.clamp(1, Semaphore::MAX_PERMITS);
         let shared = Arc::new(Shared {
             service,
             limits: options.limits,
@@ -252,8 +253,8 @@ impl RlqsService {
             started: Instant::now(),
             stop: watch::channel(false).0,
             reports: Arc::new(ShareReports::default()),
-            in_flight: Arc::new(Semaphore::new(options.reports_in_flight.clamp(1, Semaphore::MAX_PERMITS))),
-            in_flight_most: options.reports_in_flight.clamp(1, Semaphore::MAX_PERMITS),
+            in_flight: Arc::new(Semaphore::new(in_flight_most)),
+            in_flight_most,
         });
         Self { shared, auth_token: options.auth_token }
     }

@@ -96,11 +96,13 @@ fn decide<'a>(
     (assigned, next)
 }
 
+#[cfg(test)]
 impl QuotaStore {
     /// Records each report in its bucket's shares and answers each
     /// assignment (`None`: a bucket's first report, not answered yet): one
     /// transaction per report (reports of one bucket in order), all
-    /// submitted together (on Redis, one script per slot).
+    /// submitted together. The reference [`ShareReports`] is tested against:
+    /// the service decides reports coalesced.
     pub async fn report_shares(&self, items: &[ShareReport]) -> Vec<Result<Option<Assigned>, StoreFailure>> {
         let transactions = items
             .iter()
