@@ -35,8 +35,8 @@
 # own Redis). Target: the probe's p99 flooded at most 3x its p99 alone, with 0
 # failures. What keeps it short on the service's one core: rounds of at most
 # 64 transactions taken in turns between calls, small calls (64 or fewer)
-# first and large ones held to 16 of a round beside them (never fewer while
-# they wait), the memory store's slices of 16 with the task yielding between
+# first and large ones held to 16 of a round beside them and in the 32 rounds
+# after (never fewer while they wait), the memory store's slices of 16 with the task yielding between
 # them, two large calls decided at a time, yielding between their stages,
 # and no transparent huge pages (their refaults zeroed 2 MiB on the serving
 # thread). Run just these rows with ONLY=big_call (ONLY matches the row's

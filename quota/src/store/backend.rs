@@ -149,6 +149,16 @@ pub struct Rounds {
 /// `ROUND_JOBS - LARGE_BESIDE_SMALL` jobs of a round while large ones wait).
 pub const LARGE_BESIDE_SMALL: usize = 16;
 
+/// How many rounds after one that carried a small call's batch the large
+/// calls' rounds stay at [`LARGE_BESIDE_SMALL`] jobs. A small call that
+/// arrives while rounds are out waits behind them (on Redis, in the same
+/// connection's queue): while small calls keep coming, the rounds they
+/// find out are short ones, not full rounds of [`ROUND_JOBS`] sent in the
+/// instant between two of them (a one-lease probe beside calls of 512:
+/// p50 about a third, in docs/benchmarks.md). A group with no small calls lately keeps full rounds,
+/// which carry large calls a quarter faster than short ones.
+pub const SMALL_CALL_ROUNDS: usize = 32;
+
 /// Most jobs a store whose rounds run on the caller's task (the memory
 /// store's) decides before letting the other tasks run: a slice of a call
 /// of 512 leases is then a stretch of tens of microseconds, not the
@@ -173,6 +183,9 @@ struct Waiting {
     small: VecDeque<u64>,
     /// The waiting large calls, in the order they take their turns.
     large: VecDeque<u64>,
+    /// Rounds left during which large calls take at most
+    /// [`LARGE_BESIDE_SMALL`] jobs of a round (see [`SMALL_CALL_ROUNDS`]).
+    small_lately: usize,
 }
 
 impl Waiting {
@@ -197,16 +210,22 @@ impl Waiting {
     /// The next round of at most `most` jobs (at least one batch, if any
     /// waits): one batch of each waiting small call in turn (a call with
     /// more goes to the back), then of each large call in turn. Beside a
-    /// small call's batch the large calls take at most
-    /// [`LARGE_BESIDE_SMALL`] jobs, and while large calls wait the small
-    /// ones leave them that many: a call of one lease waits behind a round
-    /// of a quarter of the jobs, and large calls are never starved.
+    /// small call's batch, and for [`SMALL_CALL_ROUNDS`] rounds after one,
+    /// the large calls take at most [`LARGE_BESIDE_SMALL`] jobs, and while
+    /// large calls wait the small ones leave them that many: a call of one
+    /// lease waits behind rounds of a quarter of the jobs, and large calls
+    /// are never starved.
     fn round(&mut self, most: usize) -> Vec<Batch> {
         let mut round = Vec::new();
         let beside = LARGE_BESIDE_SMALL.min(most);
         let small_most = if self.large.is_empty() { most } else { most - beside };
         Self::take_turns(&mut self.calls, &mut self.small, small_most, &mut round);
-        let large_most = if round.is_empty() { most } else { beside };
+        let carries_small = !round.is_empty();
+        let large_most = if carries_small || self.small_lately > 0 { beside } else { most };
+        self.small_lately = match carries_small {
+            true => SMALL_CALL_ROUNDS,
+            false => self.small_lately.saturating_sub(1),
+        };
         Self::take_turns(&mut self.calls, &mut self.large, large_most, &mut round);
         round
     }
@@ -648,16 +667,17 @@ mod tests {
     }
 
     /// Small calls first, large ones beside them held to a quarter of a
-    /// round: a call of one lease made while calls of 192 wait goes first
+    /// round: a call of one lease made while calls of 320 wait goes first
     /// in the next round sent, with at most `LARGE_BESIDE_SMALL` of their
     /// jobs (the last pass filled its round to `ROUND_JOBS` with them, and
-    /// the probe's script was a full round's).
+    /// the probe's script was a full round's); the large calls' rounds stay
+    /// that short for `SMALL_CALL_ROUNDS` rounds, then fill again.
     #[tokio::test(flavor = "current_thread")]
     async fn a_small_call_goes_first_and_large_calls_take_a_quarter_of_its_round() {
         let (gated, lanes, rounds) = store();
         let mut flood = Vec::new();
         for name in ["a", "b", "c"] {
-            flood.extend(big_call(&lanes, &rounds, name, 3 * ROUND_JOBS).await);
+            flood.extend(big_call(&lanes, &rounds, name, 5 * ROUND_JOBS).await);
             settle().await;
         }
         let probe = call(&lanes, &rounds, "probe").await;
@@ -668,11 +688,17 @@ mod tests {
         let round = &sent[IN_FLIGHT];
         assert_eq!(round.first().map(String::as_str), Some("probe"), "the small call goes first: {round:?}");
         assert_eq!(round.len(), 1 + LARGE_BESIDE_SMALL, "large calls' jobs beside it: {round:?}");
-        // Once no small call waits, the large calls fill their rounds again.
-        gated.gate.add_permits(1);
-        settle().await;
+        // The next rounds stay short while a small call may follow; then
+        // the large calls fill their rounds again.
+        for _ in 0..=SMALL_CALL_ROUNDS {
+            gated.gate.add_permits(1);
+            settle().await;
+        }
         let sizes: Vec<usize> = gated.sent().iter().map(Vec::len).collect();
-        assert_eq!(sizes.get(IN_FLIGHT + 1), Some(&ROUND_JOBS), "rounds of {sizes:?} jobs");
+        let after = &sizes[IN_FLIGHT + 1..];
+        assert_eq!(after.len(), SMALL_CALL_ROUNDS + 1, "rounds of {sizes:?} jobs");
+        assert!(after[..SMALL_CALL_ROUNDS].iter().all(|jobs| *jobs == LARGE_BESIDE_SMALL), "{sizes:?}");
+        assert_eq!(after[SMALL_CALL_ROUNDS], ROUND_JOBS, "rounds of {sizes:?} jobs");
         gated.gate.add_permits(1_000);
         probe.await.unwrap().unwrap();
         for call in flood {
