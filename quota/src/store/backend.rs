@@ -155,8 +155,8 @@ pub const LARGE_BESIDE_SMALL: usize = 16;
 /// connection's queue): while small calls keep coming, the rounds they
 /// find out are short ones, not full rounds of [`ROUND_JOBS`] sent in the
 /// instant between two of them (a one-lease probe beside calls of 512:
-/// p50 about a third, in docs/benchmarks.md). A group with no small calls lately keeps full rounds,
-/// which carry large calls a quarter faster than short ones.
+/// its p50 about a third, docs/benchmarks.md). A group with no small calls
+/// lately keeps full rounds, which carry large calls a quarter faster.
 pub const SMALL_CALL_ROUNDS: usize = 32;
 
 /// Most jobs a store whose rounds run on the caller's task (the memory
