@@ -48,6 +48,12 @@ impl HeaderBlock {
         self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice(start, end)))
     }
 
+    /// The fields, in order, as (name, value bytes): for a host that takes
+    /// bytes, without checking again that the values are text.
+    pub fn fields(&self) -> impl Iterator<Item = (&'static str, &[u8])> {
+        self.fields[..self.len].iter().map(|&(name, start, end)| (name, self.text.slice_bytes(start, end)))
+    }
+
     /// Appends a field whose value `write` appends to the buffer; a value
     /// that does not fit is left out whole.
     fn push(&mut self, name: &'static str, write: impl FnOnce(&mut InlineText<TEXT_CAPACITY>) -> bool) {
@@ -170,6 +176,17 @@ mod tests {
         let mut out = HeaderBlock::default();
         render(&config.settings.response, allowed, Some((&rule, decision, None)), &mut out);
         out.iter().map(|(n, v)| (n, v.to_string())).collect()
+    }
+
+    #[test]
+    fn fields_are_the_same_as_the_text_fields() {
+        let mut block = HeaderBlock::default();
+        block.push("ratelimit", |text| text.push_str("\"r\";r=9;t=1"));
+        block.push("retry-after", |text| text.push_u64(12));
+        let text: Vec<(&str, &[u8])> = block.iter().map(|(name, value)| (name, value.as_bytes())).collect();
+        let bytes: Vec<(&str, &[u8])> = block.fields().collect();
+        assert_eq!(bytes, text);
+        assert_eq!(bytes.len(), 2);
     }
 
     #[test]

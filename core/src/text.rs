@@ -69,7 +69,13 @@ impl<const N: usize> InlineText<N> {
 
     /// The text from byte `start` to byte `end`.
     pub fn slice(&self, start: usize, end: usize) -> &str {
-        self.bytes.get(start..end.min(self.len)).and_then(|b| std::str::from_utf8(b).ok()).unwrap_or("")
+        std::str::from_utf8(self.slice_bytes(start, end)).unwrap_or("")
+    }
+
+    /// The bytes from `start` to `end`, for a caller that hands bytes on
+    /// (a host call) and so need not have them checked as text again.
+    pub fn slice_bytes(&self, start: usize, end: usize) -> &[u8] {
+        self.bytes.get(start..end.min(self.len)).unwrap_or_default()
     }
 
     /// The whole text.

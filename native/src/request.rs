@@ -12,12 +12,31 @@ use crate::abi::{self, AttributeId, Filter};
 /// A value asked of Envoy: not yet (`None`), absent, or Envoy's bytes.
 type Read<'f> = Option<Option<&'f [u8]>>;
 
+/// Rules naming up to this many headers keep their values on the stack.
+const INLINE_HEADERS: usize = 8;
+
+/// The first value of each header the rules name, by its place among them:
+/// on the stack for a few (no allocation per request), else on the heap.
+enum HeaderValues<'f> {
+    Inline([Option<&'f [u8]>; INLINE_HEADERS]),
+    Heap(Vec<Option<&'f [u8]>>),
+}
+
+impl<'f> HeaderValues<'f> {
+    fn get(&self, index: usize) -> Option<&'f [u8]> {
+        match self {
+            HeaderValues::Inline(values) => values.get(index).copied().flatten(),
+            HeaderValues::Heap(values) => values.get(index).copied().flatten(),
+        }
+    }
+}
+
 /// One request during its headers hook.
 pub struct StreamRequest<'f> {
     filter: &'f Filter<'f>,
     names: &'f [String],
     /// The first value of each of `names`, once read.
-    headers: Option<Vec<Option<&'f [u8]>>>,
+    headers: Option<HeaderValues<'f>>,
     remote_address: Read<'f>,
     attributes: [Read<'f>; Attribute::COUNT],
 }
@@ -32,10 +51,20 @@ impl<'f> StreamRequest<'f> {
 
 /// The first value of each of `names` (lower case, as Envoy keeps header
 /// names) among the request's headers, in one pass over them.
-fn first_values<'f>(filter: &'f Filter<'f>, names: &[String]) -> Vec<Option<&'f [u8]>> {
-    let mut values = vec![None; names.len()];
-    filter.each_request_header(|name, value| {
-        for (wanted, found) in names.iter().zip(values.iter_mut()) {
+fn first_values<'f>(
+    names: &[String],
+    each_header: impl FnOnce(&mut dyn FnMut(&'f [u8], &'f [u8])),
+) -> HeaderValues<'f> {
+    let mut values = match names.len() {
+        0..=INLINE_HEADERS => HeaderValues::Inline([None; INLINE_HEADERS]),
+        count => HeaderValues::Heap(vec![None; count]),
+    };
+    let slots = match &mut values {
+        HeaderValues::Inline(values) => values.as_mut_slice(),
+        HeaderValues::Heap(values) => values.as_mut_slice(),
+    };
+    each_header(&mut |name, value| {
+        for (wanted, found) in names.iter().zip(slots.iter_mut()) {
             if found.is_none() && wanted.as_bytes() == name {
                 *found = Some(value);
             }
@@ -59,8 +88,9 @@ fn attribute_id(attribute: Attribute) -> Option<AttributeId> {
 impl Request for StreamRequest<'_> {
     fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
         let (filter, names) = (self.filter, self.names);
-        let headers = self.headers.get_or_insert_with(|| first_values(filter, names));
-        headers.get(id.0).copied().flatten()
+        let headers =
+            self.headers.get_or_insert_with(|| first_values(names, |visit| filter.each_request_header(visit)));
+        headers.get(id.0)
     }
 
     /// `source.address`: the downstream remote address Envoy settled on, as
@@ -104,5 +134,28 @@ impl Request for StreamRequest<'_> {
             Wanted::Scalar => string().or_else(number).or_else(boolean),
         };
         found.unwrap_or(Found::Absent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first value of each name, whether the rules name a few headers
+    /// (kept on the stack) or many (on the heap); absent names read `None`.
+    #[test]
+    fn first_values_keep_the_first_of_each_name_for_few_and_many_names() {
+        let headers: [(&[u8], &[u8]); 4] = [(b"b", b"1"), (b"a", b"2"), (b"b", b"3"), (b"k9", b"9")];
+        for count in [2, INLINE_HEADERS, INLINE_HEADERS + 2] {
+            let mut names: Vec<String> = vec!["a".into(), "b".into()];
+            names.extend((2..count).map(|i| format!("k{i}")));
+            let values = first_values(&names, |visit| headers.iter().for_each(|(name, value)| visit(name, value)));
+            assert!(matches!(values, HeaderValues::Inline(_)) == (count <= INLINE_HEADERS), "{count} names");
+            assert_eq!(values.get(0), Some(&b"2"[..]));
+            assert_eq!(values.get(1), Some(&b"1"[..]), "the first of a repeated name");
+            assert_eq!(values.get(2), None);
+            assert_eq!(values.get(9), (count > 9).then_some(&b"9"[..]));
+            assert_eq!(values.get(count), None, "past the names");
+        }
     }
 }

@@ -168,7 +168,7 @@ impl Stream {
             }
             state.headers.clone()
         };
-        for (name, value) in headers.iter() {
+        for (name, value) in headers.fields() {
             if !filter.add_response_header(name, value) {
                 log::warn!("floodgate: could not add response header {name}");
             }

@@ -702,7 +702,7 @@ impl Filter<'_> {
     }
 
     /// Adds a header to the response on its way to the client.
-    pub fn add_response_header(&mut self, name: &str, value: &str) -> bool {
+    pub fn add_response_header(&mut self, name: &str, value: &[u8]) -> bool {
         // SAFETY: `envoy` is this hook's stream; the buffers are read during
         // the call.
         unsafe {
@@ -710,7 +710,7 @@ impl Filter<'_> {
                 self.envoy,
                 RESPONSE_HEADER,
                 ModuleBuffer::of(name.as_bytes()),
-                ModuleBuffer::of(value.as_bytes()),
+                ModuleBuffer::of(value),
             )
         }
     }
