@@ -320,7 +320,7 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
 /// the test failed 6 runs of 6 so).
 async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend) {
     use floodgate_core::time::SECOND;
-    use floodgate_quota::store::{LARGE_BESIDE_SMALL, ROUND_JOBS};
+    use floodgate_quota::store::ROUND_JOBS;
     // What is counted is the order of the work, not its speed: a store
     // timeout no loaded machine reaches.
     let options = Options { store_timeout: Duration::from_secs(20), ..Options::default() };
@@ -362,7 +362,6 @@ async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend)
     };
     eprintln!("transactions sent while each probe waited: {waited:?} ({calls} calls of 512 meanwhile)");
     let most = *waited.iter().max().unwrap();
-    assert!(3 * (LARGE_BESIDE_SMALL + 1) < 2 * ROUND_JOBS);
     assert!(most < 2 * ROUND_JOBS as u64, "a probe waited while {most} transactions were sent: {waited:?}");
 }
 

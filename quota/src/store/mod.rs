@@ -17,9 +17,7 @@ mod memory;
 mod redis;
 mod shares;
 
-pub use self::backend::{
-    Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions, LARGE_BESIDE_SMALL, ROUND_JOBS,
-};
+pub use self::backend::{Backend, BackendRegistration, BoxFuture, Finisher, Rounds, StoreOptions, ROUND_JOBS};
 pub use self::calls::lease_on;
 pub use self::decide::{Kind, Next};
 pub use self::lanes::Batch;
