@@ -146,26 +146,32 @@ impl LeasePool {
         }
         let lease = &state.lease;
         let wants_notices = self.overshoot.is_some();
+        // A request waits at a pool that holds nothing it could spend now.
+        let empty = unmet > 0 && usable == 0 && window.is_none() && !lease.pending(now) && !state.windows_left();
         // A cold pair: only the request that waits has come since the
         // observation began, and the pool's last lease (or check) is a
         // while ago or never was: its requests come less than about once in
-        // THIN_HORIZONS lease lifetimes. Asking for the pool's pace would
-        // lease tokens that expire unspent (and cost a record and a
-        // return); asking for an allowance would reserve them in every
-        // window of a term.
+        // THIN_HORIZONS lease lifetimes.
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
-        let cold = unmet > 0 && seen.spent == 0 && long_ago && usable == 0 && window.is_none() && !lease.pending(now);
-        // A cold pair asks for the waiting request's cost alone, as a check;
-        // any other claim leases at its pace.
-        let check = cold && !state.windows_left();
-        let (wanted, per_window) = if check {
-            (cost, false)
-        } else {
-            // A check counts as a lease here: the pair has been seen that long.
-            let known = now - seen.since >= RATE_FLOOR
-                || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
-            (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known)
+        let cold = seen.spent == 0 && long_ago;
+        // A thin pair: at its observed pace a lease would hold no more than
+        // the waiting request's cost (the rest would expire unspent). Such
+        // a lease is a check with a record and a return: two store writes
+        // or more for the one request it serves, where a check costs one.
+        let thin = self.refresh.wanted(rate, usable) <= cost;
+        let check = empty && (cold || thin);
+        // A check counts as a lease here: the pair has been seen that long.
+        let known =
+            now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
+        let (wanted, per_window) = match check {
+            // A check asks for nothing more. An allowance would reserve
+            // tokens in every window of a term at a pace the one request
+            // seen overstates: at fleet scale, where a key's limit is spread
+            // over many thin pairs, that left a fifth of it unused under
+            // excess demand.
+            true => (cost, false),
+            false => (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known),
         };
         Some(Claim {
             started: now,
