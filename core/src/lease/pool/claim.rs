@@ -93,8 +93,15 @@ impl LeasePool {
 
     /// Claims a refresh into `state` if one is due at `now` and none is in
     /// flight (or the one in flight outlived its claim); `unmet` units of
-    /// this request found no tokens.
-    pub(super) fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
+    /// this request (of `cost`) found no tokens; `paced` is the pool's rate
+    /// observation before this request (not started afresh after a pause).
+    pub(super) fn claim(
+        &self,
+        state: &mut PoolState,
+        now: Nanos,
+        (cost, unmet): (u64, u64),
+        paced: RateSeen,
+    ) -> Option<Claim> {
         let renewing = state.windows_left() && now >= state.claims.renewal_until;
         if now < state.claims.refresh_until && !renewing {
             return None;
@@ -159,7 +166,16 @@ impl LeasePool {
         // the waiting request's cost (the rest would expire unspent). Such
         // a lease is a check with a record and a return: two store writes
         // or more for the one request it serves, where a check costs one.
-        let thin = self.refresh.wanted(rate, usable) <= cost;
+        // Where the key had tokens to spare (`plenty`), the pace is read
+        // over the observation as it was before a pause started it afresh
+        // (which has seen one request and says nothing of a pair busy
+        // before it): a paused pair that was busy leases, and the tokens
+        // it may strand cost nobody. Where the key's tokens are scarce, only
+        // the observation since the pause counts: a lease that strands
+        // them takes them from other Envoys' requests.
+        let judged = if plenty { paced } else { seen };
+        let pace = self.refresh.rate(RateSeen { spent: judged.spent.saturating_add(unmet), ..judged }, now);
+        let thin = self.refresh.wanted(pace, usable) <= cost;
         let check = empty && (cold || thin);
         // A check counts as a lease here: the pair has been seen that long.
         let known =

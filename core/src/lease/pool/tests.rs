@@ -950,3 +950,36 @@ fn a_pair_whose_pace_fills_a_lease_leases_when_it_waits() {
     let claim = claim.unwrap();
     assert!(!claim.check && claim.wanted >= 3, "{claim:?}");
 }
+
+/// A pair that was busy (21 requests in 11.5 s) and paused past a horizon
+/// starts its observation afresh; where the key has tokens to spare, its
+/// pace is read over the observation before the pause, and its wait
+/// leases (its next requests need no call); where the key's tokens are
+/// scarce, only the observation since the pause counts, one request: a
+/// check, so as not to strand tokens other Envoys' requests need.
+#[test]
+fn a_busy_pair_back_from_a_pause_leases_where_the_key_has_plenty() {
+    let p = pool();
+    let lease = Lease {
+        id: 5,
+        tokens: 0,
+        leased_at: T0 + SECOND.times(9),
+        starts_at: T0 + SECOND.times(9),
+        expires_at: T0 + SECOND.times(10),
+        window_index: 0,
+    };
+    let paused = |unleased: u64| PoolState {
+        lease,
+        rate: RateSeen { spent: 20, since: T0 },
+        quote: Quote { limit: 1_000, unleased, ..Quote::default() },
+        ..p.fresh(T0)
+    };
+    let back = T0 + SECOND.times(11) + MS.times(500);
+    let (spend, claim, after) = p.spend(paused(990), back, 1);
+    assert_eq!(spend, Spend::Empty);
+    assert_eq!(after.rate.spent, 0, "the observation started afresh");
+    let claim = claim.unwrap();
+    assert!(!claim.check, "busy before its pause, plenty left: a lease {claim:?}");
+    let (_, claim, _) = p.spend(paused(100), back, 1);
+    assert!(claim.is_some_and(|c| c.check), "scarce: judged since the pause, a check");
+}
