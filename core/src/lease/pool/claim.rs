@@ -44,10 +44,11 @@ pub struct Claim {
     /// The pool's rule admits keys without a lease (an overshoot budget):
     /// its call asks for the service's near-limit notices.
     pub wants_notices: bool,
-    /// A cold pair's wait: the request that made the claim waits at a pool
-    /// that holds nothing, and nothing else has been spent since the pool's
-    /// rate observation began (a pair that saw no request for a whole
-    /// horizon, or a new one), so a lease would likely expire unspent. The
+    /// A thin (or cold) pair's wait: the request that made the claim waits
+    /// at a pool that holds nothing it could spend now, and the pool's pace
+    /// says a lease would hold no more than this request's cost (or its
+    /// observation has seen nothing else and its last lease is
+    /// [`THIN_HORIZONS`] old), so the rest would expire unspent. The
     /// service decides `wanted` (this request's cost) as a check: taken or
     /// refused, with no lease record and nothing to return.
     pub check: bool,
@@ -69,10 +70,9 @@ pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 /// A pool whose last lease (or check) is at least this many lease horizons
 /// old when a request waits at it, and has seen no other request since its
 /// rate observation began, is a cold pair's: the request is decided as a
-/// check ([`Claim::check`]). A pair seen again sooner leases at its pace:
-/// at three Envoys, a key of a request a second each is one (its requests'
-/// waits stay as they were before checks); at a hundred, a key of two
-/// requests a second is not (its pairs meet again every 50 s or so).
+/// check ([`Claim::check`]) whatever its horizon. (Under the default
+/// horizon of a second such a pool is also thin: its pace, one request,
+/// fills no more than that request; a longer horizon asks for more.)
 pub const THIN_HORIZONS: u64 = 10;
 
 /// The longest an allowance's renewal is held back from the start of the
@@ -184,8 +184,8 @@ impl LeasePool {
             // A check asks for nothing more. An allowance would reserve
             // tokens in every window of a term at a pace the one request
             // seen overstates: at fleet scale, where a key's limit is spread
-            // over many thin pairs, that left a fifth of it unused under
-            // excess demand.
+            // over many thin pairs, that left about a sixth more of it
+            // unused under excess demand.
             true => (cost, false),
             false => (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known),
         };

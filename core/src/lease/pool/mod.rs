@@ -138,8 +138,8 @@ impl LeasePool {
         // than one token.
         let unmet = if matches!(spend, Spend::Taken(_) | Spend::Unleased(_)) { 0 } else { cost };
         // The observation as it was before this request revived it, if it
-        // did: a pause is part of a pair's pace when judging whether it is
-        // thin.
+        // did: where the key has tokens to spare, a pair's pace before its
+        // pause decides whether it is thin.
         let mut claim = self.claim(&mut after, now, (cost, unmet), state.rate);
         if let Some(claim) = claim.as_mut() {
             claim.reported = std::mem::take(&mut after.without_lease.unreported);
