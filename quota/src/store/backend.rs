@@ -262,6 +262,33 @@ impl Waiting {
 struct Gathering {
     waiting: Waiting,
     in_flight: usize,
+    /// A round is on its way (counted in `in_flight`, its task not yet run):
+    /// what is made ready meanwhile goes with it.
+    pending: bool,
+}
+
+impl Gathering {
+    /// Whether one more round may go now: fewer than [`IN_FLIGHT`] out, and
+    /// while small calls have come lately but none waits, one round of the
+    /// large calls' at a time — the other is kept for the next small call,
+    /// which then finds Redis behind one short round, not two.
+    fn may_send(&self) -> bool {
+        let most = match self.waiting.small.is_empty() && self.waiting.small_lately > 0 {
+            true => 1,
+            false => IN_FLIGHT,
+        };
+        !self.pending && !self.waiting.is_empty() && self.in_flight < most
+    }
+
+    /// Counts a round about to be sent, if one may go now.
+    fn start_round(&mut self) -> bool {
+        let send = self.may_send();
+        if send {
+            self.in_flight += 1;
+            self.pending = true;
+        }
+        send
+    }
 }
 
 impl std::fmt::Debug for Rounds {
@@ -306,11 +333,11 @@ impl Rounds {
                     Some(gathering) => gathering,
                     None => groups.entry(batch.group.clone()).or_default(),
                 };
-                if gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT {
-                    gathering.in_flight += 1;
-                    send.push(batch.group.clone());
-                }
+                let group = batch.group.clone();
                 gathering.waiting.push(batch);
+                if gathering.start_round() {
+                    send.push(group);
+                }
             }
         }
         for group in send {
@@ -329,11 +356,8 @@ impl Rounds {
             let (round, more) = match rounds.groups().get_mut(&group) {
                 Some(gathering) => {
                     let round = gathering.waiting.round(ROUND_JOBS);
-                    let more = !gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT;
-                    if more {
-                        gathering.in_flight += 1;
-                    }
-                    (round, more)
+                    gathering.pending = false;
+                    (round, gathering.start_round())
                 }
                 None => (Vec::new(), false),
             };
@@ -351,8 +375,7 @@ impl Rounds {
             let mut groups = self.groups();
             let Some(gathering) = groups.get_mut(group) else { return };
             gathering.in_flight = gathering.in_flight.saturating_sub(1);
-            if !gathering.waiting.is_empty() && gathering.in_flight < IN_FLIGHT {
-                gathering.in_flight += 1;
+            if gathering.start_round() {
                 true
             } else {
                 if gathering.waiting.is_empty() && gathering.in_flight == 0 {
