@@ -250,6 +250,36 @@ async fn redis_calls_made_in_one_turn_share_one_script() {
     assert_eq!((t1 - t0, r1 - r0), (20, 1), "20 transactions in one round trip");
 }
 
+/// A caller that leaves mid-call (its client hung up) holds none of its
+/// keys: the memory store decides a large call in slices, letting other
+/// tasks run between them, and what the caller left undecided is still
+/// decided and its keys' lanes released. Before, the slices after the one
+/// under way were dropped with the caller and their keys' lanes stayed
+/// held: every later call of those keys waited forever (the quota bench's
+/// memory leases rows, once wrk had closed its connections at the end of
+/// a row, completed a few requests a second for the rest of the run).
+#[tokio::test(flavor = "current_thread")]
+async fn memory_a_call_left_mid_way_holds_none_of_its_keys() {
+    use floodgate_core::time::SECOND;
+    let f = Fixture::with(Backend::Memory, LIMITS, Options::default()).await;
+    let store = f.service.store().clone();
+    let leases = fresh_leases("left", 512);
+    let mut last = leases[511].clone();
+    last.record = floodgate_quota::store::lease_key("hot", "after");
+    let call = {
+        let store = store.clone();
+        tokio::spawn(async move { store.lease(&leases, SECOND).await })
+    };
+    // The call decides a few slices, then its caller goes.
+    for _ in 0..4 {
+        tokio::task::yield_now().await;
+    }
+    call.abort();
+    let after = tokio::time::timeout(Duration::from_secs(5), store.lease(&[last], SECOND)).await;
+    let grants = after.expect("a call of the left call's last key is answered").unwrap().unwrap();
+    assert_eq!(grants[0].clone().unwrap().granted, 10);
+}
+
 /// `count` leases of fresh keys of the `hot` domain, one call's, named `{call}-{i}`.
 fn fresh_leases(call: &str, count: usize) -> Vec<floodgate_quota::store::BucketLease> {
     use floodgate_core::time::SECOND;
@@ -315,9 +345,11 @@ async fn memory_a_call_of_one_lease_waits_for_slices_of_calls_of_512_not_their_w
 /// alone), and while small calls keep coming those are short rounds (8 of
 /// the flood's transactions, not 64), one of them out at a time. Counted
 /// from the store's transactions sent while the probe waited, not timed:
-/// after a first probe (which may find full rounds out), fewer than one
-/// full round (9–25 were counted; with full rounds out, two of them, up to
-/// 337: the test failed 6 runs of 6 so).
+/// after a first probe (which may find full rounds out), fewer than two
+/// full rounds (9–25 were counted; a probe delayed past the 32 rounds of
+/// short ones may find one full round out; with two full rounds out, up to
+/// 337 were counted: the test failed 6 runs of 6 so). The order of rounds
+/// itself is `src/store/backend.rs`'s tests'.
 async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend) {
     use floodgate_core::time::SECOND;
     use floodgate_quota::store::ROUND_JOBS;
@@ -362,7 +394,7 @@ async fn a_call_of_one_lease_waits_for_rounds_not_calls_of_512(backend: Backend)
     };
     eprintln!("transactions sent while each probe waited: {waited:?} ({calls} calls of 512 meanwhile)");
     let most = *waited.iter().max().unwrap();
-    assert!(most < ROUND_JOBS as u64, "a probe waited while {most} transactions were sent: {waited:?}");
+    assert!(most < 2 * ROUND_JOBS as u64, "a probe waited while {most} transactions were sent: {waited:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

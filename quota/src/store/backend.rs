@@ -482,22 +482,38 @@ async fn drive(rounds: Arc<Rounds>, group: Option<String>, ready: Vec<Batch>) {
         return;
     }
     let mut waiting = Waiting::default();
-    let mut ready = ready;
-    loop {
-        ready.drain(..).for_each(|batch| waiting.push(batch));
-        let slice = waiting.round(INLINE_SLICE_JOBS);
-        if slice.is_empty() {
-            break;
-        }
-        Arc::clone(&backend).run(slice, Arc::clone(&done)).await;
-        ready = done.take_later();
-        if !waiting.is_empty() || !ready.is_empty() {
-            // Other tasks (another connection's call of one lease) run
-            // before this one's next slice.
-            tokio::task::yield_now().await;
-        }
+    if slice(&backend, &done, &mut waiting, ready).await {
+        // Other tasks (another connection's call of one lease) run before
+        // the next slice. The caller may leave while they do (its client
+        // hung up): the slices left run on a task of their own, so that
+        // what it leaves is still decided and its keys' lanes released (a
+        // lane held by a batch dropped undecided would hold every later
+        // call of its key, forever).
+        let rest = tokio::spawn(async move {
+            loop {
+                tokio::task::yield_now().await;
+                if !slice(&backend, &done, &mut waiting, Vec::new()).await {
+                    break;
+                }
+            }
+        });
+        // Its outcome is the batches' own, handed to their callers.
+        let _ = rest.await;
     }
-    done.answer();
+}
+
+/// Decides an inline store's next slice of `waiting` (with `ready` joining
+/// it first): at most [`INLINE_SLICE_JOBS`] jobs taken in turns between
+/// calls; what they make ready joins `waiting`. Returns whether any waits.
+async fn slice(backend: &Arc<dyn Backend>, done: &Arc<Finisher>, waiting: &mut Waiting, ready: Vec<Batch>) -> bool {
+    ready.into_iter().for_each(|batch| waiting.push(batch));
+    let slice = waiting.round(INLINE_SLICE_JOBS);
+    if slice.is_empty() {
+        return false;
+    }
+    Arc::clone(backend).run(slice, Arc::clone(done)).await;
+    done.take_later().into_iter().for_each(|batch| waiting.push(batch));
+    !waiting.is_empty()
 }
 
 #[cfg(test)]
