@@ -44,11 +44,10 @@ pub struct Claim {
     /// The pool's rule admits keys without a lease (an overshoot budget):
     /// its call asks for the service's near-limit notices.
     pub wants_notices: bool,
-    /// A thin (or cold) pair's wait: the request that made the claim waits
-    /// at a pool that holds nothing it could spend now, and the pool's pace
-    /// says a lease would hold no more than this request's cost (or its
-    /// observation has seen nothing else and its last lease is
-    /// [`THIN_HORIZONS`] old), so the rest would expire unspent. The
+    /// A cold pair's wait: the request that made the claim waits at a pool
+    /// that holds nothing, and nothing else has been spent since the pool's
+    /// rate observation began (a pair that saw no request for a whole
+    /// horizon, or a new one), so a lease would likely expire unspent. The
     /// service decides `wanted` (this request's cost) as a check: taken or
     /// refused, with no lease record and nothing to return.
     pub check: bool,
@@ -70,9 +69,10 @@ pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 /// A pool whose last lease (or check) is at least this many lease horizons
 /// old when a request waits at it, and has seen no other request since its
 /// rate observation began, is a cold pair's: the request is decided as a
-/// check ([`Claim::check`]) whatever its horizon. (Under the default
-/// horizon of a second such a pool is also thin: its pace, one request,
-/// fills no more than that request; a longer horizon asks for more.)
+/// check ([`Claim::check`]). A pair seen again sooner leases at its pace:
+/// at three Envoys, a key of a request a second each is one (its requests'
+/// waits stay as they were before checks); at a hundred, a key of two
+/// requests a second is not (its pairs meet again every 50 s or so).
 pub const THIN_HORIZONS: u64 = 10;
 
 /// The longest an allowance's renewal is held back from the start of the
@@ -93,15 +93,8 @@ impl LeasePool {
 
     /// Claims a refresh into `state` if one is due at `now` and none is in
     /// flight (or the one in flight outlived its claim); `unmet` units of
-    /// this request (of `cost`) found no tokens; `paced` is the pool's rate
-    /// observation before this request (not started afresh after a pause).
-    pub(super) fn claim(
-        &self,
-        state: &mut PoolState,
-        now: Nanos,
-        (cost, unmet): (u64, u64),
-        paced: RateSeen,
-    ) -> Option<Claim> {
+    /// this request found no tokens.
+    pub(super) fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
         let renewing = state.windows_left() && now >= state.claims.renewal_until;
         if now < state.claims.refresh_until && !renewing {
             return None;
@@ -153,41 +146,26 @@ impl LeasePool {
         }
         let lease = &state.lease;
         let wants_notices = self.overshoot.is_some();
-        // A request waits at a pool that holds nothing it could spend now.
-        let empty = unmet > 0 && usable == 0 && window.is_none() && !lease.pending(now) && !state.windows_left();
         // A cold pair: only the request that waits has come since the
         // observation began, and the pool's last lease (or check) is a
         // while ago or never was: its requests come less than about once in
-        // THIN_HORIZONS lease lifetimes.
+        // THIN_HORIZONS lease lifetimes. Asking for the pool's pace would
+        // lease tokens that expire unspent (and cost a record and a
+        // return); asking for an allowance would reserve them in every
+        // window of a term.
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
-        let cold = seen.spent == 0 && long_ago;
-        // A thin pair: at its observed pace a lease would hold no more than
-        // the waiting request's cost (the rest would expire unspent). Such
-        // a lease is a check with a record and a return: two store writes
-        // or more for the one request it serves, where a check costs one.
-        // Where the key had tokens to spare (`plenty`), the pace is read
-        // over the observation as it was before a pause started it afresh
-        // (which has seen one request and says nothing of a pair busy
-        // before it): a paused pair that was busy leases, and the tokens
-        // it may strand cost nobody. Where the key's tokens are scarce, only
-        // the observation since the pause counts: a lease that strands
-        // them takes them from other Envoys' requests.
-        let judged = if plenty { paced } else { seen };
-        let pace = self.refresh.rate(RateSeen { spent: judged.spent.saturating_add(unmet), ..judged }, now);
-        let thin = self.refresh.wanted(pace, usable) <= cost;
-        let check = empty && (cold || thin);
-        // A check counts as a lease here: the pair has been seen that long.
-        let known =
-            now - seen.since >= RATE_FLOOR || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
-        let (wanted, per_window) = match check {
-            // A check asks for nothing more. An allowance would reserve
-            // tokens in every window of a term at a pace the one request
-            // seen overstates: at fleet scale, where a key's limit is spread
-            // over many thin pairs, that left about a sixth more of it
-            // unused under excess demand.
-            true => (cost, false),
-            false => (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known),
+        let cold = unmet > 0 && seen.spent == 0 && long_ago && usable == 0 && window.is_none() && !lease.pending(now);
+        // A cold pair asks for the waiting request's cost alone, as a check;
+        // any other claim leases at its pace.
+        let check = cold && !state.windows_left();
+        let (wanted, per_window) = if check {
+            (cost, false)
+        } else {
+            // A check counts as a lease here: the pair has been seen that long.
+            let known = now - seen.since >= RATE_FLOOR
+                || (lease.leased_at > Nanos::ZERO && now - lease.leased_at >= RATE_FLOOR);
+            (self.refresh.wanted(rate, usable).max(cost), state.allowance.per_window > 0 || known)
         };
         Some(Claim {
             started: now,

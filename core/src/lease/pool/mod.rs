@@ -131,16 +131,12 @@ impl LeasePool {
     /// none is in flight. Returns the outcome, the claim if this request made
     /// it, and the state after (write it back if either changed it).
     pub fn spend(&self, state: PoolState, now: Nanos, cost: u64) -> (Spend, Option<Claim>, PoolState) {
-        let state = state.rolled(now);
-        let (spend, mut after) = self.take(state, now, cost);
+        let (spend, mut after) = self.take(state.rolled(now), now, cost);
         // A request that found the pool short is demand too: counted in
         // the rate the refresh is sized by, so a revived pool asks for more
         // than one token.
         let unmet = if matches!(spend, Spend::Taken(_) | Spend::Unleased(_)) { 0 } else { cost };
-        // The observation as it was before this request revived it, if it
-        // did: where the key has tokens to spare, a pair's pace before its
-        // pause decides whether it is thin.
-        let mut claim = self.claim(&mut after, now, (cost, unmet), state.rate);
+        let mut claim = self.claim(&mut after, now, cost, unmet);
         if let Some(claim) = claim.as_mut() {
             claim.reported = std::mem::take(&mut after.without_lease.unreported);
             if matches!(spend, Spend::Unleased(_)) {
