@@ -129,23 +129,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Every Redis runs as quota/redis.conf has it for latency (hz 100: its expiry
+# Starts a Redis on CPU 1 with the given extra arguments; sets $port. Every
+# Redis runs as quota/redis.conf has it for latency (hz 100: its expiry
 # cycles of at most 2.5 ms, not 25), without its persistence.
-redis_port=$(free_port)
-pin 1 redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no --hz 100 >/dev/null &
-pids+=($!)
-wait_port "$redis_port"
+start_redis() {
+  port=$(free_port)
+  pin 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --hz 100 "$@" >/dev/null &
+  pids+=($!)
+  wait_port "$port"
+}
+
+start_redis
+redis_port=$port
 
 # A Redis Cluster of three masters, no replicas (the bench's one domain
 # lives in one slot, so one master serves it: the rows measure the cluster
 # client's routing, not spreading).
 cluster_nodes=()
 for n in 1 2 3; do
-  port=$(free_port)
-  pin 1 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --hz 100 --dir "$scratch" \
-    --cluster-enabled yes --cluster-port "$(free_port)" --cluster-config-file "$scratch/nodes-$n.conf" >/dev/null &
-  pids+=($!)
-  wait_port "$port"
+  start_redis --dir "$scratch" --cluster-enabled yes --cluster-port "$(free_port)" \
+    --cluster-config-file "$scratch/nodes-$n.conf"
   cluster_nodes+=("127.0.0.1:$port")
 done
 timeout 60 redis-cli --cluster create "${cluster_nodes[@]}" --cluster-replicas 0 --cluster-yes >/dev/null
@@ -200,10 +203,8 @@ wait_port "$redis_grpc_port"
 # hundreds of thousands of them (its expiry cycle runs up to 25 ms at a
 # time) stalled the check and lease rows of the next round (redis check
 # p99 2 ms in the first round, 22-28 ms in the others).
-leases_redis_port=$(free_port)
-pin 1 redis-server --port "$leases_redis_port" --bind 127.0.0.1 --save "" --appendonly no --hz 100 >/dev/null &
-pids+=($!)
-wait_port "$leases_redis_port"
+start_redis
+leases_redis_port=$port
 start_service "$bin" --store "redis://127.0.0.1:$leases_redis_port/"
 redis_leases_service_port=$port
 start_service "$bin" --store "$cluster_url"
@@ -217,10 +218,8 @@ leases_memory_port=$port
 # The Redis big-call rows have a Redis and a service of their own: on the
 # leases rows' Redis the probe "alone" ran while Redis expired what those
 # rows had written (its p99 22 ms against 1.2 ms on a fresh Redis).
-big_redis_port=$(free_port)
-pin 1 redis-server --port "$big_redis_port" --bind 127.0.0.1 --save "" --appendonly no --hz 100 >/dev/null &
-pids+=($!)
-wait_port "$big_redis_port"
+start_redis
+big_redis_port=$port
 start_service "$bin" --store "redis://127.0.0.1:$big_redis_port/"
 big_redis_service_port=$port
 compare_port=""
@@ -330,7 +329,8 @@ fairness_rows() {
 }
 
 # The big-call fairness probe alone, then while calls of 512 leases flood
-# the service: store label, port. The flood outlasts the probe. Each round
+# the service: store label, port (memory: `-`, its service is made for the
+# round). The flood outlasts the probe. Each round
 # starts from an idle store: a fresh memory service, an emptied Redis (the
 # last round's flood left over a million entries expiring, and dropping
 # them, on the service's core or in Redis, took the probe "alone" from a
