@@ -916,3 +916,32 @@ fn a_check_the_host_will_not_send_is_decided_in_its_handler() {
         worker.end(context);
     });
 }
+
+/// An unchanged tick is not set again while it runs; one the host has not
+/// fired for two periods is set again (should Envoy have dropped it).
+#[test]
+fn an_unchanged_tick_is_set_again_only_when_it_stopped() {
+    const OK: &[u8] =
+        br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
+        let serve = |worker: &mut Worker| {
+            mock_host::with(|host| host.host_calls.clear());
+            let (context, _) = worker.request();
+            let check = worker.take_call("/v1/check");
+            worker.answer(&check, Some(200), OK);
+            worker.end(context);
+            mock_host::with(|host| host.host_calls.get("set_tick_period_milliseconds").copied().unwrap_or(0))
+        };
+        serve(&mut worker);
+        assert_eq!(worker.tick_ms(), 50);
+        worker.advance(40);
+        worker.tick();
+        worker.advance(90);
+        assert_eq!(serve(&mut worker), 0, "it fired 90 ms ago: it runs");
+        worker.advance(20);
+        assert_eq!(serve(&mut worker), 1, "not seen for 110 ms: set again");
+        assert_eq!(serve(&mut worker), 0);
+        assert_eq!(worker.tick_ms(), 50);
+    });
+}

@@ -51,10 +51,11 @@ pub(crate) struct Plugin<H> {
     /// last set from an answer.
     pub(crate) modes_changed: Cell<bool>,
     /// The tick period last set with the host (whole milliseconds, as the
-    /// host takes it), so that an unchanged one is not set again: Envoy
-    /// makes a new timer for every call, and one set again never fires
-    /// while requests keep coming faster than its period.
-    pub(crate) tick_ms: Cell<Option<u128>>,
+    /// host takes it), and when the tick was last known to run (set, or
+    /// fired): an unchanged period is not set again while the tick runs.
+    /// Envoy makes a new timer for every call, and one set again never
+    /// fires while requests keep coming faster than its period.
+    pub(crate) tick: Cell<Option<(u128, Nanos)>>,
     /// Counts were added since the metrics were last flushed (a flush tick
     /// is scheduled).
     pub(crate) unflushed: Cell<bool>,
@@ -82,7 +83,7 @@ impl<H: Host> Plugin<H> {
             limiter,
             queue,
             posted: Cell::new(false),
-            tick_ms: Cell::new(None),
+            tick: Cell::new(None),
             current: Cell::new(None),
             callback_now: Cell::new(None),
             modes_changed: Cell::new(false),
@@ -135,6 +136,13 @@ impl<H: Host> Plugin<H> {
     pub(crate) fn settle_calls(&self, now: Nanos) {
         self.unflushed.set(true);
         schedule_ticks(self, now);
+    }
+
+    /// The tick fired at `now`: it runs.
+    pub(crate) fn ticked(&self, now: Nanos) {
+        if let Some((period, _)) = self.tick.get() {
+            self.tick.set(Some((period, now)));
+        }
     }
 
     /// The end of the root's tick (or of its configuration): counts reach
@@ -252,12 +260,16 @@ pub(crate) fn schedule_ticks<H: Host>(plugin: &Plugin<H>, now: Nanos) {
     let flush = (plugin.unflushed.get() || plugin.limiter.holds_reserves()).then_some(metrics::FLUSH_PERIOD);
     let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
     // A periodic tick already set to this period wakes the worker no later
-    // than setting it again would.
-    if plugin.tick_ms.get() == Some(period.as_millis()) {
-        return;
+    // than setting it again would; one not seen for two periods is set
+    // again, should the host have dropped it.
+    let ms = period.as_millis();
+    if let Some((set, alive)) = plugin.tick.get() {
+        if set == ms && (period.is_zero() || now < alive + Nanos::from(period * 2)) {
+            return;
+        }
     }
     match plugin.host.set_tick_period(period) {
-        Ok(()) => plugin.tick_ms.set(Some(period.as_millis())),
+        Ok(()) => plugin.tick.set(Some((ms, now))),
         Err(status) => log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}"),
     }
 }

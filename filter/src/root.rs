@@ -135,6 +135,7 @@ impl RootContext for FloodgateRoot {
     fn on_tick(&mut self) {
         let Some(plugin) = self.plugin.clone() else { return };
         let now = plugin.host.now();
+        plugin.ticked(now);
         if let Some(service) = plugin.limiter.quota_service() {
             if !self.cluster_checked {
                 self.cluster_checked = true;
