@@ -400,6 +400,26 @@ mod tests {
         assert_eq!((worker.count_of(Counter::RefillWaits), worker.count_of(Counter::RefillWaitMs)), (1, 5));
     }
 
+    /// A request's check sent as its own call leaves alone (another
+    /// request's stays queued), once; when the request ends before its
+    /// answer, the call is forgotten with it (the host cancels it).
+    #[test]
+    fn a_check_sent_as_its_requests_call_leaves_alone_and_is_forgotten_with_it() {
+        let worker = FakeWorker::new(&global("check"));
+        let (first, _) = worker.arrive(1, "a");
+        worker.arrive(2, "b");
+        client::send_check(&worker, 1);
+        assert_eq!(*worker.calls.borrow(), [(1, "/v1/check".to_string())]);
+        client::send_check(&worker, 1);
+        assert_eq!(worker.calls.borrow().len(), 1, "sent once");
+        assert!(worker.callouts.borrow().has_outgoing(T0), "the other request's check is still queued");
+        worker.live.borrow_mut().remove(&1);
+        assert!(ended(&worker, 1, &first), "ended while waiting: counted");
+        assert!(worker.callouts.borrow_mut().answered(1).is_none(), "its call is forgotten");
+        client::send_queued(&worker);
+        assert_eq!(worker.calls.borrow().last(), Some(&(2, "/v1/check".to_string())));
+    }
+
     /// A check the host cannot send settles at once by the rule's
     /// fall-back, which switches the rule: the request goes on.
     #[test]

@@ -211,17 +211,29 @@ impl Worker {
     }
 
     /// As [`Worker::answer`], with the body size the host reports. The
-    /// answer goes to the context the call was dispatched as: the root's.
+    /// answer goes to the context the call was dispatched as: the root's,
+    /// so that it outlives any request, but for a check, its request's
+    /// (whose end cancels it, as Envoy cancels the calls of a context that
+    /// goes away).
     fn answer_sized(&self, call: &HttpCall, status: Option<u16>, body: &[u8], body_size: usize) {
-        assert_eq!(call.context, ROOT, "calls are the root's, so their answers outlive any request: {call:#?}");
+        match call.header(":path") {
+            Some("/v1/check") => assert_ne!(call.context, ROOT, "a check is its request's call: {call:#?}"),
+            _ => {
+                assert_eq!(call.context, ROOT, "calls are the root's, so their answers outlive any request: {call:#?}")
+            }
+        }
+        assert!(
+            call.context == ROOT || mock_host::with(|host| host.live.contains(&call.context)),
+            "the call of a context that ended was cancelled: {call:#?}"
+        );
         let headers = status.map(|s| vec![(":status".to_string(), s.to_string())]);
         let num_headers = headers.as_ref().map_or(0, Vec::len);
         mock_host::with(|host| {
             host.answer = Some((headers, body.to_vec()));
-            host.effective = ROOT;
+            host.effective = call.context;
             host.handler = "on_http_call_response";
         });
-        unsafe { proxy_on_http_call_response(ROOT, call.token, num_headers, body_size, 0) };
+        unsafe { proxy_on_http_call_response(call.context, call.token, num_headers, body_size, 0) };
         mock_host::with(|host| host.answer = None);
         self.turn();
     }
@@ -435,16 +447,21 @@ fn a_missing_cluster_is_said_plainly_and_rules_fall_back() {
 }
 
 /// In check mode a request waits for one `/v1/check`, which leaves from
-/// its own handler; the answer's handler resumes it, or answers a denial
-/// 429 in the request's context with the service's `Retry-After`.
+/// its own handler as its own call; the answer comes back to the request,
+/// which is resumed, or answered a denial 429 with the service's
+/// `Retry-After`.
 #[test]
-fn check_mode_asks_per_request_and_answers_a_denial_from_the_root() {
+fn check_mode_asks_per_request_and_answers_a_denial_in_the_request() {
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
         let (admitted, action) = worker.request();
         assert_eq!(action, Action::Pause);
         let check = worker.take_call("/v1/check");
-        assert_eq!(check.handler, "on_queue_ready", "posted by the request's handler, sent at the loop's next turn");
+        assert_eq!(
+            (check.handler, check.context),
+            ("on_request_headers", admitted),
+            "sent by the request's handler, as its own call"
+        );
         let body = json(&check);
         assert_eq!(body["descriptors"], serde_json::json!([[["path", "/login"]]]));
         assert_eq!(body["hits"], 1);
@@ -840,5 +857,91 @@ fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
         set("metadata", &metadata(&[(b"jwt", vec![(b"sub".to_vec(), Value::String(b"bob".to_vec()))])]));
         assert_eq!(worker.request().1, Action::Continue);
         assert_eq!(worker.metric("floodgate.rule.per-user.limited"), 1);
+    });
+}
+
+/// A check-mode request's check is its own call: it leaves from its
+/// handler and its answer comes back to it, so the request makes no hop
+/// through the root (no shared queue, no switch back and forth), counts
+/// reach Envoy on the tick, an unchanged tick is not set again, and the
+/// clock is read once a callback. What is left: the clock twice, the call,
+/// the answer's status and body, the switch into the request that the SDK
+/// makes to deliver it, the resume, and the response's two headers.
+#[test]
+fn a_check_mode_request_makes_only_the_host_calls_it_needs() {
+    const OK: &[u8] =
+        br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
+        for round in 0..3 {
+            mock_host::with(|host| host.host_calls.clear());
+            let (context, action) = worker.request();
+            assert_eq!(action, Action::Pause);
+            let check = worker.take_call("/v1/check");
+            worker.answer(&check, Some(200), OK);
+            assert_eq!(worker.resumed_in(), vec![(context, "on_http_call_response")]);
+            worker.respond(context);
+            worker.end(context);
+            let calls = mock_host::with(|host| std::mem::take(&mut host.host_calls));
+            if round > 0 {
+                let budget = [
+                    ("get_current_time_nanoseconds", 2),
+                    ("http_call", 1),
+                    ("get_header_map_value", 1),
+                    ("get_buffer_bytes", 1),
+                    ("set_effective_context", 1),
+                    ("continue_stream", 1),
+                    ("add_header_map_value", 2),
+                ];
+                assert_host_calls(&calls, &budget, "check mode");
+            }
+        }
+        assert_eq!(worker.metric("floodgate.allowed"), 3, "counted on the tick");
+    });
+}
+
+/// A check the host will not send (Envoy lost the cluster) is decided by
+/// the rule's fall-back in the request's own handler: the request goes on
+/// as the handler returns, with no resume.
+#[test]
+fn a_check_the_host_will_not_send_is_decided_in_its_handler() {
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
+        mock_host::with(|host| host.clusters.clear());
+        let (context, action) = worker.request();
+        assert_eq!(action, Action::Continue, "the fall-back's 2 a minute admits it");
+        assert!(worker.new_calls().is_empty());
+        assert!(worker.resumed().is_empty(), "let through by its handler's return");
+        assert_eq!(worker.metric("floodgate.global.callouts_not_sent"), 1);
+        worker.end(context);
+    });
+}
+
+/// An unchanged tick is not set again while it runs; one the host has not
+/// fired for two periods is set again (should Envoy have dropped it).
+#[test]
+fn an_unchanged_tick_is_set_again_only_when_it_stopped() {
+    const OK: &[u8] =
+        br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
+    on_a_worker(|| {
+        let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
+        let serve = |worker: &mut Worker| {
+            mock_host::with(|host| host.host_calls.clear());
+            let (context, _) = worker.request();
+            let check = worker.take_call("/v1/check");
+            worker.answer(&check, Some(200), OK);
+            worker.end(context);
+            mock_host::with(|host| host.host_calls.get("set_tick_period_milliseconds").copied().unwrap_or(0))
+        };
+        serve(&mut worker);
+        assert_eq!(worker.tick_ms(), 50);
+        worker.advance(40);
+        worker.tick();
+        worker.advance(90);
+        assert_eq!(serve(&mut worker), 0, "it fired 90 ms ago: it runs");
+        worker.advance(20);
+        assert_eq!(serve(&mut worker), 1, "not seen for 110 ms: set again");
+        assert_eq!(serve(&mut worker), 0);
+        assert_eq!(worker.tick_ms(), 50);
     });
 }

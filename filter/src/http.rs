@@ -1,5 +1,6 @@
-//! One request's context: its headers are decided on, its response gets
-//! the rate-limit headers, and its permit is given back when it ends.
+//! One request's context: its headers are decided on (a check-mode rule's
+//! check leaves from here, and its answer comes back here), its response
+//! gets the rate-limit headers, and its permit is given back when it ends.
 
 use std::rc::Rc;
 
@@ -10,7 +11,8 @@ use crate::envoy::EnvoyHost;
 use crate::host::Host;
 use crate::outcome::{Outcome, Site};
 use crate::plugin::{schedule_ticks, Plugin, RequestRef};
-use crate::waiting::{Shared, Stage};
+use crate::quota::read_answer;
+use crate::waiting::{Shared, Stage, Wait};
 
 /// One request.
 pub(crate) struct FloodgateHttp {
@@ -25,6 +27,26 @@ impl Context for FloodgateHttp {
         self.plugin.ended(self.context_id, &self.state);
         true
     }
+
+    /// The answer to this request's check (its only call): the request is
+    /// finished here, in its own context, as the root would finish it.
+    fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
+        let plugin = Rc::clone(&self.plugin);
+        let (status, body) = read_answer(&plugin.host, num_headers, body_size);
+        let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
+        let now = plugin.host.now();
+        plugin.current.set(Some((self.context_id, false)));
+        plugin.callback_now.set(Some(now));
+        plugin.answered(callout, status, body);
+        plugin.callback_now.set(None);
+        plugin.current.set(None);
+        if plugin.modes_changed.take() {
+            plugin.metrics.set_modes(&plugin.host, &plugin.limiter);
+        }
+        // Anything it queued leaves from the root.
+        plugin.post(now);
+        plugin.settle_calls(now);
+    }
 }
 
 impl HttpContext for FloodgateHttp {
@@ -36,7 +58,21 @@ impl HttpContext for FloodgateHttp {
         let now = plugin.host.now();
         let held = plugin.callouts.borrow().hold_until();
         let request = RequestRef { context_id: self.context_id, state: &self.state, since: now };
-        let outcome = plugin.decide(Site::Handler, request, now, false);
+        plugin.current.set(Some((self.context_id, true)));
+        plugin.callback_now.set(Some(now));
+        let mut outcome = plugin.decide(Site::Handler, request, now, false);
+        if outcome == Outcome::Pause(Wait::Answer) {
+            // Its check leaves now, as its own call. One the host would not
+            // send is decided at once by the fall-back.
+            plugin.send_check(self.context_id);
+            outcome = match self.state.borrow().stage {
+                Stage::Waiting => outcome,
+                Stage::Limited => Outcome::Reply,
+                Stage::Deciding | Stage::Passed => Outcome::Continue,
+            };
+        }
+        plugin.callback_now.set(None);
+        plugin.current.set(None);
         plugin.post(now);
         let first_count = !plugin.unflushed.replace(true);
         // Calls to send, or held back until a new instant: the tick must know.

@@ -9,22 +9,26 @@
 //! is given back when its stream ends.
 //!
 //! Each worker's root context finishes the requests it paused (Envoy lets
-//! only that worker resume them) and owns every call to the quota service,
-//! so answers arrive at the root whatever becomes of the request that caused
-//! them. The SDK delivers an answer to the context that was *active* when
-//! the call was made (switching the effective context does not change
-//! that), so a request's handler does not dispatch itself: it posts to its
-//! worker's own shared queue, which Envoy runs on the same worker at the
-//! event loop's next turn, in the root context, and the root dispatches at
-//! once. A paused request is finished from the handler of the answer that
-//! frees it. So no tick lies between a request and the network, nor between
-//! an answer and the request; ticks are for timers: a shaper's delays, the
-//! end of a request's wait, probes of a failing service, and refills another
-//! worker asked for.
+//! only that worker resume them) and owns every call to the quota service
+//! but checks, so answers arrive at the root whatever becomes of the
+//! request that caused them. The SDK delivers an answer to the context that
+//! was *active* when the call was made (switching the effective context
+//! does not change that), so a request's handler does not dispatch a lease
+//! itself: it posts to its worker's own shared queue, which Envoy runs on
+//! the same worker at the event loop's next turn, in the root context, and
+//! the root dispatches at once. A check is the one call that is its
+//! request's alone: the handler dispatches it, its answer comes back to the
+//! request's context (no hop through the root either way), and Envoy
+//! cancels it if the request goes first. A paused request is finished from
+//! the handler of the answer that frees it. So no tick lies between a
+//! request and the network, nor between an answer and the request; ticks
+//! are for timers: a shaper's delays, the end of a request's wait, probes
+//! of a failing service, refills another worker asked for, and flushing
+//! counts.
 //!
 //! The crate by concern:
 //! - `root`: a configuration's root context on one VM — the plugin, the tick,
-//!   the calls requests posted, every answer of the quota service;
+//!   the calls requests posted, the answers to them;
 //! - `plugin`: what a configuration's requests on one worker share, and the
 //!   host of a request's path through it (decide, act on the outcome,
 //!   release: `floodgate_filter_common::requests`, shared with the native
@@ -32,10 +36,11 @@
 //! - `outcome` (from `floodgate-filter-common`, shared with the native
 //!   build): the one decision of what becomes of a request — go on, answer
 //!   limited, pause, resume, or give back because its client left;
-//! - `http`: one request's context;
+//! - `http`: one request's context (and its check's call);
 //! - `quota`: the host of the quota client (`floodgate_filter_common::quota`:
 //!   what this worker has to send, sending it, and applying the answers):
-//!   its calls leave from the worker's root context;
+//!   its calls leave from the worker's root context, a check from its
+//!   request's;
 //! - `waiting` (from `floodgate-filter-common`): the requests a worker
 //!   keeps paused, and when to wake up;
 //! - `host`: the `Host` trait, every call the filter makes to Envoy, and

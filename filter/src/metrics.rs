@@ -2,9 +2,9 @@
 //!
 //! Counts add up in the worker ([`Metric`]) and reach Envoy when the worker
 //! flushes them: on its tick, at most [`FLUSH_PERIOD`] after the first count
-//! since the last flush, and at the end of every root-context callback. So a
-//! request makes no host call for its counts; Envoy's stats lag the worker
-//! by at most the flush period.
+//! since the last flush (a call's answer too leaves its counts for the
+//! tick). So neither a request nor a call's answer makes a host call for its
+//! counts; Envoy's stats lag the worker by at most the flush period.
 //!
 //! In `/stats` a counter `floodgate.allowed` appears as
 //! `wasmcustom.floodgate.allowed`; in `/stats/prometheus` as

@@ -39,6 +39,23 @@ pub(crate) struct Plugin<H> {
     pub(crate) queue: Option<u32>,
     /// A post to the root is on its way: later requests need not post again.
     pub(crate) posted: Cell<bool>,
+    /// The request whose own callback runs (its headers, or its check's
+    /// answer), and whether it is its headers': switching to it needs no
+    /// host call, and a request let through in its headers' callback goes
+    /// on by that callback's return, not by a resume.
+    pub(crate) current: Cell<Option<(u32, bool)>>,
+    /// The clock as read at the start of the callback that runs, if it
+    /// keeps one instant for all it does (a check's answer).
+    pub(crate) callback_now: Cell<Option<Nanos>>,
+    /// A rule switched into or out of its fall-back since its gauge was
+    /// last set from an answer.
+    pub(crate) modes_changed: Cell<bool>,
+    /// The tick period last set with the host (whole milliseconds, as the
+    /// host takes it), and when the tick was last known to run (set, or
+    /// fired): an unchanged period is not set again while the tick runs.
+    /// Envoy makes a new timer for every call, and one set again never
+    /// fires while requests keep coming faster than its period.
+    pub(crate) tick: Cell<Option<(u128, Nanos)>>,
     /// Counts were added since the metrics were last flushed (a flush tick
     /// is scheduled).
     pub(crate) unflushed: Cell<bool>,
@@ -66,6 +83,10 @@ impl<H: Host> Plugin<H> {
             limiter,
             queue,
             posted: Cell::new(false),
+            tick: Cell::new(None),
+            current: Cell::new(None),
+            callback_now: Cell::new(None),
+            modes_changed: Cell::new(false),
             unflushed: Cell::new(false),
             header_reads: RefCell::default(),
             metrics,
@@ -97,20 +118,35 @@ impl<H: Host> Plugin<H> {
     /// releases what it held while in flight.
     pub(crate) fn ended(&self, context_id: u32, state: &Shared) {
         if requests::ended(self, context_id, state) {
-            self.counted(self.host.now());
+            self.counted();
         }
     }
 
     /// Counts were added on a request's path: the first since the last flush
-    /// schedules the tick that flushes them.
-    pub(crate) fn counted(&self, now: Nanos) {
+    /// schedules the tick that flushes them (only then is the clock read).
+    pub(crate) fn counted(&self) {
         if !self.unflushed.replace(true) {
-            schedule_ticks(self, now);
+            schedule_ticks(self, self.host.now());
         }
     }
 
-    /// The end of a root-context callback: counts reach Envoy, and the tick
-    /// is set for what remains to do.
+    /// The end of a root-context callback that answered or sent calls (run
+    /// once a request or more): counts wait for the flush tick, as a
+    /// request's own do, and the tick is set for what remains to do.
+    pub(crate) fn settle_calls(&self, now: Nanos) {
+        self.unflushed.set(true);
+        schedule_ticks(self, now);
+    }
+
+    /// The tick fired at `now`: it runs.
+    pub(crate) fn ticked(&self, now: Nanos) {
+        if let Some((period, _)) = self.tick.get() {
+            self.tick.set(Some((period, now)));
+        }
+    }
+
+    /// The end of the root's tick (or of its configuration): counts reach
+    /// Envoy, and the tick is set for what remains to do.
     pub(crate) fn settle_root(&self, now: Nanos) {
         self.metrics.flush(&self.host, &self.limiter);
         self.unflushed.set(false);
@@ -175,6 +211,9 @@ impl<H: Host> RequestHost for Plugin<H> {
     /// root: only this worker can resume its own requests, and a client
     /// that has gone makes this fail ([`Event::Gone`]).
     fn switch_to(&self, context_id: u32) -> bool {
+        if self.current.get().is_some_and(|(current, _)| current == context_id) {
+            return true;
+        }
         self.host.set_effective_context(context_id).is_ok()
     }
 
@@ -185,7 +224,12 @@ impl<H: Host> RequestHost for Plugin<H> {
     }
 
     /// Resumes the effective (paused) request; false when the host refused.
+    /// In the request's own headers' callback it goes on as that callback
+    /// returns.
     fn resume(&self) -> bool {
+        if self.current.get().is_some_and(|(_, in_headers)| in_headers) {
+            return true;
+        }
         match self.host.resume_request() {
             Ok(()) => true,
             Err(status) => {
@@ -215,7 +259,17 @@ pub(crate) fn schedule_ticks<H: Host>(plugin: &Plugin<H>, now: Nanos) {
     // Counts to flush, or units taken ahead to give back when they end.
     let flush = (plugin.unflushed.get() || plugin.limiter.holds_reserves()).then_some(metrics::FLUSH_PERIOD);
     let period = [period, global, flush].into_iter().flatten().min().unwrap_or(Duration::ZERO);
-    if let Err(status) = plugin.host.set_tick_period(period) {
-        log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}");
+    // A periodic tick already set to this period wakes the worker no later
+    // than setting it again would; one not seen for two periods is set
+    // again, should the host have dropped it.
+    let ms = period.as_millis();
+    if let Some((set, alive)) = plugin.tick.get() {
+        if set == ms && (period.is_zero() || now < alive + Nanos::from(period * 2)) {
+            return;
+        }
+    }
+    match plugin.host.set_tick_period(period) {
+        Ok(()) => plugin.tick.set(Some((ms, now))),
+        Err(status) => log::warn!("floodgate: cannot schedule the tick that resumes paused requests: {status:?}"),
     }
 }

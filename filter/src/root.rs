@@ -1,12 +1,12 @@
 //! One configuration's root context on one VM (Envoy's main thread or a
 //! worker): it builds the plugin from the configuration, runs the worker's
-//! tick, sends what requests posted, receives every answer of the quota
-//! service, and creates each request's context.
+//! tick, sends what requests posted, receives the answers of the quota
+//! service to its calls (all but checks, which are their requests' calls),
+//! and creates each request's context.
 
 use std::rc::Rc;
 
 use floodgate_core::config::Config;
-use floodgate_core::global::calls::{CallError, MAX_ANSWER_BYTES};
 use floodgate_core::limiter::Limiter;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
@@ -16,7 +16,7 @@ use crate::host::{self, Host, SharedData};
 use crate::http::{FloodgateHttp, PassThrough};
 use crate::metrics::{Metrics, RuleMetrics};
 use crate::plugin::{schedule_ticks, Plugin};
-use crate::quota::Callout;
+use crate::quota::{self, Callout};
 use crate::waiting::Shared;
 
 /// One plugin configuration on one VM (Envoy's main thread or a worker).
@@ -59,26 +59,7 @@ impl Context for FloodgateRoot {
 
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         let Some(plugin) = self.plugin.clone() else { return };
-        // A reset stream has no headers (and no body): the SDK's getters
-        // panic when asked for a map or buffer the host does not have, so
-        // they are asked only for what the host said is there.
-        let status = if num_headers == 0 {
-            None
-        } else {
-            plugin
-                .host
-                .call_answer_header(":status")
-                .ok()
-                .flatten()
-                .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
-        };
-        let body = if body_size > MAX_ANSWER_BYTES {
-            Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
-        } else if body_size == 0 {
-            Ok(Vec::new())
-        } else {
-            Ok(plugin.host.call_answer_body(body_size).ok().flatten().unwrap_or_default())
-        };
+        let (status, body) = quota::read_answer(&plugin.host, num_headers, body_size);
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
         let refilled = matches!(callout, Callout::Leases(_));
         plugin.answered(callout, status, body);
@@ -90,7 +71,12 @@ impl Context for FloodgateRoot {
         }
         let _ = plugin.host.set_effective_context(self.context_id);
         plugin.send_queued();
-        plugin.settle_root(now);
+        if plugin.closing.get().is_some() {
+            // A configuration going away has no tick left to flush on.
+            plugin.settle_root(now);
+        } else {
+            plugin.settle_calls(now);
+        }
     }
 }
 
@@ -149,6 +135,7 @@ impl RootContext for FloodgateRoot {
     fn on_tick(&mut self) {
         let Some(plugin) = self.plugin.clone() else { return };
         let now = plugin.host.now();
+        plugin.ticked(now);
         if let Some(service) = plugin.limiter.quota_service() {
             if !self.cluster_checked {
                 self.cluster_checked = true;
@@ -172,7 +159,7 @@ impl RootContext for FloodgateRoot {
         let Some(plugin) = self.plugin.clone() else { return };
         plugin.posted.set(false);
         plugin.send_queued();
-        plugin.settle_root(plugin.host.now());
+        plugin.settle_calls(plugin.host.now());
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -4,9 +4,10 @@
 //! `floodgate_core::global`; here calls are queued, batched and matched with
 //! their answers.
 //!
-//! The wasm build keeps one per worker (every call of a worker leaves from
-//! its root context); the native build one per configuration on Envoy's main
-//! thread (leases, returns, probes) and one per request for its check.
+//! The wasm build keeps one per worker (a check leaves as a call of its
+//! request, every other call from the worker's root context); the native
+//! build one per configuration on Envoy's main thread (leases, returns,
+//! probes) and one per request for its check.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -201,18 +202,37 @@ impl<T: Copy + Eq + Hash + Debug> Callouts<T> {
             out.push(Outgoing::Returns(chunk.to_vec()));
         }
         for context_id in std::mem::take(&mut self.checks) {
-            let Some(job) = self.jobs.get_mut(&context_id) else { continue };
-            let mut by_hits: Vec<(u64, Vec<usize>)> = Vec::new();
-            for (index, item) in job.verdict.checks.iter().enumerate() {
-                match by_hits.iter_mut().find(|(hits, indices)| *hits == item.hits && indices.len() < MAX_CHECK_ITEMS) {
-                    Some((_, indices)) => indices.push(index),
-                    None => by_hits.push((item.hits, vec![index])),
-                }
-            }
-            job.outstanding = by_hits.len();
-            out.extend(by_hits.into_iter().map(|(hits, indices)| Outgoing::Check { context_id, indices, hits }));
+            self.check_calls(context_id, &mut out);
         }
         out
+    }
+
+    /// Takes request `context_id`'s queued check alone as calls (nothing
+    /// else leaves with it): for a host that sends a check as a call of its
+    /// request, whose answer goes to that request.
+    pub fn take_check(&mut self, context_id: u32) -> Vec<Outgoing> {
+        let mut out = Vec::new();
+        let queued = self.checks.len();
+        self.checks.retain(|c| *c != context_id);
+        if self.checks.len() < queued {
+            self.check_calls(context_id, &mut out);
+        }
+        out
+    }
+
+    /// Request `context_id`'s check as calls: its items that cost the same
+    /// in one call each, at most [`MAX_CHECK_ITEMS`] a call.
+    fn check_calls(&mut self, context_id: u32, out: &mut Vec<Outgoing>) {
+        let Some(job) = self.jobs.get_mut(&context_id) else { return };
+        let mut by_hits: Vec<(u64, Vec<usize>)> = Vec::new();
+        for (index, item) in job.verdict.checks.iter().enumerate() {
+            match by_hits.iter_mut().find(|(hits, indices)| *hits == item.hits && indices.len() < MAX_CHECK_ITEMS) {
+                Some((_, indices)) => indices.push(index),
+                None => by_hits.push((item.hits, vec![index])),
+            }
+        }
+        job.outstanding = by_hits.len();
+        out.extend(by_hits.into_iter().map(|(hits, indices)| Outgoing::Check { context_id, indices, hits }));
     }
 
     /// Remembers a dispatched call under its token.
@@ -259,9 +279,14 @@ impl<T: Copy + Eq + Hash + Debug> Callouts<T> {
     }
 
     /// Forgets a request's check (its client left); its permit, to release.
+    /// Its calls in flight are forgotten too: a call the request made
+    /// itself is cancelled with it, and an answer to one the host made
+    /// would find no job to finish.
     pub fn forget(&mut self, context_id: u32) -> Option<Permit> {
         self.checks.retain(|c| *c != context_id);
-        self.jobs.remove(&context_id).map(|job| job.permit)
+        let job = self.jobs.remove(&context_id)?;
+        self.in_flight.retain(|_, call| !matches!(call, Callout::Check { context_id: c, .. } if *c == context_id));
+        Some(job.permit)
     }
 
     /// Takes everything left to do or to hear back (a host that goes away

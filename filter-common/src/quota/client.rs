@@ -149,6 +149,20 @@ pub fn send_queued<H: QuotaHost>(host: &H) {
     let Some(service) = host.limiter().quota_service() else { return };
     let now = host.now();
     let outgoing = host.callouts().borrow_mut().take_outgoing(now);
+    send_outgoing(host, service, outgoing, now);
+}
+
+/// Sends request `context_id`'s queued check, and nothing else: from a
+/// host whose calls are its current request's, so that the answer comes
+/// back to that request (and is cancelled with it).
+pub fn send_check<H: QuotaHost>(host: &H, context_id: u32) {
+    let Some(service) = host.limiter().quota_service() else { return };
+    let outgoing = host.callouts().borrow_mut().take_check(context_id);
+    send_outgoing(host, service, outgoing, host.now());
+}
+
+/// Sends each of `outgoing` as its call.
+fn send_outgoing<H: QuotaHost>(host: &H, service: &QuotaService, outgoing: Vec<Outgoing>, now: Nanos) {
     for call in outgoing {
         let (request, callout) = match call {
             Outgoing::Leases(mut refreshes) => {

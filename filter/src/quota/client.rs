@@ -1,14 +1,15 @@
 //! The quota client in this build: the worker's plugin is the host of the
 //! shared client (`floodgate_filter_common::quota`), its calls dispatched
 //! from the worker's root context, so their answers reach the root whatever
-//! becomes of the request that caused them. Every decision about the calls
-//! is in `floodgate_core::global`; how they are queued, sent and answered is
-//! the common client's.
+//! becomes of the request that caused them; a request's check alone is
+//! dispatched from the request's context, its answer that request's. Every
+//! decision about the calls is in `floodgate_core::global`; how they are
+//! queued, sent and answered is the common client's.
 
 use std::cell::RefCell;
 use std::time::Duration;
 
-use floodgate_core::global::calls::{Call, CallError};
+use floodgate_core::global::calls::{Call, CallError, MAX_ANSWER_BYTES};
 use floodgate_core::global::settings::QuotaService;
 use floodgate_core::limiter::{Counters, Limiter, Permit, Verdict};
 use floodgate_core::store::Store;
@@ -39,7 +40,7 @@ impl<H: Host> QuotaHost for Plugin<H> {
     }
 
     fn now(&self) -> Nanos {
-        self.host.now()
+        self.callback_now.get().unwrap_or_else(|| self.host.now())
     }
 
     fn callouts(&self) -> &RefCell<Callouts> {
@@ -58,7 +59,8 @@ impl<H: Host> QuotaHost for Plugin<H> {
         self.metrics.count_failed_callout(why);
     }
 
-    /// Dispatches `call` from the current (root) context.
+    /// Dispatches `call` from the current context: the root's, or a
+    /// request's for its check.
     fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
         let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
         let body = (!call.body.is_empty()).then_some(call.body.as_slice());
@@ -70,6 +72,12 @@ impl<H: Host> QuotaHost for Plugin<H> {
 
     fn checked(&self, context_id: u32, verdict: Verdict, permit: Permit, now: Nanos) {
         requests::finish_checked(self, context_id, verdict, permit, now);
+    }
+
+    /// Noted, so that an answer sets the fall-back gauges only when they
+    /// change (the tick sets them whatever happened).
+    fn modes_changed(&self) {
+        self.modes_changed.set(true);
     }
 
     /// A return was answered (or failed): once the last of a closing
@@ -108,8 +116,43 @@ impl<H: Host> Plugin<H> {
         client::send_queued(self);
     }
 
+    /// Sends request `context_id`'s check as a call of its own, from its
+    /// own context: the answer comes back to the request (no hop through
+    /// the root), and Envoy cancels the call if the request goes first.
+    pub(crate) fn send_check(&self, context_id: u32) {
+        client::send_check(self, context_id);
+    }
+
     /// Handles the answer to one of this worker's calls.
     pub(crate) fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
         client::answered(self, callout, status, body.as_deref().map_err(CallError::clone));
     }
+}
+
+/// The answer to a call, as the host reports it (`num_headers` headers and
+/// `body_size` bytes): its status and body. A reset stream has no headers
+/// (and no body): the SDK's getters panic when asked for a map or buffer
+/// the host does not have, so they are asked only for what the host said
+/// is there.
+pub(crate) fn read_answer(
+    host: &impl Host,
+    num_headers: usize,
+    body_size: usize,
+) -> (Option<u16>, Result<Vec<u8>, CallError>) {
+    let status = if num_headers == 0 {
+        None
+    } else {
+        host.call_answer_header(":status")
+            .ok()
+            .flatten()
+            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
+    };
+    let body = if body_size > MAX_ANSWER_BYTES {
+        Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
+    } else if body_size == 0 {
+        Ok(Vec::new())
+    } else {
+        Ok(host.call_answer_body(body_size).ok().flatten().unwrap_or_default())
+    };
+    (status, body)
 }
