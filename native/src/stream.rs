@@ -276,8 +276,14 @@ impl Stream {
     /// (uncounted: no stream is left to count through). Ending it again
     /// does nothing more.
     fn end(&mut self) {
-        self.completed.set(true);
+        let completed = self.completed.replace(true);
         self.settle_wake();
+        // A completed stream gave back all it held then (`on_complete`: its
+        // permit, and a waiting one's check), and none of its hooks has
+        // taken anything since (each returns once it is completed).
+        if completed {
+            return;
+        }
         let Some(worker) = self.worker.as_deref() else { return };
         let waiting =
             self.state.borrow().stage == Stage::Waiting && worker.waiting.borrow_mut().remove(self.id).is_some();
