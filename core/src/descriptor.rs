@@ -441,8 +441,20 @@ pub fn fingerprint(
     entries: &[DescriptorEntry],
     request: &mut dyn Request,
 ) -> Option<u64> {
+    fingerprint_from(&rule_hasher(key, rule_name), entries, request)
+}
+
+/// The hash state every fingerprint of rule `rule_name` starts from (keyed,
+/// the rule's name fed): made once per rule, not once per request.
+pub fn rule_hasher(key: (u64, u64), rule_name: &str) -> SipHasher {
     let mut hasher = SipHasher::new(key.0, key.1);
     hasher.write_field(rule_name.as_bytes());
+    hasher
+}
+
+/// [`fingerprint`], from its rule's [`rule_hasher`].
+pub fn fingerprint_from(rule: &SipHasher, entries: &[DescriptorEntry], request: &mut dyn Request) -> Option<u64> {
+    let mut hasher = rule.clone();
     let applies = extract(entries, request, |key, value| match value {
         // Constants and header values hash their key and bytes; addresses
         // their kind and octets (a subnet also its prefix length).

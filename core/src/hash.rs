@@ -6,6 +6,15 @@
 //! taken from `std`, whose `DefaultHasher` may change between Rust releases
 //! while bucket identities live on in Envoy's shared data across upgrades.
 
+/// Fewer than eight bytes as the low bytes of a little-endian word.
+fn partial_word(bytes: &[u8]) -> u64 {
+    let mut raw = [0u8; 8];
+    if let Some(start) = raw.get_mut(..bytes.len()) {
+        start.copy_from_slice(bytes);
+    }
+    u64::from_le_bytes(raw)
+}
+
 /// A streaming SipHash-2-4 with a 128-bit key.
 #[derive(Debug, Clone)]
 pub struct SipHasher {
@@ -59,7 +68,9 @@ impl SipHasher {
         // A word begun by an earlier write is completed first.
         if self.tail_len > 0 {
             let (head, after) = rest.split_at(rest.len().min(8 - self.tail_len));
-            self.push_tail(head);
+            // `tail_len` is 1 to 7 here, and `head` fits in what is left.
+            self.tail |= partial_word(head) << (8 * self.tail_len);
+            self.tail_len += head.len();
             rest = after;
             if self.tail_len < 8 {
                 return;
@@ -75,19 +86,28 @@ impl SipHasher {
             raw.copy_from_slice(word);
             self.compress(u64::from_le_bytes(raw));
         }
-        self.push_tail(words.remainder());
+        // No word is begun here: the tail is empty.
+        let remainder = words.remainder();
+        self.tail = partial_word(remainder);
+        self.tail_len = remainder.len();
     }
 
-    /// Appends fewer than eight bytes, in all, to the word being built.
-    fn push_tail(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.tail |= u64::from(byte) << (8 * self.tail_len);
-            self.tail_len += 1;
-        }
-    }
-
+    /// Feeds a field: its length (8 bytes, little-endian), then its bytes,
+    /// so that fields written one after another stay apart. The length
+    /// goes in as one word, whatever part of a word is already begun.
     pub fn write_field(&mut self, bytes: &[u8]) {
-        self.write(&(bytes.len() as u64).to_le_bytes());
+        let length = bytes.len() as u64;
+        self.length = self.length.wrapping_add(8);
+        if self.tail_len == 0 {
+            self.compress(length);
+        } else {
+            // The word begun is completed by the length's low bytes; its
+            // high bytes begin the next word, as long as the first was.
+            let shift = 8 * self.tail_len as u32;
+            let word = self.tail | (length << shift);
+            self.compress(word);
+            self.tail = length >> (64 - shift);
+        }
         self.write(bytes);
     }
 
@@ -143,6 +163,24 @@ mod tests {
                 pieces.write(chunk);
             }
             assert_eq!(whole, pieces.finish(), "pieces of {size} bytes");
+        }
+    }
+
+    /// A field is its length's eight bytes and its own, whatever part of a
+    /// word earlier writes began.
+    #[test]
+    fn a_field_is_its_length_then_its_bytes_at_every_offset() {
+        let field: Vec<u8> = (100..113u8).collect();
+        for begun in 0..=17 {
+            let before: Vec<u8> = (0..begun as u8).collect();
+            let mut as_field = reference();
+            as_field.write(&before);
+            as_field.write_field(&field);
+            let mut as_bytes = reference();
+            as_bytes.write(&before);
+            as_bytes.write(&(field.len() as u64).to_le_bytes());
+            as_bytes.write(&field);
+            assert_eq!(as_field.finish(), as_bytes.finish(), "{begun} bytes before the field");
         }
     }
 

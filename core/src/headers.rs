@@ -38,6 +38,12 @@ pub struct HeaderBlock {
 }
 
 impl HeaderBlock {
+    /// Removes every field.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.len = 0;
+    }
+
     /// True when there is no field.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -111,8 +117,7 @@ pub fn render(
     report: Option<(&RuleHeaders, Decision, Option<Quota>)>,
     out: &mut HeaderBlock,
 ) {
-    out.text.clear();
-    out.len = 0;
+    out.clear();
     if !allowed {
         if let Some((_, decision, _)) = report {
             out.push("retry-after", |s| s.push_u64(decision.retry_after().ceil_seconds().max(1)));

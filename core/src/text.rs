@@ -53,15 +53,25 @@ impl<const N: usize> InlineText<N> {
 
     /// Appends the decimal digits of `n`, or returns false if they do not fit.
     pub fn push_u64(&mut self, mut n: u64) -> bool {
+        /// "00" to "99": two digits a division.
+        const PAIRS: &[u8; 200] = b"0001020304050607080910111213141516171819\
+            2021222324252627282930313233343536373839\
+            4041424344454647484950515253545556575859\
+            6061626364656667686970717273747576777879\
+            8081828384858687888990919293949596979899";
         let mut digits = [0u8; 20];
         let mut at = digits.len();
-        loop {
+        while n >= 10 {
+            let pair = (n % 100) as usize * 2;
+            n /= 100;
+            at -= 2;
+            digits[at] = PAIRS[pair];
+            digits[at + 1] = PAIRS[pair + 1];
+        }
+        // The first digit of an odd count (or the zero of 0).
+        if n > 0 || at == digits.len() {
             at -= 1;
-            digits[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
+            digits[at] = b'0' + n as u8;
         }
         // Digits are ASCII.
         self.push_utf8(digits.get(at..).unwrap_or_default())
@@ -92,7 +102,8 @@ mod tests {
 
     #[test]
     fn numbers_are_written_exactly() {
-        for n in [0, 1, 9, 10, 99, 100, 12345, u64::MAX] {
+        let powers = (0..20).flat_map(|p| [10u64.pow(p) - 1, 10u64.pow(p), 10u64.pow(p) + 1]);
+        for n in (0..=1000).chain(powers).chain([12345, 999_999_998, u64::MAX - 1, u64::MAX]) {
             let mut text = InlineText::<32>::default();
             assert!(text.push_u64(n));
             assert_eq!(text.as_str(), n.to_string());

@@ -165,13 +165,22 @@ impl Store for MemoryStore {
         key: &str,
         decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
     ) -> Option<Result<(), StoreError>> {
-        let Some(slot) = self.slot(key) else { return Some(Err(StoreError::Missing)) };
+        // Borrowed from the frozen map where it is (every key of a request),
+        // not counted as one more holder of the value.
+        let mut fetched = None;
+        let slot: &Slot = match self.frozen.get(key) {
+            Some(slot) => slot,
+            None => match self.memory.slot(key) {
+                Some(slot) => fetched.insert(slot),
+                None => return Some(Err(StoreError::Missing)),
+            },
+        };
         // A decision does not come back to the store, but if one ever did,
         // it would find the spare taken and use a fresh one.
         let mut fresh = Vec::new();
         let mut spare_guard = self.spare.try_borrow_mut();
         let spare = spare_guard.as_deref_mut().unwrap_or(&mut fresh);
-        let mut entry = lock(&slot);
+        let mut entry = lock(slot);
         spare.clear();
         spare.extend_from_slice(&entry.bytes);
         let current = std::mem::take(&mut entry.bytes);
@@ -237,9 +246,17 @@ impl WordHasher {
 
 impl Hasher for WordHasher {
     fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
+        // Whole words read as such; the last, partial one zero-padded.
+        let mut words = bytes.chunks_exact(8);
+        for chunk in &mut words {
             let mut word = [0u8; 8];
-            word.iter_mut().zip(chunk).for_each(|(w, b)| *w = *b);
+            word.copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut word = [0u8; 8];
+            word.iter_mut().zip(rest).for_each(|(w, b)| *w = *b);
             self.add(u64::from_le_bytes(word));
         }
     }

@@ -50,10 +50,11 @@ impl<'f> StreamRequest<'f> {
 }
 
 /// The first value of each of `names` (lower case, as Envoy keeps header
-/// names) among the request's headers, in one pass over them.
+/// names) among the request's headers, in one pass over them that ends
+/// once every name has its value.
 fn first_values<'f>(
     names: &[String],
-    each_header: impl FnOnce(&mut dyn FnMut(&'f [u8], &'f [u8])),
+    each_header: impl FnOnce(&mut dyn FnMut(&'f [u8], &'f [u8]) -> bool),
 ) -> HeaderValues<'f> {
     let mut values = match names.len() {
         0..=INLINE_HEADERS => HeaderValues::Inline([None; INLINE_HEADERS]),
@@ -63,12 +64,15 @@ fn first_values<'f>(
         HeaderValues::Inline(values) => values.as_mut_slice(),
         HeaderValues::Heap(values) => values.as_mut_slice(),
     };
+    let mut missing = names.len();
     each_header(&mut |name, value| {
         for (wanted, found) in names.iter().zip(slots.iter_mut()) {
             if found.is_none() && wanted.as_bytes() == name {
                 *found = Some(value);
+                missing -= 1;
             }
         }
+        missing > 0
     });
     values
 }
@@ -149,7 +153,16 @@ mod tests {
         for count in [2, INLINE_HEADERS, INLINE_HEADERS + 2] {
             let mut names: Vec<String> = vec!["a".into(), "b".into()];
             names.extend((2..count).map(|i| format!("k{i}")));
-            let values = first_values(&names, |visit| headers.iter().for_each(|(name, value)| visit(name, value)));
+            let mut visited = 0;
+            let values = first_values(&names, |visit| {
+                for (name, value) in &headers {
+                    visited += 1;
+                    if !visit(name, value) {
+                        break;
+                    }
+                }
+            });
+            assert_eq!(visited, if count == 2 { 2 } else { headers.len() }, "{count} names: read until all are found");
             assert!(matches!(values, HeaderValues::Inline(_)) == (count <= INLINE_HEADERS), "{count} names");
             assert_eq!(values.get(0), Some(&b"2"[..]));
             assert_eq!(values.get(1), Some(&b"1"[..]), "the first of a repeated name");

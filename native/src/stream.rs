@@ -18,6 +18,7 @@
 //! shared and no borrow of its state is held across a call into Envoy.
 
 use std::cell::{Cell, OnceCell, RefCell};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use floodgate_core::algorithm::Release;
@@ -71,7 +72,7 @@ struct Wake {
 pub struct Stream {
     /// Its configuration on this worker; `None`: requests pass unlimited
     /// (the worker could not set it up, as logged).
-    worker: Option<std::rc::Rc<Worker>>,
+    worker: Option<Rc<Worker>>,
     /// Its number on the worker, for the waiting list.
     id: u32,
     /// Where it is, what it holds, its rate-limit headers.
@@ -86,20 +87,87 @@ pub struct Stream {
     completed: Cell<bool>,
 }
 
+/// Most stream objects an idle worker keeps for its next streams.
+const MAX_SPARE: usize = 256;
+
+thread_local! {
+    /// Stream objects of streams that ended on this thread, each as a new
+    /// stream's (no worker, nothing held): a stream takes one and puts it
+    /// back, instead of its object and its state being allocated and freed.
+    // Boxed: each is the very allocation whose address Envoy is handed.
+    #[allow(clippy::vec_box)]
+    static SPARE: RefCell<Vec<Box<Stream>>> = const { RefCell::new(Vec::new()) };
+}
+
 impl Stream {
     /// A new stream of `config`, on the calling worker.
     pub fn new(config: &FilterConfig) -> Stream {
-        let worker = worker::of(&config.shared);
-        let id = worker.as_ref().map_or(0, |w| w.stream_id());
+        let mut stream = Stream::blank();
+        stream.start(config);
+        stream
+    }
+
+    /// A new stream of `config`, on the calling worker, in an object an
+    /// ended stream of this thread left, if one is spare.
+    pub fn boxed(config: &FilterConfig) -> Box<Stream> {
+        match SPARE.with(|spare| spare.borrow_mut().pop()) {
+            Some(mut stream) => {
+                stream.start(config);
+                stream
+            }
+            None => Box::new(Stream::new(config)),
+        }
+    }
+
+    /// Ends `stream` (as dropping it does) and keeps its object for a next
+    /// stream of this thread.
+    pub fn recycle(mut stream: Box<Stream>) {
+        stream.end();
+        if !stream.clear() {
+            return;
+        }
+        SPARE.with(|spare| {
+            let mut spare = spare.borrow_mut();
+            if spare.len() < MAX_SPARE {
+                spare.push(stream);
+            }
+        });
+    }
+
+    /// A stream of no configuration, holding nothing.
+    fn blank() -> Stream {
         Stream {
-            worker,
-            id,
+            worker: None,
+            id: 0,
             state: Shared::default(),
             since: Cell::new(Nanos::ZERO),
             wake: RefCell::default(),
             checks: OnceCell::new(),
             completed: Cell::new(false),
         }
+    }
+
+    /// Makes a blank stream one of `config`'s on the calling worker.
+    fn start(&mut self, config: &FilterConfig) {
+        self.worker = worker::of(&config.shared);
+        self.id = self.worker.as_ref().map_or(0, |w| w.stream_id());
+    }
+
+    /// Makes an ended stream blank again; false when its state is still
+    /// shared (then it is not reused).
+    fn clear(&mut self) -> bool {
+        self.worker = None;
+        self.id = 0;
+        self.since.set(Nanos::ZERO);
+        *self.wake.get_mut() = Wake::default();
+        self.checks = OnceCell::new();
+        self.completed.set(false);
+        let Some(state) = Rc::get_mut(&mut self.state) else { return false };
+        let state = state.get_mut();
+        state.stage = Stage::Deciding;
+        state.permit = Permit::default();
+        state.headers.clear();
+        true
     }
 
     /// The request's headers: decide, and act on what becomes of it.
@@ -204,13 +272,20 @@ impl Stream {
     }
 }
 
-impl Drop for Stream {
+impl Stream {
     /// Envoy completes every stream before it destroys it; should one be
     /// destroyed without, its wake-ups stop and its permits still go back
-    /// (uncounted: no stream is left to count through).
-    fn drop(&mut self) {
-        self.completed.set(true);
+    /// (uncounted: no stream is left to count through). Ending it again
+    /// does nothing more.
+    fn end(&mut self) {
+        let completed = self.completed.replace(true);
         self.settle_wake();
+        // A completed stream gave back all it held then (`on_complete`: its
+        // permit, and a waiting one's check), and none of its hooks has
+        // taken anything since (each returns once it is completed).
+        if completed {
+            return;
+        }
         let Some(worker) = self.worker.as_deref() else { return };
         let waiting =
             self.state.borrow().stage == Stage::Waiting && worker.waiting.borrow_mut().remove(self.id).is_some();
@@ -222,6 +297,12 @@ impl Drop for Stream {
                 worker.limiter.release(&worker.store, crate::now(), permit, why, &mut worker.shared.metrics.nowhere());
             }
         }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.end();
     }
 }
 

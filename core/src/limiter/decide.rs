@@ -4,7 +4,7 @@
 //! back.
 
 use crate::algorithm::{Admission, Decision, Release};
-use crate::descriptor::{fingerprint, has_entries, protocol_descriptor, Request};
+use crate::descriptor::{fingerprint_from, has_entries, protocol_descriptor, Request};
 use crate::global::calls::{CheckAnswer, CheckItem};
 use crate::global::settings::{Fallback, GlobalMode};
 use crate::store::Store;
@@ -145,7 +145,7 @@ impl<H> Limiter<H> {
         if !rule.request_match.matches(request) {
             return None;
         }
-        let fingerprint = fingerprint(self.hash_key, &rule.name, &rule.descriptors, request)?;
+        let fingerprint = fingerprint_from(&compiled.hasher, &rule.descriptors, request)?;
         // The quota service limits a descriptor by its entries and refuses
         // one with none (and the whole call with it): a global rule whose
         // entries the request all dropped (`skip_if_absent`) does not apply.
@@ -363,7 +363,9 @@ mod tests {
         let store = MemoryStore::default();
         let limiter = build(json, &store);
         let rule = &limiter.rules()[0].rule;
-        let fp = fingerprint(limiter.hash_key, "hot", &rule.descriptors, &mut request(&limiter, &[])).unwrap();
+        let fp =
+            crate::descriptor::fingerprint(limiter.hash_key, "hot", &rule.descriptors, &mut request(&limiter, &[]))
+                .unwrap();
         let table = rule.table.clone();
         let rival_admitted = Rc::new(Cell::new(0));
         let counted = Rc::clone(&rival_admitted);

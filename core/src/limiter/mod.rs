@@ -105,16 +105,17 @@ impl<H> Limiter<H> {
         let seed = store.get(SEED_KEY)?.map(|(v, _)| v).unwrap_or_default();
         let word = |at: usize| crate::algorithm::get_u64(&seed, at).unwrap_or(0);
         let Config { rules, settings } = config;
+        let hash_key = (word(0), word(8));
         let rules = rules
             .into_iter()
             .map(|rule| {
                 let headers = RuleHeaders::new(settings.response.headers, &rule);
                 let host = host_data(&rule);
-                CompiledRule::new(rule, host, headers)
+                CompiledRule::new(rule, host, headers, hash_key)
             })
             .collect();
         let near = RefCell::new(NearSet::default());
-        let limiter = Limiter { rules, settings, hash_key: (word(0), word(8)), near };
+        let limiter = Limiter { rules, settings, hash_key, near };
         for compiled in &limiter.rules {
             compiled.create_tables(store)?;
             if compiled.rule.global.is_some() {

@@ -7,6 +7,7 @@ use std::cell::{Cell, RefCell};
 
 use crate::config::Rule;
 use crate::global::settings::Fallback;
+use crate::hash::SipHasher;
 use crate::headers::RuleHeaders;
 use crate::store::{measure_and_replace, LoopError, Replaced, Step, Store, StoreError};
 use crate::table::Table;
@@ -53,15 +54,27 @@ pub struct CompiledRule<H> {
     pub(super) reserves: RefCell<Reserves>,
     /// A request may drop every entry of the rule's descriptor.
     pub(super) may_drop_every_entry: bool,
+    /// The hash state of the rule's fingerprints before their entries.
+    pub(super) hasher: SipHasher,
 }
 
 impl<H> CompiledRule<H> {
-    pub(super) fn new(rule: Rule, host: H, headers: RuleHeaders) -> Self {
+    pub(super) fn new(rule: Rule, host: H, headers: RuleHeaders, hash_key: (u64, u64)) -> Self {
         let key_prefix = format!("fg:{}:", rule.name);
         let reserves =
             RefCell::new(if rule.worker_batch.is_some() { Reserves::with_room() } else { Reserves::default() });
         let may_drop_every_entry = crate::descriptor::may_drop_every_entry(&rule.descriptors);
-        CompiledRule { rule, host, key_prefix, headers, in_fallback: Cell::new(false), reserves, may_drop_every_entry }
+        let hasher = crate::descriptor::rule_hasher(hash_key, &rule.name);
+        CompiledRule {
+            rule,
+            host,
+            key_prefix,
+            headers,
+            in_fallback: Cell::new(false),
+            reserves,
+            may_drop_every_entry,
+            hasher,
+        }
     }
 
     /// True while this global rule uses its fall-back (as this worker knows).

@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
 use std::ptr::{self, NonNull};
 
 /// The ABI version this module was built for; Envoy compares it with its
@@ -575,35 +576,38 @@ impl Filter<'_> {
         Filter { envoy, _hook: PhantomData }
     }
 
-    /// Lends every request header (pseudo-headers such as `:path` too,
-    /// names in lower case) to `visit`, in Envoy's order, so the first value
-    /// of a repeated header comes first. The whole map is read in two calls:
-    /// Envoy's lookup of one header by name costs about as much as copying
-    /// out every header of a typical request.
-    pub fn each_request_header<'s>(&'s self, mut visit: impl FnMut(&'s [u8], &'s [u8])) {
+    /// Lends the request headers (pseudo-headers such as `:path` too, names
+    /// in lower case) to `visit`, in Envoy's order, so the first value of a
+    /// repeated header comes first, until `visit` returns false. The whole
+    /// map is read in two calls: Envoy's lookup of one header by name costs
+    /// about as much as copying out every header of a typical request.
+    pub fn each_request_header<'s>(&'s self, mut visit: impl FnMut(&'s [u8], &'s [u8]) -> bool) {
         /// Requests with up to this many headers are read into the stack.
         const ON_STACK: usize = 32;
         // SAFETY: `envoy` is this hook's stream.
         let count = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.envoy, REQUEST_HEADER) };
-        let mut on_stack = [EnvoyHeader::EMPTY; ON_STACK];
+        // Not zeroed first: Envoy writes every one of the `count` it reads.
+        let mut on_stack = [MaybeUninit::<EnvoyHeader>::uninit(); ON_STACK];
         let mut on_heap = Vec::new();
-        let headers = match on_stack.get_mut(..count) {
-            Some(headers) => headers,
+        let room: *mut EnvoyHeader = match on_stack.get_mut(..count) {
+            Some(headers) => headers.as_mut_ptr().cast(),
             None => {
                 on_heap.resize(count, EnvoyHeader::EMPTY);
-                on_heap.as_mut_slice()
+                on_heap.as_mut_ptr()
             }
         };
-        // SAFETY: `headers` has room for the `count` headers Envoy has just
+        // SAFETY: `room` has space for the `count` headers Envoy has just
         // counted (nothing changes the map between the two calls: both run
-        // in this hook, on its worker). What Envoy lends stays valid until
-        // the hook ends or a header is changed, which `&mut self` methods
-        // rule out while `&self` is borrowed.
-        if !unsafe { envoy_dynamic_module_callback_http_get_headers(self.envoy, REQUEST_HEADER, headers.as_mut_ptr()) }
-        {
+        // in this hook, on its worker), and Envoy writes each of them when
+        // it answers true. What Envoy lends stays valid until the hook ends
+        // or a header is changed, which `&mut self` methods rule out while
+        // `&self` is borrowed.
+        if !unsafe { envoy_dynamic_module_callback_http_get_headers(self.envoy, REQUEST_HEADER, room) } {
             return;
         }
-        for header in headers.iter() {
+        // SAFETY: the `count` headers at `room` are written (above).
+        let headers = unsafe { std::slice::from_raw_parts(room.cast_const(), count) };
+        for header in headers {
             // SAFETY: as above.
             let (name, value) = unsafe {
                 (
@@ -612,7 +616,9 @@ impl Filter<'_> {
                 )
             };
             if let (Some(name), Some(value)) = (name, value) {
-                visit(name, value);
+                if !visit(name, value) {
+                    return;
+                }
             }
         }
     }

@@ -139,7 +139,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     guard(ptr::null(), || {
         // SAFETY: Envoy keeps the configuration alive while it has streams.
         let config = unsafe { &*(config as *const FilterConfig) };
-        Box::into_raw(Box::new(Stream::new(config))) as *const c_void
+        Box::into_raw(Stream::boxed(config)) as *const c_void
     })
 }
 
@@ -240,7 +240,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     });
 }
 
-/// The stream's module object is freed (never while one of its hooks runs).
+/// The stream's module object is freed (never while one of its hooks runs):
+/// kept for a next stream of this thread.
 ///
 /// # Safety
 /// `module` is this stream's object, freed once, here.
@@ -249,7 +250,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *co
     guard((), || {
         // SAFETY: made by `Box::into_raw` in `..._filter_new`; no hook of
         // the stream is on the stack, so no reference to it remains.
-        drop(unsafe { Box::from_raw(module as *mut Stream) });
+        Stream::recycle(unsafe { Box::from_raw(module as *mut Stream) });
     });
 }
 
