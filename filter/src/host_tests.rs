@@ -36,6 +36,9 @@ extern "C" {
 const T0: u64 = 1_700_000_000_000_000_000;
 const ROOT: u32 = 1;
 const MS: u64 = 1_000_000;
+/// The service's answer admitting a check of one descriptor.
+const CHECK_ALLOWED: &[u8] =
+    br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
 
 /// One global rule on `/login`, asking cluster `quota`; a local fall-back of
 /// 2 a minute. `extra` adds fields to the rule.
@@ -465,11 +468,7 @@ fn check_mode_asks_per_request_and_answers_a_denial_in_the_request() {
         let body = json(&check);
         assert_eq!(body["descriptors"], serde_json::json!([[["path", "/login"]]]));
         assert_eq!(body["hits"], 1);
-        worker.answer(
-            &check,
-            Some(200),
-            br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#,
-        );
+        worker.answer(&check, Some(200), CHECK_ALLOWED);
         assert_eq!(worker.resumed_in(), vec![(admitted, "on_http_call_response")], "resumed on the answer");
 
         let (denied, _) = worker.request();
@@ -869,8 +868,6 @@ fn attributes_are_read_once_per_request_and_only_when_a_rule_asks() {
 /// makes to deliver it, the resume, and the response's two headers.
 #[test]
 fn a_check_mode_request_makes_only_the_host_calls_it_needs() {
-    const OK: &[u8] =
-        br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
         for round in 0..3 {
@@ -878,7 +875,7 @@ fn a_check_mode_request_makes_only_the_host_calls_it_needs() {
             let (context, action) = worker.request();
             assert_eq!(action, Action::Pause);
             let check = worker.take_call("/v1/check");
-            worker.answer(&check, Some(200), OK);
+            worker.answer(&check, Some(200), CHECK_ALLOWED);
             assert_eq!(worker.resumed_in(), vec![(context, "on_http_call_response")]);
             worker.respond(context);
             worker.end(context);
@@ -921,15 +918,13 @@ fn a_check_the_host_will_not_send_is_decided_in_its_handler() {
 /// fired for two periods is set again (should Envoy have dropped it).
 #[test]
 fn an_unchanged_tick_is_set_again_only_when_it_stopped() {
-    const OK: &[u8] =
-        br#"{"allowed": true, "results": [{"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 1000}]}"#;
     on_a_worker(|| {
         let mut worker = Worker::ready(&global_config(r#""mode": "check","#));
         let serve = |worker: &mut Worker| {
             mock_host::with(|host| host.host_calls.clear());
             let (context, _) = worker.request();
             let check = worker.take_call("/v1/check");
-            worker.answer(&check, Some(200), OK);
+            worker.answer(&check, Some(200), CHECK_ALLOWED);
             worker.end(context);
             mock_host::with(|host| host.host_calls.get("set_tick_period_milliseconds").copied().unwrap_or(0))
         };
