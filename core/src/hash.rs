@@ -6,8 +6,9 @@
 //! taken from `std`, whose `DefaultHasher` may change between Rust releases
 //! while bucket identities live on in Envoy's shared data across upgrades.
 
-/// Fewer than eight bytes as the low bytes of a little-endian word.
-fn partial_word(bytes: &[u8]) -> u64 {
+/// Fewer than eight bytes as the low bytes of a little-endian word, the
+/// rest zero (more than eight: zero).
+pub fn partial_word(bytes: &[u8]) -> u64 {
     let mut raw = [0u8; 8];
     if let Some(start) = raw.get_mut(..bytes.len()) {
         start.copy_from_slice(bytes);

@@ -255,9 +255,7 @@ impl Hasher for WordHasher {
         }
         let rest = words.remainder();
         if !rest.is_empty() {
-            let mut word = [0u8; 8];
-            word.iter_mut().zip(rest).for_each(|(w, b)| *w = *b);
-            self.add(u64::from_le_bytes(word));
+            self.add(floodgate_core::hash::partial_word(rest));
         }
     }
 
