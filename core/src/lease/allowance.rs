@@ -54,15 +54,47 @@ pub const RESERVED_SHARE: (u64, u64) = (3, 4);
 
 /// The largest part of the limit one allowance may hold: one proxy's share
 /// of a key far below its limit is small; a proxy that needs more is better
-/// served by leases of one window, which follow its demand.
+/// served by leases of one window, which follow its demand. The key's main
+/// user is the exception ([`main_user`]).
 pub const ALLOWANCE_SHARE_DIVISOR: u64 = 4;
+
+/// The share of a key's pace (numerator, denominator) a caller must bring
+/// to be its main user ([`main_user`]): more than any other caller can
+/// bring beside it.
+pub const MAIN_USER_SHARE: (u64, u64) = (2, 3);
+
+/// Whether a caller spending `mean` units a window is the main user of a
+/// fixed window's key: its mean vouches for at least one unit a window at
+/// its low end ([`low_count`]: not the rate one request shows over the
+/// second it is averaged over), and it brings at least
+/// [`MAIN_USER_SHARE`] of what the window that counts now is paced to use
+/// beyond the allowances it began with (`unreserved`, see [`paced_use`]: a
+/// renewing holder's own allowance covers its own pace). Behind a
+/// key-affine balancer (ring hash, Maglev) each key busy enough has one;
+/// behind a uniform one, a key has none once more than one proxy sees it.
+pub fn main_user(mean: f64, unreserved: u64) -> bool {
+    let (part, whole) = MAIN_USER_SHARE;
+    low_count(mean) >= 1.0 && mean * whole as f64 >= unreserved as f64 * part as f64
+}
+
+/// The most one allowance of a fixed window's key of `limit` holds per
+/// window (and one caller's allowances of it together): a quarter of the
+/// limit ([`ALLOWANCE_SHARE_DIVISOR`]); for the key's [`main_user`], what
+/// the key's allowances may reserve together ([`share_of`]), since no other
+/// proxy needs the rest.
+pub fn one_share(limit: u64, main: bool) -> u64 {
+    match main {
+        true => share_of(limit),
+        false => limit / ALLOWANCE_SHARE_DIVISOR,
+    }
+}
 
 /// Whether an allowance of `units` per window fits a key of `limit` of
 /// which `used` is counted in the window that counts now, with the
-/// allowance: at most [`ALLOWANCE_SHARE_DIVISOR`]th of the limit, and the
-/// window within [`RESERVED_SHARE`] of it.
-pub fn far_below(units: u64, used: u64, limit: u64) -> bool {
-    units <= limit / ALLOWANCE_SHARE_DIVISOR && used <= share_of(limit)
+/// allowance: at most [`one_share`] of the limit (`main`: asked by the
+/// key's [`main_user`]), and the window within [`RESERVED_SHARE`] of it.
+pub fn far_below(units: u64, used: u64, limit: u64, main: bool) -> bool {
+    units <= one_share(limit, main) && used <= share_of(limit)
 }
 
 /// The low end of the mean that a count of `n` steady random arrivals could
@@ -470,11 +502,30 @@ mod tests {
 
     #[test]
     fn an_allowance_is_a_small_share_of_a_key_far_below_its_limit() {
-        assert!(far_below(25, 40, 100));
-        assert!(!far_below(26, 40, 100), "more than a quarter");
-        assert!(far_below(25, 75, 100));
-        assert!(!far_below(25, 76, 100), "the window is near its limit");
-        assert!(!far_below(1, 0, 3), "a limit under 4 takes none");
+        assert!(far_below(25, 40, 100, false));
+        assert!(!far_below(26, 40, 100, false), "more than a quarter");
+        assert!(far_below(25, 75, 100, false));
+        assert!(!far_below(25, 76, 100, false), "the window is near its limit");
+        assert!(!far_below(1, 0, 3, false), "a limit under 4 takes none");
+        // The key's main user: up to what all allowances may reserve.
+        assert!(far_below(40, 75, 100, true));
+        assert!(far_below(75, 75, 100, true));
+        assert!(!far_below(76, 75, 100, true), "more than three quarters");
+        assert!(!far_below(40, 76, 100, true), "the window is near its limit");
+        assert!(far_below(2, 2, 3, true), "a small limit's one user");
+    }
+
+    #[test]
+    fn a_main_user_brings_most_of_a_keys_pace() {
+        // Key-affine: one proxy's 10 a second are the key's 10 a second.
+        assert!(main_user(10.0, 10));
+        assert!(main_user(10.0, 15), "two thirds of it");
+        // Uniform over three: a third of the pace is not most of it.
+        assert!(!main_user(10.0, 30));
+        assert!(main_user(4.0, 0), "nothing else paced");
+        // One request seen over a second: a rate of 1, whose low end is none.
+        assert!(!main_user(1.0, 0));
+        assert!(!main_user(3.9, 0));
     }
 
     #[test]

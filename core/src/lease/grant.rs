@@ -10,8 +10,8 @@
 //! next window in [`super::booking`].
 
 use super::allowance::{
-    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, pace_seen, paced_use, share_of,
-    Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_user, pace_seen, paced_use,
+    share_of, Reservations, Terms, DEFAULT_TERM,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -230,6 +230,24 @@ fn heading(limit: &KeyLimit<'_>, bucket: &ServiceBucket, now: Nanos, used: u64) 
     }
 }
 
+/// Units a window of `period` at `rate` tokens a second (none without one).
+fn mean_per(rate: Option<f64>, period: Nanos) -> f64 {
+    rate.filter(|rate| rate.is_finite() && *rate > 0.0).map_or(0.0, |rate| period.events_at(rate))
+}
+
+/// Whether a caller asking at `rate` is the [`main_user`] of `bucket`, a
+/// fixed window's, at `now` (never for other algorithms).
+pub(super) fn asks_as_main_user(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: Nanos) -> bool {
+    let policy = limit.policy;
+    let Some(counted) = policy.allowance_slot(&bucket.state, now).filter(|counted| counted.renews) else {
+        return false;
+    };
+    let period = limit.window();
+    let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
+    let pace = WindowPace::of(bucket, counted, period, used, now);
+    main_user(mean_per(rate, period), pace.paced.saturating_sub(pace.at_start.min(used)))
+}
+
 /// How a fixed window that counts now is going: how long it has run, what
 /// the key's allowances reserved in it when it began, and its count (`used`
 /// so far) projected to its end by `paced_use`.
@@ -294,7 +312,8 @@ fn allowance(
         // last tenth: `paced_until`).
         let quiet = pace.at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
         let seen = quiet || pace_seen(pace.elapsed, limit.limit, period);
-        (seen && far_below(units, pace.paced.saturating_add(own), limit.limit), share_of(limit.limit))
+        let main = asks_as_main_user(limit, bucket, rate, now);
+        (seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
     } else {
         // A token bucket: see `bucket_reservable`.
         let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));

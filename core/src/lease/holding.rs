@@ -2,8 +2,8 @@
 //!
 //! An allowance holds at most a quarter of a fixed window's limit in every
 //! window of its term (a token or leaky bucket's: half of what the key's
-//! allowances may hold together), and a key's allowances together at most
-//! three quarters; but nothing in the key's bucket says whose they are, so
+//! allowances may hold together; the key's main user's, as much as all),
+//! and a key's allowances together at most three quarters; but nothing in the key's bucket says whose they are, so
 //! one caller asking under several ids could hold them all, renewably (one
 //! that spent nothing held 72 of 100 a window for 38 s, leaving 28 to the
 //! rest of the fleet). A *holding* is a caller's own record of a key: its
@@ -16,9 +16,9 @@
 //! lease, not its caller, so it takes nothing off (a caller that returns an
 //! allowance and asks again within its term may get leases of one window).
 
-use super::allowance::{bucket_earned, bucket_reservable, Reservations, Terms, ALLOWANCE_SHARE_DIVISOR};
+use super::allowance::{bucket_earned, bucket_reservable, one_share, Reservations, Terms};
 use super::bucket::{KeyLimit, ServiceBucket};
-use super::grant::{grant, Allotment, Ask};
+use super::grant::{asks_as_main_user, grant, Allotment, Ask};
 use crate::time::Nanos;
 
 /// The first byte of a holding's bytes: no algorithm's tag, nor the
@@ -40,12 +40,17 @@ pub struct Holding {
 
 /// The most one caller's allowances of a key of `limit` hold per window
 /// together: what one allowance may hold, a quarter of a fixed window's
-/// limit (`renews`: a window whose counts end with it), half of what a
-/// token or leaky bucket's allowances may hold together in a slot for
+/// limit (`renews`: a window whose counts end with it) — or for the key's
+/// main user, the one allowance it asks for (`main_units`, within
+/// [`one_share`]), not several of that size under other ids — half of what
+/// a token or leaky bucket's allowances may hold together in a slot for
 /// leases living `ttl`.
-pub fn caller_cap(limit: &KeyLimit<'_>, renews: bool, ttl: Nanos) -> u64 {
+pub fn caller_cap(limit: &KeyLimit<'_>, renews: bool, main_units: Option<u64>, ttl: Nanos) -> u64 {
     match renews {
-        true => limit.limit / ALLOWANCE_SHARE_DIVISOR,
+        true => {
+            let quarter = one_share(limit.limit, false);
+            main_units.map_or(quarter, |units| units.max(quarter).min(one_share(limit.limit, true)))
+        }
         false => bucket_reservable(limit.policy.capacity(), bucket_earned(limit.limit, limit.window(), ttl)) / 2,
     }
 }
@@ -101,6 +106,7 @@ pub fn grant_held(
     now: Nanos,
     ttl: Nanos,
 ) -> (Allotment, Option<Holding>) {
+    let main = asks_as_main_user(limit, &bucket, ask.rate, now);
     let allotted = grant(limit, key, bucket.clone(), ask, now, ttl);
     let (Some((terms, _)), true) = (allotted.bucket.allowances, allotted.windows > 0) else {
         return (allotted, None);
@@ -109,7 +115,7 @@ pub fn grant_held(
     let (first, last) = (allotted.window, allotted.window.saturating_add(allotted.windows - 1));
     let mut held = holding.filter(|h| h.terms == terms).map_or_else(Reservations::default, |h| h.held);
     held = held.as_of(&terms, counted.index);
-    let cap = caller_cap(limit, counted.renews, ttl);
+    let cap = caller_cap(limit, counted.renews, main.then_some(allotted.granted), ttl);
     if allotted.granted > held.room(&terms, first, last, cap) {
         // Beyond the caller's share: a lease of one window, as any ask
         // that no allowance fits.
@@ -164,15 +170,47 @@ mod tests {
         assert!(held.idle_at(SECOND).is_some_and(|at| at > now));
     }
 
+    /// Behind a key-affine balancer one proxy sees all of a key: 30 a
+    /// second against a limit of 100, whose window counted its 15 in the
+    /// first half, gets an allowance of 42 a window (30 + 2 x 5.48 + 1,
+    /// rounded up), past a quarter of the limit. Asked again, under another
+    /// id or by another caller, at the same rate beside it, it is not the
+    /// key's main user: a lease of one window.
+    #[test]
+    fn a_keys_main_user_holds_one_allowance_past_a_quarter() {
+        let window = policy("fixed_window", 100, r#"{"period": "1s"}"#);
+        let limit = KeyLimit { policy: window.as_ref(), tag: 1, limit: 100, period: SECOND };
+        let now = T0 + Nanos::from_millis(500);
+        let mut seen = ServiceBucket::load(&limit, None, now);
+        assert!(seen.decide(&limit, now, 15).allowed());
+        let (main, holding) = grant_held(&limit, KEY, seen.clone(), ask(30.0), None, now, SECOND);
+        assert_eq!((main.granted, main.windows > 1), (42, true), "an allowance past a quarter");
+        assert_eq!(holding.map(|h| h.held.current), Some(42));
+        let (again, none) = grant_held(&limit, KEY, main.bucket.clone(), ask(30.0), holding, now, SECOND);
+        assert_eq!((again.windows, none), (0, None), "one allowance past a quarter, not two");
+        let (other, none) = grant_held(&limit, KEY, main.bucket, ask(30.0), None, now, SECOND);
+        assert_eq!((other.windows, none), (0, None), "another caller beside it");
+        // 17 a second beside a window paced at 40 (30 counted in its first
+        // half): not most of it, so not the 27 a window past a quarter.
+        let mut busier = ServiceBucket::load(&limit, None, now);
+        assert!(busier.decide(&limit, now, 30).allowed());
+        let (some, none) = grant_held(&limit, KEY, busier, ask(17.0), None, now, SECOND);
+        assert_eq!((some.windows, none), (0, None), "a share of the key's pace: a lease of one window");
+    }
+
     #[test]
     fn a_callers_cap_is_what_one_allowance_may_hold() {
         let window = policy("fixed_window", 100, r#"{"period": "1s"}"#);
         let fixed = KeyLimit { policy: window.as_ref(), tag: 1, limit: 100, period: SECOND };
-        assert_eq!(caller_cap(&fixed, true, SECOND), 25);
+        assert_eq!(caller_cap(&fixed, true, None, SECOND), 25);
+        assert_eq!(caller_cap(&fixed, true, Some(42), SECOND), 42, "the key's main user's one allowance");
+        assert_eq!(caller_cap(&fixed, true, Some(10), SECOND), 25);
+        assert_eq!(caller_cap(&fixed, true, Some(90), SECOND), 75);
         let tokens = policy("token_bucket", 100, r#"{"period": "1s", "burst": 40}"#);
         let bucket = KeyLimit { policy: tokens.as_ref(), tag: 2, limit: 100, period: SECOND };
         // Half the least of the burst and a lifetime's earnings (40, 100), halved again.
-        assert_eq!(caller_cap(&bucket, false, SECOND), 10);
+        assert_eq!(caller_cap(&bucket, false, None, SECOND), 10);
+        assert_eq!(caller_cap(&bucket, false, Some(42), SECOND), 10, "a bucket has no main user");
     }
 
     #[test]
