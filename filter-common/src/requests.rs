@@ -273,8 +273,8 @@ pub fn finish_waiter<H: RequestHost>(host: &H, waiter: Waiter, now: Nanos) {
 /// it held while in flight. True when anything was counted or given back.
 pub fn ended<H: RequestHost>(host: &H, context_id: u32, state: &Shared) -> bool {
     let waiting = state.borrow().stage == Stage::Waiting;
-    let permit = std::mem::take(&mut state.borrow_mut().permit);
     if waiting && host.waiting().borrow_mut().remove(context_id).is_some() {
+        let permit = std::mem::take(&mut state.borrow_mut().permit);
         host.count(Counter::DelayAbandoned, 1);
         let outcome = outcome::next(Site::Handler, Event::Gone);
         let checked = host.callouts().borrow_mut().forget(context_id);
@@ -285,6 +285,12 @@ pub fn ended<H: RequestHost>(host: &H, context_id: u32, state: &Shared) -> bool 
         }
         true
     } else {
+        // Most served requests hold nothing in flight: their permit is left
+        // as it is (nothing reads it once the stream ended), not moved out.
+        if !host.limiter().needs_release(&state.borrow().permit, Release::Done) {
+            return false;
+        }
+        let permit = std::mem::take(&mut state.borrow_mut().permit);
         release(host, permit, Release::Done)
     }
 }
