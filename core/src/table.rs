@@ -35,6 +35,8 @@ pub struct Table {
     policy: Arc<dyn Policy>,
     tag: u8,
     groups: u32,
+    /// `policy.holds_until_done()`, asked once: every request's end asks it.
+    holds_until_done: bool,
 }
 
 /// What an operation on a descriptor's bucket found (see [`Table::update`]).
@@ -56,7 +58,14 @@ impl Table {
     /// [`crate::algorithm::Registration::tag`]).
     pub fn new(policy: Arc<dyn Policy>, tag: u8, max_keys: u32) -> Self {
         let groups = max_keys.div_ceil(WAYS as u32).max(1);
-        Self { policy, tag, groups }
+        let holds_until_done = policy.holds_until_done();
+        Self { policy, tag, groups, holds_until_done }
+    }
+
+    /// Whether the table's algorithm holds a request's units until it is
+    /// done ([`Policy::holds_until_done`]).
+    pub fn holds_until_done(&self) -> bool {
+        self.holds_until_done
     }
 
     /// The algorithm deciding every bucket.
@@ -129,7 +138,7 @@ impl Table {
     /// after a write also counts holds dropped because they expired, or
     /// because an idle bucket's entry was given to another descriptor.
     fn held_in(&self, group: &[u8]) -> u64 {
-        if !self.policy.holds_until_done() {
+        if !self.holds_until_done {
             return 0;
         }
         (0..self.entries(group)).filter_map(|i| group.get(self.state_range(i))).map(|s| self.policy.held(s)).sum()

@@ -8,6 +8,7 @@ use crate::descriptor::{fingerprint_from, has_entries, protocol_descriptor, Requ
 use crate::global::calls::{CheckAnswer, CheckItem};
 use crate::global::settings::{Fallback, GlobalMode};
 use crate::store::Store;
+use crate::table::Table;
 use crate::time::Nanos;
 
 use super::pass::{Pass, Ruling, Target};
@@ -103,7 +104,7 @@ impl<H> Limiter<H> {
         permit.held().any(|held| {
             let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
             let undone = why == Release::Undo && (held.bucket == Bucket::Reserve || table.is_some());
-            undone || table.is_some_and(|table| table.policy().holds_until_done())
+            undone || table.is_some_and(Table::holds_until_done)
         })
     }
 
@@ -120,7 +121,7 @@ impl<H> Limiter<H> {
                 continue;
             }
             let Some(table) = compiled.table(held.bucket) else { continue };
-            if why == Release::Done && !table.policy().holds_until_done() {
+            if why == Release::Done && !table.holds_until_done() {
                 continue;
             }
             let group = table.group_of(held.fingerprint);
