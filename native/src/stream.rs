@@ -421,12 +421,12 @@ impl QuotaHost for StreamHost<'_, '_> {
 }
 
 impl RequestHost for StreamHost<'_, '_> {
-    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit) {
+    fn check(&self, now: Nanos, can_wait: CanWait, decided: (&mut Verdict, &mut Permit)) {
         let limiter = &self.worker.limiter;
         let filter = self.filter.borrow();
         let mut request = StreamRequest::new(&filter, limiter.header_names());
         let mut counters = self.metrics().on(&filter);
-        limiter.check_waited(&self.worker.store, now, &mut request, can_wait, &mut counters)
+        limiter.check_into(&self.worker.store, now, &mut request, can_wait, &mut counters, decided);
     }
 
     fn waiting(&self) -> &RefCell<Waiting> {

@@ -43,7 +43,26 @@ impl<H> Limiter<H> {
         can_wait: CanWait,
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
-        let mut pass = Pass::new(self, store, now, can_wait, counters);
+        let (mut verdict, mut permit) = (Verdict::default(), Permit::default());
+        self.check_into(store, now, request, can_wait, counters, (&mut verdict, &mut permit));
+        (verdict, permit)
+    }
+
+    /// [`Limiter::check_waited`] into a verdict and permit the caller holds
+    /// (a host's own, where they are kept: not moved out and in again).
+    /// Both are made anew first.
+    pub fn check_into(
+        &self,
+        store: &dyn Store,
+        now: Nanos,
+        request: &mut dyn Request,
+        can_wait: CanWait,
+        counters: &mut dyn Counters<H>,
+        (verdict, permit): (&mut Verdict, &mut Permit),
+    ) {
+        *verdict = Verdict::default();
+        *permit = Permit::default();
+        let mut pass = Pass::new(self, store, now, can_wait, counters, (verdict, permit));
         let waited_out = can_wait == CanWait::WaitedOut;
         for (index, compiled) in self.rules.iter().enumerate() {
             let Some(target) = self.target(index, compiled, request) else { continue };
@@ -73,7 +92,8 @@ impl<H> Limiter<H> {
             Nanos::ZERO => Admission::Now,
             delay => Admission::Delayed(delay),
         };
-        let mut pass = Pass { verdict, permit, ..Pass::new(self, store, now, CanWait::Yes, counters) };
+        let mut permit = permit;
+        let mut pass = Pass::new(self, store, now, CanWait::Yes, counters, (&mut verdict, &mut permit));
         for (at, item) in checks.iter().enumerate() {
             let Some(compiled) = self.rules.get(item.rule) else { continue };
             let target = Target {
@@ -91,10 +111,12 @@ impl<H> Limiter<H> {
                 (None, None) => Ruling::Skip,
             };
             if pass.take(&target, ruling).is_break() {
-                return pass.ended();
+                pass.ended();
+                return (verdict, permit);
             }
         }
-        pass.finish()
+        pass.finish();
+        (verdict, permit)
     }
 
     /// Whether releasing `permit` for `why` would touch any bucket: when a
