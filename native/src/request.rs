@@ -27,7 +27,11 @@ struct HeaderValues<'f> {
 }
 
 impl<'f> HeaderValues<'f> {
-    const UNREAD: Self = HeaderValues { read: false, inline: [None; INLINE_HEADERS], heap: Vec::new() };
+    /// None read yet. Made field by field, not copied from a constant (a
+    /// copy of its bytes is a call to memcpy).
+    fn unread() -> Self {
+        HeaderValues { read: false, inline: [None; INLINE_HEADERS], heap: Vec::new() }
+    }
 
     fn get(&self, index: usize) -> Option<&'f [u8]> {
         let values = if self.heap.is_empty() { &self.inline[..] } else { &self.heap[..] };
@@ -63,7 +67,7 @@ impl<'f> StreamRequest<'f> {
         StreamRequest {
             filter,
             names,
-            headers: HeaderValues::UNREAD,
+            headers: HeaderValues::unread(),
             remote_address: None,
             attributes: [None; Attribute::COUNT],
         }
@@ -171,7 +175,7 @@ mod tests {
             let mut names: Vec<String> = vec!["a".into(), "b".into()];
             names.extend((2..count).map(|i| format!("k{i}")));
             let mut visited = 0;
-            let mut values = HeaderValues::UNREAD;
+            let mut values = HeaderValues::unread();
             first_values(&names, &mut values, |visit| {
                 for (name, value) in &headers {
                     visited += 1;
