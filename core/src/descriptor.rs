@@ -368,8 +368,9 @@ impl Value<'_> {
 /// pairs into a fingerprint ([`fingerprint`]), global mode sends them to the
 /// quota service ([`protocol_descriptor`]).
 pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit: impl FnMut(&str, Value<'_>)) -> bool {
-    // Where a value too long to contribute as it is gets its stand-in.
-    let mut spare = BoundedValue::default();
+    // Where a value too long to contribute as it is gets its stand-in
+    // (made when one is).
+    let mut spare = None;
     for entry in entries {
         match entry {
             DescriptorEntry::RequestHeaders { header, key, skip_if_absent } => match request.header(*header) {
@@ -406,8 +407,8 @@ pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit
             DescriptorEntry::QueryParameters { path, name, key, skip_if_absent } => {
                 match request.header(*path).and_then(|p| query::first_value(p, name.as_bytes())) {
                     Some(raw) => {
-                        spare = BoundedValue::collect(query::Decoded::new(raw));
-                        visit(key, Value::Bytes(spare.as_bytes()));
+                        let collected = spare.insert(BoundedValue::collect(query::Decoded::new(raw)));
+                        visit(key, Value::Bytes(collected.as_bytes()));
                     }
                     None if *skip_if_absent => {}
                     None => return false,
