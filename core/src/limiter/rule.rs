@@ -6,8 +6,8 @@
 use std::cell::{Cell, RefCell};
 
 use crate::config::Rule;
+use crate::descriptor::RuleHasher;
 use crate::global::settings::Fallback;
-use crate::hash::SipHasher;
 use crate::headers::RuleHeaders;
 use crate::store::{measure_and_replace_group, GroupKey, KeyText, LoopError, Replaced, Step, Store, StoreError};
 use crate::table::Table;
@@ -59,7 +59,7 @@ pub struct CompiledRule<H> {
     /// A request may drop every entry of the rule's descriptor.
     pub(super) may_drop_every_entry: bool,
     /// The hash state of the rule's fingerprints before their entries.
-    pub(super) hasher: SipHasher,
+    pub(super) hasher: RuleHasher,
 }
 
 impl<H> CompiledRule<H> {
@@ -69,7 +69,7 @@ impl<H> CompiledRule<H> {
         let reserves =
             RefCell::new(if rule.worker_batch.is_some() { Reserves::with_room() } else { Reserves::default() });
         let may_drop_every_entry = crate::descriptor::may_drop_every_entry(&rule.descriptors);
-        let hasher = crate::descriptor::rule_hasher(hash_key, &rule.name);
+        let hasher = crate::descriptor::rule_hasher(hash_key, &rule.name, &rule.descriptors);
         CompiledRule {
             rule,
             host,
