@@ -60,8 +60,8 @@ impl<H> Limiter<H> {
         counters: &mut dyn Counters<H>,
         (verdict, permit): (&mut Verdict, &mut Permit),
     ) {
-        *verdict = Verdict::default();
-        *permit = Permit::default();
+        verdict.reset();
+        permit.reset();
         let mut pass = Pass::new(self, store, now, can_wait, counters, (verdict, permit));
         let waited_out = can_wait == CanWait::WaitedOut;
         for (index, compiled) in self.rules.iter().enumerate() {
