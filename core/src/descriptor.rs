@@ -368,8 +368,9 @@ impl Value<'_> {
 /// pairs into a fingerprint ([`fingerprint`]), global mode sends them to the
 /// quota service ([`protocol_descriptor`]).
 pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit: impl FnMut(&str, Value<'_>)) -> bool {
-    // Where a value too long to contribute as it is gets its stand-in.
-    let mut spare = BoundedValue::default();
+    // Where a value too long to contribute as it is gets its stand-in
+    // (made when one is).
+    let mut spare = None;
     for entry in entries {
         match entry {
             DescriptorEntry::RequestHeaders { header, key, skip_if_absent } => match request.header(*header) {
@@ -406,8 +407,8 @@ pub fn extract(entries: &[DescriptorEntry], request: &mut dyn Request, mut visit
             DescriptorEntry::QueryParameters { path, name, key, skip_if_absent } => {
                 match request.header(*path).and_then(|p| query::first_value(p, name.as_bytes())) {
                     Some(raw) => {
-                        spare = BoundedValue::collect(query::Decoded::new(raw));
-                        visit(key, Value::Bytes(spare.as_bytes()));
+                        let collected = spare.insert(BoundedValue::collect(query::Decoded::new(raw)));
+                        visit(key, Value::Bytes(collected.as_bytes()));
                     }
                     None if *skip_if_absent => {}
                     None => return false,
@@ -441,33 +442,62 @@ pub fn fingerprint(
     entries: &[DescriptorEntry],
     request: &mut dyn Request,
 ) -> Option<u64> {
-    fingerprint_from(&rule_hasher(key, rule_name), entries, request)
+    fingerprint_from(&rule_hasher(key, rule_name, entries), entries, request)
 }
 
-/// The hash state every fingerprint of rule `rule_name` starts from (keyed,
-/// the rule's name fed): made once per rule, not once per request.
-pub fn rule_hasher(key: (u64, u64), rule_name: &str) -> SipHasher {
-    let mut hasher = SipHasher::new(key.0, key.1);
-    hasher.write_field(rule_name.as_bytes());
-    hasher
+/// The hash state every fingerprint of a rule starts from, made once per
+/// rule, not once per request: keyed, the rule's name fed, and its first
+/// entry's key too when every request the rule applies to feeds that key
+/// first (see [`rule_hasher`]).
+#[derive(Debug, Clone)]
+pub struct RuleHasher {
+    state: SipHasher,
+    /// The first entry's key is fed already.
+    first_key_fed: bool,
+}
+
+/// The [`RuleHasher`] of rule `rule_name` with descriptor `entries`. A
+/// first entry that is a header the request must have, or a constant,
+/// feeds its key first whenever the rule applies, so that key is fed here;
+/// the state, hence every fingerprint, is the same either way.
+pub fn rule_hasher(key: (u64, u64), rule_name: &str, entries: &[DescriptorEntry]) -> RuleHasher {
+    let mut state = SipHasher::new(key.0, key.1);
+    state.write_field(rule_name.as_bytes());
+    let first_key = match entries.first() {
+        Some(DescriptorEntry::RequestHeaders { key, skip_if_absent: false, .. })
+        | Some(DescriptorEntry::GenericKey { key, .. }) => Some(key),
+        _ => None,
+    };
+    if let Some(first_key) = first_key {
+        state.write_field(first_key.as_bytes());
+    }
+    RuleHasher { state, first_key_fed: first_key.is_some() }
 }
 
 /// [`fingerprint`], from its rule's [`rule_hasher`].
-pub fn fingerprint_from(rule: &SipHasher, entries: &[DescriptorEntry], request: &mut dyn Request) -> Option<u64> {
-    let mut hasher = rule.clone();
+pub fn fingerprint_from(rule: &RuleHasher, entries: &[DescriptorEntry], request: &mut dyn Request) -> Option<u64> {
+    let mut hasher = rule.state.clone();
+    // The first entry visited is the first entry (or the rule does not
+    // apply); its key is fed already if `first_key_fed`.
+    let mut key_fed = rule.first_key_fed;
+    let mut write_key = |hasher: &mut SipHasher, key: &str| {
+        if !std::mem::take(&mut key_fed) {
+            hasher.write_field(key.as_bytes());
+        }
+    };
     let applies = extract(entries, request, |key, value| match value {
         // Constants and header values hash their key and bytes; addresses
         // their kind and octets (a subnet also its prefix length).
         Value::Bytes(bytes) => {
-            hasher.write_field(key.as_bytes());
+            write_key(&mut hasher, key);
             hasher.write_field(bytes);
         }
         Value::Address(ip) => {
-            hasher.write_field(key.as_bytes());
+            write_key(&mut hasher, key);
             write_ip(&mut hasher, ip);
         }
         Value::Subnet(ip, prefix) => {
-            hasher.write_field(key.as_bytes());
+            write_key(&mut hasher, key);
             write_ip(&mut hasher, ip);
             hasher.write(&[prefix]);
         }
@@ -662,6 +692,44 @@ mod tests {
 
     fn api_key() -> Vec<DescriptorEntry> {
         vec![DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "api_key".into(), skip_if_absent: false }]
+    }
+
+    /// A rule's first key fed with its hash state, once, or per request: the
+    /// same fingerprint, the SipHash of the rule's name and each entry's key
+    /// and value as fields, in order (what shared data's buckets are keyed by
+    /// and must stay).
+    #[test]
+    fn a_first_key_fed_ahead_gives_the_same_fingerprint() {
+        let plain = |fields: &[&[u8]]| {
+            let mut hasher = SipHasher::new(KEY.0, KEY.1);
+            for field in fields {
+                hasher.write_field(field);
+            }
+            hasher.finish()
+        };
+        let generic = DescriptorEntry::GenericKey { key: "tier".into(), value: "gold".into() };
+        let optional =
+            DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "api_key".into(), skip_if_absent: true };
+        type Case<'a> = (Vec<DescriptorEntry>, bool, Vec<&'a [u8]>);
+        let cases: [Case; 4] = [
+            (api_key(), true, vec![b"r", b"api_key", b"alice"]),
+            (vec![generic.clone()], true, vec![b"r", b"tier", b"gold"]),
+            ([api_key(), vec![generic.clone()]].concat(), true, vec![b"r", b"api_key", b"alice", b"tier", b"gold"]),
+            (vec![optional, generic], false, vec![b"r", b"api_key", b"alice", b"tier", b"gold"]),
+        ];
+        for (entries, fed, fields) in cases {
+            assert_eq!(rule_hasher(KEY, "r", &entries).first_key_fed, fed, "{entries:?}");
+            let found = fingerprint(KEY, "r", &entries, &mut request(&[Some(b"alice")], None));
+            assert_eq!(found, Some(plain(&fields)), "{entries:?}");
+        }
+        // A skipped first entry: the next one's key is fed per request.
+        let skipped = vec![
+            DescriptorEntry::RequestHeaders { header: HeaderId(0), key: "api_key".into(), skip_if_absent: true },
+            DescriptorEntry::GenericKey { key: "tier".into(), value: "gold".into() },
+        ];
+        let found = fingerprint(KEY, "r", &skipped, &mut request(&[None], None));
+        assert_eq!(found, Some(plain(&[b"r", b"tier", b"gold"])));
+        assert_eq!(fingerprint(KEY, "r", &api_key(), &mut request(&[None], None)), None, "a required header missing");
     }
 
     #[test]

@@ -10,6 +10,8 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::text::InlineText;
+
 /// A value's version, as the host hands it out. Never zero for a stored key.
 pub type Cas = u32;
 
@@ -32,6 +34,35 @@ impl fmt::Display for StoreError {
             StoreError::CasMismatch => "value changed since it was read",
             StoreError::Host => "host refused the shared-data operation",
         })
+    }
+}
+
+/// Room for a group's key, `fg:<rule>:fb:<group>`: a rule name is at most 64
+/// bytes and a group number at most 7 digits, 78 bytes in all.
+pub type KeyText = InlineText<96>;
+
+/// A bucket group's address: its table's key prefix and its number. Its
+/// text ([`GroupKey::write`]) is the group's key in the store — on Envoy's
+/// shared data the very bytes that outlive a module upgrade, so they are
+/// written in this one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupKey<'a> {
+    /// The table's place among the caller's tables: the same for the same
+    /// `prefix` for as long as the caller uses one store, so a store may
+    /// keep its groups by it (checking `prefix` still).
+    pub table: usize,
+    /// `fg:<rule>:`, or `fg:<rule>:fb:` for a global rule's local fall-back.
+    pub prefix: &'a str,
+    /// The group's number in its table.
+    pub group: u32,
+}
+
+impl GroupKey<'_> {
+    /// Writes the group's key, `<prefix><group>`, into `key`; false if it
+    /// does not fit (it always does: see [`KeyText`]).
+    pub fn write<const N: usize>(&self, key: &mut InlineText<N>) -> bool {
+        key.clear();
+        key.push_str(self.prefix) && key.push_u64(u64::from(self.group))
     }
 }
 
@@ -64,6 +95,18 @@ pub trait Store {
     fn decide_in_place(
         &self,
         _key: &str,
+        _decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        None
+    }
+
+    /// [`Store::decide_in_place`] on the group `key` addresses, found by its
+    /// numbers rather than by its key's text where the store can (the
+    /// native build's keeps its groups by number). `None` (the default):
+    /// this store cannot, and the caller goes by the key's text.
+    fn decide_on_group(
+        &self,
+        _key: GroupKey<'_>,
         _decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
     ) -> Option<Result<(), StoreError>> {
         None
@@ -123,21 +166,8 @@ where
     S: Store + ?Sized,
     F: FnMut(Vec<u8>) -> Step<T>,
 {
-    let mut outcome = None;
-    let mut in_place = |value: Vec<u8>| match decide(value) {
-        Step::Write(next, decided) => {
-            outcome = Some(decided);
-            Some(next)
-        }
-        Step::Keep(decided) => {
-            outcome = Some(decided);
-            None
-        }
-    };
-    if let Some(done) = store.decide_in_place(key, &mut in_place) {
-        done.map_err(LoopError::Store)?;
-        // A store that decided in place ran `decide`; one that did not is at fault.
-        return outcome.map(|outcome| Replaced { outcome, retries: 0 }).ok_or(LoopError::Store(StoreError::Host));
+    if let Some(done) = in_place(&mut decide, |in_place| store.decide_in_place(key, in_place)) {
+        return done;
     }
     let mut retries = 0;
     loop {
@@ -154,6 +184,56 @@ where
             },
         }
     }
+}
+
+/// [`measure_and_replace`] on the group `key` addresses: decided in place on
+/// the group found by its numbers where the store can
+/// ([`Store::decide_on_group`]), else by its key's text.
+pub fn measure_and_replace_group<S, T, F>(
+    store: &S,
+    key: GroupKey<'_>,
+    max_retries: u32,
+    mut decide: F,
+) -> Result<Replaced<T>, LoopError>
+where
+    S: Store + ?Sized,
+    F: FnMut(Vec<u8>) -> Step<T>,
+{
+    if let Some(done) = in_place(&mut decide, |in_place| store.decide_on_group(key, in_place)) {
+        return done;
+    }
+    let mut text = KeyText::default();
+    if !key.write(&mut text) {
+        return Err(LoopError::Store(StoreError::Host));
+    }
+    measure_and_replace(store, text.as_str(), max_retries, decide)
+}
+
+/// Runs `decide` through a store's way of deciding in place (`run`), if it
+/// has one: `None` when it has not.
+fn in_place<T, F>(
+    decide: &mut F,
+    run: impl FnOnce(&mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>) -> Option<Result<(), StoreError>>,
+) -> Option<Result<Replaced<T>, LoopError>>
+where
+    F: FnMut(Vec<u8>) -> Step<T>,
+{
+    let mut outcome = None;
+    let mut in_place = |value: Vec<u8>| match decide(value) {
+        Step::Write(next, decided) => {
+            outcome = Some(decided);
+            Some(next)
+        }
+        Step::Keep(decided) => {
+            outcome = Some(decided);
+            None
+        }
+    };
+    let done = run(&mut in_place)?;
+    Some(done.map_err(LoopError::Store).and_then(|()| {
+        // A store that decided in place ran `decide`; one that did not is at fault.
+        outcome.map(|outcome| Replaced { outcome, retries: 0 }).ok_or(LoopError::Store(StoreError::Host))
+    }))
 }
 
 /// An in-memory [`Store`] with Envoy's semantics, for tests: one global

@@ -35,6 +35,10 @@ pub struct Table {
     policy: Arc<dyn Policy>,
     tag: u8,
     groups: u32,
+    /// `policy.holds_until_done()`, asked once: every request's end asks it.
+    holds_until_done: bool,
+    /// `policy.state_len()`, asked once: every decision needs it a few times.
+    state_len: usize,
 }
 
 /// What an operation on a descriptor's bucket found (see [`Table::update`]).
@@ -56,7 +60,14 @@ impl Table {
     /// [`crate::algorithm::Registration::tag`]).
     pub fn new(policy: Arc<dyn Policy>, tag: u8, max_keys: u32) -> Self {
         let groups = max_keys.div_ceil(WAYS as u32).max(1);
-        Self { policy, tag, groups }
+        let (holds_until_done, state_len) = (policy.holds_until_done(), policy.state_len());
+        Self { policy, tag, groups, holds_until_done, state_len }
+    }
+
+    /// Whether the table's algorithm holds a request's units until it is
+    /// done ([`Policy::holds_until_done`]).
+    pub fn holds_until_done(&self) -> bool {
+        self.holds_until_done
     }
 
     /// The algorithm deciding every bucket.
@@ -75,7 +86,7 @@ impl Table {
     }
 
     fn entry_len(&self) -> usize {
-        8 + self.policy.state_len()
+        8 + self.state_len
     }
 
     /// Bytes of a full group value.
@@ -120,7 +131,7 @@ impl Table {
 
     fn state_range(&self, index: usize) -> std::ops::Range<usize> {
         let start = HEADER + index * self.entry_len() + 8;
-        start..start + self.policy.state_len()
+        start..start + self.state_len
     }
 
     /// Units the group's buckets record as held in flight (zero unless the
@@ -129,7 +140,7 @@ impl Table {
     /// after a write also counts holds dropped because they expired, or
     /// because an idle bucket's entry was given to another descriptor.
     fn held_in(&self, group: &[u8]) -> u64 {
-        if !self.policy.holds_until_done() {
+        if !self.holds_until_done {
             return 0;
         }
         (0..self.entries(group)).filter_map(|i| group.get(self.state_range(i))).map(|s| self.policy.held(s)).sum()

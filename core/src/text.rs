@@ -59,22 +59,29 @@ impl<const N: usize> InlineText<N> {
             4041424344454647484950515253545556575859\
             6061626364656667686970717273747576777879\
             8081828384858687888990919293949596979899";
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        while n >= 10 {
+        // Written where they go (their count known first), not into a
+        // buffer and then copied: a copy of a length known only now is a
+        // call to memcpy.
+        let count = n.checked_ilog10().unwrap_or(0) as usize + 1;
+        let end = self.len + count;
+        let Some(room) = self.bytes.get_mut(self.len..end) else { return false };
+        // The first digit of an odd count (or the zero of 0) alone, the
+        // others in pairs from the last.
+        let (first, pairs) = room.split_at_mut(count % 2);
+        for room in pairs.rchunks_exact_mut(2) {
             let pair = (n % 100) as usize * 2;
             n /= 100;
-            at -= 2;
-            digits[at] = PAIRS[pair];
-            digits[at + 1] = PAIRS[pair + 1];
+            if let ([high, low], Some(&[a, b])) = (room, PAIRS.get(pair..pair + 2)) {
+                *high = a;
+                *low = b;
+            }
         }
-        // The first digit of an odd count (or the zero of 0).
-        if n > 0 || at == digits.len() {
-            at -= 1;
-            digits[at] = b'0' + n as u8;
+        if let Some(digit) = first.first_mut() {
+            *digit = b'0' + n as u8;
         }
         // Digits are ASCII.
-        self.push_utf8(digits.get(at..).unwrap_or_default())
+        self.len = end;
+        true
     }
 
     /// The text from byte `start` to byte `end`.

@@ -69,11 +69,14 @@ impl BoundedValue {
         out
     }
 
-    /// `value` itself when it is short enough, else its stand-in, built in `spare`.
-    pub fn bound<'a>(value: &'a [u8], spare: &'a mut BoundedValue) -> &'a [u8] {
+    /// `value` itself when it is short enough, else its stand-in, built in
+    /// `spare` (made then: a request's values are short, and making the
+    /// room zeroes all of it).
+    pub fn bound<'a>(value: &'a [u8], spare: &'a mut Option<BoundedValue>) -> &'a [u8] {
         if value.len() <= MAX_VALUE_BYTES {
             return value;
         }
+        let spare = spare.get_or_insert_with(BoundedValue::default);
         spare.bytes[..KEPT_BYTES].copy_from_slice(&value[..KEPT_BYTES]);
         spare.len = KEPT_BYTES;
         spare.push_tag(hash(value));
@@ -122,9 +125,10 @@ mod tests {
 
     #[test]
     fn short_values_are_themselves() {
-        let mut spare = BoundedValue::default();
+        let mut spare = None;
         let value = vec![b'x'; MAX_VALUE_BYTES];
         assert_eq!(BoundedValue::bound(&value, &mut spare), &value[..]);
+        assert!(spare.is_none(), "no room made for a value that fits");
         assert_eq!(BoundedValue::collect(value.iter().copied()).as_bytes(), &value[..]);
         assert_eq!(bounded_text(&value), "x".repeat(MAX_VALUE_BYTES));
     }
@@ -133,7 +137,7 @@ mod tests {
     fn long_values_get_a_distinct_stand_in_of_the_bound() {
         let a = [vec![b'x'; 300], b"a".to_vec()].concat();
         let b = [vec![b'x'; 300], b"b".to_vec()].concat();
-        let (mut spare_a, mut spare_b) = (BoundedValue::default(), BoundedValue::default());
+        let (mut spare_a, mut spare_b) = (None, None);
         let bound_a = BoundedValue::bound(&a, &mut spare_a).to_vec();
         let bound_b = BoundedValue::bound(&b, &mut spare_b).to_vec();
         assert_eq!(bound_a.len(), MAX_VALUE_BYTES);

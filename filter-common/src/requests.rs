@@ -26,8 +26,9 @@ use crate::waiting::{Shared, Stage, Wait, Waiter, Waiting};
 /// (a root switches to a paused request first, [`RequestHost::switch_to`]),
 /// in the native build the stream whose hook runs.
 pub trait RequestHost: QuotaHost {
-    /// Decides the current request at `now`, reading it through the host.
-    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit);
+    /// Decides the current request at `now`, reading it through the host,
+    /// into `decided` ([`floodgate_core::limiter::Limiter::check_into`]).
+    fn check(&self, now: Nanos, can_wait: CanWait, decided: (&mut Verdict, &mut Permit));
 
     /// This worker's paused requests.
     fn waiting(&self) -> &RefCell<Waiting>;
@@ -92,14 +93,15 @@ pub fn decide<H: RequestHost>(host: &H, site: Site, request: RequestRef<'_>, now
     } else {
         CanWait::Yes
     };
-    let (mut verdict, permit) = host.check(now, can_wait);
+    let (mut verdict, mut permit) = (Verdict::default(), Permit::default());
+    host.check(now, can_wait, (&mut verdict, &mut permit));
     if !verdict.refreshes.is_empty() {
         host.count(Counter::Refreshes, verdict.refreshes.len() as u64);
         host.refreshes(std::mem::take(&mut verdict.refreshes), now);
     }
     let max_wait = host.limiter().quota_service().map_or(Nanos::ZERO, |s| s.max_wait);
     let outcome = outcome::next(site, Event::Decided { verdict: &verdict, since: request.since, now, max_wait });
-    act(host, site, request, outcome, Some(verdict), permit, now).unwrap_or(outcome)
+    act(host, site, request, outcome, Some(&mut verdict), &mut permit, now).unwrap_or(outcome)
 }
 
 /// Carries out `outcome` for `request` at `site`: the only code that
@@ -109,31 +111,33 @@ pub fn decide<H: RequestHost>(host: &H, site: Site, request: RequestRef<'_>, now
 /// headers in its state already, and one whose client has gone hands over
 /// only what the filter holds for it outside its state. What was done
 /// (`outcome`, unless a pause could not be arranged), or `None` when the
-/// host refused to resume it.
+/// host refused to resume it. Both are lent, and taken only where they are
+/// kept (a request decided on every request, so they are moved once).
 pub fn act<H: RequestHost>(
     host: &H,
     site: Site,
     request: RequestRef<'_>,
     outcome: Outcome,
-    verdict: Option<Verdict>,
-    permit: Permit,
+    verdict: Option<&mut Verdict>,
+    permit: &mut Permit,
     now: Nanos,
 ) -> Option<Outcome> {
     let RequestRef { context_id, state, since } = request;
     match (outcome, verdict) {
         (Outcome::Pause(wait), Some(verdict)) => {
             if wait != Wait::Answer && !host.paused(&request, wait) {
+                let (verdict, permit) = (std::mem::take(verdict), std::mem::take(permit));
                 return Some(cannot_pause(host, site, request, wait, verdict, permit, now));
             }
             // The limiter was told whether there is room: a request it lets wait has it.
             host.waiting().borrow_mut().add(Waiter { context_id, since, wait, request: Rc::clone(state) });
             if let Wait::Answer = wait {
-                host.callouts().borrow_mut().check(context_id, verdict, permit);
+                host.callouts().borrow_mut().check(context_id, std::mem::take(verdict), std::mem::take(permit));
             } else {
                 if let Wait::Delay { .. } = wait {
-                    host.limiter().render_headers(&verdict, &mut state.borrow_mut().headers);
+                    host.limiter().render_headers(verdict, &mut state.borrow_mut().headers);
                 }
-                state.borrow_mut().permit = permit;
+                state.borrow_mut().permit = std::mem::take(permit);
             }
             state.borrow_mut().stage = Stage::Waiting;
         }
@@ -152,7 +156,7 @@ pub fn act<H: RequestHost>(
         }
         // What its client took goes back undone; a permit still in its
         // state goes back when its stream ends.
-        (Outcome::GiveBack, _) => give_back(host, permit),
+        (Outcome::GiveBack, _) => give_back(host, std::mem::take(permit)),
         // Not reached: a verdict that pauses or finishes a request comes with it.
         (Outcome::Continue | Outcome::Reply | Outcome::Pause(_), None) => {}
     }
@@ -178,7 +182,8 @@ fn cannot_pause<H: RequestHost>(
                 Site::Handler => Outcome::Continue,
                 Site::Root => Outcome::Resume,
             };
-            act(host, site, request, go_on, Some(verdict), permit, now).unwrap_or(go_on)
+            let (mut verdict, mut permit) = (verdict, permit);
+            act(host, site, request, go_on, Some(&mut verdict), &mut permit, now).unwrap_or(go_on)
         }
         Wait::Refill { .. } | Wait::Answer => {
             give_back(host, permit);
@@ -189,13 +194,20 @@ fn cannot_pause<H: RequestHost>(
 
 /// Records a final verdict in a request's state, and answers it with a
 /// local reply if it is limited.
-fn finish<H: RequestHost>(host: &H, state: &Shared, outcome: Outcome, verdict: Verdict, permit: Permit, now: Nanos) {
+fn finish<H: RequestHost>(
+    host: &H,
+    state: &Shared,
+    outcome: Outcome,
+    verdict: &Verdict,
+    permit: &mut Permit,
+    now: Nanos,
+) {
     let limiter = host.limiter();
-    shadow_limited(host.shadow_log(), limiter, &verdict, now);
+    shadow_limited(host.shadow_log(), limiter, verdict, now);
     {
         let mut state = state.borrow_mut();
-        limiter.render_headers(&verdict, &mut state.headers);
-        state.permit = permit;
+        limiter.render_headers(verdict, &mut state.headers);
+        state.permit = std::mem::take(permit);
         if outcome != Outcome::Reply {
             state.stage = Stage::Passed;
             return;
@@ -218,7 +230,8 @@ pub fn finish_paused<H: RequestHost>(host: &H, waiter: Option<&Waiter>, verdict:
     };
     match (outcome::next(Site::Root, event), waiter) {
         (outcome, Some(waiter)) => {
-            act(host, Site::Root, RequestRef::of(waiter), outcome, Some(verdict), permit, now);
+            let (mut verdict, mut permit) = (verdict, permit);
+            act(host, Site::Root, RequestRef::of(waiter), outcome, Some(&mut verdict), &mut permit, now);
         }
         (_, None) => give_back(host, permit),
     }
@@ -239,7 +252,7 @@ pub fn finish_waiter<H: RequestHost>(host: &H, waiter: Waiter, now: Nanos) {
     let request = RequestRef::of(&waiter);
     if !host.switch_to(waiter.context_id) {
         // Its client has gone: its stream's end gave back what its state held.
-        act(host, Site::Root, request, outcome::next(Site::Root, Event::Gone), None, Permit::default(), now);
+        act(host, Site::Root, request, outcome::next(Site::Root, Event::Gone), None, &mut Permit::default(), now);
         if let Wait::Delay { .. } = waiter.wait {
             host.count(Counter::DelayAbandoned, 1);
         }
@@ -248,7 +261,7 @@ pub fn finish_waiter<H: RequestHost>(host: &H, waiter: Waiter, now: Nanos) {
     match waiter.wait {
         Wait::Delay { resume_at } => {
             let outcome = outcome::next(Site::Root, Event::DelayOver);
-            if act(host, Site::Root, request, outcome, None, Permit::default(), now).is_some() {
+            if act(host, Site::Root, request, outcome, None, &mut Permit::default(), now).is_some() {
                 host.count(Counter::Delayed, 1);
                 host.count(Counter::DelayRequestedMs, (resume_at - waiter.since).ceil_millis());
                 host.count(Counter::DelayActualMs, (now - waiter.since).ceil_millis());
@@ -273,18 +286,24 @@ pub fn finish_waiter<H: RequestHost>(host: &H, waiter: Waiter, now: Nanos) {
 /// it held while in flight. True when anything was counted or given back.
 pub fn ended<H: RequestHost>(host: &H, context_id: u32, state: &Shared) -> bool {
     let waiting = state.borrow().stage == Stage::Waiting;
-    let permit = std::mem::take(&mut state.borrow_mut().permit);
     if waiting && host.waiting().borrow_mut().remove(context_id).is_some() {
+        let permit = std::mem::take(&mut state.borrow_mut().permit);
         host.count(Counter::DelayAbandoned, 1);
         let outcome = outcome::next(Site::Handler, Event::Gone);
         let checked = host.callouts().borrow_mut().forget(context_id);
         // Giving back reads neither when it arrived nor the time.
         let request = RequestRef { context_id, state, since: Nanos::ZERO };
-        for permit in checked.into_iter().chain([permit]) {
-            act(host, Site::Handler, request, outcome, None, permit, Nanos::ZERO);
+        for mut permit in checked.into_iter().chain([permit]) {
+            act(host, Site::Handler, request, outcome, None, &mut permit, Nanos::ZERO);
         }
         true
     } else {
+        // Most served requests hold nothing in flight: their permit is left
+        // as it is (nothing reads it once the stream ended), not moved out.
+        if !host.limiter().needs_release(&state.borrow().permit, Release::Done) {
+            return false;
+        }
+        let permit = std::mem::take(&mut state.borrow_mut().permit);
         release(host, permit, Release::Done)
     }
 }

@@ -173,9 +173,9 @@ impl QuotaHost for FakeWorker {
 }
 
 impl RequestHost for FakeWorker {
-    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit) {
+    fn check(&self, now: Nanos, can_wait: CanWait, decided: (&mut Verdict, &mut Permit)) {
         let mut request = self.request.borrow().clone();
-        self.limiter.check_waited(&self.store, now, &mut request, can_wait, &mut NoCounts)
+        self.limiter.check_into(&self.store, now, &mut request, can_wait, &mut NoCounts, decided);
     }
 
     fn waiting(&self) -> &RefCell<Waiting> {

@@ -185,13 +185,12 @@ impl<H: Host> Plugin<H> {
 impl<H: Host> RequestHost for Plugin<H> {
     /// Reads the effective context's request through the host, keeping the
     /// room for its header values between requests.
-    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit) {
+    fn check(&self, now: Nanos, can_wait: CanWait, decided: (&mut Verdict, &mut Permit)) {
         let limiter = &self.limiter;
         let reads = std::mem::take(&mut *self.header_reads.borrow_mut());
         let mut read = HostRequest::new(&self.host, limiter.header_names(), reads);
-        let decided = limiter.check_waited(&self.store(), now, &mut read, can_wait, &mut self.metrics.counters());
+        limiter.check_into(&self.store(), now, &mut read, can_wait, &mut self.metrics.counters(), decided);
         *self.header_reads.borrow_mut() = read.into_reads();
-        decided
     }
 
     fn waiting(&self) -> &RefCell<Waiting> {

@@ -56,7 +56,11 @@ use floodgate_core::time::Nanos;
 fn now() -> Nanos {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(Nanos::ZERO, |d| Nanos::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)))
+        // Seconds and nanoseconds added in 64 bits (not through `as_nanos`'s
+        // 128), saturating as that did.
+        .map_or(Nanos::ZERO, |d| {
+            Nanos::from_nanos(d.as_secs().saturating_mul(1_000_000_000).saturating_add(u64::from(d.subsec_nanos())))
+        })
 }
 
 /// Sixteen unpredictable bytes for the hashing secret (std's random hasher

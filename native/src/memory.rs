@@ -8,7 +8,9 @@
 //! locked, the core decides on it, and what the core returns is kept — no
 //! copy out and back, and no race to lose, so no retries. Everything else
 //! the core asks of a store (reading the hashing secret, creating groups) is
-//! the same get and set as on Envoy's shared data.
+//! the same get and set as on Envoy's shared data. A worker's store finds a
+//! group by its key's text once, then by its table's place and its number
+//! ([`Store::decide_on_group`]): the request path writes no key.
 //!
 //! Keys are only created while a configuration is prepared, on Envoy's main
 //! thread, before any worker serves it; a worker's store keeps the map as it
@@ -26,7 +28,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
-use floodgate_core::store::{Cas, Store, StoreError};
+use floodgate_core::store::{Cas, GroupKey, KeyText, Store, StoreError};
 
 /// A value and its version.
 #[derive(Debug, Default)]
@@ -75,7 +77,12 @@ impl Memory {
     /// made once the configuration is prepared (it finds every key of it in
     /// the map as it is now).
     pub fn store(self: &Arc<Self>) -> MemoryStore {
-        MemoryStore { memory: Arc::clone(self), frozen: lock(&self.map).clone(), spare: RefCell::default() }
+        MemoryStore {
+            memory: Arc::clone(self),
+            frozen: lock(&self.map).clone(),
+            spare: RefCell::default(),
+            tables: RefCell::default(),
+        }
     }
 
     /// Number of keys (for tests and the memory bound).
@@ -111,6 +118,22 @@ pub struct MemoryStore {
     /// keeps it as it was (the core consumes the value it is handed);
     /// reused, so deciding allocates nothing once it has grown.
     spare: RefCell<Vec<u8>>,
+    /// The groups this store has decided on, by their tables' places and
+    /// their numbers ([`GroupKey`]): a request's group is found by two
+    /// indexes instead of its key's text being written, hashed and
+    /// compared. A group is looked up by its key once, then kept here (one
+    /// pointer per group a worker has seen, next to the group's own bytes).
+    tables: RefCell<Vec<TableSlots>>,
+}
+
+/// One table's groups as a store found them.
+#[derive(Debug, Default)]
+struct TableSlots {
+    /// The table's key prefix: a place reused for another table (it cannot
+    /// be while one configuration uses the store) is told by it.
+    prefix: Box<str>,
+    /// By group number; `None`: not looked up yet.
+    slots: Vec<Option<Arc<Slot>>>,
 }
 
 impl MemoryStore {
@@ -118,6 +141,53 @@ impl MemoryStore {
         // Keys created after this store was made (none, on the request path)
         // are found in the memory's current map.
         self.frozen.get(key).cloned().or_else(|| self.memory.slot(key))
+    }
+
+    /// The group `key` addresses, if this store has looked it up before.
+    fn known<'t>(tables: &'t [TableSlots], key: &GroupKey<'_>) -> Option<&'t Slot> {
+        let table = tables.get(key.table).filter(|table| *table.prefix == *key.prefix)?;
+        table.slots.get(usize::try_from(key.group).ok()?)?.as_deref()
+    }
+
+    /// Keeps `slot` as the group `key` addresses. Skipped if the tables are
+    /// in use (a decision that came back to the store: it never does).
+    fn remember(&self, key: &GroupKey<'_>, slot: &Arc<Slot>) {
+        let (Ok(mut tables), Ok(group)) = (self.tables.try_borrow_mut(), usize::try_from(key.group)) else { return };
+        if tables.len() <= key.table {
+            tables.resize_with(key.table + 1, TableSlots::default);
+        }
+        let Some(table) = tables.get_mut(key.table) else { return };
+        if *table.prefix != *key.prefix {
+            *table = TableSlots { prefix: key.prefix.into(), slots: Vec::new() };
+        }
+        if table.slots.len() <= group {
+            table.slots.resize(group + 1, None);
+        }
+        if let Some(place) = table.slots.get_mut(group) {
+            *place = Some(Arc::clone(slot));
+        }
+    }
+
+    /// Runs `decide` on the value of `slot`, under its lock, and keeps what
+    /// it returns (`None`: the value as it was).
+    fn decide_on(&self, slot: &Slot, decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>) {
+        // A decision does not come back to the store, but if one ever did,
+        // it would find the spare taken and use a fresh one.
+        let mut fresh = Vec::new();
+        let mut spare_guard = self.spare.try_borrow_mut();
+        let spare = spare_guard.as_deref_mut().unwrap_or(&mut fresh);
+        let mut entry = lock(slot);
+        spare.clear();
+        spare.extend_from_slice(&entry.bytes);
+        let current = std::mem::take(&mut entry.bytes);
+        match decide(current) {
+            Some(next) => {
+                entry.bytes = next;
+                entry.version = next_version(entry.version);
+            }
+            // Kept as it was: the copy goes back in its place.
+            None => std::mem::swap(&mut entry.bytes, spare),
+        }
     }
 }
 
@@ -175,23 +245,30 @@ impl Store for MemoryStore {
                 None => return Some(Err(StoreError::Missing)),
             },
         };
-        // A decision does not come back to the store, but if one ever did,
-        // it would find the spare taken and use a fresh one.
-        let mut fresh = Vec::new();
-        let mut spare_guard = self.spare.try_borrow_mut();
-        let spare = spare_guard.as_deref_mut().unwrap_or(&mut fresh);
-        let mut entry = lock(slot);
-        spare.clear();
-        spare.extend_from_slice(&entry.bytes);
-        let current = std::mem::take(&mut entry.bytes);
-        match decide(current) {
-            Some(next) => {
-                entry.bytes = next;
-                entry.version = next_version(entry.version);
+        self.decide_on(slot, decide);
+        Some(Ok(()))
+    }
+
+    /// By the group's numbers once this store has found the group by its
+    /// key (every later request of it).
+    fn decide_on_group(
+        &self,
+        key: GroupKey<'_>,
+        decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        if let Ok(tables) = self.tables.try_borrow() {
+            if let Some(slot) = Self::known(&tables, &key) {
+                self.decide_on(slot, decide);
+                return Some(Ok(()));
             }
-            // Kept as it was: the copy goes back in its place.
-            None => std::mem::swap(&mut entry.bytes, spare),
         }
+        let mut text = KeyText::default();
+        if !key.write(&mut text) {
+            return Some(Err(StoreError::Host));
+        }
+        let Some(slot) = self.slot(text.as_str()) else { return Some(Err(StoreError::Missing)) };
+        self.remember(&key, &slot);
+        self.decide_on(&slot, decide);
         Some(Ok(()))
     }
 }
@@ -216,6 +293,14 @@ impl Store for &MemoryStore {
         decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
     ) -> Option<Result<(), StoreError>> {
         (**self).decide_in_place(key, decide)
+    }
+
+    fn decide_on_group(
+        &self,
+        key: GroupKey<'_>,
+        decide: &mut dyn FnMut(Vec<u8>) -> Option<Vec<u8>>,
+    ) -> Option<Result<(), StoreError>> {
+        (**self).decide_on_group(key, decide)
     }
 }
 
@@ -351,6 +436,37 @@ mod tests {
         assert!(add(&store, 2).unwrap().outcome);
         assert!(!add(&store, 2).unwrap().outcome);
         assert_eq!(store.get("k").unwrap(), Some((vec![2, 7], 3)), "two writes; the denial wrote nothing");
+    }
+
+    /// A group addressed by its numbers is the group its key's text names,
+    /// the first time (looked up by the text) and after (kept by number);
+    /// a place that names another prefix is looked up again; a group that
+    /// does not exist is an error.
+    #[test]
+    fn groups_are_found_by_number_as_by_their_key() {
+        let memory = memory();
+        let main = memory.store();
+        main.create_if_absent("fg:a:3", &[0]).unwrap();
+        main.create_if_absent("fg:b:fb:3", &[10]).unwrap();
+        let worker = memory.store();
+        let bump = |store: &MemoryStore, table: usize, prefix: &str| {
+            let key = GroupKey { table, prefix, group: 3 };
+            let result = store.decide_on_group(key, &mut |mut value: Vec<u8>| {
+                value[0] += 1;
+                Some(value)
+            });
+            result.unwrap()
+        };
+        for _ in 0..3 {
+            bump(&worker, 0, "fg:a:").unwrap();
+        }
+        assert_eq!(worker.get("fg:a:3").unwrap(), Some((vec![3], 4)), "one group, three writes");
+        assert_eq!(worker.tables.borrow()[0].slots.len(), 4);
+        bump(&worker, 0, "fg:b:fb:").unwrap();
+        assert_eq!(worker.get("fg:b:fb:3").unwrap().unwrap().0, vec![11], "another prefix at that place");
+        assert_eq!(worker.get("fg:a:3").unwrap().unwrap().0, vec![3]);
+        assert_eq!(bump(&worker, 1, "fg:c:"), Err(StoreError::Missing));
+        assert_eq!(memory.len(), 2, "nothing created");
     }
 
     /// Every worker decides on the same value: with many threads taking

@@ -17,16 +17,35 @@ const INLINE_HEADERS: usize = 8;
 
 /// The first value of each header the rules name, by its place among them:
 /// on the stack for a few (no allocation per request), else on the heap.
-enum HeaderValues<'f> {
-    Inline([Option<&'f [u8]>; INLINE_HEADERS]),
-    Heap(Vec<Option<&'f [u8]>>),
+/// Filled where it lies (no copy of the room into its place).
+struct HeaderValues<'f> {
+    /// Read from Envoy yet.
+    read: bool,
+    inline: [Option<&'f [u8]>; INLINE_HEADERS],
+    /// Used instead of `inline` when the rules name more headers.
+    heap: Vec<Option<&'f [u8]>>,
 }
 
 impl<'f> HeaderValues<'f> {
+    /// None read yet. Made field by field, not copied from a constant (a
+    /// copy of its bytes is a call to memcpy).
+    fn unread() -> Self {
+        HeaderValues { read: false, inline: [None; INLINE_HEADERS], heap: Vec::new() }
+    }
+
     fn get(&self, index: usize) -> Option<&'f [u8]> {
-        match self {
-            HeaderValues::Inline(values) => values.get(index).copied().flatten(),
-            HeaderValues::Heap(values) => values.get(index).copied().flatten(),
+        let values = if self.heap.is_empty() { &self.inline[..] } else { &self.heap[..] };
+        values.get(index).copied().flatten()
+    }
+
+    /// Room for one value of each of `count` names, all `None` (as they
+    /// are until read).
+    fn room(&mut self, count: usize) -> &mut [Option<&'f [u8]>] {
+        if count <= INLINE_HEADERS {
+            &mut self.inline[..]
+        } else {
+            self.heap = vec![None; count];
+            &mut self.heap[..]
         }
     }
 }
@@ -36,7 +55,7 @@ pub struct StreamRequest<'f> {
     filter: &'f Filter<'f>,
     names: &'f [String],
     /// The first value of each of `names`, once read.
-    headers: Option<HeaderValues<'f>>,
+    headers: HeaderValues<'f>,
     remote_address: Read<'f>,
     attributes: [Read<'f>; Attribute::COUNT],
 }
@@ -45,7 +64,13 @@ impl<'f> StreamRequest<'f> {
     /// The request of `filter`'s stream, whose headers rules name by their
     /// place in `names`.
     pub fn new(filter: &'f Filter<'f>, names: &'f [String]) -> Self {
-        StreamRequest { filter, names, headers: None, remote_address: None, attributes: [None; Attribute::COUNT] }
+        StreamRequest {
+            filter,
+            names,
+            headers: HeaderValues::unread(),
+            remote_address: None,
+            attributes: [None; Attribute::COUNT],
+        }
     }
 }
 
@@ -54,16 +79,12 @@ impl<'f> StreamRequest<'f> {
 /// once every name has its value.
 fn first_values<'f>(
     names: &[String],
+    values: &mut HeaderValues<'f>,
     each_header: impl FnOnce(&mut dyn FnMut(&'f [u8], &'f [u8]) -> bool),
-) -> HeaderValues<'f> {
-    let mut values = match names.len() {
-        0..=INLINE_HEADERS => HeaderValues::Inline([None; INLINE_HEADERS]),
-        count => HeaderValues::Heap(vec![None; count]),
-    };
-    let slots = match &mut values {
-        HeaderValues::Inline(values) => values.as_mut_slice(),
-        HeaderValues::Heap(values) => values.as_mut_slice(),
-    };
+) {
+    debug_assert!(!values.read, "read once");
+    values.read = true;
+    let slots = values.room(names.len());
     let mut missing = names.len();
     each_header(&mut |name, value| {
         for (wanted, found) in names.iter().zip(slots.iter_mut()) {
@@ -74,7 +95,6 @@ fn first_values<'f>(
         }
         missing > 0
     });
-    values
 }
 
 /// The attribute Envoy serves for `attribute`, if it serves one as a string.
@@ -91,10 +111,11 @@ fn attribute_id(attribute: Attribute) -> Option<AttributeId> {
 
 impl Request for StreamRequest<'_> {
     fn header(&mut self, id: HeaderId) -> Option<&[u8]> {
-        let (filter, names) = (self.filter, self.names);
-        let headers =
-            self.headers.get_or_insert_with(|| first_values(names, |visit| filter.each_request_header(visit)));
-        headers.get(id.0)
+        if !self.headers.read {
+            let filter = self.filter;
+            first_values(self.names, &mut self.headers, |visit| filter.each_request_header(visit));
+        }
+        self.headers.get(id.0)
     }
 
     /// `source.address`: the downstream remote address Envoy settled on, as
@@ -154,7 +175,8 @@ mod tests {
             let mut names: Vec<String> = vec!["a".into(), "b".into()];
             names.extend((2..count).map(|i| format!("k{i}")));
             let mut visited = 0;
-            let values = first_values(&names, |visit| {
+            let mut values = HeaderValues::unread();
+            first_values(&names, &mut values, |visit| {
                 for (name, value) in &headers {
                     visited += 1;
                     if !visit(name, value) {
@@ -163,7 +185,8 @@ mod tests {
                 }
             });
             assert_eq!(visited, if count == 2 { 2 } else { headers.len() }, "{count} names: read until all are found");
-            assert!(matches!(values, HeaderValues::Inline(_)) == (count <= INLINE_HEADERS), "{count} names");
+            assert!(values.read);
+            assert_eq!(values.heap.is_empty(), count <= INLINE_HEADERS, "{count} names");
             assert_eq!(values.get(0), Some(&b"2"[..]));
             assert_eq!(values.get(1), Some(&b"1"[..]), "the first of a repeated name");
             assert_eq!(values.get(2), None);

@@ -15,7 +15,8 @@
 //! Hooks of one stream run on its worker one at a time, but one may run
 //! inside another (a local reply completes the stream inline; a resumed
 //! request may be answered inline), so the stream is only ever borrowed
-//! shared and no borrow of its state is held across a call into Envoy.
+//! shared and no borrow of its state is held across a call into Envoy that
+//! can run a hook (adding a response header runs none).
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
@@ -229,14 +230,15 @@ impl Stream {
     /// The response's headers: the rate-limit headers of a request let
     /// through are added (a limited one's went with its local reply).
     pub fn on_response_headers(&self, filter: &mut Filter<'_>) {
-        let headers = {
-            let state = self.state.borrow();
-            if state.stage == Stage::Limited || state.headers.is_empty() {
-                return;
-            }
-            state.headers.clone()
-        };
-        for (name, value) in headers.fields() {
+        // The one borrow held across calls into Envoy (not a copy of the
+        // headers' 500 bytes): Envoy adds a header to its map and calls no
+        // hook back, and the borrow is shared, so even a hook run inside
+        // could read the state.
+        let state = self.state.borrow();
+        if state.stage == Stage::Limited || state.headers.is_empty() {
+            return;
+        }
+        for (name, value) in state.headers.fields() {
             if !filter.add_response_header(name, value) {
                 log::warn!("floodgate: could not add response header {name}");
             }
@@ -421,12 +423,12 @@ impl QuotaHost for StreamHost<'_, '_> {
 }
 
 impl RequestHost for StreamHost<'_, '_> {
-    fn check(&self, now: Nanos, can_wait: CanWait) -> (Verdict, Permit) {
+    fn check(&self, now: Nanos, can_wait: CanWait, decided: (&mut Verdict, &mut Permit)) {
         let limiter = &self.worker.limiter;
         let filter = self.filter.borrow();
         let mut request = StreamRequest::new(&filter, limiter.header_names());
         let mut counters = self.metrics().on(&filter);
-        limiter.check_waited(&self.worker.store, now, &mut request, can_wait, &mut counters)
+        limiter.check_into(&self.worker.store, now, &mut request, can_wait, &mut counters, decided);
     }
 
     fn waiting(&self) -> &RefCell<Waiting> {

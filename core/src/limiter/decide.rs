@@ -8,6 +8,7 @@ use crate::descriptor::{fingerprint_from, has_entries, protocol_descriptor, Requ
 use crate::global::calls::{CheckAnswer, CheckItem};
 use crate::global::settings::{Fallback, GlobalMode};
 use crate::store::Store;
+use crate::table::Table;
 use crate::time::Nanos;
 
 use super::pass::{Pass, Ruling, Target};
@@ -42,7 +43,26 @@ impl<H> Limiter<H> {
         can_wait: CanWait,
         counters: &mut dyn Counters<H>,
     ) -> (Verdict, Permit) {
-        let mut pass = Pass::new(self, store, now, can_wait, counters);
+        let (mut verdict, mut permit) = (Verdict::default(), Permit::default());
+        self.check_into(store, now, request, can_wait, counters, (&mut verdict, &mut permit));
+        (verdict, permit)
+    }
+
+    /// [`Limiter::check_waited`] into a verdict and permit the caller holds
+    /// (a host's own, where they are kept: not moved out and in again).
+    /// Both are made anew first.
+    pub fn check_into(
+        &self,
+        store: &dyn Store,
+        now: Nanos,
+        request: &mut dyn Request,
+        can_wait: CanWait,
+        counters: &mut dyn Counters<H>,
+        (verdict, permit): (&mut Verdict, &mut Permit),
+    ) {
+        verdict.reset();
+        permit.reset();
+        let mut pass = Pass::new(self, store, now, can_wait, counters, (verdict, permit));
         let waited_out = can_wait == CanWait::WaitedOut;
         for (index, compiled) in self.rules.iter().enumerate() {
             let Some(target) = self.target(index, compiled, request) else { continue };
@@ -72,7 +92,8 @@ impl<H> Limiter<H> {
             Nanos::ZERO => Admission::Now,
             delay => Admission::Delayed(delay),
         };
-        let mut pass = Pass { verdict, permit, ..Pass::new(self, store, now, CanWait::Yes, counters) };
+        let mut permit = permit;
+        let mut pass = Pass::new(self, store, now, CanWait::Yes, counters, (&mut verdict, &mut permit));
         for (at, item) in checks.iter().enumerate() {
             let Some(compiled) = self.rules.get(item.rule) else { continue };
             let target = Target {
@@ -90,10 +111,12 @@ impl<H> Limiter<H> {
                 (None, None) => Ruling::Skip,
             };
             if pass.take(&target, ruling).is_break() {
-                return pass.ended();
+                pass.ended();
+                return (verdict, permit);
             }
         }
-        pass.finish()
+        pass.finish();
+        (verdict, permit)
     }
 
     /// Whether releasing `permit` for `why` would touch any bucket: when a
@@ -103,7 +126,7 @@ impl<H> Limiter<H> {
         permit.held().any(|held| {
             let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
             let undone = why == Release::Undo && (held.bucket == Bucket::Reserve || table.is_some());
-            undone || table.is_some_and(|table| table.policy().holds_until_done())
+            undone || table.is_some_and(Table::holds_until_done)
         })
     }
 
@@ -120,7 +143,7 @@ impl<H> Limiter<H> {
                 continue;
             }
             let Some(table) = compiled.table(held.bucket) else { continue };
-            if why == Release::Done && !table.policy().holds_until_done() {
+            if why == Release::Done && !table.holds_until_done() {
                 continue;
             }
             let group = table.group_of(held.fingerprint);

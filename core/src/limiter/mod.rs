@@ -108,10 +108,11 @@ impl<H> Limiter<H> {
         let hash_key = (word(0), word(8));
         let rules = rules
             .into_iter()
-            .map(|rule| {
+            .enumerate()
+            .map(|(index, rule)| {
                 let headers = RuleHeaders::new(settings.response.headers, &rule);
                 let host = host_data(&rule);
-                CompiledRule::new(rule, host, headers, hash_key)
+                CompiledRule::new(index, rule, host, headers, hash_key)
             })
             .collect();
         let near = RefCell::new(NearSet::default());

@@ -56,8 +56,8 @@ pub(super) struct Pass<'a, H> {
     pub counters: &'a mut dyn Counters<H>,
     /// Whether the request may be paused, as the host said.
     pub can_wait: CanWait,
-    pub verdict: Verdict,
-    pub permit: Permit,
+    pub verdict: &'a mut Verdict,
+    pub permit: &'a mut Permit,
     /// A rule's pool was empty: the request waits, once every rule has had
     /// its say (so that every empty pool claims its refresh now, and the
     /// claims leave together: one round trip, not one per rule).
@@ -71,8 +71,8 @@ impl<'a, H> Pass<'a, H> {
         now: Nanos,
         can_wait: CanWait,
         counters: &'a mut dyn Counters<H>,
+        (verdict, permit): (&'a mut Verdict, &'a mut Permit),
     ) -> Self {
-        let (verdict, permit) = (Verdict::default(), Permit::default());
         Pass { limiter, store, now, counters, can_wait, verdict, permit, pending: false }
     }
 
@@ -124,7 +124,7 @@ impl<'a, H> Pass<'a, H> {
     /// The one early exit: what earlier rules took goes back, and the
     /// request is told `admission` with `report`.
     fn end(&mut self, admission: Admission, report: Option<Report>) -> ControlFlow<()> {
-        let permit = std::mem::take(&mut self.permit);
+        let permit = std::mem::take(self.permit);
         self.limiter.release(self.store, self.now, permit, Release::Undo, self.counters);
         self.verdict.admission = admission;
         self.verdict.report = report;
@@ -139,11 +139,11 @@ impl<'a, H> Pass<'a, H> {
         self.end(Admission::Denied { retry_after }, self.verdict.report)
     }
 
-    /// The verdict and permit once every rule has ruled: admissions are
+    /// Completes the verdict and permit once every rule has ruled: admissions are
     /// counted, unless check-mode rules are still to be asked (then the
     /// request is pending, and [`Limiter::settle`] counts them). A request
     /// that would wait and cannot is denied.
-    pub fn finish(mut self) -> (Verdict, Permit) {
+    pub fn finish(mut self) {
         if self.pending {
             // What the other rules took goes back; the request is decided
             // again once the refreshes have answered.
@@ -157,7 +157,7 @@ impl<'a, H> Pass<'a, H> {
             }
             self.verdict.deferred_delay = self.verdict.delay();
             self.verdict.admission = Admission::Pending;
-            return (self.verdict, self.permit);
+            return;
         }
         if let (Admission::Delayed(delay), CanWait::NoRoom) = (self.verdict.admission, self.can_wait) {
             for held in self.permit.held().filter(|held| held.delayed) {
@@ -168,14 +168,12 @@ impl<'a, H> Pass<'a, H> {
             let _ = self.refuse_wait(delay);
             return self.ended();
         }
-        self.limiter.count_admitted(&self.permit, self.counters);
-        Limiter::count_verdict(&self.verdict, self.counters);
-        (self.verdict, self.permit)
+        self.limiter.count_admitted(self.permit, self.counters);
+        Limiter::count_verdict(self.verdict, self.counters);
     }
 
-    /// The verdict of a pass that ended early (its permit is empty).
-    pub fn ended(self) -> (Verdict, Permit) {
-        Limiter::count_verdict(&self.verdict, self.counters);
-        (self.verdict, self.permit)
+    /// Counts the verdict of a pass that ended early (its permit is empty).
+    pub fn ended(self) {
+        Limiter::count_verdict(self.verdict, self.counters);
     }
 }

@@ -6,18 +6,16 @@
 use std::cell::{Cell, RefCell};
 
 use crate::config::Rule;
+use crate::descriptor::RuleHasher;
 use crate::global::settings::Fallback;
-use crate::hash::SipHasher;
 use crate::headers::RuleHeaders;
-use crate::store::{measure_and_replace, LoopError, Replaced, Step, Store, StoreError};
+use crate::store::{measure_and_replace_group, GroupKey, KeyText, LoopError, Replaced, Step, Store, StoreError};
 use crate::table::Table;
-use crate::text::InlineText;
 
 use super::reserves::Reserves;
 
-/// Room for a group's key, `fg:<rule>:fb:<group>`: a rule name is at most 64
-/// bytes and a group number at most 7 digits, 78 bytes in all.
-pub(super) type Key = InlineText<96>;
+/// Room for a group's key (see [`KeyText`]).
+pub(super) type Key = KeyText;
 
 /// Which of a rule's tables units came from, or that none did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +43,12 @@ pub struct CompiledRule<H> {
     pub host: H,
     /// `fg:<name>:`: a group's shared-data key is this and its number.
     key_prefix: String,
+    /// `fg:<name>:fb:`: a group of its local fall-back's table is this and
+    /// its number.
+    fallback_prefix: String,
+    /// The rule's place in its configuration: its tables' places among the
+    /// configuration's (see [`GroupKey::table`]).
+    index: usize,
     /// The constant parts of the rule's response headers.
     pub(crate) headers: RuleHeaders,
     /// A global rule's fall-back is in force, as this worker last saw the
@@ -55,20 +59,23 @@ pub struct CompiledRule<H> {
     /// A request may drop every entry of the rule's descriptor.
     pub(super) may_drop_every_entry: bool,
     /// The hash state of the rule's fingerprints before their entries.
-    pub(super) hasher: SipHasher,
+    pub(super) hasher: RuleHasher,
 }
 
 impl<H> CompiledRule<H> {
-    pub(super) fn new(rule: Rule, host: H, headers: RuleHeaders, hash_key: (u64, u64)) -> Self {
+    pub(super) fn new(index: usize, rule: Rule, host: H, headers: RuleHeaders, hash_key: (u64, u64)) -> Self {
         let key_prefix = format!("fg:{}:", rule.name);
+        let fallback_prefix = format!("{key_prefix}fb:");
         let reserves =
             RefCell::new(if rule.worker_batch.is_some() { Reserves::with_room() } else { Reserves::default() });
         let may_drop_every_entry = crate::descriptor::may_drop_every_entry(&rule.descriptors);
-        let hasher = crate::descriptor::rule_hasher(hash_key, &rule.name);
+        let hasher = crate::descriptor::rule_hasher(hash_key, &rule.name, &rule.descriptors);
         CompiledRule {
             rule,
             host,
             key_prefix,
+            fallback_prefix,
+            index,
             headers,
             in_fallback: Cell::new(false),
             reserves,
@@ -131,9 +138,16 @@ impl<H> CompiledRule<H> {
         max_retries: u32,
         decide: impl FnMut(Vec<u8>) -> Step<T>,
     ) -> Result<Replaced<T>, LoopError> {
-        let mut key = Key::default();
-        self.write_key(bucket, group, &mut key).map_err(LoopError::Store)?;
-        measure_and_replace(store, key.as_str(), max_retries, decide)
+        measure_and_replace_group(store, self.group_key(bucket, group), max_retries, decide)
+    }
+
+    /// The address of group `group` of one of the rule's tables.
+    pub(super) fn group_key(&self, bucket: Bucket, group: u32) -> GroupKey<'_> {
+        let (table, prefix) = match bucket {
+            Bucket::Fallback => (2 * self.index + 1, self.fallback_prefix.as_str()),
+            Bucket::Main | Bucket::Service | Bucket::Reserve => (2 * self.index, self.key_prefix.as_str()),
+        };
+        GroupKey { table, prefix, group }
     }
 
     /// Writes the shared-data key of a bucket group into `key`:
@@ -141,9 +155,7 @@ impl<H> CompiledRule<H> {
     /// local fall-back. It always fits (see [`Key`]); if it did not, that
     /// would be a store error rather than a wrong key.
     pub(super) fn write_key(&self, bucket: Bucket, group: u32, key: &mut Key) -> Result<(), StoreError> {
-        key.clear();
-        let kind = if bucket == Bucket::Fallback { "fb:" } else { "" };
-        if key.push_str(&self.key_prefix) && key.push_str(kind) && key.push_u64(u64::from(group)) {
+        if self.group_key(bucket, group).write(key) {
             Ok(())
         } else {
             Err(StoreError::Host)

@@ -84,6 +84,18 @@ impl Default for Verdict {
 }
 
 impl Verdict {
+    /// Makes this verdict as [`Verdict::default`] makes one, keeping its
+    /// lists' room (and not dropping lists a fresh verdict has empty).
+    pub(super) fn reset(&mut self) {
+        self.admission = Admission::Now;
+        self.shadow_limited = None;
+        self.failed = false;
+        self.report = None;
+        self.refreshes.clear();
+        self.checks.clear();
+        self.deferred_delay = Nanos::ZERO;
+    }
+
     /// True when admitted, at once or after a delay.
     pub fn allowed(&self) -> bool {
         self.admission.allowed()
@@ -137,10 +149,53 @@ impl Permit {
         self.inline.iter().flatten().chain(&self.spilled)
     }
 
+    /// Makes this permit hold nothing, as [`Permit::default`] makes one.
+    pub(super) fn reset(&mut self) {
+        self.inline = [None; INLINE_HOLDINGS];
+        self.spilled.clear();
+    }
+
     pub(super) fn push(&mut self, held: Held) {
         match self.inline.iter_mut().find(|slot| slot.is_none()) {
             Some(slot) => *slot = Some(held),
             None => self.spilled.push(held),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(all(target_arch = "wasm32", target_os = "unknown"))]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// A verdict and permit reset for the next request are the ones a
+    /// default makes, whatever they held.
+    #[test]
+    fn a_reset_verdict_and_permit_are_new_ones() {
+        let mut verdict = Verdict {
+            admission: Admission::Delayed(Nanos::from_secs(1)),
+            shadow_limited: Some(2),
+            failed: true,
+            report: Some(Report { rule: 1, decision: Decision::deny(0, Nanos::ZERO, Nanos::ZERO), quota: None }),
+            deferred_delay: Nanos::from_secs(3),
+            ..Verdict::default()
+        };
+        verdict.reset();
+        assert_eq!(verdict, Verdict::default());
+        let mut permit = Permit::default();
+        let held = Held {
+            rule: 0,
+            bucket: Bucket::Main,
+            fingerprint: 9,
+            grant: Grant { cost: 1, at: Nanos::ZERO },
+            delayed: false,
+        };
+        for _ in 0..INLINE_HOLDINGS + 2 {
+            permit.push(held);
+        }
+        assert!(!permit.spilled.is_empty());
+        permit.reset();
+        assert_eq!(permit, Permit::default());
     }
 }
