@@ -391,6 +391,12 @@ impl Reservations {
     }
 }
 
+/// Units a `window` at `rate` tokens a second holds on average (none
+/// without a rate).
+pub fn mean_per(rate: Option<f64>, window: Nanos) -> f64 {
+    rate.filter(|rate| rate.is_finite() && *rate > 0.0).map_or(0.0, |rate| window.events_at(rate))
+}
+
 /// Tokens per window an allowance aims for when its holder spends `rate`
 /// tokens a second and windows last `window`: the mean per window, `λ`, with
 /// room for its ups and downs (`λ + 2√λ + 1`, rounded up: under steady
@@ -398,10 +404,7 @@ impl Reservations {
 /// and then asks for a lease of that window), at least 1 and at most
 /// `capacity`.
 pub fn allowance_target(rate: Option<f64>, window: Nanos, capacity: u64) -> u64 {
-    let mean = match rate {
-        Some(rate) if rate.is_finite() && rate > 0.0 => window.events_at(rate),
-        _ => 0.0,
-    };
+    let mean = mean_per(rate, window);
     // `as` saturates, so an absurd rate is just "a lot".
     let aim = (mean + 2.0 * mean.sqrt() + 1.0).ceil() as u64;
     aim.clamp(1, capacity.max(1))

@@ -10,8 +10,8 @@
 //! next window in [`super::booking`].
 
 use super::allowance::{
-    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_user, pace_seen, paced_use,
-    share_of, Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_user, mean_per, pace_seen,
+    paced_use, share_of, Reservations, Terms, DEFAULT_TERM,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -228,11 +228,6 @@ fn heading(limit: &KeyLimit<'_>, bucket: &ServiceBucket, now: Nanos, used: u64) 
         Some(pace) if pace_seen(pace.elapsed, limit.limit, period) => pace.paced > share_of(limit.limit),
         _ => near_limit(policy.capacity().saturating_sub(used), policy.capacity()),
     }
-}
-
-/// Units a window of `period` at `rate` tokens a second (none without one).
-fn mean_per(rate: Option<f64>, period: Nanos) -> f64 {
-    rate.filter(|rate| rate.is_finite() && *rate > 0.0).map_or(0.0, |rate| period.events_at(rate))
 }
 
 /// Whether a caller asking at `rate` is the [`main_user`] of `bucket`, a
