@@ -142,11 +142,30 @@ fn decide(limit: &KeyLimit<'_>, key: &str, bucket: ServiceBucket, now: Nanos, as
 
 /// `cost` units decided as a check, for a request that waits (see [`grant`]).
 fn check(limit: &KeyLimit<'_>, mut bucket: ServiceBucket, now: Nanos, cost: u64, ttl: Nanos) -> Allotment {
-    let counted = limit.policy.counting_window(&bucket.state, now);
-    let (window, valid) = counted.map_or((0, ttl), |counted| (counted.index, ttl.min(counted.end - now)));
+    let (horizon, window, valid) = counting(limit, &bucket, now, ttl);
+    let remaining = bucket.peek(limit, now).remaining;
+    let pace = Pace { remaining, capacity: limit.policy.capacity(), horizon, ttl, paced_until: bucket.paced_until };
     let decision = bucket.decide(limit, now, cost);
     let granted = if decision.allowed() { cost } else { 0 };
+    // Taken from a window's tail, it moves the window's pace as a lease of
+    // it would: a key whose tail went to checks is not quiet after it.
+    bucket.paced_until = pace.after(granted, now);
     Allotment { granted, decision, window, windows: 0, starts_at: now, valid, near_limit: false, bucket, checked: true }
+}
+
+/// What a grant at `now` counts in: the time over which what remains of
+/// the bucket must last (the rest of a fixed window; otherwise the
+/// algorithm's period), the window's index (0 without windows), and how
+/// long its units stay valid (until that window ends, at most `ttl`).
+fn counting(limit: &KeyLimit<'_>, bucket: &ServiceBucket, now: Nanos, ttl: Nanos) -> (Nanos, u64, Nanos) {
+    let period = limit.window();
+    match limit.policy.counting_window(&bucket.state, now) {
+        Some(counted) => {
+            let left = counted.end - now;
+            (if counted.renews { left } else { period }, counted.index, ttl.min(left))
+        }
+        None => (period, 0, ttl),
+    }
 }
 
 /// A lease of the window that counts now: sized by [`lease_target`] to the
@@ -174,14 +193,7 @@ fn of_window(
     let capacity = policy.capacity();
     // A zero-cost decision on a copy: what the bucket holds now.
     let remaining = bucket.peek(limit, now).remaining;
-    let period = limit.window();
-    let (horizon, window, valid) = match policy.counting_window(&bucket.state, now) {
-        Some(counted) => {
-            let left = counted.end - now;
-            (if counted.renews { left } else { period }, counted.index, ttl.min(left))
-        }
-        None => (period, 0, ttl),
-    };
+    let (horizon, window, valid) = counting(limit, &bucket, now, ttl);
     // A key heading past three quarters of its limit at its window's pace
     // (`heading`), in a window that outlasts its leases (a per-minute
     // window's leases of a second): what a lease does not spend stays

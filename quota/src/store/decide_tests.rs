@@ -308,6 +308,28 @@ fn early_in_a_window_only_a_key_known_quiet_gets_an_allowance() {
     );
 }
 
+/// Checks count in a window's pace as leases do: a window whose tail went
+/// to cold pairs' checks (a key under excess demand spread over a fleet)
+/// is not quiet in the next one, so a thin caller's ask there gets no
+/// allowance that would hold units it will not spend.
+#[test]
+fn a_window_whose_tail_went_to_checks_is_not_quiet_after_it() {
+    let window = limit("fixed_window", 100, SECOND, "{}");
+    let key = "k";
+    let first = lease(&window, key, None, NOW + ms(500), ask(10, Some(2.0), None, true), SECOND);
+    assert!(first.allotment.windows > 1);
+    let check = Ask { check: true, ..ask(1, Some(1.0), None, false) };
+    let mut stored = first.next.bytes.clone();
+    let busy = NOW + SECOND + ms(600);
+    for _ in 0..95 {
+        stored = lease(&window, key, Some(&stored), busy, check, SECOND).next.bytes;
+    }
+    assert!(peek(&window, Some(&stored), busy).remaining * 10 < 100, "in its tail");
+    let after = NOW + SECOND.times(2) + ms(10);
+    let next = lease(&window, key, Some(&stored), after, ask(10, Some(2.0), None, true), SECOND);
+    assert_eq!(next.allotment.windows, 0, "{next:?}");
+}
+
 /// A bucket whose allowances were written before they kept what their
 /// window was counted at its start (48 bytes, not 56) is read, not taken
 /// for a fresh one: that count is taken to be all of its reservations.

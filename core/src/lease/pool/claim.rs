@@ -47,7 +47,9 @@ pub struct Claim {
     /// A cold pair's wait: the request that made the claim waits at a pool
     /// that holds nothing, and nothing else has been spent since the pool's
     /// rate observation began (a pair that saw no request for a whole
-    /// horizon, or a new one), so a lease would likely expire unspent. The
+    /// horizon, or a new one) or, at a key short of tokens, the pool's
+    /// count does not vouch for a request every lease lifetime, so a lease
+    /// would likely expire unspent. The
     /// service decides `wanted` (this request's cost) as a check: taken or
     /// refused, with no lease record and nothing to return.
     pub check: bool,
@@ -146,16 +148,22 @@ impl LeasePool {
         }
         let lease = &state.lease;
         let wants_notices = self.overshoot.is_some();
-        // A cold pair: only the request that waits has come since the
-        // observation began, and the pool's last lease (or check) is a
-        // while ago or never was: its requests come less than about once in
-        // THIN_HORIZONS lease lifetimes. Asking for the pool's pace would
-        // lease tokens that expire unspent (and cost a record and a
-        // return); asking for an allowance would reserve them in every
-        // window of a term.
+        // A cold pair. While the key has plenty left: only the request
+        // that waits has come since the observation began, and the pool's
+        // last lease (or check) is a while ago or never was: its requests
+        // come less than about once in THIN_HORIZONS lease lifetimes. Once
+        // the key is short of tokens, any pair whose count does not vouch
+        // for a request in every lease lifetime (`busy`): what its lease
+        // holds beyond its waiter would sit unspent where the key's demand
+        // at other Envoys is refused (under excess demand spread over a
+        // fleet, a tenth to a third of a per-second limit went so). Asking
+        // for the pool's pace would lease tokens that expire unspent (and
+        // cost a record and a return); asking for an allowance would
+        // reserve them in every window of a term.
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
-        let cold = unmet > 0 && seen.spent == 0 && long_ago && usable == 0 && window.is_none() && !lease.pending(now);
+        let thin = if plenty { seen.spent == 0 && long_ago } else { !self.busy(state, now) };
+        let cold = unmet > 0 && thin && usable == 0 && window.is_none() && !lease.pending(now);
         // A cold pair asks for the waiting request's cost alone, as a check;
         // any other claim leases at its pace.
         let check = cold && !state.windows_left();

@@ -911,16 +911,17 @@ fn a_checked_request_claims_nothing_after_it_even_with_plenty_left() {
     assert!(next.is_some_and(|c| !c.check), "the next request finds a pool that has seen one: a lease");
 }
 
-/// A pair seen again within [`THIN_HORIZONS`] lease horizons of its check
-/// is not cold, even though its pool's observation started afresh: it
-/// leases at its pace (and, its pair known that long, may ask for an
-/// allowance), so a key of about a request a lease lifetime at an Envoy
-/// settles into leases instead of checking request by request.
+/// A pair seen again within [`THIN_HORIZONS`] lease horizons of its check,
+/// at a key with plenty left, is not cold, even though its pool's
+/// observation started afresh: it leases at its pace (and, its pair known
+/// that long, may ask for an allowance), so a key of about a request a
+/// lease lifetime at an Envoy settles into leases instead of checking
+/// request by request.
 #[test]
 fn a_pair_back_soon_after_its_check_leases() {
     let p = pool();
     let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
-    let checked = GrantedLease { checked: true, ..grant(7, 1) };
+    let checked = GrantedLease { checked: true, unleased: 990, ..grant(7, 1) };
     let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
     let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
     // Back 9 s later: its observation starts afresh (a horizon without
@@ -932,4 +933,34 @@ fn a_pair_back_soon_after_its_check_leases() {
     // Back 11 s later: cold again.
     let (_, claim, _) = p.spend(state, T0 + SECOND.times(11), 1);
     assert!(claim.unwrap().check);
+}
+
+/// At a key the service said is short of tokens (less than [`PLENTY`] of
+/// its limit unleased), a waiting request is checked unless its pair's
+/// count vouches for a request in every lease lifetime at its low end: a
+/// lease to a pair seen a few times would be spent by its waiter and
+/// strand the rest where the key's demand elsewhere is refused (under
+/// excess demand spread over a fleet, a tenth to a third of the limit).
+#[test]
+fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
+    let p = pool();
+    let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
+    let checked = GrantedLease { checked: true, unleased: 100, ..grant(7, 1) };
+    let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
+    let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
+    // Back 300 ms later: seen twice, not a pace.
+    let (spend, claim, _) = p.spend(state, T0 + MS.times(300), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(claim.is_some_and(|c| c.check && c.wanted == 1), "a pair seen twice at a key short of tokens");
+    // A pair whose count over a second vouches for more than one request a
+    // lease lifetime (a horizon of a second) leases at its pace.
+    let busy = with(leased(5), |s| {
+        s.lease.tokens = 0;
+        s.quote.unleased = 100;
+        s.rate.spent = 20;
+        s.rate.since = T0;
+    });
+    let (spend, claim, _) = p.spend(busy, T0 + SECOND, 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(claim.is_some_and(|c| !c.check && c.wanted > 1), "a busy pair leases: {claim:?}");
 }
