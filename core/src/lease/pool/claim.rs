@@ -47,7 +47,7 @@ pub struct Claim {
     /// A cold pair's wait: the request that made the claim waits at a pool
     /// that holds nothing, and nothing else has been spent since the pool's
     /// rate observation began (a pair that saw no request for a whole
-    /// horizon, or a new one) or, at a key short of tokens, the pool's
+    /// horizon, or a new one) or, at a key [`SHORT`] of tokens, the pool's
     /// count does not vouch for a request every lease lifetime, so a lease
     /// would likely expire unspent. The
     /// service decides `wanted` (this request's cost) as a check: taken or
@@ -72,10 +72,21 @@ pub const MAX_BATCH_DELAY: Nanos = Nanos::from_nanos(20_000_000);
 /// old when a request waits at it, and has seen no other request since its
 /// rate observation began, is a cold pair's: the request is decided as a
 /// check ([`Claim::check`]). A pair seen again sooner leases at its pace:
-/// at three Envoys, a key of a request a second each is one (its requests'
-/// waits stay as they were before checks); at a hundred, a key of two
-/// requests a second is not (its pairs meet again every 50 s or so).
-pub const THIN_HORIZONS: u64 = 10;
+/// at three Envoys, a key of a request a second each is one (its pairs
+/// meet again within four seconds all but a few times in a hundred, and
+/// their requests' waits stay as they were before checks); at ten Envoys,
+/// keys of a request every few seconds are not (a lease record and its
+/// return for the one token such a pair spends wrote more than check mode
+/// does for the same requests).
+pub const THIN_HORIZONS: u64 = 4;
+
+/// A key is short of tokens when the pool's last answer refused it, or left
+/// less than this share of its limit unleased (it has used more than the
+/// three quarters up to which it may still hold allowances): then a pool
+/// whose count does not vouch for a request every lease lifetime is cold
+/// too (see [`Claim::check`]), as what its lease held beyond its waiter
+/// would be refused to the key's demand at other Envoys.
+pub const SHORT: (u64, u64) = (1, 4);
 
 /// The longest an allowance's renewal is held back from the start of the
 /// allowance's last window, to share a call with other pools' renewals (one
@@ -148,21 +159,23 @@ impl LeasePool {
         }
         let lease = &state.lease;
         let wants_notices = self.overshoot.is_some();
-        // A cold pair. While the key has plenty left: only the request
-        // that waits has come since the observation began, and the pool's
-        // last lease (or check) is a while ago or never was: its requests
-        // come less than about once in THIN_HORIZONS lease lifetimes. Once
-        // the key is short of tokens, any pair whose count does not vouch
-        // for a request in every lease lifetime (`busy`): what its lease
-        // holds beyond its waiter would sit unspent where the key's demand
-        // at other Envoys is refused (under excess demand spread over a
-        // fleet, a tenth to a third of a per-second limit went so). Asking
-        // for the pool's pace would lease tokens that expire unspent (and
-        // cost a record and a return); asking for an allowance would
-        // reserve them in every window of a term.
+        // A cold pair: only the request that waits has come since the
+        // observation began, and the pool's last lease (or check) is a
+        // while ago or never was: its requests come less than about once in
+        // THIN_HORIZONS lease lifetimes. At a key SHORT of tokens, any pair
+        // whose count does not vouch for a request in every lease lifetime
+        // (`busy`): what its lease held beyond its waiter would sit unspent
+        // where the key's demand at other Envoys is refused (under excess
+        // demand spread over a thousand Envoys, a tenth to a quarter of
+        // per-second limits went so). Asking for the pool's pace would
+        // lease tokens that expire unspent (and cost a record and a
+        // return); asking for an allowance would reserve them in every
+        // window of a term.
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
-        let thin = if plenty { seen.spent == 0 && long_ago } else { !self.busy(state, now) };
+        let short = quote.unleased.saturating_mul(SHORT.1) < quote.limit.saturating_mul(SHORT.0)
+            || quote.denied_until > Nanos::ZERO;
+        let thin = if short { !self.busy(state, now) } else { seen.spent == 0 && long_ago };
         let cold = unmet > 0 && thin && usable == 0 && window.is_none() && !lease.pending(now);
         // A cold pair asks for the waiting request's cost alone, as a check;
         // any other claim leases at its pace.

@@ -924,19 +924,20 @@ fn a_pair_back_soon_after_its_check_leases() {
     let checked = GrantedLease { checked: true, unleased: 990, ..grant(7, 1) };
     let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
     let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
-    // Back 9 s later: its observation starts afresh (a horizon without
-    // tokens), but its check was under ten horizons ago.
-    let (spend, claim, _) = p.spend(state, T0 + SECOND.times(9), 1);
+    // Back 3 s later: its observation starts afresh (a horizon without
+    // tokens), but its check was under four horizons ago.
+    let (spend, claim, _) = p.spend(state, T0 + SECOND.times(3), 1);
     assert_eq!(spend, Spend::Empty);
     let claim = claim.unwrap();
     assert!(!claim.check && claim.per_window, "{claim:?}");
-    // Back 11 s later: cold again.
-    let (_, claim, _) = p.spend(state, T0 + SECOND.times(11), 1);
+    // Back 5 s later: cold again.
+    let (_, claim, _) = p.spend(state, T0 + SECOND.times(5), 1);
     assert!(claim.unwrap().check);
 }
 
-/// At a key the service said is short of tokens (less than [`PLENTY`] of
-/// its limit unleased), a waiting request is checked unless its pair's
+/// At a key the service said is short of tokens ([`SHORT`]: less than a
+/// quarter of its limit unleased, or refused), a waiting request is
+/// checked unless its pair's
 /// count vouches for a request in every lease lifetime at its low end: a
 /// lease to a pair seen a few times would be spent by its waiter and
 /// strand the rest where the key's demand elsewhere is refused (under
@@ -945,9 +946,12 @@ fn a_pair_back_soon_after_its_check_leases() {
 fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
     let p = pool();
     let (_, claim, state) = p.spend(p.fresh(T0), T0, 1);
-    let checked = GrantedLease { checked: true, unleased: 100, ..grant(7, 1) };
+    let checked = GrantedLease { checked: true, unleased: 200, ..grant(7, 1) };
     let (_, state) = p.apply(state, T0 + MS, sent(claim.unwrap().started), &checked);
     let (_, _, state) = p.spend(state, T0 + MS.times(2), 1);
+    // With more than a quarter unleased, a pair back 300 ms later leases.
+    let plenty = with(state, |s| s.quote.unleased = 300);
+    assert!(p.spend(plenty, T0 + MS.times(300), 1).1.is_some_and(|c| !c.check));
     // Back 300 ms later: seen twice, not a pace.
     let (spend, claim, _) = p.spend(state, T0 + MS.times(300), 1);
     assert_eq!(spend, Spend::Empty);
@@ -956,7 +960,7 @@ fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
     // lease lifetime (a horizon of a second) leases at its pace.
     let busy = with(leased(5), |s| {
         s.lease.tokens = 0;
-        s.quote.unleased = 100;
+        s.quote.unleased = 200;
         s.rate.spent = 20;
         s.rate.since = T0;
     });
