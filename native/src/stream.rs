@@ -116,8 +116,16 @@ impl Stream {
                 stream.start(config);
                 stream
             }
-            None => Box::new(Stream::new(config)),
+            None => Stream::first_boxed(config),
         }
+    }
+
+    /// A stream in a new object: only until this thread has ended as many
+    /// streams as run at once, so kept out of every stream's path.
+    #[cold]
+    #[inline(never)]
+    fn first_boxed(config: &FilterConfig) -> Box<Stream> {
+        Box::new(Stream::new(config))
     }
 
     /// Ends `stream` (as dropping it does) and keeps its object for a next
