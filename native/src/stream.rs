@@ -69,6 +69,13 @@ struct Wake {
     refill: Option<u64>,
 }
 
+impl Wake {
+    /// No wake-up is set for the stream.
+    fn is_idle(&self) -> bool {
+        self.timer.is_none() && self.refill.is_none()
+    }
+}
+
 /// One stream's module object.
 pub struct Stream {
     /// Its configuration on this worker; `None`: requests pass unlimited
@@ -116,8 +123,16 @@ impl Stream {
                 stream.start(config);
                 stream
             }
-            None => Box::new(Stream::new(config)),
+            None => Stream::first_boxed(config),
         }
+    }
+
+    /// A stream in a new object: only until this thread has ended as many
+    /// streams as run at once, so kept out of every stream's path.
+    #[cold]
+    #[inline(never)]
+    fn first_boxed(config: &FilterConfig) -> Box<Stream> {
+        Box::new(Stream::new(config))
     }
 
     /// Ends `stream` (as dropping it does) and keeps its object for a next
@@ -261,6 +276,11 @@ impl Stream {
     /// Stops the wake-ups of a request that no longer waits: once this
     /// returns, neither the waker nor the main thread wakes it.
     fn settle_wake(&self) {
+        // Nothing to stop for a request that never waited (nearly every
+        // one): told from the stream's own fields, without its state.
+        if self.wake.borrow().is_idle() {
+            return;
+        }
         if self.state.borrow().stage == Stage::Waiting && !self.completed.get() {
             return;
         }

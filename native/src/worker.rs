@@ -105,12 +105,23 @@ pub fn of(shared: &Arc<Shared>) -> Option<Rc<Worker>> {
         if let Some(worker) = workers.borrow().iter().find(|w| Arc::ptr_eq(&w.shared, shared)) {
             return Some(Rc::clone(worker));
         }
-        let worker = Rc::new(Worker::new(shared)?);
-        let mut workers = workers.borrow_mut();
-        // Views of configurations Envoy has destroyed go (streams still
-        // holding one keep it until they end).
-        workers.retain(|w| w.shared.alive());
-        workers.push(Rc::clone(&worker));
-        Some(worker)
+        first_on_thread(workers, shared)
     })
+}
+
+/// Builds this thread's view of `shared` and keeps it in `workers`. Once a
+/// configuration per thread: kept out of every stream's path, so that the
+/// code and stack a stream's start touches stay small (each request's
+/// module code and stack fall out of the CPU's caches while Envoy runs the
+/// rest of the request, and are read back in by the next).
+#[cold]
+#[inline(never)]
+fn first_on_thread(workers: &RefCell<Vec<Rc<Worker>>>, shared: &Arc<Shared>) -> Option<Rc<Worker>> {
+    let worker = Rc::new(Worker::new(shared)?);
+    let mut workers = workers.borrow_mut();
+    // Views of configurations Envoy has destroyed go (streams still
+    // holding one keep it until they end).
+    workers.retain(|w| w.shared.alive());
+    workers.push(Rc::clone(&worker));
+    Some(worker)
 }

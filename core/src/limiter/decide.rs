@@ -123,6 +123,11 @@ impl<H> Limiter<H> {
     /// request ends, only rules that hold units in flight give any back. A
     /// host may skip the release (and reading its clock) when not.
     pub fn needs_release(&self, permit: &Permit, why: Release) -> bool {
+        // Every request that ends asks: answered without a look at its
+        // permit when no table could take anything back.
+        if why == Release::Done && !self.holds_until_done {
+            return false;
+        }
         permit.held().any(|held| {
             let table = self.rules.get(held.rule).and_then(|compiled| compiled.table(held.bucket));
             let undone = why == Release::Undo && (held.bucket == Bucket::Reserve || table.is_some());
@@ -531,6 +536,27 @@ mod tests {
         limiter.release(&store, T0, permit, Release::Undo, &mut tally);
         let ok = (0..5).filter(|_| admitted(&limiter, &store, T0, &[("x-api-key", "a")], &mut tally)).count();
         assert_eq!(ok, 2, "3 per hour: one kept by the ended request, one given back by the undo");
+    }
+
+    /// A request that ends has something to give back only where a rule
+    /// holds units until done; one undone gives back whatever it took.
+    #[test]
+    fn only_rules_holding_units_until_done_need_a_release_when_a_request_ends() {
+        let store = MemoryStore::default();
+        let mut tally = Tally::default();
+        let rate = build(PER_KEY, &store);
+        let (_, permit) = rate.check(&store, T0, &mut request(&rate, &[("x-api-key", "a")]), &mut tally);
+        assert!(!permit.is_empty());
+        assert!(!rate.needs_release(&permit, Release::Done), "a token bucket holds nothing in flight");
+        assert!(rate.needs_release(&permit, Release::Undo), "what it took goes back");
+        let json = r#"{"rules": [
+            {"name": "rate", "limit": 100, "period": "1h"},
+            {"name": "slots", "algorithm": "concurrency", "limit": 2, "slot_ttl": "30s"}]}"#;
+        let store = MemoryStore::default();
+        let slots = build(json, &store);
+        let (_, permit) = slots.check(&store, T0, &mut request(&slots, &[]), &mut tally);
+        assert!(slots.needs_release(&permit, Release::Done), "its slot goes back");
+        assert!(!slots.needs_release(&Permit::default(), Release::Done), "nothing held, nothing to give back");
     }
 
     #[test]

@@ -84,6 +84,9 @@ pub struct Limiter<H = ()> {
     hash_key: (u64, u64),
     /// This worker's copy of the near-limit notices (see `pools`).
     near: RefCell<NearSet>,
+    /// Some table of some rule holds units until requests are done: else a
+    /// request that ends gives nothing back (see [`Limiter::needs_release`]).
+    holds_until_done: bool,
 }
 
 impl<H> Limiter<H> {
@@ -106,7 +109,7 @@ impl<H> Limiter<H> {
         let word = |at: usize| crate::algorithm::get_u64(&seed, at).unwrap_or(0);
         let Config { rules, settings } = config;
         let hash_key = (word(0), word(8));
-        let rules = rules
+        let rules: Vec<CompiledRule<H>> = rules
             .into_iter()
             .enumerate()
             .map(|(index, rule)| {
@@ -116,7 +119,9 @@ impl<H> Limiter<H> {
             })
             .collect();
         let near = RefCell::new(NearSet::default());
-        let limiter = Limiter { rules, settings, hash_key, near };
+        let holds_until_done =
+            rules.iter().any(|compiled| compiled.tables().any(|(_, table)| table.holds_until_done()));
+        let limiter = Limiter { rules, settings, hash_key, near, holds_until_done };
         for compiled in &limiter.rules {
             compiled.create_tables(store)?;
             if compiled.rule.global.is_some() {
