@@ -49,9 +49,9 @@ pub struct Claim {
     /// rate observation began (a pair that saw no request for a whole
     /// horizon, or a new one) or, at a key [`SHORT`] of tokens, the pool's
     /// count does not vouch for a request every lease lifetime, so a lease
-    /// would likely expire unspent. The
-    /// service decides `wanted` (this request's cost) as a check: taken or
-    /// refused, with no lease record and nothing to return.
+    /// would likely expire unspent. The service decides `wanted` (this
+    /// request's cost) as a check: taken or refused, with no lease record
+    /// and nothing to return.
     pub check: bool,
 }
 
