@@ -912,7 +912,7 @@ fn a_checked_request_claims_nothing_after_it_even_with_plenty_left() {
 }
 
 /// A pair seen again within [`THIN_HORIZONS`] lease horizons of its check,
-/// at a key with plenty left, is not cold, even though its pool's
+/// at a key not short of tokens, is not cold, even though its pool's
 /// observation started afresh: it leases at its pace (and, its pair known
 /// that long, may ask for an allowance), so a key of about a request a
 /// lease lifetime at an Envoy settles into leases instead of checking
@@ -937,11 +937,11 @@ fn a_pair_back_soon_after_its_check_leases() {
 
 /// At a key the service said is short of tokens ([`SHORT`]: less than a
 /// quarter of its limit unleased, or refused), a waiting request is
-/// checked unless its pair's
-/// count vouches for a request in every lease lifetime at its low end: a
-/// lease to a pair seen a few times would be spent by its waiter and
-/// strand the rest where the key's demand elsewhere is refused (under
-/// excess demand spread over a fleet, a tenth to a third of the limit).
+/// checked unless its pair's count vouches for a request in every lease
+/// lifetime at its low end: a lease to a pair seen a few times would be
+/// spent by its waiter and strand the rest where the key's demand
+/// elsewhere is refused (under excess demand spread over a fleet, a tenth
+/// to a quarter of per-second limits).
 #[test]
 fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
     let p = pool();
