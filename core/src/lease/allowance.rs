@@ -89,6 +89,29 @@ pub fn one_share(limit: u64, main: bool) -> u64 {
     }
 }
 
+/// The units a window an allowance aimed at `target` holds for a caller
+/// spending `mean` units a window at a fixed window's key of `limit`: the
+/// target, or for a caller that may take the [`main_user`]'s share
+/// ([`one_share`]) when its target is past it while the share still
+/// covers its mean, that share. Its windows that need more lease the rest
+/// (one window each) from what the allowances leave: fewer leases than
+/// one in every window.
+pub fn main_allowance(target: u64, mean: f64, limit: u64, main: bool) -> u64 {
+    let share = one_share(limit, true);
+    match main && target > share && share as f64 >= mean.ceil() {
+        true => share,
+        false => target,
+    }
+}
+
+/// Whether a fixed window's key vouches for a caller spending `mean` units
+/// a window: the low end of that mean ([`low_count`]) within `paced`, what
+/// the window is paced to use ([`paced_use`]). A rate of one request seen
+/// over a second, scaled to a long window, is not vouched for.
+pub fn vouches(paced: u64, mean: f64) -> bool {
+    low_count(mean) <= paced as f64
+}
+
 /// Whether an allowance of `units` per window fits a key of `limit` of
 /// which `used` is counted in the window that counts now, with the
 /// allowance: at most [`one_share`] of the limit (`main`: asked by the
@@ -516,6 +539,26 @@ mod tests {
         assert!(!far_below(76, 75, 100, true), "more than three quarters");
         assert!(!far_below(40, 76, 100, true), "the window is near its limit");
         assert!(far_below(2, 2, 3, true), "a small limit's one user");
+    }
+
+    #[test]
+    fn a_sole_users_allowance_past_its_share_is_clipped_to_it_when_that_covers_its_mean() {
+        // 9 a second against 20: aims at 16, three quarters of 20 is 15.
+        assert_eq!(main_allowance(16, 9.0, 20, true), 15);
+        assert_eq!(main_allowance(16, 9.0, 20, false), 16, "not the key's sole user: as aimed (and refused)");
+        assert_eq!(main_allowance(14, 9.0, 20, true), 14, "within the share: as aimed");
+        // 16 a second against 20: the share would not cover the mean.
+        assert_eq!(main_allowance(25, 16.0, 20, true), 25);
+        assert_eq!(main_allowance(25, 15.0, 20, true), 15);
+    }
+
+    #[test]
+    fn a_keys_pace_vouches_for_the_low_end_of_a_callers_mean() {
+        assert!(vouches(4, 9.0), "(√9 − 1)² = 4");
+        assert!(!vouches(3, 9.0));
+        // One request a second, scaled to a minute, against 8 paced.
+        assert!(!vouches(8, 60.0));
+        assert!(vouches(0, 1.0));
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //! next window in [`super::booking`].
 
 use super::allowance::{
-    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_user, mean_per, pace_seen,
-    paced_use, share_of, Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_allowance, main_user,
+    mean_per, pace_seen, paced_use, share_of, vouches, Reservations, Terms, DEFAULT_TERM,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -201,11 +201,15 @@ fn of_window(
     // reach. Such a lease aims at the low end of what the caller's rate, a
     // second's observation, vouches for (the callers that ask are the ones
     // that just saw requests); one that needs more asks again sooner.
+    let leader = leads(limit, &bucket, rate, now);
     let heads = heading(limit, &bucket, now, capacity.saturating_sub(remaining)) && limit.window() > ttl.times(2);
     let rate = if heads { rate.map(low_rate) } else { rate };
     let target = lease_target(wanted, rate, valid, capacity);
     let pace = Pace { remaining, capacity, horizon, ttl, paced_until: bucket.paced_until };
-    let granted = target.min(pace.cap(now));
+    // The tail is paced to share it among callers; the key's leader (one
+    // proxy behind a key-affine balancer) has none to share it with.
+    let cap = if leader { remaining } else { pace.cap(now) };
+    let granted = target.min(cap);
     let mut d = bucket.decide(limit, now, granted);
     if granted == 0 && target > 0 && remaining > 0 && d.allowed() {
         // Refused by the pace, not by the limit: back when it gives again.
@@ -253,6 +257,31 @@ pub(super) fn asks_as_main_user(limit: &KeyLimit<'_>, bucket: &ServiceBucket, ra
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
     main_user(mean_per(rate, period), pace.paced.saturating_sub(pace.at_start.min(used)))
+}
+
+/// Whether a caller asking at `rate` leads `bucket`'s key at `now`: its
+/// main user ([`asks_as_main_user`]) by a pace the window that counts now
+/// has run long enough to tell ([`pace_seen`]), which vouches for the
+/// caller's rate (the low end of its mean, [`low_count`], within that
+/// pace: not a rate of one request seen over a second, scaled to a long
+/// window), at a key no allowance holds a unit of (where allowances cover
+/// the most of a key's pace, what is left of it says little of who leads).
+/// Behind a key-affine balancer: the one proxy that sees the key. Only
+/// fixed windows have one.
+fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: Nanos) -> bool {
+    let policy = limit.policy;
+    let Some(counted) = policy.allowance_slot(&bucket.state, now).filter(|counted| counted.renews) else {
+        return false;
+    };
+    if bucket.allowances.is_some_and(|(terms, held)| !held.as_of(&terms, counted.index).is_empty()) {
+        return false;
+    }
+    let period = limit.window();
+    let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
+    let pace = WindowPace::of(bucket, counted, period, used, now);
+    pace_seen(pace.elapsed, limit.limit, period)
+        && vouches(pace.paced, mean_per(rate, period))
+        && asks_as_main_user(limit, bucket, rate, now)
 }
 
 /// How a fixed window that counts now is going: how long it has run, what
@@ -306,10 +335,9 @@ fn allowance(
         // one too, as a term more than half over is (no allowance is short).
         last = first + 1;
     }
-    let units = allowance_target(rate, period, policy.capacity());
+    let target = allowance_target(rate, period, policy.capacity());
     let counted_now = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
-    let own = if ahead { 0 } else { units };
-    let (far, reservable) = if counted.renews {
+    let (units, far, reservable) = if counted.renews {
         // Judged by the pace of the window that counts now, not its count
         // alone (see `paced_use`).
         let pace = WindowPace::of(bucket, counted, period, counted_now, now);
@@ -320,11 +348,19 @@ fn allowance(
         let quiet = pace.at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
         let seen = quiet || pace_seen(pace.elapsed, limit.limit, period);
         let main = asks_as_main_user(limit, bucket, rate, now);
-        (seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
+        // Clipped to the main user's share only where no other caller's
+        // allowances reserve a unit in the windows it would cover.
+        let alone = held.room(&terms, first, last, share_of(limit.limit)) == share_of(limit.limit);
+        let mean = mean_per(rate, period);
+        let sole = seen && main && alone && vouches(pace.paced, mean);
+        let units = main_allowance(target, mean, limit.limit, sole);
+        let own = if ahead { 0 } else { units };
+        (units, seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
     } else {
         // A token bucket: see `bucket_reservable`.
         let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));
-        (bucket_far_below(units, counted_now.saturating_add(own), policy.capacity(), reservable), reservable)
+        let own = if ahead { 0 } else { target };
+        (target, bucket_far_below(target, counted_now.saturating_add(own), policy.capacity(), reservable), reservable)
     };
     if !far || units > held.room(&terms, first, last, reservable) {
         return None;
@@ -379,7 +415,10 @@ fn ahead(
     let policy = limit.policy;
     let usable = ttl.min(next.window.end - next.starts);
     let target = lease_target(wanted, rate, usable, policy.capacity());
-    let mut granted = target.min(ahead_cap(next.room, policy.capacity()));
+    // Half of what the window has left, its tail paced in it; all of it to
+    // the key's leader (see `of_window`).
+    let cap = if leads(limit, &bucket, rate, now) { next.room } else { ahead_cap(next.room, policy.capacity()) };
+    let mut granted = target.min(cap);
     // Booked beside what allowances reserve there, which the booking leaves out.
     let held = bucket.next_held(policy, now);
     let reserved = held.map_or(0, |h| h.units).saturating_sub(bucket.booking.map_or(0, |b| b.units));

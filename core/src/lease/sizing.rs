@@ -9,7 +9,8 @@
 //!   and below the low-water mark the rest is handed out no faster than
 //!   evenly over the time left, across all callers. The pace is kept per
 //!   bucket as one instant, "paced until": how far the even schedule of
-//!   what remains has been handed out.
+//!   what remains has been handed out. (A key's leader, with no callers to
+//!   share the tail with, is not paced: see `grant`.)
 //! * [`ahead_cap`]: the same for a lease ahead, of the next window before it
 //!   starts: half of what that window has left, and nothing of its tail.
 

@@ -228,6 +228,60 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     }
 }
 
+/// Behind a key-affine balancer one proxy sees all of a key, and a limit
+/// under about 2.4 times its rate leaves its allowance (`⌈λ + 2√λ + 1⌉`)
+/// past the 3/4 a key's allowances may reserve: 9 a second against 20 a
+/// second wants 16 a window. Asked ahead of the next window by the key's
+/// main user, with no other allowance of the key, it gets those 3/4, 15 a
+/// window, for the term; the windows that need more lease the rest. Beside
+/// another caller's allowance, or at a rate the window's pace does not
+/// vouch for (9 claimed where 1 was counted), it gets no allowance.
+#[test]
+fn a_keys_sole_user_gets_three_quarters_when_its_aim_is_past_them() {
+    let window = limit("fixed_window", 20, SECOND, "{}");
+    let key = "k";
+    let late = NOW + ms(900);
+    let next = NOW / SECOND + 1;
+    let (_, seen) = check(&window, None, late, 9);
+    let sole = lease(&window, key, Some(&seen.bytes), late, ask(16, Some(9.0), Some(next), true), SECOND);
+    assert_eq!((sole.allotment.granted, sole.allotment.window), (15, next), "{sole:?}");
+    assert!(sole.allotment.windows > 1, "{sole:?}");
+    assert_eq!(peek(&window, Some(&sole.next.bytes), SECOND.times(next)).remaining, 5);
+    // Another caller's allowance of 3 a window there first: not alone.
+    let other = lease(&window, key, Some(&seen.bytes), late, ask(3, Some(0.2), None, true), SECOND);
+    assert!(other.allotment.windows > 1, "{other:?}");
+    let beside = lease(&window, key, Some(&other.next.bytes), late, ask(16, Some(9.0), Some(next), true), SECOND);
+    assert_eq!(beside.allotment.windows, 0, "{beside:?}");
+    // A window that counted 1: 9 a second is a claim its pace does not back.
+    let (_, thin) = check(&window, None, late, 1);
+    let claimed = lease(&window, key, Some(&thin.bytes), late, ask(16, Some(9.0), Some(next), true), SECOND);
+    assert_eq!(claimed.allotment.windows, 0, "{claimed:?}");
+}
+
+/// A window's tail is handed out paced (half of what is left at most, and
+/// in its last tenth evenly over its time) so that its callers share it.
+/// The key's leader, its main user at a key no allowance holds a unit of
+/// (the one proxy behind a key-affine balancer), gets what it asks for of
+/// it at once, and a lease ahead of all of the next window: a key over
+/// its limit costs it two leases a window, not one for every few units.
+#[test]
+fn a_keys_leader_gets_the_tail_unpaced() {
+    let window = limit("fixed_window", 100, SECOND, "{}");
+    let key = "k";
+    let late = NOW + ms(900);
+    let (_, busy) = check(&window, None, late, 95);
+    let led = lease(&window, key, Some(&busy.bytes), late, ask(20, Some(100.0), None, false), SECOND);
+    assert_eq!(led.allotment.granted, 5, "all that is left: {led:?}");
+    // 60 a second is less than two thirds of the window's pace: a share.
+    let shared = lease(&window, key, Some(&busy.bytes), late, ask(20, Some(60.0), None, false), SECOND);
+    assert_eq!(shared.allotment.granted, 3, "the paced share of the tail: {shared:?}");
+    let next = NOW / SECOND + 1;
+    let ahead = lease(&window, key, Some(&busy.bytes), late, ask(100, Some(100.0), Some(next), false), SECOND);
+    assert_eq!((ahead.allotment.granted, ahead.allotment.window), (100, next), "{ahead:?}");
+    let half = lease(&window, key, Some(&busy.bytes), late, ask(100, Some(60.0), Some(next), false), SECOND);
+    assert_eq!(half.allotment.granted, 50, "half of the next window: {half:?}");
+}
+
 /// A lease the pace refuses (the window's last tenth is handed out evenly
 /// over its time) is told when the pace gives again, not the window's end:
 /// the caller, denied until then, asks again in time for the tail.
