@@ -256,18 +256,16 @@ pub(super) fn asks_as_main_user(limit: &KeyLimit<'_>, bucket: &ServiceBucket, ra
     let period = limit.window();
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
-    main_user(mean_per(rate, period), pace.paced.saturating_sub(pace.at_start.min(used)))
+    main_user(mean_per(rate, period), pace.unreserved(used))
 }
 
 /// Whether a caller asking at `rate` leads `bucket`'s key at `now`: its
-/// main user ([`asks_as_main_user`]) by a pace the window that counts now
-/// has run long enough to tell ([`pace_seen`]), which vouches for the
-/// caller's rate (the low end of its mean, [`low_count`], within that
-/// pace: not a rate of one request seen over a second, scaled to a long
-/// window), at a key no allowance holds a unit of (where allowances cover
-/// the most of a key's pace, what is left of it says little of who leads).
-/// Behind a key-affine balancer: the one proxy that sees the key. Only
-/// fixed windows have one.
+/// [`main_user`] by a pace the window that counts now has run long enough
+/// to tell ([`pace_seen`]) and that [`vouches`] for the caller's rate, at a
+/// key no allowance holds a unit of (where allowances cover most of a
+/// key's pace, what is left of it says little of who leads). Behind a
+/// key-affine balancer: the one proxy that sees the key. Only fixed
+/// windows have one.
 fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: Nanos) -> bool {
     let policy = limit.policy;
     let Some(counted) = policy.allowance_slot(&bucket.state, now).filter(|counted| counted.renews) else {
@@ -279,9 +277,8 @@ fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: N
     let period = limit.window();
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
-    pace_seen(pace.elapsed, limit.limit, period)
-        && vouches(pace.paced, mean_per(rate, period))
-        && asks_as_main_user(limit, bucket, rate, now)
+    let mean = mean_per(rate, period);
+    pace_seen(pace.elapsed, limit.limit, period) && vouches(pace.paced, mean) && main_user(mean, pace.unreserved(used))
 }
 
 /// How a fixed window that counts now is going: how long it has run, what
@@ -298,6 +295,13 @@ impl WindowPace {
         let elapsed = now - (counted.end - period);
         let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(counted.index));
         WindowPace { elapsed, at_start, paced: paced_use(used, at_start, elapsed, period) }
+    }
+
+    /// What the window is paced to use beyond the allowances it began with
+    /// (of its count `used`): a renewing holder's own allowance covers its
+    /// own pace.
+    fn unreserved(&self, used: u64) -> u64 {
+        self.paced.saturating_sub(self.at_start.min(used))
     }
 }
 
