@@ -91,14 +91,15 @@ pub fn one_share(limit: u64, main: bool) -> u64 {
 
 /// The units a window an allowance aimed at `target` holds for a caller
 /// spending `mean` units a window at a fixed window's key of `limit`: the
-/// target, or for a caller that may take the [`main_user`]'s share
-/// ([`one_share`]) when its target is past it while the share still
-/// covers its mean, that share. Its windows that need more lease the rest
-/// (one window each) from what the allowances leave: fewer leases than
-/// one in every window.
-pub fn main_allowance(target: u64, mean: f64, limit: u64, main: bool) -> u64 {
+/// target; or for the key's sole user (`sole`: its [`main_user`], whose
+/// rate the window's pace [`vouches`] for, with no other caller's
+/// allowance beside it) whose target is past the main user's share
+/// ([`one_share`]) while that share still covers its mean, that share. Its
+/// windows that need more lease the rest (one window each) from what the
+/// allowances leave: fewer leases than one in every window.
+pub fn main_allowance(target: u64, mean: f64, limit: u64, sole: bool) -> u64 {
     let share = one_share(limit, true);
-    match main && target > share && share as f64 >= mean.ceil() {
+    match sole && target > share && share as f64 >= mean.ceil() {
         true => share,
         false => target,
     }
