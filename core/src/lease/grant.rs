@@ -255,8 +255,7 @@ pub(super) fn asks_as_main_user(limit: &KeyLimit<'_>, bucket: &ServiceBucket, ra
     };
     let period = limit.window();
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
-    let pace = WindowPace::of(bucket, counted, period, used, now);
-    main_user(mean_per(rate, period), pace.unreserved(used))
+    WindowPace::of(bucket, counted, period, used, now).has_main_user(mean_per(rate, period))
 }
 
 /// Whether a caller asking at `rate` leads `bucket`'s key at `now`: its
@@ -278,15 +277,16 @@ fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: N
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
     let mean = mean_per(rate, period);
-    pace_seen(pace.elapsed, limit.limit, period) && vouches(pace.paced, mean) && main_user(mean, pace.unreserved(used))
+    pace_seen(pace.elapsed, limit.limit, period) && vouches(pace.paced, mean) && pace.has_main_user(mean)
 }
 
 /// How a fixed window that counts now is going: how long it has run, what
-/// the key's allowances reserved in it when it began, and its count (`used`
-/// so far) projected to its end by `paced_use`.
+/// the key's allowances reserved in it when it began, its count so far
+/// (`used`), and that count projected to its end by `paced_use`.
 struct WindowPace {
     elapsed: Nanos,
     at_start: u64,
+    used: u64,
     paced: u64,
 }
 
@@ -294,14 +294,15 @@ impl WindowPace {
     fn of(bucket: &ServiceBucket, counted: CountingWindow, period: Nanos, used: u64, now: Nanos) -> Self {
         let elapsed = now - (counted.end - period);
         let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(counted.index));
-        WindowPace { elapsed, at_start, paced: paced_use(used, at_start, elapsed, period) }
+        WindowPace { elapsed, at_start, used, paced: paced_use(used, at_start, elapsed, period) }
     }
 
-    /// What the window is paced to use beyond the allowances it began with
-    /// (of its count `used`): a renewing holder's own allowance covers its
-    /// own pace.
-    fn unreserved(&self, used: u64) -> u64 {
-        self.paced.saturating_sub(self.at_start.min(used))
+    /// Whether a caller spending `mean` units a window is the key's
+    /// [`main_user`], judged by what the window is paced to use beyond the
+    /// allowances it began with (a renewing holder's own allowance covers
+    /// its own pace).
+    fn has_main_user(&self, mean: f64) -> bool {
+        main_user(mean, self.paced.saturating_sub(self.at_start.min(self.used)))
     }
 }
 
@@ -351,11 +352,11 @@ fn allowance(
         // last tenth: `paced_until`).
         let quiet = pace.at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
         let seen = quiet || pace_seen(pace.elapsed, limit.limit, period);
-        let main = asks_as_main_user(limit, bucket, rate, now);
+        let mean = mean_per(rate, period);
+        let main = pace.has_main_user(mean);
         // Clipped to the main user's share only where no other caller's
         // allowances reserve a unit in the windows it would cover.
         let alone = held.room(&terms, first, last, share_of(limit.limit)) == share_of(limit.limit);
-        let mean = mean_per(rate, period);
         let sole = seen && main && alone && vouches(pace.paced, mean);
         let units = main_allowance(target, mean, limit.limit, sole);
         let own = if ahead { 0 } else { units };
