@@ -33,7 +33,8 @@
 //! its units in each slot are counted at the slot's start (owed when the
 //! bucket lacks them) and spent within the slot. Their reservations are
 //! bounded by [`bucket_reservable`], which keeps the fleet within the bound
-//! of the bucket's leases.
+//! of the bucket's leases; the key's sole user may hold all of that
+//! ([`bucket_allowance`]).
 
 use crate::algorithm::Policy;
 use crate::hash::SipHasher;
@@ -193,11 +194,28 @@ pub fn bucket_earned(limit: u64, period: Nanos, ttl: Nanos) -> u64 {
     u64::try_from(earned).unwrap_or(u64::MAX)
 }
 
+/// The units a slot an allowance aimed at `target` holds at a token or
+/// leaky bucket of `reservable` (see [`bucket_reservable`]) for a caller
+/// spending `mean` units a slot: the target; or for the key's sole user
+/// (`sole`: no other caller's allowance in the slots it would cover, and
+/// a mean whose low end ([`low_count`]) is a unit a slot or more) whose
+/// target is past all of `reservable` while that still covers its mean,
+/// all of it. Its slots that need more lease the rest (one lifetime each).
+pub fn bucket_allowance(target: u64, mean: f64, reservable: u64, sole: bool) -> u64 {
+    match sole && target > reservable && reservable as f64 >= mean.ceil() {
+        true => reservable,
+        false => target,
+    }
+}
+
 /// Whether an allowance of `units` a slot fits a token bucket of which
 /// `used` is taken now, under `reservable` (see [`bucket_reservable`]): at
-/// most half of it, and the bucket at least half full.
-pub fn bucket_far_below(units: u64, used: u64, capacity: u64, reservable: u64) -> bool {
-    units.saturating_mul(2) <= reservable && used.saturating_mul(2) <= capacity
+/// most half of it (all of it for the key's sole user, `sole`, as
+/// [`bucket_allowance`] judges it: no other caller needs the rest), and
+/// the bucket at least half full.
+pub fn bucket_far_below(units: u64, used: u64, capacity: u64, reservable: u64, sole: bool) -> bool {
+    let share = if sole { reservable } else { reservable / 2 };
+    units <= share && used.saturating_mul(2) <= capacity
 }
 
 /// How a key's fixed windows group into terms (see the module docs).
@@ -551,6 +569,22 @@ mod tests {
         // 16 a second against 20: the share would not cover the mean.
         assert_eq!(main_allowance(25, 16.0, 20, true), 25);
         assert_eq!(main_allowance(25, 15.0, 20, true), 15);
+    }
+
+    #[test]
+    fn a_buckets_sole_user_may_hold_all_its_allowances_reserve() {
+        // 12 a second against a bucket of 30 a second: aims at 20, the
+        // allowances may reserve 15 a slot, a quarter of its lifetime's 30
+        // for one of several callers.
+        assert_eq!(bucket_allowance(20, 12.0, 15, true), 15);
+        assert!(bucket_far_below(15, 0, 30, 15, true));
+        assert_eq!(bucket_allowance(20, 12.0, 15, false), 20, "not alone: as aimed");
+        assert!(!bucket_far_below(20, 0, 30, 15, false));
+        assert!(!bucket_far_below(8, 0, 30, 15, false), "more than a quarter");
+        assert!(bucket_far_below(7, 0, 30, 15, false));
+        assert_eq!(bucket_allowance(25, 16.0, 15, true), 25, "15 would not cover 16 a slot");
+        assert!(!bucket_far_below(25, 0, 30, 15, true));
+        assert!(!bucket_far_below(15, 16, 30, 15, true), "the bucket less than half full");
     }
 
     #[test]

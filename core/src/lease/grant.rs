@@ -10,8 +10,9 @@
 //! next window in [`super::booking`].
 
 use super::allowance::{
-    allowance_target, bucket_earned, bucket_far_below, bucket_reservable, far_below, main_allowance, main_user,
-    mean_per, pace_seen, paced_use, share_of, vouches, Reservations, Terms, DEFAULT_TERM,
+    allowance_target, bucket_allowance, bucket_earned, bucket_far_below, bucket_reservable, far_below, low_count,
+    main_allowance, main_user, mean_per, pace_seen, paced_use, share_of, vouches, Reservations, Terms, DEFAULT_TERM,
+    MAIN_USER_SHARE,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -219,6 +220,16 @@ fn of_window(
     // once, such as a cold warm_up bucket) takes nothing.
     let granted = if d.allowed() { granted } else { 0 };
     bucket.paced_until = pace.after(granted, now);
+    // A bucket's leader that took all of it (nothing remains): its lease,
+    // and its answer's reset, last until the bucket is full again.
+    let valid = match leader && window == 0 && granted > 0 && d.remaining == 0 {
+        true => {
+            let full = valid.min(earned_in(capacity, limit));
+            d.reset = full;
+            full
+        }
+        false => valid,
+    };
     Allotment {
         granted,
         decision: d,
@@ -230,6 +241,12 @@ fn of_window(
         bucket,
         checked: false,
     }
+}
+
+/// The time in which `limit` earns `units` back.
+fn earned_in(units: u64, limit: &KeyLimit<'_>) -> Nanos {
+    let nanos = u128::from(units) * u128::from(limit.period.get()) / u128::from(limit.limit.max(1));
+    Nanos::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 /// Whether the fixed window that counts now, `used` of its limit so far, is
@@ -263,20 +280,26 @@ pub(super) fn asks_as_main_user(limit: &KeyLimit<'_>, bucket: &ServiceBucket, ra
 /// to tell ([`pace_seen`]) and that [`vouches`] for the caller's rate, at a
 /// key no allowance holds a unit of (where allowances cover most of a
 /// key's pace, what is left of it says little of who leads). Behind a
-/// key-affine balancer: the one proxy that sees the key. Only fixed
-/// windows have one.
+/// key-affine balancer: the one proxy that sees the key. A token or leaky
+/// bucket keeps no pace: its leader is a caller whose own mean (a unit a
+/// period or more at its low end, [`low_count`]) is the bucket's whole
+/// limit, which it would spend alone. Other algorithms have none.
 fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: Nanos) -> bool {
     let policy = limit.policy;
-    let Some(counted) = policy.allowance_slot(&bucket.state, now).filter(|counted| counted.renews) else {
+    let Some(counted) = policy.allowance_slot(&bucket.state, now) else {
         return false;
     };
     if bucket.allowances.is_some_and(|(terms, held)| !held.as_of(&terms, counted.index).is_empty()) {
         return false;
     }
     let period = limit.window();
+    let mean = mean_per(rate, period);
+    if !counted.renews {
+        let (part, whole) = MAIN_USER_SHARE;
+        return low_count(mean) >= 1.0 && mean * whole as f64 >= (limit.limit * part) as f64;
+    }
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
-    let mean = mean_per(rate, period);
     pace_seen(pace.elapsed, limit.limit, period) && vouches(pace.paced, mean) && pace.has_main_user(mean)
 }
 
@@ -362,10 +385,20 @@ fn allowance(
         let own = if ahead { 0 } else { units };
         (units, seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
     } else {
-        // A token bucket: see `bucket_reservable`.
+        // A token bucket: see `bucket_reservable`. Its sole user (no other
+        // caller's allowance in the slots it would cover) may hold all of
+        // it; what it takes now is its own pace, so the bucket is judged
+        // by what was taken before.
         let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));
-        let own = if ahead { 0 } else { target };
-        (target, bucket_far_below(target, counted_now.saturating_add(own), policy.capacity(), reservable), reservable)
+        let mean = mean_per(rate, period);
+        let sole = low_count(mean) >= 1.0 && held.room(&terms, first, last, reservable) == reservable;
+        let units = bucket_allowance(target, mean, reservable, sole);
+        let own = if ahead || sole { 0 } else { units };
+        (
+            units,
+            bucket_far_below(units, counted_now.saturating_add(own), policy.capacity(), reservable, sole),
+            reservable,
+        )
     };
     if !far || units > held.room(&terms, first, last, reservable) {
         return None;

@@ -2,7 +2,8 @@
 //!
 //! An allowance holds at most a quarter of a fixed window's limit in every
 //! window of its term (a token or leaky bucket's: half of what the key's
-//! allowances may hold together; the key's main user's, as much as all),
+//! allowances may hold together; the key's main user's, or a bucket's sole
+//! user's, as much as all),
 //! and a key's allowances together at most three quarters; but nothing in the key's bucket says whose they are, so
 //! one caller asking under several ids could hold them all, renewably (one
 //! that spent nothing held 72 of 100 a window for 38 s, leaving 28 to the
@@ -40,19 +41,21 @@ pub struct Holding {
 
 /// The most one caller's allowances of a key of `limit` hold per window
 /// together: what one allowance may hold, a quarter of a fixed window's
-/// limit (`renews`: a window whose counts end with it) — or for the key's
-/// main user, the one allowance it asks for (`main_units`, within
-/// [`one_share`]), not several of that size under other ids — half of what
-/// a token or leaky bucket's allowances may hold together in a slot for
-/// leases living `ttl`.
+/// limit (`renews`: a window whose counts end with it), half of what a
+/// token or leaky bucket's allowances may hold together in a slot for
+/// leases living `ttl` — or for the key's main user (a bucket's sole
+/// user), the one allowance it asks for (`main_units`, within what the
+/// key's allowances may hold together), not several of that size under
+/// other ids.
 pub fn caller_cap(limit: &KeyLimit<'_>, renews: bool, main_units: Option<u64>, ttl: Nanos) -> u64 {
-    match renews {
-        true => {
-            let quarter = one_share(limit.limit, false);
-            main_units.map_or(quarter, |units| units.max(quarter).min(one_share(limit.limit, true)))
+    let (one, all) = match renews {
+        true => (one_share(limit.limit, false), one_share(limit.limit, true)),
+        false => {
+            let all = bucket_reservable(limit.policy.capacity(), bucket_earned(limit.limit, limit.window(), ttl));
+            (all / 2, all)
         }
-        false => bucket_reservable(limit.policy.capacity(), bucket_earned(limit.limit, limit.window(), ttl)) / 2,
-    }
+    };
+    main_units.map_or(one, |units| units.max(one).min(all))
 }
 
 impl Holding {
@@ -115,6 +118,9 @@ pub fn grant_held(
     let (first, last) = (allotted.window, allotted.window.saturating_add(allotted.windows - 1));
     let mut held = holding.filter(|h| h.terms == terms).map_or_else(Reservations::default, |h| h.held);
     held = held.as_of(&terms, counted.index);
+    // A bucket's allowance past one caller's share is its sole user's,
+    // granted only where no other allowance of the key is.
+    let main = main || !counted.renews;
     let cap = caller_cap(limit, counted.renews, main.then_some(allotted.granted), ttl);
     if allotted.granted > held.room(&terms, first, last, cap) {
         // Beyond the caller's share: a lease of one window, as any ask
@@ -198,6 +204,24 @@ mod tests {
         assert_eq!((some.windows, none), (0, None), "a share of the key's pace: a lease of one window");
     }
 
+    /// A token bucket's sole user (no other allowance of the key) holds one
+    /// allowance past one caller's share, up to what the key's allowances
+    /// may hold together: 12 a second against 30 a second (burst 30) gets
+    /// 15 a slot, and the holding says so; asked again beside it, under
+    /// another id, a lease.
+    #[test]
+    fn a_buckets_sole_user_holds_one_allowance_past_a_callers_share() {
+        let tokens = policy("token_bucket", 30, r#"{"period": "1s", "burst": 30}"#);
+        let limit = KeyLimit { policy: tokens.as_ref(), tag: 2, limit: 30, period: SECOND };
+        let now = T0 + Nanos::from_millis(300);
+        let bucket = ServiceBucket::load(&limit, None, now);
+        let (sole, holding) = grant_held(&limit, KEY, bucket, ask(12.0), None, now, SECOND);
+        assert_eq!((sole.granted, sole.windows > 1), (15, true), "{sole:?}");
+        assert_eq!(holding.map(|h| h.held.current), Some(15));
+        let (again, none) = grant_held(&limit, KEY, sole.bucket, ask(12.0), holding, now, SECOND);
+        assert_eq!((again.windows, none), (0, None), "one allowance past a caller's share, not two");
+    }
+
     #[test]
     fn a_callers_cap_is_what_one_allowance_may_hold() {
         let window = policy("fixed_window", 100, r#"{"period": "1s"}"#);
@@ -210,7 +234,9 @@ mod tests {
         let bucket = KeyLimit { policy: tokens.as_ref(), tag: 2, limit: 100, period: SECOND };
         // Half the least of the burst and a lifetime's earnings (40, 100), halved again.
         assert_eq!(caller_cap(&bucket, false, None, SECOND), 10);
-        assert_eq!(caller_cap(&bucket, false, Some(42), SECOND), 10, "a bucket has no main user");
+        assert_eq!(caller_cap(&bucket, false, Some(42), SECOND), 20, "a bucket's sole user's, within all 20");
+        assert_eq!(caller_cap(&bucket, false, Some(15), SECOND), 15, "a bucket's sole user's one allowance");
+        assert_eq!(caller_cap(&bucket, false, Some(4), SECOND), 10);
     }
 
     #[test]

@@ -218,13 +218,15 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     assert_eq!(lease(&sliding, key, None, NOW, ask(10, Some(1.0), None, true), SECOND).allotment.windows, 0);
     // Token and leaky buckets hold allowances of one-second slots,
     // within half of what they earn in a lease lifetime: 50 of 100 a
-    // second.
+    // second, a quarter of it for one of several callers (the key's sole
+    // user may hold all 50: see below).
     for algorithm in ["token_bucket", "leaky_bucket"] {
         let bucket = limit(algorithm, 100, SECOND, r#"{"burst": 100}"#);
         let leased = lease(&bucket, key, None, NOW, ask(10, Some(1.0), None, true), SECOND);
         assert!(leased.allotment.windows > 1, "{algorithm}: {leased:?}");
         let far = ask(10, Some(20.0), None, true);
-        assert_eq!(lease(&bucket, key, None, NOW, far, SECOND).allotment.windows, 0, "{algorithm}: 30 > 25");
+        let beside = lease(&bucket, key, Some(&leased.next.bytes), NOW, far, SECOND);
+        assert_eq!(beside.allotment.windows, 0, "{algorithm}: 30 > 25");
     }
 }
 
@@ -256,6 +258,50 @@ fn a_keys_sole_user_gets_three_quarters_when_its_aim_is_past_them() {
     let (_, thin) = check(&window, None, late, 1);
     let claimed = lease(&window, key, Some(&thin.bytes), late, ask(16, Some(9.0), Some(next), true), SECOND);
     assert_eq!(claimed.allotment.windows, 0, "{claimed:?}");
+}
+
+/// A token or leaky bucket's allowances hold at most half of what it earns
+/// in a lease lifetime, and one caller's a quarter. Its sole user (no other
+/// caller's allowance of the key, a rate vouched for beyond a unit a slot)
+/// whose aim is past the half holds all of it while that covers its mean:
+/// 12 a second against a bucket of 30 a second aims at 20 a slot, and gets
+/// 15. Beside another caller's allowance, or at a mean past those 15, it
+/// gets a lease.
+#[test]
+fn a_buckets_sole_user_holds_all_its_allowances_may_reserve() {
+    for algorithm in ["token_bucket", "leaky_bucket"] {
+        let bucket = limit(algorithm, 30, SECOND, r#"{"burst": 30}"#);
+        let key = "k";
+        let sole = lease(&bucket, key, None, NOW, ask(20, Some(12.0), None, true), SECOND);
+        assert_eq!(sole.allotment.granted, 15, "{algorithm}: {sole:?}");
+        assert!(sole.allotment.windows > 1, "{algorithm}: {sole:?}");
+        let other = lease(&bucket, key, None, NOW, ask(3, Some(0.3), None, true), SECOND);
+        assert!(other.allotment.windows > 1, "{algorithm}: {other:?}");
+        let beside = lease(&bucket, key, Some(&other.next.bytes), NOW, ask(20, Some(12.0), None, true), SECOND);
+        assert_eq!(beside.allotment.windows, 0, "{algorithm}: {beside:?}");
+        let past = lease(&bucket, key, None, NOW, ask(25, Some(16.0), None, true), SECOND);
+        assert_eq!(past.allotment.windows, 0, "{algorithm}: {past:?}");
+    }
+}
+
+/// A bucket keeps no pace to share its tail by: a caller whose own rate is
+/// two thirds of its limit or more leads it, and gets all it holds at once
+/// (another gets the paced half), valid, with the answer's reset, until
+/// the bucket is full again (at 10 a second, 5 take half a second): told
+/// nothing is left, its holder asks again then and finds all of a burst.
+/// Another's grant that leaves it empty says when its next unit comes.
+#[test]
+fn a_buckets_leader_gets_all_it_holds_until_it_is_full_again() {
+    let bucket = limit("token_bucket", 10, SECOND, r#"{"burst": 5}"#);
+    let led = lease(&bucket, "k", None, NOW, ask(12, Some(12.0), None, false), SECOND);
+    let a = &led.allotment;
+    assert_eq!((a.granted, a.decision.remaining, a.valid, a.decision.reset), (5, 0, ms(500), ms(500)), "{led:?}");
+    let shared = lease(&bucket, "k", None, NOW, ask(12, Some(6.0), None, false), SECOND);
+    assert_eq!((shared.allotment.granted, shared.allotment.valid), (3, SECOND), "{shared:?}");
+    let (_, drained) = check(&bucket, None, NOW, 4);
+    let last = lease(&bucket, "k", Some(&drained.bytes), NOW, ask(12, Some(6.0), None, false), SECOND);
+    let a = &last.allotment;
+    assert_eq!((a.granted, a.decision.remaining, a.valid, a.decision.reset), (1, 0, SECOND, ms(100)), "{last:?}");
 }
 
 /// A window's tail is handed out paced (half of what is left at most, and
@@ -405,15 +451,20 @@ fn allowances_written_before_the_pace_are_still_read() {
 /// (owed when the bucket lacks them) and spent within it, at its start
 /// or at its very end, by holders that ask at random; checks take what
 /// is left, now and then, and all they can in storms. Over every span `T` the fleet admits at most `burst + rate
-/// × (T + lease lifetime)`, the bound of a token bucket's leases.
+/// × (T + lease lifetime)`, the bound of a token bucket's leases. Holders
+/// are thin callers at a tenth of a unit to three a second, or the key's
+/// one main user at 11 to 30 a second (whose allowances may hold all that
+/// allowances may reserve, and whose leases, as its leader, all the bucket
+/// holds).
 #[test]
 fn a_buckets_allowances_keep_the_fleet_within_its_lease_bound() {
     for algorithm in ["token_bucket", "leaky_bucket"] {
-        the_fleet_stays_within_the_lease_bound(algorithm);
+        the_fleet_stays_within_the_lease_bound(algorithm, false);
+        the_fleet_stays_within_the_lease_bound(algorithm, true);
     }
 }
 
-fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
+fn the_fleet_stays_within_the_lease_bound(algorithm: &str, main_user: bool) {
     let bucket = limit(algorithm, 40, SECOND, r#"{"burst": 40}"#);
     let key = "fg:{edge}:tb:[[\"user\",\"x\"]]";
     let mut rng = floodgate_core::rng::Rng::new(0x9e37_79b9_7f4a_7c15);
@@ -422,7 +473,7 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
     let mut admitted: Vec<(Nanos, u64)> = Vec::new();
     let mut now = NOW;
     let end = NOW + SECOND.times(90);
-    let mut allowances = 0;
+    let (mut allowances, mut sole, mut led) = (0, 0, 0);
     while now < end {
         now += Nanos::from_nanos((random(60) + 1) * 1_000_000);
         // Ten calm seconds (allowances are granted), then five of checks
@@ -431,15 +482,23 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
         if !storm && random(3) == 0 {
             let slot = now / SECOND;
             let named = (random(3) == 0).then_some(slot + 1);
-            let rate = Some((random(30) + 1) as f64 / 10.0);
-            let leased = lease(&bucket, key, stored.as_deref(), now, ask(10, rate, named, true), SECOND);
+            // Thin callers, and now and then the key's main user or leader.
+            let rate = match main_user {
+                true => (random(20) + 11) as f64,
+                false => (random(30) + 1) as f64 / 10.0,
+            };
+            let wanted = (rate as u64).max(10);
+            let leased = lease(&bucket, key, stored.as_deref(), now, ask(wanted, Some(rate), named, true), SECOND);
             stored = Some(leased.next.bytes.clone());
             if leased.allotment.windows == 0 {
                 // A lease of a lifetime: spent at once (its bound is the lease's).
                 admitted.push((now, leased.allotment.granted));
+                let all = leased.allotment.granted > 1 && leased.allotment.decision.remaining == 0;
+                led += u64::from(rate >= 27.0 && all);
                 continue;
             }
             allowances += 1;
+            sole += u64::from(leased.allotment.granted > 10);
             let at_end = random(2) == 0;
             for s in leased.allotment.window..leased.allotment.window + leased.allotment.windows {
                 let (starts, ends) = (SECOND.times(s), SECOND.times(s + 1));
@@ -455,7 +514,10 @@ fn the_fleet_stays_within_the_lease_bound(algorithm: &str) {
             }
         }
     }
-    assert!(allowances >= 8, "{algorithm}: allowances were granted: {allowances}");
+    match main_user {
+        false => assert!(allowances >= 8, "{algorithm}: allowances were granted: {allowances}"),
+        true => assert!(sole >= 2 && led >= 2, "{algorithm}: a sole user's allowances {sole}, a leader's leases {led}"),
+    }
     admitted.retain(|(at, _)| *at < end);
     admitted.sort();
     // Every span from one admission to another: burst + rate × (T + 1 s).

@@ -134,11 +134,23 @@ impl LeasePool {
         }
         let (leftover, held) = self.keep(&state, now, starts_at > now);
         let denied_until = if starts_at > now {
-            // The current window's denial lasts no longer than its lease:
-            // from then on, a request waits the moment until this one starts.
-            state.quote.denied_until.min(state.lease.expires_at.max(now))
+            if grant.unleased == 0 && grant.granted > 0 && now < state.quote.denied_until {
+                // Denied in this window, and all of the next one taken
+                // here: denied through it too, once its tokens are spent.
+                expires_at
+            } else {
+                // The current window's denial lasts no longer than its
+                // lease: from then on, a request waits the moment until
+                // this one starts.
+                state.quote.denied_until.min(state.lease.expires_at.max(now))
+            }
         } else if grant.granted == 0 {
             now + grant.reset.max(self.refresh.lead)
+        } else if grant.unleased == 0 && windows == 1 {
+            // It took all the key had: once spent, a call would be refused
+            // until the answer's reset (the window's end; a bucket's leader:
+            // when the bucket is full again), at most its lease's end.
+            (now + grant.reset.max(self.refresh.lead)).min(expires_at)
         } else {
             Nanos::ZERO
         };

@@ -211,7 +211,16 @@ impl LeasePool {
         // `as` saturates: no rate means the tokens never run out.
         let runs_out = |tokens: u64| if tokens == 0 { now } else { now + Nanos::from_secs_f64(tokens as f64 / rate) };
         let (lease, latency) = (&state.lease, state.claims.latency);
-        let denied = now < state.quote.denied_until;
+        let start = lease.leased_at.max(lease.starts_at);
+        let life = Life { from: start, until: lease.expires_at };
+        // A pool denied until its lease ends because that lease took all a
+        // key without windows had (a bucket's leader) asks as that end
+        // nears, as any pool whose lease expires soon: its next lease then
+        // comes as the bucket is full again, none of it lost at the brim.
+        let refilling = lease.window_index == 0
+            && state.quote.denied_until == lease.expires_at
+            && self.refresh.expires_soon(life, rate, latency, now);
+        let denied = now < state.quote.denied_until && !refilling;
         if lease.pending(now) {
             // The next window's lease is in place: only a gap before its
             // start may need tokens of this window, when the held ones run
@@ -223,7 +232,6 @@ impl LeasePool {
             let dry_at = runs_out(held);
             return (dry && !denied && lease.starts_at - dry_at > turnaround).then_some((None, dry_at));
         }
-        let start = lease.leased_at.max(lease.starts_at);
         let usable = state.usable(now);
         if state.windows_left() {
             // An allowance: the next term's from its last half on. A lease
@@ -250,7 +258,6 @@ impl LeasePool {
         // lease ahead would hold tokens of that window, which the key's
         // demand elsewhere needs, likely past its lifetime unspent.
         let lasts = usable as f64 >= per_second(lease.expires_at - now) || (denied && self.busy(state, now));
-        let life = Life { from: start, until: lease.expires_at };
         let ahead = lease.window_index != 0
             && lease.id != 0
             && now < lease.expires_at

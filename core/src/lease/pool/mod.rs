@@ -43,6 +43,14 @@
 //! ([`Claim::not_before`]): the answer is then a lease ahead of the next
 //! window, as above.
 //!
+//! **Denials.** A grant of nothing denies here until the answer's reset
+//! (at least the callout timeout): no call is made meanwhile. A grant that
+//! took all the key had (nothing left unleased: a key's leader over its
+//! limit) denies so once its tokens are spent, until the answer's reset at
+//! most its lease's end (a lease ahead taken while the pool was denied:
+//! through its window), when asking again can find more; a pool denied
+//! until its lease ends asks as that end nears.
+//!
 //! **Overshoot.** A pool of a rule with an overshoot budget
 //! ([`crate::lease::overshoot`]) that holds no lease admits a request from
 //! the budget instead of making it wait ([`Spend::Unleased`]); the claim it

@@ -475,6 +475,76 @@ fn an_expired_leases_tokens_go_back_while_its_window_counts_and_are_lost_after()
     }
 }
 
+/// A grant that leaves its key nothing unleased (its holder took all the
+/// key had) denies here once its tokens are spent, until the answer's
+/// reset (a window's end; a bucket's leader's: when the bucket is full
+/// again), at least the callout timeout, at most the lease's end: a call
+/// before then would be refused. A pool denied until its lease ends asks
+/// as that end nears (its next lease comes as the bucket is full again).
+/// With some left, a spent pool asks at once.
+#[test]
+fn a_grant_that_took_all_the_key_had_denies_once_spent_until_its_reset() {
+    let p = pool();
+    for (unleased, reset) in [(0, SECOND), (0, MS.times(100)), (1, SECOND)] {
+        let (_, claim, claimed) = p.spend(p.fresh(T0), T0, 1);
+        let all = GrantedLease { unleased, reset, ..grant(1, 2) };
+        let (_, state) = p.apply(claimed, T0, sent(claim.unwrap().started), &all);
+        let (spend, _, state) = p.spend(state, T0 + MS, 2);
+        assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+        let (spend, again, _) = p.spend(state, T0 + MS.times(3), 1);
+        if unleased > 0 {
+            assert_eq!((spend, again.is_some()), (Spend::Empty, true), "asks at once");
+            continue;
+        }
+        let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
+        assert_eq!(again, None, "no call while the key has nothing");
+        if reset < SECOND {
+            assert_eq!(decision.retry_after(), MS.times(297), "the callout timeout, not the reset's 100 ms");
+            let (spend, again, _) = p.spend(state, T0 + MS.times(300), 1);
+            assert_eq!((spend, again.is_some()), (Spend::Empty, true), "asks again then");
+            continue;
+        }
+        assert_eq!(decision.retry_after(), SECOND - MS.times(3));
+        let (spend, again, _) = p.spend(state, T0 + MS.times(500), 1);
+        assert_eq!((matches!(spend, Spend::Denied(_)), again), (true, None), "not yet");
+        let (spend, again, _) = p.spend(state, T0 + MS.times(800), 1);
+        assert!(matches!(spend, Spend::Denied(_)), "{spend:?}");
+        assert_eq!(again.map(|c| c.window), Some(None), "asks as the lease's end nears");
+    }
+}
+
+/// A busy pool refused in its window that takes all of the next window
+/// ahead (a key's leader over its limit) is denied through that window
+/// too once it has spent it, and asks ahead of the one after, not for
+/// more of it: one call a window.
+#[test]
+fn a_pool_denied_in_its_window_that_takes_all_of_the_next_is_denied_through_it_once_spent() {
+    let p = pool();
+    let at = T0 + MS.times(300);
+    let busy = with(p.fresh(at), |s| {
+        s.rate.spent = 10;
+        s.rate.since = at - SECOND;
+    });
+    let (_, claim, claimed) = p.spend(busy, at, 1);
+    let (_, state) = p.apply(claimed, at, sent(claim.unwrap().started), &windowed_grant(1, 0, K, at));
+    let near = T0 + MS.times(700);
+    let (_, claim, claimed) = p.spend(state, near, 1);
+    assert_eq!(claim.map(|c| c.window), Some(Some(K + 1)));
+    let all = GrantedLease { unleased: 0, ..windowed_grant(2, 3, K + 1, near) };
+    let (_, mut state) = p.apply(claimed, near + MS, sent(near), &all);
+    for at in 1..=3 {
+        let (spend, _, after) = p.spend(state, T0 + SECOND + MS.times(at), 1);
+        assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+        state = after;
+    }
+    let (spend, claim, _) = p.spend(state, T0 + SECOND + MS.times(100), 1);
+    let Spend::Denied(decision) = spend else { panic!("{spend:?}") };
+    assert_eq!(decision.retry_after(), SECOND - MS.times(100));
+    assert_eq!(claim, None, "nothing to ask of this window");
+    let (_, claim, _) = p.spend(state, T0 + MS.times(1_700), 1);
+    assert_eq!(claim.map(|c| c.window), Some(Some(K + 2)), "the next one's, ahead");
+}
+
 #[test]
 fn a_grant_of_zero_denies_locally_until_the_reset_without_asking_again() {
     let p = pool();
