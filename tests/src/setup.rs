@@ -39,6 +39,9 @@ pub struct Setup {
     /// The port of a second listener that answers every request 200
     /// `upstream`, once [`Setup::with_upstream`] named clusters for it.
     upstream_port: Option<u16>,
+    /// The loopback address its clusters' connections come from
+    /// ([`Setup::with_source_address`]); `None`: the kernel's choice.
+    source_address: Option<String>,
 }
 
 impl Setup {
@@ -56,7 +59,17 @@ impl Setup {
             routes: None,
             node_cluster: None,
             upstream_port: None,
+            source_address: None,
         }
+    }
+
+    /// The same, its clusters' connections made from `address` (a loopback
+    /// address such as `127.0.0.11`): the Envoys of a fleet each have an
+    /// address of their own, and the quota service tells its callers apart
+    /// by it; on loopback they would all be 127.0.0.1, one caller.
+    pub fn with_source_address(mut self, address: &str) -> Self {
+        self.source_address = Some(address.to_string());
+        self
     }
 
     /// The same, with clusters `names` that lead to an upstream answering
@@ -78,7 +91,20 @@ impl Setup {
 
     /// The static clusters.
     fn cluster_values(&self) -> Vec<Value> {
-        self.clusters.iter().map(|(name, ports)| cluster(name, ports, "0.25s", false)).collect()
+        let bind = self
+            .source_address
+            .as_ref()
+            .map(|address| json!({"source_address": {"address": address, "port_value": 0}}));
+        self.clusters
+            .iter()
+            .map(|(name, ports)| {
+                let mut cluster = cluster(name, ports, "0.25s", false);
+                if let Some(bind) = &bind {
+                    cluster["upstream_bind_config"] = bind.clone();
+                }
+                cluster
+            })
+            .collect()
     }
 
     /// The listener under test, `main` on `port`. Its connections are

@@ -62,7 +62,11 @@ const PER_THREAD: u64 = 150;
 
 /// Three Envoys running `plugin` against the service on `port`, each
 /// logging its admissions, with the user (`x-user`), to a file of its own
-/// named by `label`: the logs, the Envoys and their ports.
+/// named by `label`, and calling the service from an address of its own
+/// (127.0.0.11 to .13), as a fleet's Envoys do: the service tells its
+/// callers apart by address, and bounds what one caller's allowances hold
+/// of a key (on 127.0.0.1 alike, the three would be one caller sharing
+/// one caller's share). The logs, the Envoys and their ports.
 fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<AdmissionLog>, Vec<Envoy>, Vec<u16>) {
     let logs: Vec<AdmissionLog> = (0..3)
         .map(|i| {
@@ -72,8 +76,11 @@ fn logged_envoys(label: &str, plugin: &str, port: u16) -> (Vec<AdmissionLog>, Ve
         .collect();
     let envoys: Vec<Envoy> = logs
         .iter()
-        .map(|log| {
-            let mut setup = Setup::new(plugin).with_cluster("floodgate-quota", &[port]);
+        .enumerate()
+        .map(|(i, log)| {
+            let mut setup = Setup::new(plugin)
+                .with_cluster("floodgate-quota", &[port])
+                .with_source_address(&format!("127.0.0.{}", 11 + i));
             setup.manager_fields.insert("access_log".into(), log.access_log());
             Envoy::start(&setup)
         })
