@@ -296,7 +296,7 @@ fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: N
     let mean = mean_per(rate, period);
     if !counted.renews {
         let (part, whole) = MAIN_USER_SHARE;
-        return low_count(mean) >= 1.0 && mean * whole as f64 >= (limit.limit * part) as f64;
+        return low_count(mean) >= 1.0 && mean * whole as f64 >= limit.limit as f64 * part as f64;
     }
     let used = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let pace = WindowPace::of(bucket, counted, period, used, now);
