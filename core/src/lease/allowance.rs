@@ -152,9 +152,11 @@ pub fn pace_seen(elapsed: Nanos, limit: u64, period: Nanos) -> bool {
 /// What a fixed window of length `period` will have used by its end at the
 /// pace seen over its first `elapsed`: the `reserved` units it was counted
 /// at its start (the allowances' reservations, spent by their holders over
-/// it) and the rest of its count, `used - reserved` (leases of one window,
-/// checks, allowances granted in it: every one a sign of demand),
-/// projected to the whole window. The rest is taken at the low end of what
+/// it; in a window as long as a term, also the allowances granted in it,
+/// each sized to the window's rest) and the rest of its count,
+/// `used - reserved` (leases of one window, checks, allowances granted in
+/// a shorter window: every one a sign of demand), projected to the whole
+/// window. The rest is taken at the low end of what
 /// steady random arrivals would give ([`low_count`]), so
 /// a few requests early in a window are not a flood. A key whose
 /// fleet-wide demand is near or over its limit paces near or over it long

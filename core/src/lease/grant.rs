@@ -11,8 +11,8 @@
 
 use super::allowance::{
     allowance_target, bucket_allowance, bucket_earned, bucket_far_below, bucket_reservable, far_below, low_count,
-    main_allowance, main_user, mean_per, pace_seen, paced_use, share_of, vouches, Reservations, Terms, DEFAULT_TERM,
-    MAIN_USER_SHARE,
+    main_allowance, main_user, mean_per, one_share, pace_seen, paced_use, share_of, vouches, Reservations, Terms,
+    DEFAULT_TERM, MAIN_USER_SHARE,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -317,7 +317,19 @@ impl WindowPace {
     fn of(bucket: &ServiceBucket, counted: CountingWindow, period: Nanos, used: u64, now: Nanos) -> Self {
         let elapsed = now - (counted.end - period);
         let at_start = bucket.allowances.map_or(0, |(_, held)| held.counted_at_start(counted.index));
-        WindowPace { elapsed, at_start, used, paced: paced_use(used, at_start, elapsed, period) }
+        // Allowances count at their units, not at the window's pace: those
+        // it began with and, in a window as long as a term (a per-minute
+        // window), those granted in it too, each sized to what is left of
+        // it (see `allowance`): its holder's demand there, not a sign of
+        // how fast the window fills. Within a shorter window's term, many
+        // callers taking allowances in one window is that sign.
+        let reserved = match bucket.allowances {
+            Some((terms, held)) if terms.windows() == 1 => {
+                held.as_of(&terms, counted.index).reserved(&terms, counted.index).max(at_start)
+            }
+            _ => at_start,
+        };
+        WindowPace { elapsed, at_start, used, paced: paced_use(used, reserved, elapsed, period) }
     }
 
     /// Whether a caller spending `mean` units a window is the key's
@@ -340,9 +352,7 @@ impl WindowPace {
 /// token bucket's `bucket_reservable`), and in its first window with what
 /// is counted (or booked ahead) there, and in the next window, when it
 /// covers it, with what leases ahead booked there; `None` otherwise: the
-/// caller gets a lease of one window, which follows demand more closely. A
-/// window as long as a term (a per-minute window), more than half over, is
-/// covered with the next.
+/// caller gets a lease of one window, which follows demand more closely.
 fn allowance(
     limit: &KeyLimit<'_>,
     key: &str,
@@ -357,13 +367,14 @@ fn allowance(
     let (terms, mut held) =
         bucket.allowances.unwrap_or((Terms::new(period, DEFAULT_TERM, key), Reservations::default()));
     let ahead = window == Some(counted.index.saturating_add(1));
-    let (first, mut last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
-    if last == first && !ahead && counted.end - now < period.halved() {
-        // A window as long as a term, more than half over: through the next
-        // one too, as a term more than half over is (no allowance is short).
-        last = first + 1;
-    }
-    let target = allowance_target(rate, period, policy.capacity());
+    let (first, last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
+    // An allowance of the window that counts now alone (a window as long as
+    // a term: a per-minute window) is sized to what is left of it: its
+    // caller's rate, seen over a second or two, is too rough to hold
+    // beyond it, and the renewal, asked ahead in its last half, sizes the
+    // next window by what the caller spent meanwhile.
+    let rest_only = last == first && !ahead;
+    let target = allowance_target(rate, if rest_only { counted.end - now } else { period }, policy.capacity());
     let counted_now = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let (units, far, reservable) = if counted.renews {
         // Judged by the pace of the window that counts now, not its count
@@ -381,7 +392,12 @@ fn allowance(
         // allowances reserve a unit in the windows it would cover.
         let alone = held.room(&terms, first, last, share_of(limit.limit)) == share_of(limit.limit);
         let sole = seen && main && alone && vouches(pace.paced, mean);
+        // Of the window's rest alone, at a rate that rough: at most one
+        // caller's share, held where a refusal would leave the caller to
+        // leases of a second (its renewal, sized by what it spent, may hold
+        // the main user's).
         let units = main_allowance(target, mean, limit.limit, sole);
+        let units = if rest_only { units.min(one_share(limit.limit, false)) } else { units };
         let own = if ahead { 0 } else { units };
         (units, seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
     } else {

@@ -230,6 +230,44 @@ fn allowances_stop_at_their_share_of_the_limit_and_sliding_windows_take_none() {
     }
 }
 
+/// A per-minute window is a term of its own: an allowance of it asked in
+/// it covers what is left of it, sized to that (its rate, seen over a
+/// second or two, is too rough to hold beyond it), and at most one
+/// caller's share; the renewal, asked ahead, covers the next window
+/// whole. Three callers far below the limit each get one, asked a sixth of
+/// the way in: the allowances granted in the window count at their units,
+/// not as a pace that would fill it.
+#[test]
+fn a_minute_windows_allowance_covers_its_rest_sized_to_it_and_three_callers_each_get_one() {
+    let window = limit("fixed_window", 600, SECOND.times(60), "{}");
+    let key = "k";
+    let minute = NOW / SECOND.times(60);
+    assert_eq!(SECOND.times(60).times(minute), NOW, "NOW starts a minute");
+    // Two thirds of the way in, at a second: 20 s left, `⌈20 + 2√20 + 1⌉`.
+    let late = NOW + SECOND.times(40);
+    let rest = lease(&window, key, None, late, ask(2, Some(1.0), None, true), SECOND);
+    assert_eq!((rest.allotment.window, rest.allotment.windows), (minute, 1), "{rest:?}");
+    assert_eq!((rest.allotment.granted, rest.allotment.valid), (30, SECOND.times(20)));
+    // Its renewal, ahead: the next window whole, `⌈60 + 2√60 + 1⌉`.
+    let ahead = ask(2, Some(1.0), Some(minute + 1), true);
+    let renewed = lease(&window, key, Some(&rest.next.bytes), late + SECOND.times(10), ahead, SECOND);
+    assert_eq!((renewed.allotment.window, renewed.allotment.windows), (minute + 1, 1), "{renewed:?}");
+    assert_eq!(renewed.allotment.granted, 77);
+    // Early in a window, a rough 4 a second aims at 251 of the 55 s left:
+    // held to a quarter of the limit.
+    let early = NOW + SECOND.times(5);
+    let rough = lease(&window, key, None, early, ask(2, Some(4.0), None, true), SECOND);
+    assert_eq!((rough.allotment.windows, rough.allotment.granted), (1, 150), "{rough:?}");
+    // Three callers at 2.5 a second, 10 s in: 149 each, all three.
+    let mut stored: Option<Vec<u8>> = None;
+    for caller in 0..3 {
+        let at = NOW + SECOND.times(10);
+        let leased = lease(&window, key, stored.as_deref(), at, ask(2, Some(2.5), None, true), SECOND);
+        assert_eq!((leased.allotment.windows, leased.allotment.granted), (1, 149), "caller {caller}: {leased:?}");
+        stored = Some(leased.next.bytes);
+    }
+}
+
 /// Behind a key-affine balancer one proxy sees all of a key, and a limit
 /// under about 2.4 times its rate leaves its allowance (`⌈λ + 2√λ + 1⌉`)
 /// past the 3/4 a key's allowances may reserve: 9 a second against 20 a

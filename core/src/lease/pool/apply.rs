@@ -30,7 +30,7 @@ pub struct GrantedLease {
     /// allowance, its first window.
     pub index: u64,
     /// For an allowance, how many windows from `index` on it holds
-    /// `granted` tokens in (0 or 1: the tokens of one window).
+    /// `granted` tokens in (1 or more); 0 for a lease of one window.
     pub windows: u64,
     /// The limit, per `window`.
     pub limit: u64,
@@ -118,8 +118,11 @@ impl LeasePool {
         let starts_at = now + grant.starts;
         // An allowance's first window ends where its later windows' length
         // before the end of the last one says.
+        // An allowance holds `windows` of them (one, as a per-minute
+        // window's may: it is renewed as any allowance is); a lease, one.
+        let allowance = grant.windows > 0;
         let windows = grant.windows.max(1);
-        let slice = if windows > 1 { grant.window } else { Nanos::ZERO };
+        let slice = if allowance { grant.window } else { Nanos::ZERO };
         let expires_at = sent + grant.valid.checked_sub(slice.times(windows - 1)).unwrap_or(Nanos::ZERO);
         let rate = self.refresh.carry(state.rate, now);
         let latency = now - sent;
@@ -166,7 +169,7 @@ impl LeasePool {
             },
             held,
             allowance: Allowance {
-                per_window: if windows > 1 { grant.granted } else { 0 },
+                per_window: if allowance { grant.granted } else { 0 },
                 slice,
                 final_index: grant.index.saturating_add(windows - 1),
                 lag: latency + ROUNDING,

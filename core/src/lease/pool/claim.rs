@@ -89,8 +89,9 @@ pub const THIN_HORIZONS: u64 = 4;
 pub const SHORT: (u64, u64) = (1, 4);
 
 /// The longest an allowance's renewal is held back from the start of the
-/// allowance's last window, to share a call with other pools' renewals (one
-/// call per worker per round): at most half of that window.
+/// allowance's last window (or from its claim, when that comes later), to
+/// share a call with other pools' renewals (one call per worker per round):
+/// at most half of the time left until it is needed.
 pub const RENEWAL_ROUND: Nanos = Nanos::from_secs(1);
 
 impl LeasePool {
@@ -108,7 +109,7 @@ impl LeasePool {
     /// flight (or the one in flight outlived its claim); `unmet` units of
     /// this request found no tokens.
     pub(super) fn claim(&self, state: &mut PoolState, now: Nanos, cost: u64, unmet: u64) -> Option<Claim> {
-        let renewing = state.windows_left() && now >= state.claims.renewal_until;
+        let renewing = state.renewable() && now >= state.claims.renewal_until;
         if now < state.claims.refresh_until && !renewing {
             return None;
         }
@@ -129,7 +130,7 @@ impl LeasePool {
             return None;
         }
         let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
-        let renewal = window.is_some() && state.windows_left();
+        let renewal = window.is_some() && state.renewable();
         if !renewal && now < state.claims.refresh_until {
             return None;
         }
@@ -143,11 +144,13 @@ impl LeasePool {
         let usable = if window.is_some() { 0 } else { state.usable(now) };
         let latest = needed_at - self.refresh.turnaround(state.claims.latency);
         let (not_before, send_by) = match renewal {
-            // An allowance's renewal leaves in its last window, within a round.
+            // An allowance's renewal leaves in its last window, within a
+            // round of its start or of the claim, if that comes later (an
+            // allowance of one window is in its last from the start).
             true => {
                 let last_starts = state.lease_end() - state.allowance.slice + state.allowance.lag;
-                let send_by = (last_starts + RENEWAL_ROUND).min(last_starts + (needed_at - last_starts).halved());
-                (last_starts.max(now), send_by.max(last_starts).max(now))
+                let from = last_starts.max(now);
+                (from, (from + RENEWAL_ROUND).min(from + (needed_at - from).halved()))
             }
             false => (now, latest.clamp(now, now + MAX_BATCH_DELAY)),
         };
@@ -233,17 +236,20 @@ impl LeasePool {
             return (dry && !denied && lease.starts_at - dry_at > turnaround).then_some((None, dry_at));
         }
         let usable = state.usable(now);
+        // An allowance: the next term's from its last half on (for one of
+        // a single window too: asked only as its window ends, as a lease
+        // ahead is, a thin pair's renewal would often find no request to
+        // ask it in time).
+        let end = state.lease_end();
+        let renewal_due = now - lease.leased_at >= (end - lease.leased_at).halved();
+        if state.renewable() && renewal_due && now >= state.claims.renewal_until {
+            return Some((Some(state.allowance.final_index.saturating_add(1)), end));
+        }
         if state.windows_left() {
-            // An allowance: the next term's from its last half on. A lease
-            // of this window when a request found it short, or when its
-            // tokens run out within a refresh's time while more requests
-            // are expected before it ends; not when it ends within a
-            // refresh's time (the next window's tokens come sooner).
-            let end = state.lease_end();
-            let renewal_due = now - lease.leased_at >= (end - lease.leased_at).halved();
-            if renewal_due && now >= state.claims.renewal_until {
-                return Some((Some(state.allowance.final_index.saturating_add(1)), end));
-            }
+            // A lease of this window when a request found it short, or when
+            // its tokens run out within a refresh's time while more
+            // requests are expected before it ends; not when it ends within
+            // a refresh's time (the next window's tokens come sooner).
             let turnaround = self.refresh.turnaround(latency);
             let expected = per_second(lease.expires_at - now);
             let runs_dry = usable as f64 + 1.0 <= expected && usable as f64 <= per_second(turnaround);
@@ -258,10 +264,19 @@ impl LeasePool {
         // lease ahead would hold tokens of that window, which the key's
         // demand elsewhere needs, likely past its lifetime unspent.
         let lasts = usable as f64 >= per_second(lease.expires_at - now) || (denied && self.busy(state, now));
+        // The next window starts within this lease's life: a lease of a
+        // window that outlasts its leases (a per-minute window's lease of
+        // a second) ends long before it, and is followed by another lease
+        // of the same window, not by a lease ahead sized to a second's rate
+        // that would hold the next window's tokens from now on. (Windows
+        // are aligned on the epoch: window `i` ends at `(i + 1) × window`.)
+        let next_starts = state.quote.window.times(lease.window_index.saturating_add(1));
+        let ends_with_window = next_starts - now <= lease.expires_at - start;
         let ahead = lease.window_index != 0
             && lease.id != 0
             && now < lease.expires_at
             && lasts
+            && ends_with_window
             && self.refresh.next_due(life, rate, latency, now);
         if ahead {
             return Some((Some(lease.window_index.saturating_add(1)), lease.expires_at));

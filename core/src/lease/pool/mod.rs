@@ -14,32 +14,33 @@
 //! returned whole. So the tokens a pool lets through never exceed those of
 //! the leases applied to it, nor does a token count past its lease's expiry.
 //!
-//! **Leases ahead.** A lease of an algorithm that counts in windows ends
-//! with its window (the service names the window, `index`). Before that
-//! end, while its tokens last, the pool asks for the *next* window's tokens
-//! (the claim names that window): the service grants them from the next
-//! window's budget, usable from its start (`starts`). Such a grant becomes
-//! the pool's lease at once, but counts only from its start; the lease it
-//! replaces is held until its own end, which is that start. So at the
+//! **Leases ahead.** A lease of an algorithm that counts in windows ends with
+//! its window (the service names the window, `index`). Before that end, while
+//! its tokens last, and when the next window starts within the lease's life
+//! (not so a per-minute window's lease of a second), the pool asks for the
+//! *next* window's tokens (the claim names that window): the service grants
+//! them from the next window's budget, usable from its start (`starts`). Such a
+//! grant becomes the pool's lease at once, but counts only from its start; the
+//! lease it replaces is held until its own end, which is that start. So at the
 //! boundary the pool switches from one window's tokens to the next without
-//! asking, and a token is never spent outside the window it was granted
-//! for: a lease counts from the answer's arrival plus `starts` (never
-//! earlier than the service meant) until its call's departure plus `valid`
-//! (never later, however long the answer took). Should the held tokens run
-//! out before the next window starts, the pool asks for more of the current
-//! window, and those go where the held ones were.
+//! asking, and a token is never spent outside the window it was granted for: a
+//! lease counts from the answer's arrival plus `starts` (never earlier than the
+//! service meant) until its call's departure plus `valid` (never later, however
+//! long the answer took). Should the held tokens run out before the next window
+//! starts, the pool asks for more of the current window, and those go where the
+//! held ones were.
 //!
 //! **Allowances.** A grant that covers several windows (`windows`, see
-//! `crate::lease::allowance`) holds `granted` tokens in each of them: when
-//! one window ends the pool moves to the next with a fresh allowance,
-//! without asking. Each window's tokens count from the window's start as
-//! the answer could have meant it at the latest (its call's departure plus
-//! the first window's end, plus the answer's latency and the protocol's
-//! rounding) until its end at the earliest, so a token is never spent
-//! outside its window. A pool whose window runs dry asks for a lease of
-//! that window, which bridges it as held tokens; the allowance goes on. The
-//! renewal, the next term's allowance, is claimed from the lease's last
-//! half, but its call leaves only in the allowance's last window
+//! `crate::lease::allowance`) holds `granted` tokens in each of them: when one
+//! window ends the pool moves to the next with a fresh allowance, without
+//! asking. Each window's tokens count from the window's start as the answer
+//! could have meant it at the latest (its call's departure plus the first
+//! window's end, plus the answer's latency and the protocol's rounding) until
+//! its end at the earliest, so a token is never spent outside its window. A
+//! pool whose window runs dry asks for a lease of that window, which bridges it
+//! as held tokens; the allowance goes on. The renewal, the next term's
+//! allowance, is claimed from the lease's last half (an allowance of one
+//! window's too), but its call leaves only in the allowance's last window
 //! ([`Claim::not_before`]): the answer is then a lease ahead of the next
 //! window, as above.
 //!

@@ -153,6 +153,17 @@ impl PoolState {
         a.per_window > 0 && self.lease.window_index < a.final_index && a.slice > Nanos::ZERO
     }
 
+    /// Whether the lease in place is an allowance whose renewal, the next
+    /// term's allowance, is still to be claimed: one with windows after
+    /// the one that counts, or, in its last window, one whose renewal has
+    /// not been claimed since it was applied (an allowance of one window,
+    /// as a per-minute window's are, is in its last window from the start).
+    pub fn renewable(&self) -> bool {
+        let a = &self.allowance;
+        let allowance = a.per_window > 0 && a.slice > Nanos::ZERO && self.lease.id != 0;
+        self.windows_left() || (allowance && self.claims.renewal_until <= self.lease.leased_at)
+    }
+
     /// When the lease in place ends: its window's end, or its last window's
     /// for an allowance.
     pub fn lease_end(&self) -> Nanos {

@@ -1038,3 +1038,71 @@ fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
     assert_eq!(spend, Spend::Empty);
     assert!(claim.is_some_and(|c| !c.check && c.wanted > 1), "a busy pair leases: {claim:?}");
 }
+
+/// The per-minute window `T0` is in (20 s into it), as the service numbers it.
+const M: u64 = 1_700_000_000 / 60;
+
+/// A pool that spent `rate` a second over the last second, holding `grant`
+/// (of a per-minute window) answered at `at`.
+fn minute_pool(rate: u64, at: Nanos, grant: &GrantedLease) -> PoolState {
+    let p = pool();
+    let claimed = with(p.fresh(at), |s| {
+        s.rate.spent = rate;
+        s.rate.since = at - SECOND;
+        s.claims.refresh_until = at + MS;
+    });
+    p.apply(claimed, at, sent(at), grant).1
+}
+
+/// A lease of a second in a window of a minute ends 40 s before its window
+/// does: what it needs next is more of the same window, not a lease ahead
+/// of the next one (sized to a second's rate, it would hold that window's
+/// tokens from now on). A lease of the window's last second asks ahead.
+#[test]
+fn a_lease_of_a_second_in_a_minute_asks_for_more_of_its_window_and_only_its_last_asks_ahead() {
+    let p = pool();
+    let mid = GrantedLease { index: M, ..grant(1, 100) };
+    let mut state = minute_pool(100, T0, &mid);
+    let mut now = T0;
+    let claim = loop {
+        now += MS.times(10);
+        let (_, claim, after) = p.spend(state, now, 1);
+        state = after;
+        if let Some(claim) = claim {
+            break claim;
+        }
+    };
+    assert_eq!(claim.window, None, "more of this window, at {now}");
+    // The window's last second: its lease ends with it, and asks ahead.
+    let end = SECOND.times(60).times(M + 1);
+    let last = end - SECOND;
+    let tail = GrantedLease { index: M, valid: SECOND, reset: SECOND, ..grant(2, 100) };
+    let (_, claim, _) = p.spend(minute_pool(100, last, &tail), last + MS.times(700), 1);
+    assert_eq!(claim.map(|c| c.window), Some(Some(M + 1)), "the next window's, ahead");
+}
+
+/// An allowance of one window (a per-minute window's) is renewed as any
+/// allowance is: claimed from its last half, by the first request there,
+/// and sent within a renewal round (shared with other pools' renewals),
+/// not asked for only in the window's last moments, when a thin pair's
+/// request rarely comes.
+#[test]
+fn an_allowance_of_one_window_is_renewed_from_its_last_half_within_a_round() {
+    let p = pool();
+    let end = SECOND.times(60).times(M + 1);
+    let allowance = GrantedLease { index: M, windows: 1, valid: end - T0, reset: end - T0, ..grant(1, 60) };
+    let state = minute_pool(1, T0, &allowance);
+    assert!(state.renewable(), "{state:?}");
+    // Before its last half: nothing to ask.
+    let (_, early, state) = p.spend(state, T0 + SECOND.times(10), 1);
+    assert_eq!(early, None);
+    let at = T0 + SECOND.times(21);
+    let (_, claim, state) = p.spend(state, at, 1);
+    let claim = claim.expect("the renewal");
+    assert_eq!(claim.window, Some(M + 1));
+    assert!(claim.per_window);
+    assert_eq!((claim.not_before, claim.send_by), (at, at + RENEWAL_ROUND));
+    // Claimed once.
+    let (_, again, _) = p.spend(state, at + SECOND, 1);
+    assert_eq!(again, None);
+}
