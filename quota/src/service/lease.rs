@@ -253,8 +253,10 @@ impl Service {
         // Every ask beside its answer, at `trace` level
         // (`RUST_LOG=floodgate_quota::service::lease=trace`): how one key's
         // pools are served, asked for and answered, call by call.
-        for (want, grant) in req.leases.iter().zip(&leases) {
-            tracing::trace!(caller = ?from.caller, ?want, ?grant, "lease decided");
+        if tracing::enabled!(tracing::Level::TRACE) {
+            for (want, grant) in req.leases.iter().zip(&leases) {
+                tracing::trace!(caller = ?from.caller, ?want, ?grant, "lease decided");
+            }
         }
         self.metrics.tokens_granted.with_label_values(&[&domain.name]).inc_by(granted_total);
         let near = match req.notices && from.of_domain {

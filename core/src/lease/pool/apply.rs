@@ -116,10 +116,10 @@ impl LeasePool {
         // call left and before the answer: the tokens start no earlier, and
         // end no later, than it meant.
         let starts_at = now + grant.starts;
-        // An allowance's first window ends where its later windows' length
+        // An allowance holds `windows` windows (one, as a per-minute
+        // window's may: it is renewed as any allowance is), a lease one; an
+        // allowance's first window ends where its later windows' length
         // before the end of the last one says.
-        // An allowance holds `windows` of them (one, as a per-minute
-        // window's may: it is renewed as any allowance is); a lease, one.
         let allowance = grant.windows > 0;
         let windows = grant.windows.max(1);
         let slice = if allowance { grant.window } else { Nanos::ZERO };
