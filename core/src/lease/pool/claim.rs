@@ -269,9 +269,12 @@ impl LeasePool {
         // a second) ends long before it, and is followed by another lease
         // of the same window, not by a lease ahead sized to a second's rate
         // that would hold the next window's tokens from now on. (Windows
-        // are aligned on the epoch: window `i` ends at `(i + 1) × window`.)
-        let next_starts = state.quote.window.times(lease.window_index.saturating_add(1));
-        let ends_with_window = next_starts - now <= lease.expires_at - start;
+        // are aligned on the epoch: window `i` ends at `(i + 1) × window`.
+        // An index that puts that end more than a window away counts
+        // something shorter, a sliding window's sub-window, whose leases
+        // end with it as before.)
+        let to_next = state.quote.window.times(lease.window_index.saturating_add(1)) - now;
+        let ends_with_window = to_next > state.quote.window || to_next <= lease.expires_at - start;
         let ahead = lease.window_index != 0
             && lease.id != 0
             && now < lease.expires_at

@@ -1079,6 +1079,14 @@ fn a_lease_of_a_second_in_a_minute_asks_for_more_of_its_window_and_only_its_last
     let tail = GrantedLease { index: M, valid: SECOND, reset: SECOND, ..grant(2, 100) };
     let (_, claim, _) = p.spend(minute_pool(100, last, &tail), last + MS.times(700), 1);
     assert_eq!(claim.map(|c| c.window), Some(Some(M + 1)), "the next window's, ahead");
+    // A sliding window of a minute in sub-windows of 10 s names its
+    // sub-window: a lease that ends with it asks ahead as before.
+    let sub = T0 / SECOND.times(10);
+    let ends = SECOND.times(10).times(sub + 1);
+    let at = ends - SECOND;
+    let sliding = GrantedLease { index: sub, valid: SECOND, reset: SECOND, ..grant(3, 100) };
+    let (_, claim, _) = p.spend(minute_pool(100, at, &sliding), at + MS.times(700), 1);
+    assert_eq!(claim.map(|c| c.window), Some(Some(sub + 1)), "the next sub-window's, ahead");
 }
 
 /// An allowance of one window (a per-minute window's) is renewed as any
