@@ -328,6 +328,19 @@ pub static VARIANTS: &[Variant] = &[
         default: true,
         ..ROW
     },
+    // (gcu) answering as (r) does: Envoy's `ratelimit` sends no rate-limit
+    // headers unless `enable_x_ratelimit_headers` is set, so this row does
+    // (r)'s work and no more; (gcu) keeps Floodgate's default.
+    Variant {
+        id: "gcuq",
+        label: "Floodgate global, check mode, per key, proxied, no headers on allowed responses as (r)",
+        filters: |p| quiet(per_key_check_proxied(Module::Wasm, p)),
+        proxied: true,
+        service: QuotaBackend::Leases,
+        reference: Some("r"),
+        latency: false,
+        ..ROW
+    },
     // Floodgate's global mode against floodgate-quota's HTTP API (the process
     // of (r)), the limit in the service's limits file far above the load: the
     // cost of global decisions, not of limiting. Each beside its local
@@ -623,6 +636,18 @@ fn per_key_check_proxied(module: Module, p: &Ports) -> Filters {
     match global_rule(module, p.quota_http, "per-key", "check", per_key, "") {
         Filters::FloodgateGlobal { module, config, quota, .. } => {
             Filters::FloodgateGlobal { module, config, quota, upstream: Some(p.upstream) }
+        }
+        other => other,
+    }
+}
+
+/// Floodgate's `filters` with no rate-limit headers on allowed responses.
+fn quiet(filters: Filters) -> Filters {
+    match filters {
+        Filters::FloodgateGlobal { module, config, quota, upstream } => {
+            let mut config: serde_json::Value = serde_json::from_str(&config).expect("the bench's own configuration");
+            config["response"] = serde_json::json!({"headers_on_allowed": false});
+            Filters::FloodgateGlobal { module, config: config.to_string(), quota, upstream }
         }
         other => other,
     }

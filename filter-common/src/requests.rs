@@ -410,7 +410,7 @@ mod tests {
         client::send_queued(&worker);
         assert_eq!(*worker.calls.borrow(), [(1, "/v1/lease".to_string())]);
         worker.clock.advance(Nanos::from_millis(5));
-        assert!(client::answer(&worker, 1, Some(200), Ok(ONE_TOKEN)), "a lease's answer may refill pools");
+        assert!(client::answer(&worker, 1, || Some(200), Ok(ONE_TOKEN)), "a lease's answer may refill pools");
         let due = worker.waiting.borrow_mut().take_due(worker.now(), true);
         for waiter in due {
             finish_waiter(&worker, waiter, worker.now());

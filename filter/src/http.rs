@@ -11,7 +11,7 @@ use crate::envoy::EnvoyHost;
 use crate::host::Host;
 use crate::outcome::{Outcome, Site};
 use crate::plugin::{schedule_ticks, Plugin, RequestRef};
-use crate::quota::read_answer;
+use crate::quota::{answer_body, answer_status};
 use crate::waiting::{Shared, Stage, Wait};
 
 /// One request.
@@ -32,12 +32,12 @@ impl Context for FloodgateHttp {
     /// finished here, in its own context, as the root would finish it.
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         let plugin = Rc::clone(&self.plugin);
-        let (status, body) = read_answer(&plugin.host, num_headers, body_size);
+        let body = answer_body(&plugin.host, body_size);
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
         let now = plugin.host.now();
         plugin.current.set(Some((self.context_id, false)));
         plugin.callback_now.set(Some(now));
-        plugin.answered(callout, status, body);
+        plugin.answered(callout, || answer_status(&plugin.host, num_headers), body);
         plugin.callback_now.set(None);
         plugin.current.set(None);
         if plugin.modes_changed.take() {

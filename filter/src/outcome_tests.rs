@@ -55,7 +55,7 @@ fn answer(plugin: &Plugin<FakeHost>, token: u32, body: &str) {
     plugin.host.effective.set(ROOT);
     let callout = plugin.callouts.borrow_mut().answered(token).unwrap();
     let refilled = matches!(callout, crate::quota::Callout::Leases(_));
-    plugin.answered(callout, Some(200), Ok(body.as_bytes().to_vec()));
+    plugin.answered(callout, || Some(200), Ok(body.as_bytes().to_vec()));
     if refilled {
         plugin.finish_due(plugin.host.now(), true);
     }

@@ -59,10 +59,10 @@ impl Context for FloodgateRoot {
 
     fn on_http_call_response(&mut self, token_id: u32, num_headers: usize, body_size: usize, _num_trailers: usize) {
         let Some(plugin) = self.plugin.clone() else { return };
-        let (status, body) = quota::read_answer(&plugin.host, num_headers, body_size);
+        let body = quota::answer_body(&plugin.host, body_size);
         let Some(callout) = plugin.callouts.borrow_mut().answered(token_id) else { return };
         let refilled = matches!(callout, Callout::Leases(_));
-        plugin.answered(callout, status, body);
+        plugin.answered(callout, || quota::answer_status(&plugin.host, num_headers), body);
         plugin.metrics.set_modes(&plugin.host, &plugin.limiter);
         let now = plugin.host.now();
         if refilled {

@@ -100,7 +100,7 @@ impl Client {
         let host = Host { client: self, relay, metrics, config: Some(config) };
         let answered = answer.read();
         let (status, body) = read_answer(&answered);
-        if client::answer(&host, id, status, borrowed(&body)) {
+        if client::answer(&host, id, || status, borrowed(&body)) {
             relay.refilled();
         }
         client::send_queued(&host);

@@ -238,7 +238,7 @@ impl Stream {
         let answered = answer.read();
         let (status, body) = read_answer(&answered);
         let host = StreamHost::new(self, worker, filter, false);
-        client::answer(&host, id, status, borrowed(&body));
+        client::answer(&host, id, || status, borrowed(&body));
         self.settle_wake();
     }
 

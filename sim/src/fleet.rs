@@ -820,7 +820,7 @@ impl Fleet<'_> {
         let Some(InFlight::Leases { worker, owners, refreshes, answer }) = self.calls.remove(&id) else {
             return Ok(());
         };
-        let answer = read_leases(Some(200), &answer, &refreshes).map_err(|e| e.to_string())?;
+        let answer = read_leases(|| Some(200), &answer, &refreshes).map_err(|e| e.to_string())?;
         // The Envoy's near set, as `Limiter::heard_near` keeps it.
         if let Some(&(envoy, _)) = owners.first() {
             if let Some(near) = self.near.get_mut(envoy as usize) {

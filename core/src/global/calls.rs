@@ -166,6 +166,20 @@ pub fn lease_text(lease: u64) -> String {
     format!("{lease:016x}")
 }
 
+/// An answer's status, read only if its body does not read as an answer:
+/// the service sends an answer's body only with a 2xx, and in the wasm
+/// build every value read is a call into the VM and a copy (about 10 k
+/// instructions), paid on every answer when the status was read first. An
+/// answer that does not read fails with its status when that is not a
+/// 2xx (Envoy's 503 or 504 for a failed call, the service's 4xx), and with
+/// what is wrong with its body when it is.
+fn or_status<T>(read: Result<T, CallError>, status: impl FnOnce() -> Option<u16>) -> Result<T, CallError> {
+    read.or_else(|why| {
+        usable_status(status())?;
+        Err(why)
+    })
+}
+
 fn usable_status(status: Option<u16>) -> Result<(), CallError> {
     match status {
         Some(200..=299) => Ok(()),
@@ -194,9 +208,16 @@ pub struct LeaseAnswer {
 }
 
 /// Reads a lease answer for `refreshes` (in order): one grant each, and
-/// the notices.
-pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> Result<LeaseAnswer, CallError> {
-    usable_status(status)?;
+/// the notices; `status` is read only if the body is not one.
+pub fn read_leases(
+    status: impl FnOnce() -> Option<u16>,
+    body: &[u8],
+    refreshes: &[Refresh],
+) -> Result<LeaseAnswer, CallError> {
+    or_status(leases_of(body, refreshes), status)
+}
+
+fn leases_of(body: &[u8], refreshes: &[Refresh]) -> Result<LeaseAnswer, CallError> {
     let answer: LeaseResponse = parse(body)?;
     if answer.leases.len() != refreshes.len() {
         return Err(CallError::Body(format!("{} leases for {} asked", answer.leases.len(), refreshes.len())));
@@ -243,9 +264,17 @@ pub fn read_leases(status: Option<u16>, body: &[u8], refreshes: &[Refresh]) -> R
     Ok(LeaseAnswer { grants, near })
 }
 
-/// Reads a check answer for `items` (in order).
-pub fn read_checks(status: Option<u16>, body: &[u8], items: usize) -> Result<Vec<CheckAnswer>, CallError> {
-    usable_status(status)?;
+/// Reads a check answer for `items` (in order); `status` is read only if
+/// the body is not one.
+pub fn read_checks(
+    status: impl FnOnce() -> Option<u16>,
+    body: &[u8],
+    items: usize,
+) -> Result<Vec<CheckAnswer>, CallError> {
+    or_status(checks_of(body, items), status)
+}
+
+fn checks_of(body: &[u8], items: usize) -> Result<Vec<CheckAnswer>, CallError> {
     let answer: CheckResponse = parse(body)?;
     if answer.results.len() != items {
         return Err(CallError::Body(format!("{} results for {items} descriptors", answer.results.len())));
@@ -344,7 +373,7 @@ mod tests {
         let body = br#"{"leases": [{"code": "ok", "granted": 30, "valid_ms": 1000, "limit": 100,
             "window_ms": 60000, "remaining": 20, "reset_ms": 5000, "window": 3, "windows": 2,
             "near_limit": true}], "near": [{"descriptor": [["user", "bob"]], "for_ms": 1500}]}"#;
-        let answer = read_leases(Some(200), body, &[refresh(9)]).unwrap();
+        let answer = read_leases(|| Some(200), body, &[refresh(9)]).unwrap();
         let bob = notice_key(&[("user".into(), "bob".into())]);
         assert_eq!(answer.near, vec![(bob, Nanos::from_millis(1500))]);
         assert_eq!(
@@ -373,7 +402,7 @@ mod tests {
             {"code": "ok", "granted": 0, "valid_ms": 0, "limit": 100, "window_ms": 1000, "reset_ms": 1000,
              "refused": "the caller holds its share of the lease records"},
             {"code": "ok", "granted": 7, "valid_ms": 1000, "limit": 100, "window_ms": 1000, "remaining": 50}]}"#;
-        let answer = read_leases(Some(200), body, &[refresh(1), refresh(2)]).unwrap();
+        let answer = read_leases(|| Some(200), body, &[refresh(1), refresh(2)]).unwrap();
         assert_eq!(answer.grants[0], Err("the caller holds its share of the lease records".to_string()));
         let second = answer.grants[1].clone().unwrap();
         assert_eq!((second.lease, second.granted, second.unleased), (2, 7, 50));
@@ -382,16 +411,34 @@ mod tests {
     #[test]
     fn anything_but_the_expected_answer_is_a_failure_not_a_panic() {
         let one = [refresh(1)];
-        assert_eq!(read_leases(Some(503), b"", &one), Err(CallError::Status(Some(503))));
-        assert_eq!(read_leases(Some(504), b"", &one), Err(CallError::Status(Some(504))));
-        assert_eq!(read_leases(None, b"", &one), Err(CallError::Status(None)));
-        assert!(matches!(read_leases(Some(200), b"not json", &one), Err(CallError::Body(_))));
-        assert!(matches!(read_leases(Some(200), br#"{"leases": []}"#, &one), Err(CallError::Body(_))));
-        assert!(matches!(read_leases(Some(200), br#"{"leases": [{"granted": 3}]}"#, &one), Err(CallError::Body(_))));
-        assert!(matches!(read_leases(Some(200), br#"{"wrong": 1}"#, &one), Err(CallError::Body(_))));
+        assert_eq!(read_leases(|| Some(503), b"", &one), Err(CallError::Status(Some(503))));
+        assert_eq!(read_leases(|| Some(504), b"", &one), Err(CallError::Status(Some(504))));
+        assert_eq!(read_leases(|| None, b"", &one), Err(CallError::Status(None)));
+        assert!(matches!(read_leases(|| Some(200), b"not json", &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(|| Some(200), br#"{"leases": []}"#, &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(|| Some(200), br#"{"leases": [{"granted": 3}]}"#, &one), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(|| Some(200), br#"{"wrong": 1}"#, &one), Err(CallError::Body(_))));
         let huge = vec![b' '; MAX_ANSWER_BYTES + 1];
-        assert!(matches!(read_leases(Some(200), &huge, &one), Err(CallError::Body(_))));
-        assert!(matches!(read_checks(Some(200), br#"{"allowed": true, "results": []}"#, 1), Err(CallError::Body(_))));
+        assert!(matches!(read_leases(|| Some(200), &huge, &one), Err(CallError::Body(_))));
+        assert!(matches!(
+            read_checks(|| Some(200), br#"{"allowed": true, "results": []}"#, 1),
+            Err(CallError::Body(_))
+        ));
+    }
+
+    /// The status is read only for an answer whose body does not read:
+    /// then a status other than 2xx is what failed the call.
+    #[test]
+    fn the_status_is_read_only_when_the_body_is_no_answer() {
+        let body = br#"{"allowed": true, "results": [{"code": "ok"}]}"#;
+        let unread = || -> Option<u16> { panic!("the status of an answer that reads was read") };
+        assert!(read_checks(unread, body, 1).is_ok());
+        let error = br#"{"error": "missing or malformed bearer token"}"#;
+        assert_eq!(read_checks(|| Some(401), error, 1), Err(CallError::Status(Some(401))));
+        assert_eq!(read_leases(|| Some(401), error, &[refresh(1)]), Err(CallError::Status(Some(401))));
+        let wrong_count = br#"{"allowed": true, "results": []}"#;
+        assert_eq!(read_checks(|| Some(503), wrong_count, 1), Err(CallError::Status(Some(503))));
+        assert!(matches!(read_checks(|| Some(200), error, 1), Err(CallError::Body(_))));
     }
 
     #[test]
@@ -400,7 +447,7 @@ mod tests {
             {"code": "ok", "limit": 5, "window_ms": 60000, "remaining": 4, "reset_ms": 100},
             {"code": "over_limit", "limit": 1, "window_ms": 1000, "remaining": 0, "reset_ms": 900, "retry_after_ms": 1500},
             {"code": "no_rule"}]}"#;
-        let answers = read_checks(Some(200), body, 3).unwrap();
+        let answers = read_checks(|| Some(200), body, 3).unwrap();
         let minute = Some(Quota { limit: 5, window: Some(SECOND.times(60)) });
         assert_eq!(answers[0], CheckAnswer { decision: Decision::admit(4, Nanos::from_millis(100)), quota: minute });
         let denied = Decision::deny(0, Nanos::from_millis(900), Nanos::from_millis(1500));

@@ -187,7 +187,14 @@ fn send_outgoing<H: QuotaHost>(host: &H, service: &QuotaService, outgoing: Vec<O
 
 /// Handles the answer to call `token`, if it is one of this host's; true
 /// when it answered a lease call (requests waiting for a refill may go on).
-pub fn answer<H: QuotaHost>(host: &H, token: H::Token, status: Option<u16>, body: Result<&[u8], CallError>) -> bool {
+/// `status` reads the answer's status (`None` for a reset stream); it is
+/// called only when the body alone does not settle the call.
+pub fn answer<H: QuotaHost>(
+    host: &H,
+    token: H::Token,
+    status: impl FnOnce() -> Option<u16>,
+    body: Result<&[u8], CallError>,
+) -> bool {
     let Some(callout) = host.callouts().borrow_mut().answered(token) else { return false };
     let refilled = matches!(callout, Callout::Leases(_));
     answered(host, callout, status, body);
@@ -195,8 +202,14 @@ pub fn answer<H: QuotaHost>(host: &H, token: H::Token, status: Option<u16>, body
 }
 
 /// Handles the answer to `callout`: each kind of call reads its own
-/// answer; one that is not usable fails the call.
-pub fn answered<H: QuotaHost>(host: &H, callout: Callout, status: Option<u16>, body: Result<&[u8], CallError>) {
+/// answer; one that is not usable fails the call. `status` is called only
+/// when the body alone does not settle the call (see [`calls::read_checks`]).
+pub fn answered<H: QuotaHost>(
+    host: &H,
+    callout: Callout,
+    status: impl FnOnce() -> Option<u16>,
+    body: Result<&[u8], CallError>,
+) {
     let now = host.now();
     let failed = match callout {
         Callout::Leases(refreshes) => match body.and_then(|body| calls::read_leases(status, body, &refreshes)) {
@@ -219,7 +232,7 @@ pub fn answered<H: QuotaHost>(host: &H, callout: Callout, status: Option<u16>, b
                 Err(why) => Some((Callout::Check { context_id, indices }, why)),
             }
         }
-        Callout::Status(call) => match calls::read_probe(status) {
+        Callout::Status(call) => match calls::read_probe(status()) {
             Ok(()) => {
                 acknowledged(host, call, now);
                 None
@@ -377,12 +390,12 @@ mod tests {
         worker.can_send.set(true);
         worker.clock.advance(Nanos::from_secs(1));
         send_due_probes(&worker, &service, worker.now());
-        assert!(!answer(&worker, 1, Some(503), Ok(b"")), "a probe refills nothing");
+        assert!(!answer(&worker, 1, || Some(503), Ok(b"")), "a probe refills nothing");
         assert_eq!(worker.modes_changed.get(), 1, "deeper in its fall-back, not switched");
         worker.clock.advance(Nanos::from_secs(2));
         send_due_probes(&worker, &service, worker.now());
         assert_eq!(worker.calls.borrow().len(), 2);
-        answer(&worker, 2, Some(200), Ok(b""));
+        answer(&worker, 2, || Some(200), Ok(b""));
         assert_eq!(worker.modes_changed.get(), 2);
         assert!(!worker.limiter.rules()[0].in_fallback());
     }
@@ -404,7 +417,7 @@ mod tests {
         assert_eq!(abandon_unfinished(&worker), [(9, 3)]);
         let _claims_again = worker.arrive(3, "a");
         assert_eq!(worker.handed.borrow().len(), 1, "the claim ended: the next request claims");
-        assert!(!answer(&worker, 1, Some(200), Ok(ONE_TOKEN)), "the call was forgotten");
+        assert!(!answer(&worker, 1, || Some(200), Ok(ONE_TOKEN)), "the call was forgotten");
     }
 
     /// A lease the service refused without deciding it (its caller's share
@@ -427,7 +440,7 @@ mod tests {
             worker.callouts.borrow_mut().refresh(handed, worker.now());
             send_queued(&worker);
             token += 1;
-            assert!(answer(&worker, token, Some(200), Ok(REFUSED)));
+            assert!(answer(&worker, token, || Some(200), Ok(REFUSED)));
             worker.clock.advance(Nanos::from_millis(10));
         }
         assert!(worker.limiter.rules()[0].in_fallback(), "refused leases put the rule in its fall-back");

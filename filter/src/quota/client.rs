@@ -124,35 +124,39 @@ impl<H: Host> Plugin<H> {
     }
 
     /// Handles the answer to one of this worker's calls.
-    pub(crate) fn answered(&self, callout: Callout, status: Option<u16>, body: Result<Vec<u8>, CallError>) {
+    pub(crate) fn answered(
+        &self,
+        callout: Callout,
+        status: impl FnOnce() -> Option<u16>,
+        body: Result<Vec<u8>, CallError>,
+    ) {
         client::answered(self, callout, status, body.as_deref().map_err(CallError::clone));
     }
 }
 
-/// The answer to a call, as the host reports it (`num_headers` headers and
-/// `body_size` bytes): its status and body. A reset stream has no headers
-/// (and no body): the SDK's getters panic when asked for a map or buffer
-/// the host does not have, so they are asked only for what the host said
-/// is there.
-pub(crate) fn read_answer(
-    host: &impl Host,
-    num_headers: usize,
-    body_size: usize,
-) -> (Option<u16>, Result<Vec<u8>, CallError>) {
-    let status = if num_headers == 0 {
-        None
-    } else {
-        host.call_answer_header(":status")
-            .ok()
-            .flatten()
-            .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
-    };
-    let body = if body_size > MAX_ANSWER_BYTES {
+/// The body of a call's answer of `body_size` bytes, as the host reports
+/// it. A reset stream has none: the SDK's getters panic when asked for a
+/// map or buffer the host does not have, so they are asked only for what
+/// the host said is there.
+pub(crate) fn answer_body(host: &impl Host, body_size: usize) -> Result<Vec<u8>, CallError> {
+    if body_size > MAX_ANSWER_BYTES {
         Err(CallError::Body(format!("{body_size} bytes is more than {MAX_ANSWER_BYTES}")))
     } else if body_size == 0 {
         Ok(Vec::new())
     } else {
         Ok(host.call_answer_body(body_size).ok().flatten().unwrap_or_default())
-    };
-    (status, body)
+    }
+}
+
+/// The status of a call's answer of `num_headers` headers (none for a reset
+/// stream): read from the host only when asked, as the shared client asks
+/// only for an answer whose body does not settle the call.
+pub(crate) fn answer_status(host: &impl Host, num_headers: usize) -> Option<u16> {
+    if num_headers == 0 {
+        return None;
+    }
+    host.call_answer_header(":status")
+        .ok()
+        .flatten()
+        .and_then(|s| std::str::from_utf8(&s).ok().and_then(|s| s.parse::<u16>().ok()))
 }

@@ -7,5 +7,5 @@
 
 mod client;
 
-pub(crate) use client::read_answer;
+pub(crate) use client::{answer_body, answer_status};
 pub(crate) use floodgate_filter_common::quota::{Callout, Callouts};
