@@ -80,7 +80,33 @@ fn word(bytes: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
 }
 
+/// How many windows a fixed window's bucket remembers that its tail was
+/// handed out, paced ([`ServiceBucket::paced_until`]): the window that
+/// counts now and the one before it.
+pub const TAIL_MEMORY_WINDOWS: u64 = 2;
+
 impl ServiceBucket {
+    /// Whether a fixed window's key ran short lately: the tail of its
+    /// window that counts now, or of the one before, was handed out, paced
+    /// (`paced_until`). Under excess demand spread over many Envoys, a
+    /// per-second key's leases sized to thin pairs' rates, and allowances
+    /// reserving a caller's rate with room in every window of a term, held
+    /// a third of its limit where requests seldom came while its other
+    /// Envoys were refused (74 % of what its windows' arrivals could use,
+    /// at 100 Envoys × 10³ keys): the lease rules size both at the low end
+    /// there. Never for other algorithms: a token bucket's tail is earned
+    /// again as it goes.
+    pub fn ran_short_lately(&self, limit: &KeyLimit<'_>, now: Nanos) -> bool {
+        self.tail_remembered_until(limit, now).is_some_and(|until| until > now)
+    }
+
+    /// Until when a fixed window remembers its last paced tail (see
+    /// [`ServiceBucket::ran_short_lately`]).
+    fn tail_remembered_until(&self, limit: &KeyLimit<'_>, now: Nanos) -> Option<Nanos> {
+        let renews = limit.policy.counting_window(&self.state, now).is_some_and(|counted| counted.renews);
+        (renews && self.paced_until > Nanos::ZERO).then(|| self.paced_until + limit.window().times(TAIL_MEMORY_WINDOWS))
+    }
+
     /// The stored bucket at `now` when it is of the limit's algorithm and
     /// shape; a bucket a store forgot (a [`restart::marker`]) owing
     /// what allowances granted before it forgot may still spend; else
@@ -180,6 +206,11 @@ impl ServiceBucket {
         // The core's `idle_at` is exact and property-tested. Every write
         // sets the time again, so a bucket written later lives longer.
         let mut idle_at = booking::idle_at(limit.policy, &self.state, self.booking, now);
+        // Until then a fixed window differs from a fresh one in what it
+        // remembers of its tail (`ran_short_lately`), even once it is over.
+        if let Some(until) = self.tail_remembered_until(limit, now) {
+            idle_at = idle_at.max(until);
+        }
         let mut bytes = Vec::with_capacity(1 + self.state.len() + 8 + BOOKING_LEN + ALLOWANCES_LEN);
         bytes.push(limit.tag);
         bytes.extend_from_slice(&self.state);

@@ -12,7 +12,7 @@
 use super::allowance::{
     allowance_target, bucket_allowance, bucket_earned, bucket_far_below, bucket_reservable, far_below, low_count,
     main_allowance, main_user, mean_per, one_share, pace_seen, paced_use, share_of, vouches, Reservations, Terms,
-    DEFAULT_TERM, MAIN_USER_SHARE,
+    DEFAULT_TERM, MAIN_USER_SHARE, MIN_MEAN_WHEN_SHORT,
 };
 use super::booking::{self, Ahead, Booking};
 use super::bucket::{KeyLimit, ServiceBucket};
@@ -201,9 +201,15 @@ fn of_window(
     // counted there until its holder claims again, out of other callers'
     // reach. Such a lease aims at the low end of what the caller's rate, a
     // second's observation, vouches for (the callers that ask are the ones
-    // that just saw requests); one that needs more asks again sooner.
+    // that just saw requests); one that needs more asks again sooner. In a
+    // window as short as its leases (a per-second window) a pace of a
+    // fraction of it tells little; the sign there is that its key ran
+    // short lately (`ServiceBucket::ran_short_lately`).
     let leader = leads(limit, &bucket, rate, now);
-    let heads = heading(limit, &bucket, now, capacity.saturating_sub(remaining)) && limit.window() > ttl.times(2);
+    let heads = match limit.window() > ttl.times(2) {
+        true => heading(limit, &bucket, now, capacity.saturating_sub(remaining)),
+        false => bucket.ran_short_lately(limit, now) && !leader,
+    };
     let rate = if heads { rate.map(low_rate) } else { rate };
     let target = lease_target(wanted, rate, valid, capacity);
     let pace = Pace { remaining, capacity, horizon, ttl, paced_until: bucket.paced_until };
@@ -368,13 +374,30 @@ fn allowance(
         bucket.allowances.unwrap_or((Terms::new(period, DEFAULT_TERM, key), Reservations::default()));
     let ahead = window == Some(counted.index.saturating_add(1));
     let (first, last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
+    let rest_only = last == first && !ahead;
+    // A term of several windows reserves its units in each of them. At a
+    // key that ran short lately (`ServiceBucket::ran_short_lately`), whose window's first
+    // quarter, paced at its low end, may still look far below its limit,
+    // it reserves only what the caller's rate vouches for at its low end
+    // (a unit at least), and nothing for a caller whose windows would
+    // leave that unit unspent more than one time in five
+    // ([`MIN_MEAN_WHEN_SHORT`]): the key's demand elsewhere is refused
+    // meanwhile. (A window as long as a term is judged again at each
+    // renewal, sized to what is left of it.)
+    let scarce = terms.windows() > 1 && bucket.ran_short_lately(limit, now);
+    let mean = mean_per(rate, period);
+    if scarce && mean < MIN_MEAN_WHEN_SHORT {
+        return None;
+    }
     // An allowance of the window that counts now alone (a window as long as
     // a term: a per-minute window) is sized to what is left of it: its
     // caller's rate, seen over a second or two, is too rough to hold
     // beyond it, and the renewal, asked ahead in its last half, sizes the
     // next window by what the caller spent meanwhile.
-    let rest_only = last == first && !ahead;
-    let target = allowance_target(rate, if rest_only { counted.end - now } else { period }, policy.capacity());
+    let target = match scarce {
+        true => (low_count(mean).ceil() as u64).clamp(1, policy.capacity().max(1)),
+        false => allowance_target(rate, if rest_only { counted.end - now } else { period }, policy.capacity()),
+    };
     let counted_now = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
     let (units, far, reservable) = if counted.renews {
         // Judged by the pace of the window that counts now, not its count
@@ -386,7 +409,6 @@ fn allowance(
         // last tenth: `paced_until`).
         let quiet = pace.at_start > 0 && bucket.paced_until <= counted.end - period.times(2);
         let seen = quiet || pace_seen(pace.elapsed, limit.limit, period);
-        let mean = mean_per(rate, period);
         let main = pace.has_main_user(mean);
         // Clipped to the main user's share only where no other caller's
         // allowances reserve a unit in the windows it would cover.
@@ -406,7 +428,6 @@ fn allowance(
         // it; what it takes now is its own pace, so the bucket is judged
         // by what was taken before.
         let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));
-        let mean = mean_per(rate, period);
         let sole = low_count(mean) >= 1.0 && held.room(&terms, first, last, reservable) == reservable;
         let units = bucket_allowance(target, mean, reservable, sole);
         let own = if ahead || sole { 0 } else { units };
@@ -468,10 +489,15 @@ fn ahead(
 ) -> Allotment {
     let policy = limit.policy;
     let usable = ttl.min(next.window.end - next.starts);
+    let leader = leads(limit, &bucket, rate, now);
+    // Sized at the low end of the caller's rate where the key ran short
+    // lately in windows as short as their leases (see `of_window`).
+    let short_window = limit.window() <= ttl.times(2);
+    let rate = if short_window && bucket.ran_short_lately(limit, now) && !leader { rate.map(low_rate) } else { rate };
     let target = lease_target(wanted, rate, usable, policy.capacity());
     // Half of what the window has left, its tail paced in it; all of it to
     // the key's leader (see `of_window`).
-    let cap = if leads(limit, &bucket, rate, now) { next.room } else { ahead_cap(next.room, policy.capacity()) };
+    let cap = if leader { next.room } else { ahead_cap(next.room, policy.capacity()) };
     let mut granted = target.min(cap);
     // Booked beside what allowances reserve there, which the booking leaves out.
     let held = bucket.next_held(policy, now);

@@ -438,12 +438,65 @@ fn early_in_a_window_only_a_key_known_quiet_gets_an_allowance() {
     let after = NOW + SECOND.times(2) + ms(10);
     let third = lease(&window, key, Some(&stored), after, ask(10, Some(2.0), None, true), SECOND);
     assert_eq!(third.allotment.windows, 0, "{third:?}");
-    // A quarter of the way in, its pace decides: calm, one.
+    // Later in it, however calm its pace, its key ran short lately (see
+    // `a_per_second_key_that_ran_short_lately_…`): one unit a window, the
+    // low end of two a second. Two windows on, its pace decides again:
+    // calm, its rate with room (2 + 2√2 + 1).
     let later = NOW + SECOND.times(2) + ms(300);
-    assert!(
-        lease(&window, key, Some(&third.next.bytes), later, ask(10, Some(2.0), None, true), SECOND).allotment.windows
-            > 1
-    );
+    let fourth = lease(&window, key, Some(&third.next.bytes), later, ask(10, Some(2.0), None, true), SECOND);
+    assert_eq!((fourth.allotment.windows > 1, fourth.allotment.granted), (true, 1), "{fourth:?}");
+    let calm = NOW + SECOND.times(5) + ms(300);
+    let fifth = lease(&window, key, Some(&fourth.next.bytes), calm, ask(10, Some(2.0), None, true), SECOND);
+    assert_eq!((fifth.allotment.windows > 1, fifth.allotment.granted), (true, 6), "{fifth:?}");
+}
+
+/// A per-second key whose window's tail was handed out (its demand met its
+/// limit) ran short lately until two windows after that tail: there a
+/// lease is sized at the low end of the caller's rate, as a per-minute
+/// key's heading for its limit is, and an allowance of a term holds the
+/// low end of its caller's mean, none for a caller under `ln 5` a window.
+/// Under excess demand spread over a fleet, thin pairs' leases sized to
+/// their rate and their allowances held a third of such a key's limit
+/// where requests seldom came. The bucket is kept (not idle) until then,
+/// so a store that forgets idle buckets forgets it only after.
+#[test]
+fn a_per_second_key_that_ran_short_lately_leases_and_reserves_at_the_low_end() {
+    let window = limit("fixed_window", 20, SECOND, "{}");
+    let key = "k";
+    let thin = |wanted| ask(wanted, Some(1.0), None, true);
+    // Calm: a thin caller gets an allowance of a term, or a lease at its rate.
+    let calm = NOW + ms(400);
+    assert!(lease(&window, key, None, calm, thin(10), SECOND).allotment.windows > 1);
+    assert_eq!(lease(&window, key, None, NOW + ms(100), ask(10, Some(2.0), None, false), SECOND).allotment.granted, 2);
+    // The window's tail handed out, to the last unit.
+    let tail = NOW + ms(700);
+    let (_, drained) = check(&window, None, tail, 19);
+    let last = lease(&window, key, Some(&drained.bytes), tail, ask(1, Some(2.0), None, false), SECOND);
+    assert_eq!((last.allotment.granted, last.allotment.decision.remaining), (1, 0));
+    assert!(last.next.idle_at >= NOW + SECOND.times(3), "kept while it tells: {:?}", last.next.idle_at - NOW);
+    // The next window and the one after: leases of one, no allowance.
+    for at in [NOW + SECOND + ms(400), NOW + SECOND.times(2) + ms(400)] {
+        let leased = lease(&window, key, Some(&last.next.bytes), at, ask(10, Some(2.0), None, false), SECOND);
+        assert_eq!(leased.allotment.granted, 1, "(√2 − 1)² a second vouches for less than one");
+        let asked = lease(&window, key, Some(&last.next.bytes), at, thin(10), SECOND);
+        assert_eq!(asked.allotment.windows, 0, "{asked:?}");
+        let busier = lease(&window, key, Some(&last.next.bytes), at, ask(10, Some(4.0), None, true), SECOND);
+        assert_eq!((busier.allotment.windows > 1, busier.allotment.granted), (true, 1), "(√4 − 1)²: {busier:?}");
+        let ahead = at + ms(500);
+        let next = (ahead + SECOND).get() / SECOND.get();
+        let booked = lease(&window, key, Some(&last.next.bytes), ahead, ask(10, Some(2.0), Some(next), false), SECOND);
+        assert_eq!((booked.allotment.granted, booked.allotment.starts_at > ahead), (1, true), "{booked:?}");
+    }
+    // Past them: as calm as before.
+    let later = NOW + SECOND.times(3) + ms(400);
+    assert!(lease(&window, key, Some(&last.next.bytes), later, thin(10), SECOND).allotment.windows > 1);
+    // A minute's window keeps its own rule (`heading`), whatever its tail did.
+    let minute = limit("fixed_window", 20, SECOND.times(60), "{}");
+    let (_, drained) = check(&minute, None, tail, 19);
+    let last = lease(&minute, key, Some(&drained.bytes), tail, ask(1, Some(2.0), None, false), SECOND);
+    let next_minute = NOW + SECOND.times(60) + ms(100);
+    let leased = lease(&minute, key, Some(&last.next.bytes), next_minute, ask(10, Some(2.0), None, false), SECOND);
+    assert_eq!(leased.allotment.granted, 2);
 }
 
 /// Checks count in a window's pace as leases do: a window whose tail went
