@@ -57,9 +57,10 @@ pub const RESERVED_SHARE: (u64, u64) = (3, 4);
 /// this window or the one before), the fewest units a window a caller
 /// must spend on average to be given an allowance of a term: `ln 5`,
 /// below which steady random arrivals leave a window without a request
-/// (its allowance's unit unspent) more than one time in five. Such a
-/// caller leases window by window instead, and its allowance is sized to
-/// the low end of its mean ([`low_count`], a unit at least), not above it.
+/// (its allowance's unit unspent) more than one time in five. A caller
+/// below it leases window by window instead; one at or above it gets an
+/// allowance sized to the low end of its mean ([`low_count`], a unit at
+/// least), not above it.
 pub const MIN_MEAN_WHEN_SHORT: f64 = 1.609_437_912_434_100_3;
 
 /// The largest part of the limit one allowance may hold: one proxy's share

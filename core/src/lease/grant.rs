@@ -376,11 +376,11 @@ fn allowance(
     let (first, last) = terms.span(if ahead { counted.index + 1 } else { counted.index });
     let rest_only = last == first && !ahead;
     // A term of several windows reserves its units in each of them. At a
-    // key that ran short lately (`ServiceBucket::ran_short_lately`), whose window's first
-    // quarter, paced at its low end, may still look far below its limit,
-    // it reserves only what the caller's rate vouches for at its low end
-    // (a unit at least), and nothing for a caller whose windows would
-    // leave that unit unspent more than one time in five
+    // key that ran short lately (`ServiceBucket::ran_short_lately`), whose
+    // window's first quarter, paced at its low end, may still look far
+    // below its limit, it reserves only what the caller's rate vouches for
+    // at its low end (a unit at least), and nothing for a caller whose
+    // windows would leave that unit unspent more than one time in five
     // ([`MIN_MEAN_WHEN_SHORT`]): the key's demand elsewhere is refused
     // meanwhile. (A window as long as a term is judged again at each
     // renewal, sized to what is left of it.)
