@@ -118,6 +118,8 @@ impl LeasePool {
         let first = unmet == 0 && seen.spent <= cost && state.without_lease.unreported == 0;
         let quote = &state.quote;
         let plenty = quote.unleased.saturating_mul(PLENTY.1) >= quote.limit.saturating_mul(PLENTY.0);
+        let short = quote.unleased.saturating_mul(SHORT.1) < quote.limit.saturating_mul(SHORT.0)
+            || quote.denied_until > Nanos::ZERO;
         if first && (!plenty || state.lease.checked()) && state.usable(now) == 0 && !state.windows_left() {
             // The request that spent the pool's last token is the only one
             // its rate observation has seen (a cold pair's, whose lease or
@@ -127,6 +129,18 @@ impl LeasePool {
             // Envoys could use (at fleet scale a quarter to a third of a
             // limit under excess demand went so). The next request claims,
             // if one comes.
+            return None;
+        }
+        let unreported = state.without_lease.unreported > 0;
+        let allowance = state.windows_left() || state.renewable();
+        if unmet == 0 && !unreported && !allowance && short && !self.busy(state, now) {
+            // Nobody waits, the key is short of tokens, and the pool's count
+            // does not vouch for a request every lease lifetime: a lease now
+            // would likely expire unspent while the key's demand at other
+            // Envoys is refused (under excess demand behind a uniform
+            // balancer, per-second keys used 84–87 % of what their windows'
+            // arrivals could, 86–88 % without such leases). Its next
+            // request, if one comes, waits for a check.
             return None;
         }
         let (window, needed_at) = self.due(state, now, rate, unmet > 0)?;
@@ -176,8 +190,6 @@ impl LeasePool {
         // window of a term.
         let long_ago =
             lease.leased_at == Nanos::ZERO || now - lease.leased_at >= self.refresh.horizon.times(THIN_HORIZONS);
-        let short = quote.unleased.saturating_mul(SHORT.1) < quote.limit.saturating_mul(SHORT.0)
-            || quote.denied_until > Nanos::ZERO;
         let thin = if short { !self.busy(state, now) } else { seen.spent == 0 && long_ago };
         let cold = unmet > 0 && thin && usable == 0 && window.is_none() && !lease.pending(now);
         // A cold pair asks for the waiting request's cost alone, as a check;

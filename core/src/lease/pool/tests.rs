@@ -1039,6 +1039,36 @@ fn at_a_key_short_of_tokens_only_a_busy_pair_leases() {
     assert!(claim.is_some_and(|c| !c.check && c.wanted > 1), "a busy pair leases: {claim:?}");
 }
 
+/// At a key short of tokens, a pool that spends its last token claims no
+/// lease that nobody waits for unless its count vouches for a request in
+/// every lease lifetime: such a lease would likely expire unspent while the
+/// key's demand elsewhere is refused. Its next request waits for a check.
+/// Where the key has tokens to spare, the same pool claims ahead as usual.
+#[test]
+fn at_a_key_short_of_tokens_a_thin_pair_claims_nothing_ahead() {
+    let p = pool();
+    // Two requests so far, one token left: with the third, a count whose
+    // low end, `(√3 − 1)²`, is not a request a second.
+    let thin = |unleased: u64| {
+        with(leased(5), |s| {
+            s.lease.tokens = 1;
+            s.quote.unleased = unleased;
+            s.rate.spent = 2;
+            s.rate.since = T0;
+        })
+    };
+    let at = T0 + MS.times(500);
+    let (spend, claim, state) = p.spend(thin(200), at, 1);
+    assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+    assert_eq!(claim, None, "nobody waits, and the key is short");
+    let (spend, claim, _) = p.spend(state, at + MS.times(300), 1);
+    assert_eq!(spend, Spend::Empty);
+    assert!(claim.is_some_and(|c| c.check && c.wanted == 1), "the next request is checked: {claim:?}");
+    // More than a quarter unleased: the spent pool claims its next lease.
+    let (_, claim, _) = p.spend(thin(300), at, 1);
+    assert!(claim.is_some_and(|c| !c.check), "{claim:?}");
+}
+
 /// The per-minute window `T0` is in (20 s into it), as the service numbers it.
 const M: u64 = 1_700_000_000 / 60;
 
