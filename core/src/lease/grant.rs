@@ -310,11 +310,13 @@ fn leads(limit: &KeyLimit<'_>, bucket: &ServiceBucket, rate: Option<f64>, now: N
 }
 
 /// How a fixed window that counts now is going: how long it has run, what
-/// the key's allowances reserved in it when it began, its count so far
-/// (`used`), and that count projected to its end by `paced_use`.
+/// the key's allowances reserved in it when it began, what of its count
+/// is allowances' (`reserved`, see `of`), its count so far (`used`), and
+/// that count projected to its end by `paced_use`.
 struct WindowPace {
     elapsed: Nanos,
     at_start: u64,
+    reserved: u64,
     used: u64,
     paced: u64,
 }
@@ -335,7 +337,13 @@ impl WindowPace {
             }
             _ => at_start,
         };
-        WindowPace { elapsed, at_start, used, paced: paced_use(used, reserved, elapsed, period) }
+        WindowPace { elapsed, at_start, reserved, used, paced: paced_use(used, reserved, elapsed, period) }
+    }
+
+    /// What the window is paced to use beyond its allowances' units: the
+    /// demand of the callers that hold none.
+    fn beyond_allowances(&self) -> u64 {
+        self.paced.saturating_sub(self.reserved.min(self.used))
     }
 
     /// Whether a caller spending `mean` units a window is the key's
@@ -417,9 +425,27 @@ fn allowance(
         // Of the window's rest alone, at a rate that rough: at most one
         // caller's share, held where a refusal would leave the caller to
         // leases of a second (its renewal, sized by what it spent, may hold
-        // the main user's).
+        // the main user's). Where that does not fit whole beside the
+        // window's pace, and what stops it is other callers' allowances
+        // (sized to rough rates of their own, they count at their units)
+        // while the demand beyond them stays within the quarter they leave,
+        // it holds what does fit, when that is at least what a lease of a
+        // lifetime would hold.
         let units = main_allowance(target, mean, limit.limit, sole);
-        let units = if rest_only { units.min(one_share(limit.limit, false)) } else { units };
+        let units = match rest_only {
+            true => {
+                let fits = share_of(limit.limit).saturating_sub(pace.paced);
+                let a_lease = (mean_per(rate, ttl).ceil() as u64).max(1);
+                let unreserved = limit.limit.saturating_sub(share_of(limit.limit));
+                let units = units.min(one_share(limit.limit, false));
+                if units > fits && fits >= a_lease && pace.beyond_allowances() <= unreserved {
+                    fits
+                } else {
+                    units
+                }
+            }
+            false => units,
+        };
         let own = if ahead { 0 } else { units };
         (units, seen && far_below(units, pace.paced.saturating_add(own), limit.limit, main), share_of(limit.limit))
     } else {

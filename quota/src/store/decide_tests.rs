@@ -268,6 +268,38 @@ fn a_minute_windows_allowance_covers_its_rest_sized_to_it_and_three_callers_each
     }
 }
 
+/// A minute window's allowance that does not fit whole beside the others
+/// (rough early rates of 3 a second, each held to a quarter of the limit)
+/// holds what fits within the 3/4 the key's allowances and pace may take,
+/// when that is more than a lease of a lifetime would hold, and the
+/// demand beyond the allowances stays within the quarter they leave; any
+/// other caller leases for a lifetime.
+#[test]
+fn a_minute_windows_allowance_that_does_not_fit_whole_holds_what_fits() {
+    let window = limit("fixed_window", 600, SECOND.times(60), "{}");
+    let at = NOW + ms(2_500);
+    let callers = |leased_first: u64| {
+        let first = lease(&window, "k", None, at, ask(leased_first, Some(100.0), None, false), SECOND);
+        assert_eq!((first.allotment.windows, first.allotment.granted), (0, leased_first), "{first:?}");
+        let mut stored = first.next.bytes;
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let leased = lease(&window, "k", Some(&stored), at, ask(3, Some(3.0), None, true), SECOND);
+            got.push((leased.allotment.windows, leased.allotment.granted));
+            stored = leased.next.bytes;
+        }
+        got
+    };
+    // Ten units leased first, a pace of `(√10 − 1)² × 60 / 2.5` = 112
+    // beyond the allowances: 112 + 150 + 150 leaves 38 of the 450 to the
+    // third; the fourth leases its three.
+    assert_eq!(callers(10), vec![(1, 150), (1, 150), (1, 38), (0, 3)]);
+    // Twenty, a pace of 267 beyond them, past the quarter they leave: the
+    // second's 33 that would fit go to leases (and the key, heading past
+    // 3/4, leases the next ones at the low end of their rate).
+    assert_eq!(callers(20), vec![(1, 150), (0, 3), (0, 1), (0, 1)]);
+}
+
 /// Behind a key-affine balancer one proxy sees all of a key, and a limit
 /// under about 2.4 times its rate leaves its allowance (`⌈λ + 2√λ + 1⌉`)
 /// past the 3/4 a key's allowances may reserve: 9 a second against 20 a
