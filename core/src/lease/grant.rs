@@ -435,7 +435,7 @@ fn allowance(
         let units = match rest_only {
             true => {
                 let fits = share_of(limit.limit).saturating_sub(pace.paced);
-                let a_lease = lease_target(u64::MAX, rate, ttl, policy.capacity());
+                let a_lease = (mean_per(rate, ttl).ceil() as u64).max(1);
                 let unreserved = limit.limit.saturating_sub(share_of(limit.limit));
                 let units = units.min(one_share(limit.limit, false));
                 if units > fits && fits >= a_lease && pace.beyond_allowances() <= unreserved {

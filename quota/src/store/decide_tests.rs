@@ -271,7 +271,7 @@ fn a_minute_windows_allowance_covers_its_rest_sized_to_it_and_three_callers_each
 /// A minute window's allowance that does not fit whole beside the others
 /// (rough early rates of 3 a second, each held to a quarter of the limit)
 /// holds what fits within the 3/4 the key's allowances and pace may take,
-/// when that is at least what a lease of a lifetime would hold, and the
+/// when that is more than a lease of a lifetime would hold, and the
 /// demand beyond the allowances stays within the quarter they leave; any
 /// other caller leases for a lifetime.
 #[test]
