@@ -407,6 +407,9 @@ fn allowance(
         false => allowance_target(rate, if rest_only { counted.end - now } else { period }, policy.capacity()),
     };
     let counted_now = policy.capacity().saturating_sub(bucket.peek(limit, now).remaining);
+    // What a lease of a lifetime would hold at the caller's rate: the least
+    // an allowance that does not fit whole may hold instead of its aim.
+    let a_lease = lease_target(u64::MAX, rate, ttl, policy.capacity());
     let (units, far, reservable) = if counted.renews {
         // Judged by the pace of the window that counts now, not its count
         // alone (see `paced_use`).
@@ -435,7 +438,6 @@ fn allowance(
         let units = match rest_only {
             true => {
                 let fits = share_of(limit.limit).saturating_sub(pace.paced);
-                let a_lease = (mean_per(rate, ttl).ceil() as u64).max(1);
                 let unreserved = limit.limit.saturating_sub(share_of(limit.limit));
                 let units = units.min(one_share(limit.limit, false));
                 if units > fits && fits >= a_lease && pace.beyond_allowances() <= unreserved {
@@ -454,8 +456,16 @@ fn allowance(
         // it; what it takes now is its own pace, so the bucket is judged
         // by what was taken before.
         let reservable = bucket_reservable(policy.capacity(), bucket_earned(limit.limit, period, ttl));
-        let sole = low_count(mean) >= 1.0 && held.room(&terms, first, last, reservable) == reservable;
+        let room = held.room(&terms, first, last, reservable);
+        let sole = low_count(mean) >= 1.0 && room == reservable;
+        // Where the other callers' allowances (sized to rough early rates
+        // of their own) leave less room than its aim, it holds what fits,
+        // when that is at least a lease of a lifetime: refused, its caller
+        // would lease a lifetime at a time, each lease a wait at a thin
+        // pair, until their renewals. A bucket less than half full (excess
+        // demand) grants no allowance at all (`bucket_far_below`).
         let units = bucket_allowance(target, mean, reservable, sole);
+        let units = if units > room && room >= a_lease { room } else { units };
         let own = if ahead || sole { 0 } else { units };
         (
             units,

@@ -354,6 +354,33 @@ fn a_buckets_sole_user_holds_all_its_allowances_may_reserve() {
     }
 }
 
+/// A token bucket's allowances that do not fit whole beside the others
+/// (sized to rough early rates, as three Envoys' first asks of a key of
+/// a request a second each are) hold what fits of the half the bucket's
+/// allowances may reserve, when that is at least what a lease of a
+/// lifetime would hold; refused, a thin pair would lease a second at a
+/// time, each lease a wait.
+#[test]
+fn a_buckets_allowance_that_does_not_fit_whole_holds_what_fits() {
+    for algorithm in ["token_bucket", "leaky_bucket"] {
+        // 40 a second, burst 40: the key's allowances hold 20 a slot.
+        let bucket = limit(algorithm, 40, SECOND, r#"{"burst": 40}"#);
+        let mut stored: Option<Vec<u8>> = None;
+        let mut got = Vec::new();
+        // `⌈λ + 2√λ + 1⌉`: 10 at 4.33, 8 at 3.18; then 2 are left, what
+        // a lease of a second holds at 2 a second, less than at 3. One ask
+        // a slot: the bucket, full again, counts the allowances' units at
+        // each slot's start.
+        for (slot, rate) in [4.33, 3.18, 3.0, 2.0, 1.0].into_iter().enumerate() {
+            let at = NOW + SECOND.times(slot as u64) + ms(100);
+            let leased = lease(&bucket, "k", stored.as_deref(), at, ask(1, Some(rate), None, true), SECOND);
+            got.push((leased.allotment.windows > 1, leased.allotment.granted));
+            stored = Some(leased.next.bytes);
+        }
+        assert_eq!(got, vec![(true, 10), (true, 8), (false, 1), (true, 2), (false, 1)], "{algorithm}");
+    }
+}
+
 /// A bucket keeps no pace to share its tail by: a caller whose own rate is
 /// two thirds of its limit or more leads it, and gets all it holds at once
 /// (another gets the paced half), valid, with the answer's reset, until
