@@ -108,6 +108,10 @@ pub enum Filters {
         upstream: u16,
         /// floodgate-quota's `--grpc-listen` port.
         grpc: u16,
+        /// `enable_x_ratelimit_headers: DRAFT_VERSION_03`: the service's
+        /// limit, remaining and reset as `x-ratelimit-*` headers on every
+        /// response, as Floodgate adds its own by default.
+        headers: bool,
     },
 }
 
@@ -152,9 +156,8 @@ impl Filters {
             })],
             // failure_mode_deny: an unanswered call shows as a 500 (a
             // non-2xx in the table) rather than as a cheap pass.
-            Filters::EnvoyGlobal { .. } => vec![json!({
-                "name": "envoy.filters.http.ratelimit",
-                "typed_config": {
+            Filters::EnvoyGlobal { headers, .. } => {
+                let mut config = json!({
                     "@type": "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit",
                     "domain": "bench",
                     "timeout": "1s",
@@ -163,8 +166,12 @@ impl Filters {
                         "transport_api_version": "V3",
                         "grpc_service": {"envoy_grpc": {"cluster_name": "floodgate_quota"}},
                     },
-                },
-            })],
+                });
+                if *headers {
+                    config["enable_x_ratelimit_headers"] = json!("DRAFT_VERSION_03");
+                }
+                vec![json!({"name": "envoy.filters.http.ratelimit", "typed_config": config})]
+            }
             Filters::Noop(Module::Wasm) => vec![wasm_filter("noop", &paths.noop_wasm, "{}")],
             Filters::Noop(Module::Native) => vec![native_filter("noop", &paths.noop_native, "{}")],
             Filters::Floodgate(module, config) | Filters::FloodgateGlobal { module, config, .. } => {
@@ -196,7 +203,7 @@ impl Filters {
     fn clusters(&self) -> Vec<Value> {
         match self {
             Filters::Routed { upstream } => vec![cluster("upstream", &[*upstream], "1s", false)],
-            Filters::EnvoyGlobal { upstream, grpc } => {
+            Filters::EnvoyGlobal { upstream, grpc, .. } => {
                 vec![cluster("upstream", &[*upstream], "1s", false), cluster("floodgate_quota", &[*grpc], "1s", true)]
             }
             // The filter's callouts are HTTP/1.1, as in the end-to-end tests.

@@ -293,12 +293,24 @@ pub static VARIANTS: &[Variant] = &[
     Variant {
         id: "r",
         label: "Envoy global ratelimit → floodgate-quota gRPC, per key, never limits",
-        filters: |p| Filters::EnvoyGlobal { upstream: p.upstream, grpc: p.grpc },
+        filters: |p| Filters::EnvoyGlobal { upstream: p.upstream, grpc: p.grpc, headers: false },
         proxied: true,
         service: QuotaBackend::Rls,
         reference: Some("u"),
         latency: true,
         default: true,
+        ..ROW
+    },
+    // (r) with the `x-ratelimit-*` headers Floodgate adds by default: the
+    // reference that does (gcu)'s response work.
+    Variant {
+        id: "rh",
+        label: "as r, with enable_x_ratelimit_headers (DRAFT_VERSION_03)",
+        filters: |p| Filters::EnvoyGlobal { upstream: p.upstream, grpc: p.grpc, headers: true },
+        proxied: true,
+        service: QuotaBackend::Rls,
+        reference: Some("u"),
+        latency: false,
         ..ROW
     },
     // Check mode on (r)'s path: per key, proxied to the upstream Envoy,
@@ -313,7 +325,7 @@ pub static VARIANTS: &[Variant] = &[
         reference: Some("r"),
         latency: true,
         default: true,
-        targets: &[throughput_ratio(31, "r", Bound::AtLeast(0.9))],
+        targets: &[throughput_ratio(31, "r", Bound::AtLeast(0.9)), throughput_ratio(31, "rh", Bound::AtLeast(0.9))],
         ..ROW
     },
     // (gcu) in the native build: what the wasm floor costs check mode.
