@@ -156,7 +156,8 @@ impl QuotaHost for FakeWorker {
         if !self.can_send.get() {
             return Err("refused".into());
         }
-        let path = call.headers.iter().find(|(name, _)| *name == ":path").map(|(_, v)| v.clone()).unwrap_or_default();
+        let path =
+            call.headers.iter().find(|(name, _)| *name == ":path").map(|(_, v)| v.to_string()).unwrap_or_default();
         let token = self.calls.borrow().len() as u32 + 1;
         self.calls.borrow_mut().push((token, path));
         Ok(token)

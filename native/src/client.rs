@@ -162,7 +162,7 @@ impl Courier {
         for (service, returns) in orphans {
             for chunk in returns.chunks(calls::MAX_ITEMS) {
                 let call = service.return_call(chunk);
-                let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+                let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_ref())).collect();
                 match config.http_callout(&service.cluster, &headers, &call.body, timeout_ms(service.timeout)) {
                     Ok(id) => {
                         counts.count(Counter::CalloutsSent, 1);
@@ -276,7 +276,7 @@ impl QuotaHost for Host<'_> {
 
     fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u64, String> {
         let Some(config) = self.config else { return Err("the configuration is going away".into()) };
-        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_ref())).collect();
         config
             .http_callout(cluster, &headers, &call.body, timeout_ms(timeout))
             .map_err(|why| format!("the call to cluster {cluster:?} was not sent: {why}"))

@@ -426,7 +426,7 @@ impl QuotaHost for StreamHost<'_, '_> {
 
     /// A call of the stream's own: its answer comes to this stream.
     fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u64, String> {
-        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_ref())).collect();
         self.filter
             .borrow_mut()
             .http_callout(cluster, &headers, &call.body, timeout_ms(timeout))

@@ -4,6 +4,8 @@
 //! body that does not parse, a wrong number of items, a grant for another
 //! lease — is a failed callout, never a panic.
 
+use std::borrow::Cow;
+
 use floodgate_protocol::{
     CheckRequest, CheckResponse, Code, LeaseRequest, LeaseResponse, LeaseWant, ReturnRequest, ReturnTokens,
     MAX_DESCRIPTORS, MAX_LEASES, MAX_NOTICES,
@@ -69,11 +71,12 @@ pub struct CheckAnswer {
     pub quota: Option<Quota>,
 }
 
-/// One HTTP call to the quota service.
+/// One HTTP call to the quota service, sent as it is made.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Call {
-    /// Request headers, pseudo-headers first.
-    pub headers: Vec<(&'static str, String)>,
+pub struct Call<'s> {
+    /// Request headers, pseudo-headers first; values the service's settings
+    /// hold are borrowed from them (a check is a call per request).
+    pub headers: Vec<(&'static str, Cow<'s, str>)>,
     /// The JSON body (empty for a GET).
     pub body: Vec<u8>,
 }
@@ -102,20 +105,24 @@ impl std::fmt::Display for CallError {
 }
 
 impl QuotaService {
-    fn call(&self, method: &'static str, path: &'static str, body: Vec<u8>) -> Call {
-        let mut headers =
-            vec![(":method", method.to_string()), (":path", path.to_string()), (":authority", self.authority.clone())];
+    fn call(&self, method: &'static str, path: &'static str, body: Vec<u8>) -> Call<'_> {
+        let mut headers = Vec::with_capacity(5);
+        headers.extend([
+            (":method", method.into()),
+            (":path", path.into()),
+            (":authority", self.authority.as_str().into()),
+        ]);
         if !body.is_empty() {
-            headers.push(("content-type", "application/json".to_string()));
+            headers.push(("content-type", "application/json".into()));
         }
         if let Some(token) = &self.token {
-            headers.push(("authorization", format!("Bearer {token}")));
+            headers.push(("authorization", format!("Bearer {token}").into()));
         }
         Call { headers, body }
     }
 
     /// `POST /v1/lease` for up to [`MAX_ITEMS`] refreshes.
-    pub fn lease_call(&self, refreshes: &[Refresh]) -> Call {
+    pub fn lease_call(&self, refreshes: &[Refresh]) -> Call<'_> {
         let request = LeaseRequest {
             domain: self.domain.clone(),
             leases: refreshes
@@ -137,7 +144,7 @@ impl QuotaService {
     }
 
     /// `POST /v1/return` of unspent tokens, by lease.
-    pub fn return_call(&self, returns: &[(u64, u64)]) -> Call {
+    pub fn return_call(&self, returns: &[(u64, u64)]) -> Call<'_> {
         let request = ReturnRequest {
             domain: self.domain.clone(),
             returns: returns.iter().map(|&(lease, tokens)| ReturnTokens { id: lease_text(lease), tokens }).collect(),
@@ -146,17 +153,17 @@ impl QuotaService {
     }
 
     /// `POST /v1/check` of check items that cost the same `hits`.
-    pub fn check_call(&self, items: &[&CheckItem], hits: u64) -> Call {
+    pub fn check_call(&self, items: &[&CheckItem], hits: u64) -> Call<'_> {
         let request = CheckRequest {
             domain: self.domain.clone(),
-            descriptors: items.iter().map(|item| item.descriptor.clone()).collect(),
+            descriptors: items.iter().map(|item| &item.descriptor).collect(),
             hits,
         };
         self.call("POST", "/v1/check", serde_json::to_vec(&request).unwrap_or_default())
     }
 
     /// `GET /readyz`: is the service there, with its store?
-    pub fn probe_call(&self) -> Call {
+    pub fn probe_call(&self) -> Call<'_> {
         self.call("GET", "/readyz", Vec::new())
     }
 }
@@ -191,7 +198,10 @@ fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, CallError> {
     if body.len() > MAX_ANSWER_BYTES {
         return Err(CallError::Body(format!("{} bytes is more than {MAX_ANSWER_BYTES}", body.len())));
     }
-    serde_json::from_slice(body).map_err(|e| CallError::Body(e.to_string()))
+    // UTF-8 checked once, over the whole body: serde_json then reads each
+    // string in place, where from bytes it checks every one again.
+    let text = std::str::from_utf8(body).map_err(|e| CallError::Body(format!("not UTF-8: {e}")))?;
+    serde_json::from_str(text).map_err(|e| CallError::Body(e.to_string()))
 }
 
 /// A lease call's answer, read.
@@ -354,11 +364,12 @@ mod tests {
 
     #[test]
     fn a_lease_call_says_who_asks_for_what() {
-        let call = service().lease_call(&[refresh(0xab)]);
-        assert_eq!(call.headers[0], (":method", "POST".to_string()));
-        assert_eq!(call.headers[1], (":path", "/v1/lease".to_string()));
-        assert_eq!(call.headers[2], (":authority", "quota.local".to_string()));
-        assert!(call.headers.contains(&("authorization", "Bearer s3cret".to_string())));
+        let service = service();
+        let call = service.lease_call(&[refresh(0xab)]);
+        assert_eq!(call.headers[0], (":method", "POST".into()));
+        assert_eq!(call.headers[1], (":path", "/v1/lease".into()));
+        assert_eq!(call.headers[2], (":authority", "quota.local".into()));
+        assert!(call.headers.contains(&("authorization", "Bearer s3cret".into())));
         let body: serde_json::Value = serde_json::from_slice(&call.body).unwrap();
         assert_eq!(
             body,

@@ -62,7 +62,7 @@ impl<H: Host> QuotaHost for Plugin<H> {
     /// Dispatches `call` from the current context: the root's, or a
     /// request's for its check.
     fn dispatch(&self, cluster: &str, call: &Call, timeout: Nanos) -> Result<u32, String> {
-        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
+        let headers: Vec<(&str, &str)> = call.headers.iter().map(|(n, v)| (*n, v.as_ref())).collect();
         let body = (!call.body.is_empty()).then_some(call.body.as_slice());
         let timeout = Duration::from(timeout).max(Duration::from_millis(1));
         self.host
