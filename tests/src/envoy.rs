@@ -234,7 +234,9 @@ impl Envoy {
     /// exits because a port was taken meanwhile (the machine is shared), it
     /// starts again on new ports, up to five times.
     pub fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        // Longer only where Envoy runs under a profiler (bench/scripts/callgrind.sh).
+        let wait = std::env::var("FLOODGATE_ENVOY_READY_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+        let deadline = Instant::now() + Duration::from_secs(wait);
         while Instant::now() < deadline {
             if let Some(status) = self.process.exited() {
                 if self.attempts < 5 && self.log_tail().contains("Address already in use") {
@@ -251,7 +253,7 @@ impl Envoy {
             }
             thread::sleep(Duration::from_millis(50));
         }
-        panic!("envoy {} was not ready within 60 s:\n{}", self.name(), self.log_tail());
+        panic!("envoy {} was not ready within {wait} s:\n{}", self.name(), self.log_tail());
     }
 
     /// Replaces a dynamic listener with `setup`'s (same port), as an LDS
