@@ -52,12 +52,12 @@ esac
 # Enough requests to outlast the window (it starts with the first of 5
 # timed rounds), at the pace of the process under callgrind: ~100 a second
 # when it is the Envoy under test, ~700 when another.
-requests=${REQUESTS:-$([ "$what" = envoy ] && echo 1000 || echo 10000)}
+load=${REQUESTS:-$([ "$what" = envoy ] && echo 1000 || echo 10000)}
 ENVOY_BIN=$envoy FLOODGATE_ENVOY_READY_SECS=600 \
   FLOODGATE_WASM=${FLOODGATE_WASM:-$wasm_dir/floodgate.wasm} \
   FLOODGATE_NATIVE=$native_dir/libfloodgate_native.so NOOP_WASM=$wasm_dir/floodgate_bench_noop.wasm \
   NOOP_NATIVE=$native_dir/libfloodgate_bench_noop_native.so PROBE_WASM=$wasm_dir/floodgate_bench_probe.wasm \
-  QUOTA_BIN=$quota BENCH_PARTS=latency BENCH_VARIANTS=$variant BENCH_LATENCY_REQUESTS=$requests \
+  QUOTA_BIN=$quota BENCH_PARTS=latency BENCH_VARIANTS=$variant BENCH_LATENCY_REQUESTS=$load \
   BENCH_RESULTS_DIR=$out "$root/target/release/floodgate-bench" > "$out/bench.log" 2>&1 &
 bench=$!
 until [ -s "$pid_file" ]; do sleep 1; done
@@ -68,12 +68,15 @@ until grep -q "round 1/" "$out/bench.log"; do
 done
 # The Envoy under test is the one of the variant's processes that listens.
 for pid in $(pgrep -f -- "-$variant.json"); do
-  ss -ltnp | grep -q "pid=$pid," && under_test=$pid
+  ss -ltnp | grep "pid=$pid," > /dev/null && under_test=$pid
 done
+# Its request count, from whichever of its ports is the admin one.
 requests() {
   for port in $(ss -ltnp | grep "pid=$under_test," | awk '{print $4}' | sed 's/.*://' | sort -u); do
+    # (Its listener answers too, through the route, without a newline.)
     curl -s "http://127.0.0.1:$port/stats?filter=^http.bench.downstream_rq_total$" || true
-  done | awk '{print $2}' | head -1
+    echo
+  done | awk '/^http.bench.downstream_rq_total:/ {n = $2} END {print n}'
 }
 callgrind_control -z "$measured" > /dev/null 2>&1
 first=$(requests)
