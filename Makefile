@@ -57,8 +57,11 @@ deps-node:
 	@command -v node >/dev/null || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs >/dev/null; }
 
+# Then only the callbacks the filter implements stay exported: Envoy enters
+# the VM for each one exported (filter/exports.txt says why).
 wasm: deps-rust
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter
+	python3 scripts/wasm-exports.py $(WASM) filter/exports.txt
 	@ls -l $(WASM) | awk '{print "$(WASM): " $$5 " bytes"}'
 
 # The `native` profile is release with panics unwinding, so that each hook

@@ -39,9 +39,11 @@ filter-bench-deps:
 # no-op and the host-call probe of the opt-in diagnostics), the native
 # module and its no-op in the profile `make native` uses, the harness, and
 # floodgate-quota (variant r: Envoy's global filter asking it over gRPC; the
-# global-mode variants: Floodgate asking it over HTTP).
+# global-mode variants: Floodgate asking it over HTTP). Floodgate's module
+# keeps only its own callbacks' exports, as `make wasm` leaves it.
 filter-bench-build: filter-bench-deps
 	cargo build --release --target wasm32-wasip1 -p floodgate-filter -p floodgate-bench-noop -p floodgate-bench-probe
+	python3 scripts/wasm-exports.py $(BENCH_WASM_DIR)/floodgate.wasm filter/exports.txt
 	cargo build --profile native -p floodgate-native -p floodgate-bench-noop-native
 	cargo build --release -p floodgate-bench -p floodgate-quota
 

@@ -60,6 +60,11 @@
 //! calls `proxy_wasm::hostcalls`, which return `Result`s, rather than the
 //! SDK's trait helpers, several of which unwrap; header values are read as
 //! bytes only, because the SDK's `String` getters panic on non-UTF-8 input.
+//!
+//! The SDK exports every callback of the ABI, and Envoy enters the VM for
+//! each one a module exports; `make wasm` keeps only those in
+//! `exports.txt`, the callbacks implemented here, so a request pays no VM
+//! entry for its log or its bodies' chunks.
 
 mod envoy;
 #[cfg(test)]
@@ -88,3 +93,68 @@ proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|context_id| -> Box<dyn RootContext> { Box::new(root::FloodgateRoot::new(context_id)) });
 }}
+
+#[cfg(test)]
+mod tests {
+    /// The SDK's callbacks and the export each arrives through.
+    const CALLBACKS: &[(&str, &str)] = &[
+        ("on_vm_start", "proxy_on_vm_start"),
+        ("on_configure", "proxy_on_configure"),
+        ("on_tick", "proxy_on_tick"),
+        ("on_queue_ready", "proxy_on_queue_ready"),
+        ("on_done", "proxy_on_done"),
+        ("on_log", "proxy_on_log"),
+        ("on_foreign_function", "proxy_on_foreign_function"),
+        ("on_http_call_response", "proxy_on_http_call_response"),
+        ("on_grpc_call_response", "proxy_on_grpc_close"),
+        ("on_grpc_stream_initial_metadata", "proxy_on_grpc_receive_initial_metadata"),
+        ("on_grpc_stream_message", "proxy_on_grpc_receive"),
+        ("on_grpc_stream_trailing_metadata", "proxy_on_grpc_receive_trailing_metadata"),
+        ("on_grpc_stream_close", "proxy_on_grpc_close"),
+        ("on_http_request_headers", "proxy_on_request_headers"),
+        ("on_http_request_body", "proxy_on_request_body"),
+        ("on_http_request_trailers", "proxy_on_request_trailers"),
+        ("on_http_response_headers", "proxy_on_response_headers"),
+        ("on_http_response_body", "proxy_on_response_body"),
+        ("on_http_response_trailers", "proxy_on_response_trailers"),
+        ("on_new_connection", "proxy_on_new_connection"),
+        ("on_downstream_data", "proxy_on_downstream_data"),
+        ("on_downstream_close", "proxy_on_downstream_connection_close"),
+        ("on_upstream_data", "proxy_on_upstream_data"),
+        ("on_upstream_close", "proxy_on_upstream_connection_close"),
+    ];
+
+    /// A callback implemented here whose export `make wasm` dropped would
+    /// never be called by Envoy: each one's export is in `exports.txt`.
+    #[test]
+    fn every_callback_the_filter_implements_is_kept() {
+        let kept: Vec<&str> = include_str!("../exports.txt")
+            .lines()
+            .map(|line| line.split('#').next().unwrap_or_default().trim())
+            .filter(|name| !name.is_empty())
+            .collect();
+        // The filter's own code: every module but the test harnesses.
+        let mut files = vec![std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))];
+        let mut implemented = Vec::new();
+        while let Some(path) = files.pop() {
+            if path.is_dir() {
+                files.extend(std::fs::read_dir(&path).unwrap().map(|entry| entry.unwrap().path()));
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy();
+            if name.ends_with("_tests.rs") || name == "mock_host.rs" || name == "fake_host.rs" {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            for (callback, export) in CALLBACKS {
+                if source.contains(&format!("fn {callback}(")) {
+                    implemented.push(*callback);
+                    assert!(kept.contains(export), "{name} implements {callback}: exports.txt must keep {export}");
+                }
+            }
+        }
+        for callback in ["on_configure", "on_tick", "on_queue_ready", "on_done", "on_http_call_response"] {
+            assert!(implemented.contains(&callback), "the scan finds {callback}");
+        }
+    }
+}
