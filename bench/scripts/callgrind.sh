@@ -60,12 +60,12 @@ ENVOY_BIN=$envoy FLOODGATE_ENVOY_READY_SECS=600 \
   QUOTA_BIN=$quota BENCH_PARTS=latency BENCH_VARIANTS=$variant BENCH_LATENCY_REQUESTS=$load \
   BENCH_RESULTS_DIR=$out "$root/target/release/floodgate-bench" > "$out/bench.log" 2>&1 &
 bench=$!
-until [ -s "$pid_file" ]; do sleep 1; done
+# The bench ending first means it never loaded the variant: only the rows
+# in its latency part (`latency: true` in bench/src/variants.rs) can be measured.
+running() { kill -0 $bench 2>/dev/null || { cat "$out/bench.log" >&2; echo "($variant is not in the latency part?)" >&2; exit 1; }; }
+until [ -s "$pid_file" ]; do running; sleep 1; done
 measured=$(cat "$pid_file")
-until grep -q "round 1/" "$out/bench.log"; do
-  kill -0 $bench 2>/dev/null || { cat "$out/bench.log" >&2; exit 1; }
-  sleep 1
-done
+until grep -q "round 1/" "$out/bench.log"; do running; sleep 1; done
 # The Envoy under test is the one of the variant's processes that listens.
 for pid in $(pgrep -f -- "-$variant.json"); do
   ss -ltnp | grep "pid=$pid," > /dev/null && under_test=$pid
