@@ -57,6 +57,8 @@ def keep_only(module, keep):
     while at < len(module):
         section = module[at]
         size, start = leb128(module, at + 1)
+        if start + size > len(module):
+            raise ValueError("a section runs past the end")
         body = module[start : start + size]
         if section == EXPORT_SECTION:
             entries = list(exports(body))
@@ -73,7 +75,10 @@ def main():
     with open(list_path) as f:
         keep = {line.split("#")[0].strip() for line in f} - {""}
     with open(path, "rb") as f:
-        module, exported = keep_only(f.read(), keep)
+        try:
+            module, exported = keep_only(f.read(), keep)
+        except (ValueError, IndexError, UnicodeDecodeError):
+            sys.exit(f"{path} is not a whole wasm module")
     missing = sorted(keep - set(exported))
     if missing:
         sys.exit(f"{path} does not export {', '.join(missing)} (listed in {list_path})")
