@@ -39,7 +39,7 @@ OTHER = [
     ("quota/examples/", "the service's sample limits, Envoy's `ratelimit` and `rate_limit_quota` filters against it"),
     ("deploy/", "the docker compose demo, the Istio manifests, the wasm image's Dockerfile, and their tests"),
     ("docs/", "the quota protocol, the algorithms' bounds, benchmark results, Envoy's attributes as measured, the pictures"),
-    ("scripts/", "the import-loop check (`make lint`) and this layout"),
+    ("scripts/", "the import-loop check (`make lint`), this layout, and the exports `make wasm` keeps in the module"),
 ]
 
 # Source folders walked in each crate, in this order.
