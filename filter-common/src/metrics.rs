@@ -78,11 +78,15 @@ pub enum Counter {
     RefillWaits,
     /// Milliseconds they waited, summed.
     RefillWaitMs,
+    /// Requests answered as limited because no refill came within
+    /// `max_wait` (the pool's call still unanswered, or its grant spent by
+    /// others first): latency of the quota service, not a limit reached.
+    RefillWaitedOut,
 }
 
 /// Each plugin-wide counter's name (after `floodgate.`), in the order of
 /// [`Counter`]: the one list that defines them.
-pub const COUNTERS: [(Counter, &str); 16] = [
+pub const COUNTERS: [(Counter, &str); 17] = [
     (Counter::Allowed, "allowed"),
     (Counter::Limited, "limited"),
     (Counter::ShadowLimited, "shadow_limited"),
@@ -99,6 +103,7 @@ pub const COUNTERS: [(Counter, &str); 16] = [
     (Counter::TokensExpired, "global.tokens_expired"),
     (Counter::RefillWaits, "global.refill_waits"),
     (Counter::RefillWaitMs, "global.refill_wait_ms"),
+    (Counter::RefillWaitedOut, "global.refill_waited_out"),
 ];
 
 /// `floodgate.<name>`: a plugin-wide metric's full name.

@@ -270,10 +270,14 @@ pub fn finish_waiter<H: RequestHost>(host: &H, waiter: Waiter, now: Nanos) {
             }
         }
         Wait::Refill { deadline } => {
-            let outcome = decide(host, Site::Root, request, now, now >= deadline);
+            let waited_out = now >= deadline;
+            let outcome = decide(host, Site::Root, request, now, waited_out);
             if !matches!(outcome, Outcome::Pause(_)) {
                 host.count(Counter::RefillWaits, 1);
                 host.count(Counter::RefillWaitMs, (now - waiter.since).ceil_millis());
+            }
+            if waited_out && outcome == Outcome::Reply {
+                host.count(Counter::RefillWaitedOut, 1);
             }
         }
         Wait::Answer => {}
@@ -417,6 +421,28 @@ mod tests {
         }
         assert_eq!((worker.resumed.get(), state.borrow().stage), (1, Stage::Passed));
         assert_eq!((worker.count_of(Counter::RefillWaits), worker.count_of(Counter::RefillWaitMs)), (1, 5));
+        assert_eq!(worker.count_of(Counter::RefillWaitedOut), 0);
+    }
+
+    /// A request whose lease's answer has not come by the end of its wait
+    /// is answered as limited, and counted apart from the limits reached:
+    /// the one 429 a slow quota service causes below every limit.
+    #[test]
+    fn a_refill_waiter_whose_wait_runs_out_is_limited_and_counted_as_waited_out() {
+        let worker = FakeWorker::new(&global("lease"));
+        let (state, _) = worker.arrive(1, "a");
+        let look_again = |after_ms| {
+            worker.clock.advance(Nanos::from_millis(after_ms));
+            let due = worker.waiting.borrow_mut().take_due(worker.now(), false);
+            for waiter in due {
+                finish_waiter(&worker, waiter, worker.now());
+            }
+        };
+        look_again(199);
+        assert_eq!((worker.replies.borrow().len(), state.borrow().stage), (0, Stage::Waiting), "it waits on");
+        look_again(1);
+        assert_eq!((worker.replies.borrow().clone(), state.borrow().stage), (vec![429], Stage::Limited));
+        assert_eq!((worker.count_of(Counter::RefillWaits), worker.count_of(Counter::RefillWaitedOut)), (1, 1));
     }
 
     /// A request's check sent as its own call leaves alone (another

@@ -227,14 +227,15 @@ fn long_tail(store: &str, restart: bool) {
     let (seen, _, requests) = steady_load(store, &envoys, &ports, 40, many_users);
     if (seen.limited, seen.other) != (0, 0) {
         // A denial here is a fall-back (a failed call), a full queue of
-        // paused requests, or a wait past `max_wait` (limited with none of
-        // the others): the message says which rule, and how calls failed.
+        // paused requests, or a wait past `max_wait`: the message says
+        // which rule, which of those, and how calls failed.
         let counts = [
             "rule.per-second.limited",
             "rule.per-minute.limited",
             "rule.per-second.fallback",
             "rule.per-minute.fallback",
             "delay_queue_full",
+            "global.refill_waited_out",
             "global.callouts_timeout",
             "global.callouts_refused",
             "global.callouts_not_sent",
