@@ -260,13 +260,20 @@ impl LeasePool {
         if state.windows_left() {
             // A lease of this window when a request found it short, or when
             // its tokens run out within a refresh's time while more
-            // requests are expected before it ends; not when it ends within
-            // a refresh's time (the next window's tokens come sooner).
+            // requests are expected before it ends; not when the next
+            // window's tokens come sooner. A waiting request has those from
+            // the next window's latest start, `lag` after this one's
+            // earliest end: an allowance granted by a slow call (150 ms
+            // once in the end-to-end long tail) leaves that long a gap
+            // between its windows, which a request that found this window
+            // spent would otherwise wait out past `max_wait`. A pool that
+            // only runs dry has nothing to bridge until then.
             let turnaround = self.refresh.turnaround(latency);
             let expected = per_second(lease.expires_at - now);
             let runs_dry = usable as f64 + 1.0 <= expected && usable as f64 <= per_second(turnaround);
-            let ends_soon = lease.expires_at - now <= turnaround;
-            return ((short || runs_dry) && !denied && !ends_soon).then_some((None, runs_out(usable)));
+            let next_tokens = if short { lease.expires_at + state.allowance.lag } else { lease.expires_at };
+            let next_sooner = next_tokens - now <= turnaround;
+            return ((short || runs_dry) && !denied && !next_sooner).then_some((None, runs_out(usable)));
         }
         // A lease that ends with its window, and whose tokens last until
         // then (or that got nothing in it): what is needed next is the next

@@ -618,6 +618,11 @@ fn idle_means_nothing_to_lose_and_state_round_trips() {
 /// window `K` (the one counting at `T0`), granted by a call sent at `T0`
 /// and answered 2 ms later.
 fn allowance(per_window: u64) -> (LeasePool, PoolState) {
+    allowance_answered_after(per_window, MS.times(2))
+}
+
+/// As [`allowance`], its call answered `latency` after it left.
+fn allowance_answered_after(per_window: u64, latency: Nanos) -> (LeasePool, PoolState) {
     let p = pool();
     let claimed = with(p.fresh(T0), |s| {
         s.rate.spent = 3;
@@ -626,9 +631,30 @@ fn allowance(per_window: u64) -> (LeasePool, PoolState) {
     });
     let grant = GrantedLease { windows: 30, ..windowed_grant(1, per_window, K, T0) };
     let grant = GrantedLease { valid: SECOND.times(30), ..grant };
-    let (applied, state) = p.apply(claimed, T0 + MS.times(2), (T0, T0), &grant);
+    let (applied, state) = p.apply(claimed, T0 + latency, (T0, T0), &grant);
     assert_eq!(applied, Applied::Replaced(Leftover::default()));
     (p, state)
+}
+
+/// An allowance granted by a slow call (150 ms) counts each window's
+/// tokens from 151 ms after its start: a request that finds its window
+/// spent with too little of it left for a refresh (twice 150 ms) still
+/// asks for a lease of it when the next window's tokens come later than
+/// that, rather than wait for them past its `max_wait` (the end-to-end
+/// long tail's one 429 below the limit, once in about four runs).
+#[test]
+fn a_spent_window_asks_for_more_unless_the_next_windows_tokens_come_sooner() {
+    let (p, state) = allowance_answered_after(2, MS.times(150));
+    let window_3 = T0 + SECOND.times(3);
+    let (spend, claim, state) = p.spend(state, window_3 + MS.times(750), 2);
+    assert!(matches!(spend, Spend::Taken(_)), "{spend:?}");
+    assert_eq!(claim, None, "running dry 250 ms before the window's end asks for nothing");
+    let (spend, claim, _) = p.spend(state, window_3 + MS.times(760), 1);
+    assert_eq!(spend, Spend::Empty);
+    let claim = claim.expect("the next window's tokens come in 391 ms: more of this one is asked for");
+    assert_eq!((claim.window, claim.send_by), (None, window_3 + MS.times(760)));
+    let (spend, claim, _) = p.spend(state, window_3 + MS.times(860), 1);
+    assert_eq!((spend, claim), (Spend::Empty, None), "they come in 291 ms, within a refresh's 300");
 }
 
 #[test]
