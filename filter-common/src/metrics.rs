@@ -78,9 +78,10 @@ pub enum Counter {
     RefillWaits,
     /// Milliseconds they waited, summed.
     RefillWaitMs,
-    /// Requests answered as limited because no refill came within
-    /// `max_wait` (the pool's call still unanswered, or its grant spent by
-    /// others first): latency of the quota service, not a limit reached.
+    /// Requests answered as limited once their wait for a refill reached
+    /// `max_wait` with no tokens come: mostly a quota service slower than
+    /// `max_wait` (or failing, under a `deny` fall-back), not a limit the
+    /// service reached, whose answer ends the wait before.
     RefillWaitedOut,
 }
 
